@@ -1,0 +1,350 @@
+//! Opening a store with settings.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock, millis};
+use crate::index::MAX_BUCKET_SPAN;
+use crate::log::Location;
+use crate::{Durability, Error, KeyHashing, Result, Store};
+
+/// Hard caps imposed by the record format.
+pub(crate) const FORMAT_MAX_KEY_PART: usize = u16::MAX as usize;
+pub(crate) const FORMAT_MAX_OUTCOME: usize = 64 << 20;
+
+/// Settings the store reads on every call.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub shards: usize,
+    pub durability: Durability,
+    pub lease_ms: u64,
+    pub retention_ms: u64,
+    pub granularity_ms: u64,
+    pub cache_bytes: usize,
+    pub quick_repair: bool,
+    pub key_hashing: KeyHashing,
+    pub hashing_set: bool,
+    pub granularity_set: bool,
+    pub max_scope: usize,
+    pub max_id: usize,
+    pub max_outcome: usize,
+    pub expected_keys: usize,
+}
+
+/// Settings for [`Store`], made by [`Store::builder`].
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Durability, Store};
+/// use std::time::Duration;
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::builder()
+///     .shards(128)
+///     .lease(Duration::from_secs(60))
+///     .retention(Duration::from_secs(48 * 3600))
+///     .durability(Durability::Immediate)
+///     .open(dir.path().join("s.redb"))?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[must_use]
+pub struct StoreBuilder {
+    cfg: Config,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for StoreBuilder {
+    fn default() -> Self {
+        Self {
+            cfg: Config {
+                shards: 64,
+                durability: Durability::Immediate,
+                lease_ms: 30_000,
+                retention_ms: 24 * 3_600_000,
+                granularity_ms: 60_000,
+                cache_bytes: 64 << 20,
+                quick_repair: false,
+                key_hashing: KeyHashing::SipHash13,
+                hashing_set: false,
+                granularity_set: false,
+                max_scope: 256,
+                max_id: 1024,
+                max_outcome: 1 << 20,
+                expected_keys: 0,
+            },
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl StoreBuilder {
+    /// Number of index shards, a power of two from 1 to 65,536.
+    /// Default: 64.
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for other values.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().shards(16).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn shards(mut self, n: usize) -> Self {
+        self.cfg.shards = n;
+        self
+    }
+
+    /// When writes are acknowledged. Default: [`Durability::Immediate`].
+    ///
+    /// # Examples
+    /// See [`Durability`].
+    pub fn durability(mut self, d: Durability) -> Self {
+        self.cfg.durability = d;
+        self
+    }
+
+    /// How long a claim is held before another `begin` may take it over.
+    /// Default: 30 s. Must be at least 1 ms and at most the retention.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder()
+    ///     .lease(std::time::Duration::from_secs(5))
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.cfg.lease_ms = millis(d);
+        self
+    }
+
+    /// How long a key is remembered after its latest record (insertion,
+    /// claim or completion). Default: 24 hours. Keys are kept at least this
+    /// long, rounded up to the end of a time bucket; an event that arrives
+    /// after its key expired is new again.
+    ///
+    /// # Errors
+    /// `open` fails if retention is shorter than the lease or longer than
+    /// 2^22 bucket granularities.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder()
+    ///     .retention(std::time::Duration::from_secs(7 * 24 * 3600))
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn retention(mut self, d: Duration) -> Self {
+        self.cfg.retention_ms = millis(d);
+        self
+    }
+
+    /// Width of a retention time bucket; keys expire a bucket at a time.
+    /// Default: 60 s. Fixed when the file is created: reopening with a
+    /// different value is an error.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder()
+    ///     .bucket_granularity(std::time::Duration::from_secs(10))
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn bucket_granularity(mut self, d: Duration) -> Self {
+        self.cfg.granularity_ms = millis(d);
+        self.cfg.granularity_set = true;
+        self
+    }
+
+    /// redb's page cache size. Default: 64 MiB (redb's own default is 1 GiB;
+    /// the index, not the cache, answers lookups here).
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().cache_size(16 << 20).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.cfg.cache_bytes = bytes;
+        self
+    }
+
+    /// redb quick repair: one more sync per commit, in exchange for a reopen
+    /// after a crash in milliseconds instead of a full file check.
+    /// Default: off (see the README's reopen figures).
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().quick_repair(true).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn quick_repair(mut self, on: bool) -> Self {
+        self.cfg.quick_repair = on;
+        self
+    }
+
+    /// The key-hash function for a new file. Default:
+    /// [`KeyHashing::SipHash13`]. Fixed at creation: reopening with a
+    /// different explicit choice is an error.
+    ///
+    /// # Examples
+    /// See [`KeyHashing`].
+    pub fn key_hashing(mut self, k: KeyHashing) -> Self {
+        self.cfg.key_hashing = k;
+        self.cfg.hashing_set = true;
+        self
+    }
+
+    /// The time source. Default: [`SystemClock`].
+    ///
+    /// # Examples
+    /// See [`ManualClock`](crate::ManualClock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Longest scope in bytes. Default: 256; at most 65,535.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().max_scope_len(64).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn max_scope_len(mut self, n: usize) -> Self {
+        self.cfg.max_scope = n;
+        self
+    }
+
+    /// Longest id in bytes. Default: 1,024; at most 65,535.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().max_id_len(128).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn max_id_len(mut self, n: usize) -> Self {
+        self.cfg.max_id = n;
+        self
+    }
+
+    /// Largest outcome (or failure payload) in bytes. Default: 1 MiB; at
+    /// most 64 MiB.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().max_outcome_len(4096).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn max_outcome_len(mut self, n: usize) -> Self {
+        self.cfg.max_outcome = n;
+        self
+    }
+
+    /// Keys to make room for up front, spread over the shards, so the index
+    /// does not grow while it fills. Default: 0.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().expected_keys(100_000).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn expected_keys(mut self, n: usize) -> Self {
+        self.cfg.expected_keys = n;
+        self
+    }
+
+    /// Opens the store at `path`, creating it if it does not exist, and
+    /// rebuilds the index from its log.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for bad settings; [`Error::NotAStore`],
+    /// [`Error::UnsupportedVersion`], [`Error::Corrupt`] or
+    /// [`Error::AlreadyOpen`] for a file that cannot be used.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::builder().open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {
+        self.validate()?;
+        Store::open_with(
+            self.cfg,
+            self.clock,
+            Location::Path(path.as_ref().to_path_buf()),
+        )
+    }
+
+    /// Opens a store on a custom redb storage backend (an in-memory one, or
+    /// a fault-injecting one in tests).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    ///
+    /// # Examples
+    /// ```
+    /// let store = dedupkv::Store::builder().open_with_backend(redb::backends::InMemoryBackend::new())?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open_with_backend(self, backend: impl redb::StorageBackend) -> Result<Store> {
+        self.validate()?;
+        Store::open_with(self.cfg, self.clock, Location::Backend(Box::new(backend)))
+    }
+
+    fn validate(&self) -> Result<()> {
+        let c = &self.cfg;
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if !c.shards.is_power_of_two() || c.shards > 65_536 {
+            return bad(format!(
+                "shards must be a power of two from 1 to 65536, not {}",
+                c.shards
+            ));
+        }
+        if c.lease_ms == 0 {
+            return bad("the lease must be at least 1 ms".into());
+        }
+        if c.granularity_ms == 0 {
+            return bad("the bucket granularity must be at least 1 ms".into());
+        }
+        if c.retention_ms < c.lease_ms {
+            return bad(format!(
+                "retention ({} ms) is shorter than the lease ({} ms): a claim could be forgotten while held",
+                c.retention_ms, c.lease_ms
+            ));
+        }
+        if c.retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
+            return bad(format!(
+                "retention spans {} buckets; at most {} are supported (raise the granularity)",
+                c.retention_ms / c.granularity_ms,
+                MAX_BUCKET_SPAN - 1
+            ));
+        }
+        for (what, v, max) in [
+            ("max_scope_len", c.max_scope, FORMAT_MAX_KEY_PART),
+            ("max_id_len", c.max_id, FORMAT_MAX_KEY_PART),
+            ("max_outcome_len", c.max_outcome, FORMAT_MAX_OUTCOME),
+        ] {
+            if v > max {
+                return bad(format!("{what} is {v}; the format allows at most {max}"));
+            }
+        }
+        if let Durability::Deferred { max_delay } = c.durability
+            && max_delay.is_zero()
+        {
+            return bad("Deferred max_delay must be above zero".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+//! Claims: the right to perform one attempt of an operation.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use crate::clock::to_system_time;
+use crate::key::KeyHash;
+use crate::store::Inner;
+use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
+use crate::{Key, Record};
+
+/// The answer of [`Store::begin`](crate::Store::begin).
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Begin, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("shop-42", "charge-9");
+/// match store.begin(&key, Fingerprint::of("100 EUR"))? {
+///     Begin::Started(claim) => store.complete(&claim, b"charged")?,
+///     Begin::Completed(record) => println!("replay: {:?}", record.outcome()),
+///     Begin::InProgress(info) => println!("retry after {:?}", info.lease_expires_at()),
+/// }
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "a Started claim must be completed or failed"]
+pub enum Begin {
+    /// This caller owns the attempt: do the work, then
+    /// [`complete`](crate::Store::complete) or [`fail`](crate::Store::fail).
+    Started(Claim),
+    /// The operation finished before (completed, failed permanently, or
+    /// recorded by `insert_if_absent`); here is its record and outcome.
+    Completed(Record),
+    /// Another attempt holds a live lease.
+    InProgress(InProgress),
+}
+
+/// Details of a claim held by someone else.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Begin, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("t", "e");
+/// let _first = store.begin(&key, Fingerprint::NONE)?;
+/// let Begin::InProgress(info) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// assert_eq!(info.attempt(), 1);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InProgress {
+    pub(crate) attempt: u32,
+    pub(crate) lease_until: u64,
+    pub(crate) first_at: u64,
+}
+
+impl InProgress {
+    /// The running attempt's number (1 for the first).
+    ///
+    /// # Examples
+    /// See [`InProgress`].
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When the running attempt's lease lapses; after it, `begin` takes
+    /// the key over.
+    ///
+    /// # Examples
+    /// See [`Begin`].
+    pub fn lease_expires_at(&self) -> SystemTime {
+        to_system_time(self.lease_until)
+    }
+
+    /// When the key was first claimed.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let key = Key::new("t", "e");
+    /// # let _first = store.begin(&key, Fingerprint::NONE)?;
+    /// let Begin::InProgress(info) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert!(info.first_seen_at() < info.lease_expires_at());
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn first_seen_at(&self) -> SystemTime {
+        to_system_time(self.first_at)
+    }
+}
+
+/// How an attempt failed, for [`Store::fail`](crate::Store::fail).
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// # let key = Key::new("t", "e");
+/// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// store.fail(&claim, Failure::Retryable)?; // the next begin starts attempt 2
+/// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// assert_eq!(claim.attempt(), 2);
+/// # store.complete(&claim, b"")?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Failure<'a> {
+    /// Free the key for another attempt; the attempt is counted.
+    Retryable,
+    /// Record a terminal failure with this payload; every later `begin`
+    /// replays it as [`Begin::Completed`] with a [`Failed`](crate::State::Failed) record.
+    Permanent(&'a [u8]),
+}
+
+/// The right to perform one attempt of an operation, with a lease and a
+/// fencing token.
+///
+/// Finish it with [`Store::complete`](crate::Store::complete) or
+/// [`Store::fail`](crate::Store::fail). Dropping an unfinished claim
+/// releases the key as a retryable failure (without waiting for that
+/// record to be durable; if it is lost in a crash the lease lapses instead).
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Begin, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("t", "e");
+/// {
+///     let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+///     assert_eq!(claim.attempt(), 1);
+/// } // dropped: released
+/// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// assert_eq!(claim.attempt(), 2);
+/// # store.complete(&claim, b"")?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub struct Claim {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) key: Key<'static>,
+    pub(crate) hash: KeyHash,
+    pub(crate) attempt: u32,
+    pub(crate) token: u64,
+    pub(crate) lease_until: AtomicU64,
+    pub(crate) finished: AtomicBool,
+}
+
+impl Claim {
+    /// The key this claim is for.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(c) = store.begin(&Key::new("t", "e"), Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(c.key().id(), b"e");
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn key(&self) -> &Key<'static> {
+        &self.key
+    }
+
+    /// The attempt number: 1 for the first, +1 for each takeover or retry.
+    ///
+    /// # Examples
+    /// See [`Claim`].
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The fencing token: unique per attempt, increasing across the store.
+    /// Pass it to downstream systems that can reject writes from a stale
+    /// attempt.
+    ///
+    /// # Examples
+    /// See [`Record::token`].
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// When this claim's lease lapses (moved by [`Store::renew`](crate::Store::renew)).
+    ///
+    /// # Examples
+    /// See [`Record::lease_expires_at`].
+    pub fn lease_expires_at(&self) -> SystemTime {
+        to_system_time(self.lease_until.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn lease_until(&self) -> u64 {
+        self.lease_until.load(Ordering::Acquire)
+    }
+}
+
+impl fmt::Debug for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Claim")
+            .field("key", &self.key)
+            .field("attempt", &self.attempt)
+            .field("token", &self.token)
+            .field("lease_until", &self.lease_until())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !self.finished.swap(true, Ordering::AcqRel) {
+            self.inner.release_dropped(self);
+        }
+    }
+}

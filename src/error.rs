@@ -1,0 +1,169 @@
+//! Errors returned by the store.
+
+use std::fmt;
+
+/// The result type of every fallible call in this crate.
+///
+/// # Examples
+/// ```
+/// fn open(path: &std::path::Path) -> dedupkv::Result<dedupkv::Store> {
+///     dedupkv::Store::open(path)
+/// }
+/// # let dir = tempfile::tempdir().unwrap();
+/// # open(&dir.path().join("x.redb")).unwrap();
+/// ```
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a store call.
+///
+/// The enum is `#[non_exhaustive]`: match the variants you branch on and keep a
+/// catch-all arm.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Error, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// let too_long = vec![b'x'; 100_000];
+/// let err = store.insert_if_absent(&Key::new("tenant", &too_long)).unwrap_err();
+/// assert!(matches!(err, Error::InvalidInput { .. }));
+/// println!("{err}"); // "invalid input: id is 100000 bytes, the limit is 1024"
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument broke a documented limit; the message names the limit.
+    #[error("invalid input: {what} is {len} bytes, the limit is {limit}")]
+    InvalidInput {
+        /// Which argument (`"scope"`, `"id"`, `"outcome"`).
+        what: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+    /// A builder setting is out of range or contradicts the existing file.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// The key was recorded before with a different request fingerprint: the
+    /// same operation key was reused for a different operation.
+    #[error(
+        "fingerprint mismatch for key {key}: it was recorded with fingerprint {recorded}, \
+         this request has {requested}"
+    )]
+    FingerprintMismatch {
+        /// The key, rendered for people (`scope/id`, non-UTF-8 bytes escaped).
+        key: String,
+        /// The fingerprint stored with the key.
+        recorded: crate::Fingerprint,
+        /// The fingerprint this call passed.
+        requested: crate::Fingerprint,
+    },
+    /// The claim is no longer the key's active claim: its lease lapsed and
+    /// another attempt took the key over, or the key was already finished.
+    /// The fenced worker must not publish its result.
+    #[error("claim lost for key {key} (attempt {attempt}, token {token}): {reason}")]
+    ClaimLost {
+        /// The key, rendered for people.
+        key: String,
+        /// The attempt number of the stale claim.
+        attempt: u32,
+        /// The fencing token of the stale claim.
+        token: u64,
+        /// What happened to the key instead.
+        reason: &'static str,
+    },
+    /// The file exists but is not a dedupkv store.
+    #[error("not a dedupkv store: {0}")]
+    NotAStore(String),
+    /// The file was written by a newer, unknown format version.
+    #[error("unsupported format version {found} (this build reads up to {supported})")]
+    UnsupportedVersion {
+        /// The version recorded in the file.
+        found: u32,
+        /// The newest version this build reads.
+        supported: u32,
+    },
+    /// The store's contents fail a checksum or structural check.
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+    /// The file is already open, in this process or another one.
+    #[error("the store file is already open in another process or handle")]
+    AlreadyOpen,
+    /// A durable commit failed earlier; the store refuses writes until it is
+    /// reopened. Nothing in or after the failed batch was acknowledged.
+    #[error("the store is poisoned by an earlier failed commit ({0}); reopen it")]
+    Poisoned(String),
+    /// The store was closed.
+    #[error("the store is closed")]
+    Closed,
+    /// A typed payload could not be encoded or decoded.
+    #[error("payload codec: {0}")]
+    Codec(String),
+    /// The storage engine (redb) or the file system failed.
+    #[error("storage: {0}")]
+    Storage(#[source] redb::Error),
+}
+
+impl Error {
+    pub(crate) fn storage(err: impl Into<redb::Error>) -> Self {
+        match err.into() {
+            redb::Error::Corrupted(msg) => Error::Corrupt(msg),
+            redb::Error::DatabaseAlreadyOpen => Error::AlreadyOpen,
+            other => Error::Storage(other),
+        }
+    }
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(err: $t) -> Self {
+                Error::storage(err)
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// Renders a key for error messages: `scope/id`, with non-printable bytes escaped.
+pub(crate) fn show_key(scope: &[u8], id: &[u8]) -> String {
+    struct Bytes<'a>(&'a [u8]);
+    impl fmt::Display for Bytes<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            for chunk in self.0.utf8_chunks() {
+                for c in chunk.valid().chars() {
+                    if c.is_control() {
+                        write!(f, "{}", c.escape_default())?;
+                    } else {
+                        write!(f, "{c}")?;
+                    }
+                }
+                for b in chunk.invalid() {
+                    write!(f, "\\x{b:02x}")?;
+                }
+            }
+            Ok(())
+        }
+    }
+    format!("{}/{}", Bytes(scope), Bytes(id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn show_key_escapes_bytes() {
+        assert_eq!(show_key(b"t", b"a\x00\xff"), "t/a\\u{0}\\xff");
+        assert_eq!(show_key(b"shop", b"evt_1"), "shop/evt_1");
+    }
+}

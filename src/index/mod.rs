@@ -1,0 +1,180 @@
+//! The sharded in-memory index: every lookup is answered here.
+//!
+//! Invariants:
+//! - a key's slot is created or changed only under its shard's lock, and the
+//!   log record for that change is appended before the lock is released, so
+//!   the log's order for one key is the order of its decisions;
+//! - the shard comes from the top bits of `hi`; the table hashes `lo`, whose
+//!   top 7 bits are hashbrown's tag, so the two never share bits;
+//! - `pending` holds the details of keys whose slot is `Claimed` or
+//!   `Released` (a few per worker), so the slot itself stays 24 bytes.
+
+mod slot;
+
+use hashbrown::HashTable;
+
+use crate::key::KeyHash;
+use crate::sync::{Mutex, MutexGuard};
+pub(crate) use slot::{MAX_BUCKET_SPAN, Slot, SlotState};
+
+/// Details of a live or released claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pending {
+    pub hash: KeyHash,
+    pub attempt: u32,
+    pub token: u64,
+    pub first_at: u64,
+    pub lease_until: u64,
+    pub params: u128,
+}
+
+/// One shard: the slot table and the pending-claim details.
+#[derive(Default)]
+pub(crate) struct Shard {
+    slots: HashTable<Slot>,
+    pending: HashTable<Pending>,
+    /// Operation counters, kept per shard so the hot path bumps a line it
+    /// already owns.
+    pub counters: crate::stats::Counters,
+}
+
+impl Shard {
+    pub(crate) fn get(&self, h: KeyHash) -> Option<&Slot> {
+        self.slots.find(h.lo, |s| s.is(h))
+    }
+
+    pub(crate) fn get_mut(&mut self, h: KeyHash) -> Option<&mut Slot> {
+        self.slots.find_mut(h.lo, |s| s.is(h))
+    }
+
+    /// Inserts a slot for a key that has none.
+    pub(crate) fn insert_new(&mut self, slot: Slot) {
+        self.slots.insert_unique(slot.lo, slot, |s| s.lo);
+    }
+
+    /// Sets the key's slot, creating it if needed.
+    pub(crate) fn put(&mut self, h: KeyHash, state: SlotState, bucket: u64, row: u64) {
+        match self.get_mut(h) {
+            Some(s) => s.set(state, bucket, row),
+            None => self.insert_new(Slot::new(h, state, bucket, row)),
+        }
+    }
+
+    pub(crate) fn remove(&mut self, h: KeyHash) {
+        if let Ok(e) = self.slots.find_entry(h.lo, |s| s.is(h)) {
+            e.remove();
+        }
+        self.remove_pending(h);
+    }
+
+    pub(crate) fn pending(&self, h: KeyHash) -> Option<&Pending> {
+        self.pending.find(h.lo, |p| p.hash == h)
+    }
+
+    pub(crate) fn set_pending(&mut self, p: Pending) {
+        match self.pending.find_mut(p.hash.lo, |q| q.hash == p.hash) {
+            Some(q) => *q = p,
+            None => {
+                self.pending.insert_unique(p.hash.lo, p, |q| q.hash.lo);
+            }
+        }
+    }
+
+    pub(crate) fn remove_pending(&mut self, h: KeyHash) {
+        if let Ok(e) = self.pending.find_entry(h.lo, |p| p.hash == h) {
+            e.remove();
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.slots.allocation_size() + self.pending.allocation_size()
+    }
+
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.slots.reserve(additional, |s| s.lo);
+    }
+}
+
+/// A shard padded to its own cache lines, so two shard locks never share one.
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
+
+/// Power-of-two shards of [`Shard`], each behind a `parking_lot` mutex.
+pub(crate) struct ShardedIndex {
+    shards: Box<[Padded]>,
+    shift: u32,
+}
+
+impl ShardedIndex {
+    /// `shards` must be a power of two (the builder checks).
+    pub(crate) fn new(shards: usize) -> Self {
+        debug_assert!(shards.is_power_of_two());
+        let bits = shards.trailing_zeros();
+        Self {
+            shards: (0..shards).map(|_| Padded(Mutex::default())).collect(),
+            shift: if bits == 0 { 64 } else { 64 - bits },
+        }
+    }
+
+    pub(crate) fn shard_of(&self, h: KeyHash) -> usize {
+        h.hi.checked_shr(self.shift).unwrap_or(0) as usize
+    }
+
+    pub(crate) fn lock(&self, h: KeyHash) -> MutexGuard<'_, Shard> {
+        self.shards[self.shard_of(h)].0.lock()
+    }
+
+    pub(crate) fn lock_shard(&self, i: usize) -> MutexGuard<'_, Shard> {
+        self.shards[i].0.lock()
+    }
+
+    /// Total keys and heap bytes, one shard at a time (not a snapshot).
+    pub(crate) fn usage(&self) -> (usize, usize, crate::stats::Counters) {
+        let mut c = crate::stats::Counters::default();
+        let (k, b) = self.shards.iter().fold((0, 0), |(k, b), s| {
+            let g = s.0.lock();
+            c.add(&g.counters);
+            (k + g.len(), b + g.heap_bytes())
+        });
+        (k, b, c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_choice_uses_top_bits_of_hi() {
+        let idx = ShardedIndex::new(64);
+        assert_eq!(idx.shard_of(KeyHash { hi: u64::MAX, lo: 0 }), 63);
+        assert_eq!(idx.shard_of(KeyHash { hi: 1 << 58, lo: u64::MAX }), 1);
+        assert_eq!(ShardedIndex::new(1).shard_of(KeyHash { hi: u64::MAX, lo: 1 }), 0);
+    }
+
+    #[test]
+    fn put_get_remove_with_pending() {
+        let mut s = Shard::default();
+        let h = KeyHash { hi: 3, lo: 4 };
+        assert!(s.get(h).is_none());
+        s.put(h, SlotState::Claimed, 10, 20);
+        s.set_pending(Pending {
+            hash: h,
+            attempt: 1,
+            token: 9,
+            first_at: 0,
+            lease_until: 5,
+            params: 0,
+        });
+        assert_eq!(s.get(h).map(Slot::state), Some(SlotState::Claimed));
+        assert_eq!(s.pending(h).map(|p| p.token), Some(9));
+        s.put(h, SlotState::Completed, 11, 21);
+        assert_eq!(s.get(h).map(|x| x.row(100)), Some(21));
+        s.remove(h);
+        assert!(s.get(h).is_none() && s.pending(h).is_none());
+    }
+}

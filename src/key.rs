@@ -1,0 +1,295 @@
+//! Operation keys, the keyed hash the index is built on, and request
+//! fingerprints.
+//!
+//! Invariant: the key hash function and its seed never change for an
+//! existing file; both are persisted at creation.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+/// An operation key: a scope (tenant, stream, source) and an id within it.
+///
+/// The same id in two scopes is two keys. Both parts are arbitrary bytes.
+///
+/// # Examples
+/// ```
+/// use dedupkv::Key;
+/// let a = Key::new("shop-42", "evt_1");
+/// let b = Key::new("shop-43", "evt_1");
+/// assert_ne!(a, b);
+/// let owned: Key<'static> = Key::owned(b"shop-42".to_vec(), b"evt_1".to_vec());
+/// assert_eq!(a, owned);
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Key<'a> {
+    scope: Cow<'a, [u8]>,
+    id: Cow<'a, [u8]>,
+}
+
+impl<'a> Key<'a> {
+    /// A key borrowing its scope and id.
+    ///
+    /// # Examples
+    /// ```
+    /// let k = dedupkv::Key::new("tenant", b"\x00binary-id");
+    /// assert_eq!(k.scope(), b"tenant");
+    /// ```
+    pub fn new<S, I>(scope: &'a S, id: &'a I) -> Self
+    where
+        S: AsRef<[u8]> + ?Sized,
+        I: AsRef<[u8]> + ?Sized,
+    {
+        Self {
+            scope: Cow::Borrowed(scope.as_ref()),
+            id: Cow::Borrowed(id.as_ref()),
+        }
+    }
+
+    /// A key owning its scope and id.
+    ///
+    /// # Examples
+    /// ```
+    /// let k = dedupkv::Key::owned(b"t".to_vec(), format!("evt_{}", 7).into_bytes());
+    /// assert_eq!(k.id(), b"evt_7");
+    /// ```
+    pub fn owned(scope: Vec<u8>, id: Vec<u8>) -> Key<'static> {
+        Key {
+            scope: Cow::Owned(scope),
+            id: Cow::Owned(id),
+        }
+    }
+
+    /// The scope bytes.
+    ///
+    /// # Examples
+    /// ```
+    /// assert_eq!(dedupkv::Key::new("s", "i").scope(), b"s");
+    /// ```
+    pub fn scope(&self) -> &[u8] {
+        &self.scope
+    }
+
+    /// The id bytes.
+    ///
+    /// # Examples
+    /// ```
+    /// assert_eq!(dedupkv::Key::new("s", "i").id(), b"i");
+    /// ```
+    pub fn id(&self) -> &[u8] {
+        &self.id
+    }
+
+    /// Copies borrowed parts so the key can outlive them.
+    ///
+    /// # Examples
+    /// ```
+    /// let k = { let s = String::from("t"); dedupkv::Key::new(&s, "i").into_owned() };
+    /// assert_eq!(k.scope(), b"t");
+    /// ```
+    pub fn into_owned(self) -> Key<'static> {
+        Key {
+            scope: Cow::Owned(self.scope.into_owned()),
+            id: Cow::Owned(self.id.into_owned()),
+        }
+    }
+}
+
+impl fmt::Debug for Key<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({})", crate::error::show_key(&self.scope, &self.id))
+    }
+}
+
+impl fmt::Display for Key<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&crate::error::show_key(&self.scope, &self.id))
+    }
+}
+
+/// Which function turns a key into the 128-bit hash the index is keyed on.
+///
+/// Chosen when a store file is created and fixed for its life.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{KeyHashing, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// // Only for keys no adversary can choose:
+/// let store = Store::builder().key_hashing(KeyHashing::Xxh3).open(dir.path().join("s.redb"))?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum KeyHashing {
+    /// SipHash-1-3-128 keyed with a random 128-bit secret made at creation and
+    /// stored in the file. Two different keys collide (and one would be taken
+    /// for a duplicate of the other) with probability about 2^-128 per pair,
+    /// even when an adversary picks the keys. The default.
+    #[default]
+    SipHash13,
+    /// xxh3-128, seeded. Faster, but collisions can be constructed on
+    /// purpose: use it only when no untrusted party chooses keys.
+    Xxh3,
+}
+
+impl KeyHashing {
+    pub(crate) fn tag(self) -> u8 {
+        match self {
+            KeyHashing::SipHash13 => 1,
+            KeyHashing::Xxh3 => 2,
+        }
+    }
+
+    pub(crate) fn from_tag(tag: u8) -> Option<Self> {
+        match tag {
+            1 => Some(KeyHashing::SipHash13),
+            2 => Some(KeyHashing::Xxh3),
+            _ => None,
+        }
+    }
+}
+
+/// The 128-bit hash of a key, in two halves: `hi` picks the shard, `lo` feeds
+/// the shard's hash table (whose tag bits are the top of `lo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct KeyHash {
+    pub hi: u64,
+    pub lo: u64,
+}
+
+/// The persisted key-hash function: algorithm and secret.
+#[derive(Clone)]
+pub(crate) struct KeyHasher {
+    kind: KeyHashing,
+    secret: [u8; 16],
+}
+
+impl KeyHasher {
+    pub(crate) fn new(kind: KeyHashing, secret: [u8; 16]) -> Self {
+        Self { kind, secret }
+    }
+
+    pub(crate) fn kind(&self) -> KeyHashing {
+        self.kind
+    }
+
+    pub(crate) fn secret(&self) -> [u8; 16] {
+        self.secret
+    }
+
+    /// Hashes `len(scope) ‖ scope ‖ id`; the length prefix keeps
+    /// `("ab","c")` and `("a","bc")` apart.
+    pub(crate) fn hash(&self, scope: &[u8], id: &[u8]) -> KeyHash {
+        let len = (scope.len() as u32).to_le_bytes();
+        match self.kind {
+            KeyHashing::SipHash13 => {
+                let mut h = SipHasher13::new_with_key(&self.secret);
+                std::hash::Hasher::write(&mut h, &len);
+                std::hash::Hasher::write(&mut h, scope);
+                std::hash::Hasher::write(&mut h, id);
+                let out = h.finish128();
+                KeyHash {
+                    hi: out.h1,
+                    lo: out.h2,
+                }
+            }
+            KeyHashing::Xxh3 => {
+                let seed = u64::from_le_bytes(self.secret[..8].try_into().unwrap_or([0; 8]));
+                let mut h = xxhash_rust::xxh3::Xxh3::with_seed(seed);
+                h.update(&len);
+                h.update(scope);
+                h.update(id);
+                let out = h.digest128();
+                KeyHash {
+                    hi: (out >> 64) as u64,
+                    lo: out as u64,
+                }
+            }
+        }
+    }
+}
+
+/// A 128-bit digest of a request's essential parameters.
+///
+/// Stored with a key at [`begin`](crate::Store::begin); a later `begin` of the
+/// same key with a different fingerprint fails with
+/// [`Error::FingerprintMismatch`](crate::Error::FingerprintMismatch) instead of
+/// replaying an outcome that belongs to another request. Computed with
+/// xxh3-128: it guards against client mistakes (a key reused for other
+/// parameters), not against a client attacking its own keys.
+///
+/// # Examples
+/// ```
+/// use dedupkv::Fingerprint;
+/// let a = Fingerprint::of(br#"{"amount":100,"currency":"EUR"}"#);
+/// let b = Fingerprint::of(br#"{"amount":200,"currency":"EUR"}"#);
+/// assert_ne!(a, b);
+/// assert_eq!(a, Fingerprint::of(br#"{"amount":100,"currency":"EUR"}"#));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Fingerprint(pub u128);
+
+impl Fingerprint {
+    /// The fingerprint of some bytes (a canonical encoding of the parameters).
+    ///
+    /// # Examples
+    /// ```
+    /// let f = dedupkv::Fingerprint::of("charge 100 EUR to card 4242");
+    /// assert_ne!(f, dedupkv::Fingerprint::NONE);
+    /// ```
+    pub fn of(bytes: impl AsRef<[u8]>) -> Self {
+        Self(xxhash_rust::xxh3::xxh3_128(bytes.as_ref()))
+    }
+
+    /// The fingerprint of a serializable value, through the crate's payload
+    /// codec (postcard), so equal values give equal fingerprints.
+    ///
+    /// # Examples
+    /// ```
+    /// #[derive(serde::Serialize)]
+    /// struct Charge { amount: u64, currency: &'static str }
+    /// let f = dedupkv::Fingerprint::of_value(&Charge { amount: 100, currency: "EUR" })?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn of_value<T: serde::Serialize + ?Sized>(value: &T) -> crate::Result<Self> {
+        Ok(Self::of(crate::codec::to_bytes(value)?))
+    }
+
+    /// "No parameters": a key begun with `NONE` matches only `NONE`.
+    pub const NONE: Fingerprint = Fingerprint(0);
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({:032x})", self.0)
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_prefix_separates_scope_from_id() {
+        for kind in [KeyHashing::SipHash13, KeyHashing::Xxh3] {
+            let h = KeyHasher::new(kind, [7; 16]);
+            assert_ne!(h.hash(b"ab", b"c"), h.hash(b"a", b"bc"));
+            assert_eq!(h.hash(b"a", b"bc"), h.hash(b"a", b"bc"));
+        }
+    }
+
+    #[test]
+    fn secret_changes_the_hash() {
+        let a = KeyHasher::new(KeyHashing::SipHash13, [1; 16]);
+        let b = KeyHasher::new(KeyHashing::SipHash13, [2; 16]);
+        assert_ne!(a.hash(b"s", b"i"), b.hash(b"s", b"i"));
+    }
+}

@@ -1,0 +1,57 @@
+//! # dedupkv
+//!
+//! An embedded deduplication and idempotency engine. A consumer records an
+//! operation key durably *before* any side effect, with an atomic
+//! insert-if-absent; every repeat of the key — from another thread, another
+//! attempt, or after a crash — is recognised, and gets the first attempt's
+//! outcome back.
+//!
+//! ```
+//! use dedupkv::{Begin, Fingerprint, Key, Store};
+//! # let dir = tempfile::tempdir().unwrap();
+//! let store = Store::open(dir.path().join("dedup.redb"))?;
+//!
+//! // Plain "processed events" dedup.
+//! if store.insert_if_absent(&Key::new("shop-42", "evt_1"))? {
+//!     // handle the event
+//! }
+//!
+//! // An idempotent operation with a stored outcome.
+//! let key = Key::new("shop-42", "charge-7");
+//! match store.begin(&key, Fingerprint::of("100 EUR to card 4242"))? {
+//!     Begin::Started(claim) => store.complete(&claim, b"charge ch_1")?,
+//!     Begin::Completed(record) => assert_eq!(record.outcome(), Some(&b"charge ch_1"[..])),
+//!     Begin::InProgress(info) => println!("retry after {:?}", info.lease_expires_at()),
+//! }
+//! # Ok::<(), dedupkv::Error>(())
+//! ```
+//!
+//! See the README for guarantees per [`Durability`] mode and
+//! `docs/design.md` for the file format and invariants.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod builder;
+mod claim;
+mod clock;
+mod codec;
+mod durability;
+mod error;
+mod index;
+mod key;
+mod log;
+mod record;
+mod stats;
+mod store;
+mod sync;
+
+pub use builder::StoreBuilder;
+pub use claim::{Begin, Claim, Failure, InProgress};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use durability::Durability;
+pub use error::{Error, Result};
+pub use key::{Fingerprint, Key, KeyHashing};
+pub use record::{Record, State};
+pub use stats::Stats;
+pub use store::Store;

@@ -1,0 +1,291 @@
+//! Group commit: one committer thread turns everything appended since its
+//! last commit into one redb transaction, syncs once, then wakes every
+//! caller of that batch.
+//!
+//! Invariants:
+//! - a record is appended while its key's shard lock is held, so per-key log
+//!   order equals decision order; the row it lands in is known at append time;
+//! - `durable_row` only grows, and only after `commit()` returned `Ok`: every
+//!   row at or below it is on stable storage;
+//! - after a failed commit the log is poisoned: nothing in or after the
+//!   failed row is ever reported durable, and every later append fails.
+
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use redb::Database;
+
+use super::format::{RecordRef, RowWriter};
+use super::{log_table, table_name};
+use crate::sync::{
+    Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, Receiver, Sender, bounded,
+};
+use crate::{Durability, Error, Result};
+
+/// Bytes buffered in `Deferred` mode before a commit is started early.
+const DEFERRED_FLUSH_BYTES: usize = 4 << 20;
+
+/// Records appended since the last commit, all destined for row `row`.
+pub(crate) struct Batch {
+    row: u64,
+    next_idx: u32,
+    bytes: usize,
+    parts: Vec<(u64, RowWriter)>,
+}
+
+impl Batch {
+    /// Appends a record to the part for `bucket`; returns the row number.
+    /// The caller holds the key's shard lock.
+    pub(crate) fn push(&mut self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
+        rec.idx = self.next_idx;
+        self.next_idx += 1;
+        let part = if let Some(i) = self.parts.iter().position(|(b, _)| *b == bucket) {
+            &mut self.parts[i].1
+        } else {
+            self.parts.push((bucket, RowWriter::new()));
+            let last = self.parts.len() - 1;
+            &mut self.parts[last].1
+        };
+        let before = part.len();
+        part.push(rec);
+        self.bytes += part.len() - before;
+        self.row
+    }
+}
+
+struct Done {
+    durable_row: u64,
+    poisoned: Option<String>,
+}
+
+struct Shared {
+    db: Database,
+    batch: Mutex<Batch>,
+    done: Mutex<Done>,
+    done_cv: Condvar,
+    poisoned: AtomicBool,
+    stop: AtomicBool,
+    kick: Sender<()>,
+    commits: AtomicU64,
+    /// Mirror of `batch.row`, readable without the batch lock.
+    open_row: AtomicU64,
+    /// Mirror of `done.durable_row`, readable without the done lock.
+    durable_row: AtomicU64,
+    quick_repair: bool,
+}
+
+/// The log: append under a shard lock, then wait for durability.
+pub(crate) struct Log {
+    shared: Arc<Shared>,
+    durability: Durability,
+    committer: Option<JoinHandle<()>>,
+}
+
+/// A poisoned log reports why.
+fn poisoned_error(done: &Done) -> Error {
+    Error::Poisoned(done.poisoned.clone().unwrap_or_else(|| "unknown".into()))
+}
+
+impl Log {
+    /// Starts the committer. `last_row` is the newest row already on disk.
+    pub(crate) fn start(
+        db: Database,
+        last_row: u64,
+        durability: Durability,
+        quick_repair: bool,
+    ) -> Result<Log> {
+        let (kick, kicked) = bounded(1);
+        let shared = Arc::new(Shared {
+            db,
+            batch: Mutex::new(Batch {
+                row: last_row + 1,
+                next_idx: 0,
+                bytes: 0,
+                parts: Vec::new(),
+            }),
+            done: Mutex::new(Done {
+                durable_row: last_row,
+                poisoned: None,
+            }),
+            done_cv: Condvar::new(),
+            poisoned: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            kick,
+            commits: AtomicU64::new(0),
+            open_row: AtomicU64::new(last_row + 1),
+            durable_row: AtomicU64::new(last_row),
+            quick_repair,
+        });
+        let wait = match durability {
+            Durability::Deferred { max_delay } => Some(max_delay),
+            Durability::Immediate => None,
+        };
+        let s = Arc::clone(&shared);
+        let committer = std::thread::Builder::new()
+            .name("dedupkv-commit".into())
+            .spawn(move || run(&s, &kicked, wait))
+            .map_err(|e| Error::Storage(redb::Error::Io(e)))?;
+        Ok(Log {
+            shared,
+            durability,
+            committer: Some(committer),
+        })
+    }
+
+    pub(crate) fn db(&self) -> &Database {
+        &self.shared.db
+    }
+
+    /// The batch to append to. Fails if the log is poisoned.
+    pub(crate) fn batch(&self) -> Result<MutexGuard<'_, Batch>> {
+        self.check()?;
+        Ok(self.shared.batch.lock())
+    }
+
+    /// Fails if an earlier commit failed.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.shared.poisoned.load(Ordering::Acquire) {
+            return Err(poisoned_error(&self.shared.done.lock()));
+        }
+        Ok(())
+    }
+
+    /// The row appends currently land in: every row a slot points at is at
+    /// most this.
+    pub(crate) fn open_row(&self) -> u64 {
+        self.shared.open_row.load(Ordering::Acquire)
+    }
+
+    /// Wakes the committer without waiting for it.
+    pub(crate) fn kick(&self) {
+        let _ = self.shared.kick.try_send(());
+    }
+
+    /// Makes `row` durable as the durability mode requires: in `Immediate`
+    /// mode waits for its commit; in `Deferred` mode only nudges the
+    /// committer when enough is buffered.
+    pub(crate) fn settle(&self, row: u64) -> Result<()> {
+        match self.durability {
+            Durability::Immediate => self.wait_durable(row),
+            Durability::Deferred { .. } => {
+                if self.shared.batch.lock().bytes >= DEFERRED_FLUSH_BYTES {
+                    let _ = self.shared.kick.try_send(());
+                }
+                self.check()
+            }
+        }
+    }
+
+    /// Returns once `row` is durable, whatever the mode.
+    pub(crate) fn wait_durable(&self, row: u64) -> Result<()> {
+        if self.shared.durable_row.load(Ordering::Acquire) >= row {
+            return Ok(());
+        }
+        let mut done = self.shared.done.lock();
+        if done.durable_row >= row {
+            return Ok(());
+        }
+        if done.poisoned.is_some() {
+            return Err(poisoned_error(&done));
+        }
+        let _ = self.shared.kick.try_send(());
+        loop {
+            if done.durable_row >= row {
+                return Ok(());
+            }
+            if done.poisoned.is_some() {
+                return Err(poisoned_error(&done));
+            }
+            self.shared.done_cv.wait(&mut done);
+        }
+    }
+
+    /// Commits everything appended so far and waits for it.
+    pub(crate) fn flush(&self) -> Result<()> {
+        let row = {
+            let b = self.shared.batch.lock();
+            if b.parts.is_empty() { b.row - 1 } else { b.row }
+        };
+        self.wait_durable(row)
+    }
+
+    /// Durable commits made since open.
+    pub(crate) fn commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = self.shared.kick.try_send(());
+        if let Some(h) = self.committer.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The committer loop.
+fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
+    loop {
+        let stopping = s.stop.load(Ordering::Acquire);
+        if !stopping {
+            match wait {
+                None => {
+                    let _ = kicked.recv();
+                }
+                Some(d) => {
+                    let _ = kicked.recv_timeout(d);
+                }
+            }
+        }
+        let batch = {
+            let mut b = s.batch.lock();
+            if b.parts.is_empty() {
+                if stopping {
+                    return;
+                }
+                continue;
+            }
+            let next = Batch {
+                row: b.row + 1,
+                next_idx: 0,
+                bytes: 0,
+                parts: Vec::with_capacity(b.parts.len()),
+            };
+            s.open_row.store(next.row, Ordering::Release);
+            std::mem::replace(&mut *b, next)
+        };
+        let row = batch.row;
+        match write(s, batch) {
+            Ok(()) => {
+                s.commits.fetch_add(1, Ordering::Relaxed);
+                s.done.lock().durable_row = row;
+                s.durable_row.store(row, Ordering::Release);
+                s.done_cv.notify_all();
+            }
+            Err(e) => {
+                tracing::error!(row, error = %e, "dedupkv commit failed; store poisoned");
+                {
+                    let mut done = s.done.lock();
+                    done.poisoned = Some(format!("commit of log row {row} failed: {e}"));
+                }
+                s.poisoned.store(true, Ordering::Release);
+                s.done_cv.notify_all();
+                return;
+            }
+        }
+    }
+}
+
+fn write(s: &Shared, batch: Batch) -> Result<()> {
+    let mut txn = s.db.begin_write()?;
+    txn.set_quick_repair(s.quick_repair);
+    for (bucket, part) in batch.parts {
+        let name = table_name(bucket);
+        let mut table = txn.open_table(log_table(&name))?;
+        table.insert(batch.row, part.finish().as_slice())?;
+    }
+    txn.commit()?;
+    Ok(())
+}

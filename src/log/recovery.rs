@@ -1,0 +1,123 @@
+//! Replay at open: every live bucket table, merged in log order.
+//!
+//! Log order is `(row, idx)`: rows grow with each commit and `idx` orders
+//! the records of one commit across the bucket tables it wrote. Because
+//! every record is self-contained, the last record of a key is its state.
+//! Tables of buckets that have already expired are not read; the caller
+//! deletes them.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use redb::{Database, ReadableDatabase, ReadableTable};
+
+use super::format::{RecordRef, read_row};
+use super::{buckets, log_table, table_name};
+use crate::Result;
+
+/// What replay found.
+pub(crate) struct Replayed {
+    /// The newest row number seen in any table (0 when there is none).
+    pub last_row: u64,
+    /// Buckets whose tables are expired at `now_bucket` and were skipped.
+    pub expired: Vec<u64>,
+    /// Records replayed.
+    pub records: u64,
+}
+
+/// Calls `apply(bucket, row, record)` for every record of every live bucket,
+/// in log order.
+pub(crate) fn replay(
+    db: &Database,
+    now_bucket: u64,
+    mut apply: impl FnMut(u64, u64, &RecordRef<'_>),
+) -> Result<Replayed> {
+    let all = buckets(db)?;
+    let (expired, live): (Vec<u64>, Vec<u64>) = all.into_iter().partition(|b| *b < now_bucket);
+    let read = db.begin_read()?;
+    let names: Vec<String> = live.iter().map(|b| table_name(*b)).collect();
+    let tables = names
+        .iter()
+        .map(|n| read.open_table(log_table(n)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut iters = tables
+        .iter()
+        .map(|t| t.iter())
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut heads: Vec<Option<(u64, Vec<u8>)>> = Vec::with_capacity(iters.len());
+    let mut heap = BinaryHeap::new();
+    for (i, it) in iters.iter_mut().enumerate() {
+        let head = match it.next() {
+            Some(r) => {
+                let (k, v) = r?;
+                Some((k.value(), v.value().to_vec()))
+            }
+            None => None,
+        };
+        if let Some((row, _)) = &head {
+            heap.push(Reverse((*row, i)));
+        }
+        heads.push(head);
+    }
+    // Rows of expired tables still count for numbering: new rows must be
+    // larger than any row already written.
+    let mut last_row = 0;
+    for b in &expired {
+        let name = table_name(*b);
+        let t = read.open_table(log_table(&name))?;
+        if let Some((k, _)) = t.last()? {
+            last_row = last_row.max(k.value());
+        }
+    }
+    let mut out = Replayed {
+        last_row,
+        expired,
+        records: 0,
+    };
+    let mut group: Vec<(usize, Vec<u8>)> = Vec::new();
+    while let Some(Reverse((row, _))) = heap.peek().copied() {
+        group.clear();
+        while let Some(Reverse((r, i))) = heap.peek().copied() {
+            if r != row {
+                break;
+            }
+            heap.pop();
+            if let Some((_, bytes)) = heads[i].take() {
+                group.push((i, bytes));
+            }
+            if let Some(next) = iters[i].next() {
+                let (k, v) = next?;
+                let k = k.value();
+                if k <= row {
+                    return Err(crate::Error::Corrupt(format!(
+                        "log rows out of order in {}",
+                        names[i]
+                    )));
+                }
+                heads[i] = Some((k, v.value().to_vec()));
+                heap.push(Reverse((k, i)));
+            }
+        }
+        out.last_row = out.last_row.max(row);
+        if group.len() == 1 {
+            let (i, bytes) = &group[0];
+            for rec in read_row(bytes)? {
+                apply(live[*i], row, &rec?);
+                out.records += 1;
+            }
+        } else {
+            let mut recs = Vec::new();
+            for (i, bytes) in &group {
+                for rec in read_row(bytes)? {
+                    recs.push((live[*i], rec?));
+                }
+            }
+            recs.sort_by_key(|(_, r)| r.idx);
+            for (bucket, rec) in &recs {
+                apply(*bucket, row, rec);
+                out.records += 1;
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,281 @@
+//! What the store knows about a key: [`Record`] and [`State`].
+
+use std::time::SystemTime;
+
+use crate::clock::to_system_time;
+use crate::log::format::{Kind, RecordRef};
+use crate::{Fingerprint, Key, Result};
+
+/// The state of a key, as of its latest record.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Key, State, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// store.insert_if_absent(&Key::new("t", "e1"))?;
+/// let rec = store.get(&Key::new("t", "e1"))?.expect("recorded");
+/// assert_eq!(rec.state(), State::Inserted);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum State {
+    /// Recorded by [`insert_if_absent`](crate::Store::insert_if_absent) or
+    /// [`insert_batch`](crate::Store::insert_batch): seen, no outcome.
+    Inserted,
+    /// Claimed by a worker whose claim is not finished (its lease may have
+    /// lapsed; the next `begin` then takes it over).
+    InProgress,
+    /// The last attempt failed with a retryable error; the next `begin`
+    /// starts a new attempt.
+    Retryable,
+    /// Completed; the outcome is stored.
+    Completed,
+    /// Failed permanently; the failure payload is stored and replayed.
+    Failed,
+}
+
+/// Everything recorded about one key: what a person needs during an incident,
+/// and the outcome a repeat gets back.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Begin, Fingerprint, Key, State, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("shop-42", "order-7");
+/// if let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? {
+///     store.complete(&claim, b"shipped")?;
+/// }
+/// let rec = store.get(&key)?.expect("recorded");
+/// assert_eq!(rec.state(), State::Completed);
+/// assert_eq!(rec.outcome(), Some(&b"shipped"[..]));
+/// assert_eq!(rec.attempts(), 1);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub(crate) key: Key<'static>,
+    pub(crate) state: State,
+    pub(crate) attempts: u32,
+    pub(crate) token: u64,
+    pub(crate) first_seen: u64,
+    pub(crate) updated: u64,
+    pub(crate) expires: u64,
+    pub(crate) lease_until: Option<u64>,
+    pub(crate) fingerprint: Option<Fingerprint>,
+    pub(crate) outcome_tag: u8,
+    pub(crate) outcome: Option<Vec<u8>>,
+}
+
+impl Record {
+    pub(crate) fn from_log(rec: &RecordRef<'_>) -> Record {
+        let state = match rec.kind {
+            Kind::Insert => State::Inserted,
+            Kind::Claim => State::InProgress,
+            Kind::Release => State::Retryable,
+            Kind::Complete => State::Completed,
+            Kind::Fail => State::Failed,
+        };
+        let finished = matches!(rec.kind, Kind::Complete | Kind::Fail);
+        Record {
+            key: Key::owned(rec.scope.to_vec(), rec.id.to_vec()),
+            state,
+            attempts: rec.attempt,
+            token: rec.token,
+            first_seen: rec.first_at,
+            updated: rec.at,
+            expires: rec.expires,
+            lease_until: (rec.kind == Kind::Claim).then_some(rec.lease_until),
+            fingerprint: (rec.kind != Kind::Insert).then_some(Fingerprint(rec.params)),
+            outcome_tag: rec.outcome_tag,
+            outcome: finished.then(|| rec.outcome.to_vec()),
+        }
+    }
+
+    /// The key this record is about.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # store.insert_if_absent(&Key::new("t", "e"))?;
+    /// let rec = store.get(&Key::new("t", "e"))?.expect("recorded");
+    /// assert_eq!(rec.key(), &Key::new("t", "e"));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn key(&self) -> &Key<'static> {
+        &self.key
+    }
+
+    /// The key's state.
+    ///
+    /// # Examples
+    /// See [`Record`].
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Attempts started so far (0 for an inserted key).
+    ///
+    /// # Examples
+    /// See [`Record`].
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The fencing token of the latest attempt (0 for an inserted key).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let key = Key::new("t", "e");
+    /// if let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? {
+    ///     let token = claim.token();
+    ///     store.complete(&claim, b"ok")?;
+    ///     assert_eq!(store.get(&key)?.expect("recorded").token(), token);
+    /// }
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// When the key was first recorded.
+    ///
+    /// # Examples
+    /// See [`Record::updated_at`].
+    pub fn first_seen_at(&self) -> SystemTime {
+        to_system_time(self.first_seen)
+    }
+
+    /// When the latest record of the key was written.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, ManualClock, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// store.insert_if_absent(&Key::new("t", "e"))?;
+    /// let rec = store.get(&Key::new("t", "e"))?.expect("recorded");
+    /// assert_eq!(rec.updated_at(), rec.first_seen_at());
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn updated_at(&self) -> SystemTime {
+        to_system_time(self.updated)
+    }
+
+    /// The earliest time the record may be evicted; it is kept at least
+    /// until then (retention rounds up to the end of a time bucket).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # store.insert_if_absent(&Key::new("t", "e"))?;
+    /// let rec = store.get(&Key::new("t", "e"))?.expect("recorded");
+    /// assert!(rec.expires_at() > rec.updated_at());
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn expires_at(&self) -> SystemTime {
+        to_system_time(self.expires)
+    }
+
+    /// When the current claim's lease lapses, for a key in progress.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let key = Key::new("t", "e");
+    /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// let rec = store.get(&key)?.expect("recorded");
+    /// assert_eq!(rec.lease_expires_at(), Some(claim.lease_expires_at()));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn lease_expires_at(&self) -> Option<SystemTime> {
+        self.lease_until.map(to_system_time)
+    }
+
+    /// The request fingerprint recorded at `begin` (`None` for a key
+    /// recorded by `insert_if_absent`).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let key = Key::new("t", "e");
+    /// let fp = Fingerprint::of("params");
+    /// let _claim = store.begin(&key, fp)?;
+    /// assert_eq!(store.get(&key)?.expect("recorded").fingerprint(), Some(fp));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn fingerprint(&self) -> Option<Fingerprint> {
+        self.fingerprint
+    }
+
+    /// The stored outcome of a completed key, or the failure payload of a
+    /// permanently failed one. `None` in every other state.
+    ///
+    /// # Examples
+    /// See [`Record`].
+    pub fn outcome(&self) -> Option<&[u8]> {
+        self.outcome.as_deref()
+    }
+
+    /// Whether the stored payload is a permanent failure rather than a
+    /// successful outcome.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let key = Key::new("t", "e");
+    /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.fail(&claim, Failure::Permanent(b"card declined"))?;
+    /// let rec = store.get(&key)?.expect("recorded");
+    /// assert!(rec.is_failure());
+    /// assert_eq!(rec.outcome(), Some(&b"card declined"[..]));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn is_failure(&self) -> bool {
+        self.state == State::Failed
+    }
+
+    /// Decodes a typed outcome stored with
+    /// [`complete_value`](crate::Store::complete_value).
+    ///
+    /// # Errors
+    /// [`Error::Codec`](crate::Error::Codec) if there is no outcome, it was
+    /// stored as raw bytes, or it does not decode as `T`.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let key = Key::new("t", "e");
+    /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.complete_value(&claim, &(201u16, "created".to_string()))?;
+    /// let Begin::Completed(rec) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// let (status, body): (u16, String) = rec.outcome_as()?;
+    /// assert_eq!(status, 201);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn outcome_as<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        let bytes = self
+            .outcome
+            .as_deref()
+            .ok_or_else(|| crate::Error::Codec("the record has no outcome".into()))?;
+        crate::codec::from_bytes(self.outcome_tag, bytes)
+    }
+}

@@ -1,0 +1,102 @@
+//! Counters and gauges.
+
+/// Per-shard operation counters (summed by [`Store::stats`](crate::Store::stats)).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counters {
+    pub new_keys: u64,
+    pub duplicates: u64,
+    pub started: u64,
+    pub takeovers: u64,
+    pub in_progress: u64,
+    pub replays: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub released: u64,
+    pub conflicts: u64,
+    pub fenced: u64,
+}
+
+impl Counters {
+    pub(crate) fn add(&mut self, o: &Counters) {
+        self.new_keys += o.new_keys;
+        self.duplicates += o.duplicates;
+        self.started += o.started;
+        self.takeovers += o.takeovers;
+        self.in_progress += o.in_progress;
+        self.replays += o.replays;
+        self.completed += o.completed;
+        self.failed += o.failed;
+        self.released += o.released;
+        self.conflicts += o.conflicts;
+        self.fenced += o.fenced;
+    }
+}
+
+/// A snapshot of a store's counters and sizes, taken shard by shard.
+///
+/// Counters start at zero when the store is opened.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// store.insert_if_absent(&Key::new("t", "a"))?;
+/// store.insert_if_absent(&Key::new("t", "a"))?;
+/// let s = store.stats();
+/// assert_eq!((s.keys, s.new_keys, s.duplicates), (1, 1, 1));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Keys in the index.
+    pub keys: u64,
+    /// Heap bytes held by the index tables.
+    pub index_bytes: u64,
+    /// Durable commits since open.
+    pub commits: u64,
+    /// Keys recorded as new (`insert_if_absent`, `insert_batch`).
+    pub new_keys: u64,
+    /// Inserts answered "already seen".
+    pub duplicates: u64,
+    /// Claims started by `begin` (first attempts, retries and takeovers).
+    pub started: u64,
+    /// Of those, takeovers of a claim whose lease had lapsed.
+    pub takeovers: u64,
+    /// `begin` calls answered `InProgress`.
+    pub in_progress: u64,
+    /// `begin` calls answered `Completed` (replays).
+    pub replays: u64,
+    /// Claims completed.
+    pub completed: u64,
+    /// Claims failed permanently.
+    pub failed: u64,
+    /// Claims released for a retry (retryable failure or dropped claim).
+    pub released: u64,
+    /// `begin` calls rejected for a fingerprint mismatch.
+    pub conflicts: u64,
+    /// `complete`, `fail` or `renew` calls rejected because the claim was lost.
+    pub fenced: u64,
+}
+
+impl Stats {
+    pub(crate) fn from_parts(keys: usize, bytes: usize, commits: u64, c: &Counters) -> Stats {
+        Stats {
+            keys: keys as u64,
+            index_bytes: bytes as u64,
+            commits,
+            new_keys: c.new_keys,
+            duplicates: c.duplicates,
+            started: c.started,
+            takeovers: c.takeovers,
+            in_progress: c.in_progress,
+            replays: c.replays,
+            completed: c.completed,
+            failed: c.failed,
+            released: c.released,
+            conflicts: c.conflicts,
+            fenced: c.fenced,
+        }
+    }
+}

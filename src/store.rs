@@ -1,0 +1,812 @@
+//! The public operations. Each one: validate, hash, lock the key's shard,
+//! decide and append the log record under that lock, unlock, then wait for
+//! durability as the mode requires.
+//!
+//! Invariants:
+//! - a caller is told "new", "started" or "done" only after its record is
+//!   durable (in `Immediate` mode), and is told "duplicate" or "in
+//!   progress" only after the record it is answered from is durable;
+//! - the slot is reserved before the record is queued, so a concurrent
+//!   caller of the same key sees the reservation, never a second "new";
+//! - a key's bucket never moves to an earlier one, so if any record of a key
+//!   is live its latest record is live (recovery relies on this).
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use crate::builder::Config;
+use crate::claim::{Begin, Claim, Failure, InProgress};
+use crate::clock::{Clock, to_system_time};
+use crate::codec::{TAG_POSTCARD, TAG_RAW};
+use crate::error::show_key;
+use crate::index::{Pending, Shard, ShardedIndex, Slot, SlotState};
+use crate::key::{KeyHash, KeyHasher};
+use crate::log::format::{Kind, RecordRef, read_row};
+use crate::log::{FileMeta, Location, Log, commit::Batch, delete_buckets, open_database};
+use crate::stats::Stats;
+use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
+use crate::{Durability, Error, Fingerprint, Key, Record, Result, State, StoreBuilder};
+
+/// An embedded deduplication and idempotency store.
+///
+/// Cheap to clone (an `Arc`); share it between threads.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("dedup.redb"))?;
+/// assert!(store.insert_if_absent(&Key::new("shop-42", "evt_1"))?);  // new: handle it
+/// assert!(!store.insert_if_absent(&Key::new("shop-42", "evt_1"))?); // duplicate: skip
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    index: ShardedIndex,
+    log: Log,
+    hasher: KeyHasher,
+    clock: Arc<dyn Clock>,
+    cfg: Config,
+    tokens: AtomicU64,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("shards", &self.inner.cfg.shards)
+            .field("durability", &self.inner.cfg.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens the store at `path` with default settings, creating it if it
+    /// does not exist.
+    ///
+    /// # Errors
+    /// See [`StoreBuilder::open`].
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::open(dir.path().join("dedup.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        StoreBuilder::default().open(path)
+    }
+
+    /// A builder for a store with non-default settings.
+    ///
+    /// # Examples
+    /// See [`StoreBuilder`].
+    pub fn builder() -> StoreBuilder {
+        StoreBuilder::default()
+    }
+
+    pub(crate) fn open_with(
+        mut cfg: Config,
+        clock: Arc<dyn Clock>,
+        location: Location,
+    ) -> Result<Store> {
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret)
+            .map_err(|e| Error::Storage(redb::Error::Io(std::io::Error::other(e.to_string()))))?;
+        let wanted = FileMeta {
+            hasher: KeyHasher::new(cfg.key_hashing, secret),
+            granularity_ms: cfg.granularity_ms,
+        };
+        let (db, meta) = open_database(
+            location,
+            cfg.cache_bytes,
+            &wanted,
+            cfg.hashing_set,
+            cfg.granularity_set,
+        )?;
+        cfg.granularity_ms = meta.granularity_ms;
+        if cfg.retention_ms / cfg.granularity_ms >= crate::index::MAX_BUCKET_SPAN {
+            return Err(Error::InvalidConfig(format!(
+                "retention spans too many buckets of the file's granularity ({} ms)",
+                cfg.granularity_ms
+            )));
+        }
+        let index = ShardedIndex::new(cfg.shards);
+        if cfg.expected_keys > 0 {
+            let per = cfg.expected_keys.div_ceil(cfg.shards);
+            for i in 0..cfg.shards {
+                index.lock_shard(i).reserve(per);
+            }
+        }
+        let now_bucket = clock.now_millis() / cfg.granularity_ms;
+        let mut max_token = 0;
+        let replayed = crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec| {
+            max_token = max_token.max(rec.token);
+            let h = meta.hasher.hash(rec.scope, rec.id);
+            apply_record(&mut index.lock(h), h, bucket, row, rec);
+        })?;
+        delete_buckets(&db, &replayed.expired)?;
+        tracing::debug!(
+            records = replayed.records,
+            expired_buckets = replayed.expired.len(),
+            "dedupkv store recovered"
+        );
+        let log = Log::start(db, replayed.last_row, cfg.durability, cfg.quick_repair)?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                index,
+                log,
+                hasher: meta.hasher,
+                clock,
+                cfg,
+                tokens: AtomicU64::new(max_token + 1),
+            }),
+        })
+    }
+
+    /// Records `key` if it is not already recorded; `true` means it is new
+    /// and the caller should handle the event, `false` that it was seen.
+    ///
+    /// The check and the record are one step under the key's shard lock.
+    /// Under [`Durability::Immediate`] the call returns after the record is
+    /// durable.
+    ///
+    /// # Concurrent calls on the same key
+    /// Exactly one caller gets `true`; the others get `false` once the
+    /// winner's record is durable.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a key over the limits,
+    /// [`Error::Poisoned`] after a failed commit, [`Error::Storage`].
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "evt_1");
+    /// if store.insert_if_absent(&key)? {
+    ///     // first delivery: handle the event
+    /// }
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
+        let inner = &*self.inner;
+        inner.check_key(key)?;
+        inner.log.check()?;
+        let h = inner.hash(key);
+        let now = inner.now();
+        let nb = inner.bucket_of(now);
+        let mut shard = inner.index.lock(h);
+        if let Some(s) = inner.live(&shard, h, nb) {
+            let row = s.row(inner.log.open_row());
+            shard.counters.duplicates += 1;
+            drop(shard);
+            inner.settle_seen(row)?;
+            return Ok(false);
+        }
+        let row = {
+            let mut batch = inner.log.batch()?;
+            let mut rec = inner.insert_record(key, now);
+            inner.append(&mut shard, &mut batch, h, SlotState::Inserted, None, &mut rec)
+        };
+        shard.counters.new_keys += 1;
+        drop(shard);
+        inner.log.settle(row)?;
+        Ok(true)
+    }
+
+    /// Records many keys in one durable commit; the flag at index `i` says
+    /// whether `keys[i]` was new. A key repeated within `keys` is new at its
+    /// first position only.
+    ///
+    /// Every key is validated before any is recorded.
+    ///
+    /// # Errors
+    /// As [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let keys = [Key::new("t", "a"), Key::new("t", "b"), Key::new("t", "a")];
+    /// assert_eq!(store.insert_batch(&keys)?, vec![true, true, false]);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
+        let inner = &*self.inner;
+        for k in keys {
+            inner.check_key(k)?;
+        }
+        inner.log.check()?;
+        let now = inner.now();
+        let nb = inner.bucket_of(now);
+        let mut order: Vec<(u32, u32, KeyHash)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let h = inner.hash(k);
+                (inner.index.shard_of(h) as u32, i as u32, h)
+            })
+            .collect();
+        order.sort_unstable_by_key(|&(s, i, _)| (s, i));
+        let mut out = vec![false; keys.len()];
+        let mut wait_new = 0;
+        let mut wait_seen = 0;
+        for group in order.chunk_by(|a, b| a.0 == b.0) {
+            let mut shard = inner.index.lock_shard(group[0].0 as usize);
+            let mut batch = inner.log.batch()?;
+            for &(_, i, h) in group {
+                if let Some(s) = inner.live(&shard, h, nb) {
+                    wait_seen = wait_seen.max(s.row(inner.log.open_row()));
+                    shard.counters.duplicates += 1;
+                    continue;
+                }
+                let mut rec = inner.insert_record(&keys[i as usize], now);
+                let row = inner.append(&mut shard, &mut batch, h, SlotState::Inserted, None, &mut rec);
+                wait_new = wait_new.max(row);
+                shard.counters.new_keys += 1;
+                out[i as usize] = true;
+            }
+        }
+        if wait_new > 0 {
+            inner.log.settle(wait_new)?;
+        }
+        inner.settle_seen(wait_seen)?;
+        Ok(out)
+    }
+
+    /// Starts an idempotent operation, or tells what became of it.
+    ///
+    /// - A new key (or one released for retry, or one whose claim's lease
+    ///   lapsed) is claimed: [`Begin::Started`] with an attempt number, a
+    ///   lease and a fencing token.
+    /// - A key with a live claim: [`Begin::InProgress`] with the lease expiry.
+    /// - A finished key: [`Begin::Completed`] with the stored outcome.
+    ///
+    /// # Concurrent calls on the same key
+    /// Exactly one caller gets `Started`; the others get `InProgress` (or
+    /// `Completed` once it finished).
+    ///
+    /// # Errors
+    /// [`Error::FingerprintMismatch`] if the key was begun with another
+    /// fingerprint; otherwise as [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "refund-17");
+    /// let params = Fingerprint::of("refund 30 EUR");
+    /// let Begin::Started(claim) = store.begin(&key, params)? else { unreachable!() };
+    /// store.complete(&claim, b"refund id re_123")?;
+    /// let Begin::Completed(rec) = store.begin(&key, params)? else { unreachable!() };
+    /// assert_eq!(rec.outcome(), Some(&b"refund id re_123"[..]));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
+        let inner = &*self.inner;
+        inner.check_key(key)?;
+        inner.log.check()?;
+        let h = inner.hash(key);
+        let now = inner.now();
+        let nb = inner.bucket_of(now);
+        let mut shard = inner.index.lock(h);
+        let slot = inner.live(&shard, h, nb);
+        let (attempt, first_at, prev_bucket) = match slot {
+            None => {
+                shard.remove(h);
+                (1, now, None)
+            }
+            Some(s) => {
+                let bucket = s.bucket(nb);
+                match s.state() {
+                    SlotState::Inserted | SlotState::Completed | SlotState::Failed => {
+                        let row = s.row(inner.log.open_row());
+                        drop(shard);
+                        return inner.replay(key, h, bucket, row, fingerprint);
+                    }
+                    SlotState::Claimed | SlotState::Released => {
+                        let p = *shard.pending(h).ok_or_else(|| inner.lost_details(key))?;
+                        if p.params != fingerprint.0 {
+                            shard.counters.conflicts += 1;
+                            return Err(mismatch(key, Fingerprint(p.params), fingerprint));
+                        }
+                        if s.state() == SlotState::Claimed && now < p.lease_until {
+                            let row = s.row(inner.log.open_row());
+                            shard.counters.in_progress += 1;
+                            drop(shard);
+                            inner.settle_seen(row)?;
+                            return Ok(Begin::InProgress(InProgress {
+                                attempt: p.attempt,
+                                lease_until: p.lease_until,
+                                first_at: p.first_at,
+                            }));
+                        }
+                        if s.state() == SlotState::Claimed {
+                            shard.counters.takeovers += 1;
+                        }
+                        (p.attempt.saturating_add(1), p.first_at, Some(bucket))
+                    }
+                }
+            }
+        };
+        let token = inner.tokens.fetch_add(1, Ordering::Relaxed);
+        let lease_until = now.saturating_add(inner.cfg.lease_ms);
+        let mut rec = RecordRef {
+            kind: Kind::Claim,
+            idx: 0,
+            at: now,
+            expires: inner.expiry(now).max(lease_until),
+            scope: key.scope(),
+            id: key.id(),
+            attempt,
+            token,
+            first_at,
+            lease_until,
+            params: fingerprint.0,
+            outcome_tag: TAG_RAW,
+            outcome: &[],
+        };
+        let row = {
+            let mut batch = inner.log.batch()?;
+            inner.append(&mut shard, &mut batch, h, SlotState::Claimed, prev_bucket, &mut rec)
+        };
+        shard.set_pending(Pending {
+            hash: h,
+            attempt,
+            token,
+            first_at,
+            lease_until,
+            params: fingerprint.0,
+        });
+        shard.counters.started += 1;
+        drop(shard);
+        inner.log.settle(row)?;
+        Ok(Begin::Started(Claim {
+            inner: Arc::clone(&self.inner),
+            key: key.clone().into_owned(),
+            hash: h,
+            attempt,
+            token,
+            lease_until: AtomicU64::new(lease_until),
+            finished: AtomicBool::new(false),
+        }))
+    }
+
+    /// Completes a claim with its outcome; every later `begin` of the key
+    /// returns [`Begin::Completed`] with exactly these bytes.
+    ///
+    /// # Errors
+    /// [`Error::ClaimLost`] if the claim is no longer the key's active one
+    /// (a newer attempt took over, or it was already finished): the caller
+    /// must not publish its result. [`Error::InvalidInput`] for an outcome
+    /// over the limit. Otherwise as [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// See [`begin`](Self::begin).
+    pub fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
+        self.inner
+            .finish(claim, Kind::Complete, TAG_RAW, outcome)
+            .and_then(|row| self.inner.log.settle(row))
+    }
+
+    /// Completes a claim with a typed outcome, encoded by the payload codec
+    /// (postcard); read it back with [`Record::outcome_as`].
+    ///
+    /// # Errors
+    /// [`Error::Codec`] if the value cannot be encoded; otherwise as
+    /// [`complete`](Self::complete).
+    ///
+    /// # Examples
+    /// See [`Record::outcome_as`].
+    pub fn complete_value<T: serde::Serialize + ?Sized>(
+        &self,
+        claim: &Claim,
+        outcome: &T,
+    ) -> Result<()> {
+        let bytes = crate::codec::to_bytes(outcome)?;
+        self.inner
+            .finish(claim, Kind::Complete, TAG_POSTCARD, &bytes)
+            .and_then(|row| self.inner.log.settle(row))
+    }
+
+    /// Fails a claim: [`Failure::Retryable`] frees the key for another
+    /// attempt; [`Failure::Permanent`] stores a terminal failure that later
+    /// `begin`s replay.
+    ///
+    /// # Errors
+    /// As [`complete`](Self::complete).
+    ///
+    /// # Examples
+    /// See [`Failure`].
+    pub fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
+        let res = match failure {
+            Failure::Retryable => self.inner.finish(claim, Kind::Release, TAG_RAW, &[]),
+            Failure::Permanent(payload) => self.inner.finish(claim, Kind::Fail, TAG_RAW, payload),
+        };
+        res.and_then(|row| self.inner.log.settle(row))
+    }
+
+    /// Extends a claim's lease to now + the configured lease; returns the
+    /// new expiry. A claim whose lease lapsed may still renew if nobody took
+    /// it over.
+    ///
+    /// # Errors
+    /// [`Error::ClaimLost`] if another attempt took the key over; otherwise
+    /// as [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, ManualClock, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(claim) = store.begin(&Key::new("t", "job"), Fingerprint::NONE)? else { unreachable!() };
+    /// clock.advance(Duration::from_secs(20));
+    /// let until = store.renew(&claim)?; // 30 s from now, not from the start
+    /// assert_eq!(until, claim.lease_expires_at());
+    /// # store.complete(&claim, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn renew(&self, claim: &Claim) -> Result<SystemTime> {
+        let inner = &*self.inner;
+        inner.log.check()?;
+        let now = inner.now();
+        let nb = inner.bucket_of(now);
+        let h = claim.hash;
+        let mut shard = inner.index.lock(h);
+        let (p, bucket) = inner.active(&mut shard, claim, nb)?;
+        let lease_until = now.saturating_add(inner.cfg.lease_ms);
+        let mut rec = RecordRef {
+            kind: Kind::Claim,
+            idx: 0,
+            at: now,
+            expires: inner.expiry(now).max(lease_until),
+            scope: claim.key.scope(),
+            id: claim.key.id(),
+            attempt: p.attempt,
+            token: p.token,
+            first_at: p.first_at,
+            lease_until,
+            params: p.params,
+            outcome_tag: TAG_RAW,
+            outcome: &[],
+        };
+        let row = {
+            let mut batch = inner.log.batch()?;
+            inner.append(&mut shard, &mut batch, h, SlotState::Claimed, Some(bucket), &mut rec)
+        };
+        shard.set_pending(Pending { lease_until, ..p });
+        claim.lease_until.store(lease_until, Ordering::Release);
+        drop(shard);
+        inner.log.settle(row)?;
+        Ok(to_system_time(lease_until))
+    }
+
+    /// The latest record of `key`, or `None` if it is not recorded (or has
+    /// expired). Reads the log row the index points at.
+    ///
+    /// # Errors
+    /// As [`insert_if_absent`](Self::insert_if_absent), and
+    /// [`Error::Corrupt`] if the row fails its checksum.
+    ///
+    /// # Examples
+    /// See [`Record`].
+    pub fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
+        let inner = &*self.inner;
+        inner.check_key(key)?;
+        let h = inner.hash(key);
+        let nb = inner.bucket_of(inner.now());
+        let shard = inner.index.lock(h);
+        let Some(s) = inner.live(&shard, h, nb) else {
+            return Ok(None);
+        };
+        let (bucket, row) = (s.bucket(nb), s.row(inner.log.open_row()));
+        drop(shard);
+        inner.load(key, bucket, row)
+    }
+
+    /// Commits everything acknowledged so far and waits for it (useful in
+    /// [`Durability::Deferred`] mode before a planned shutdown; dropping the
+    /// store does the same).
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`] if a commit failed.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Durability, Key, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::builder()
+    ///     .durability(Durability::Deferred { max_delay: Duration::from_millis(50) })
+    ///     .open(dir.path().join("s.redb"))?;
+    /// store.insert_if_absent(&Key::new("t", "e"))?; // acknowledged, maybe not durable
+    /// store.flush()?;                                 // now durable
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn flush(&self) -> Result<()> {
+        self.inner.log.flush()
+    }
+
+    /// Counters and sizes.
+    ///
+    /// # Examples
+    /// See [`Stats`].
+    pub fn stats(&self) -> Stats {
+        let (keys, bytes, counters) = self.inner.index.usage();
+        Stats::from_parts(keys, bytes, self.inner.log.commits(), &counters)
+    }
+}
+
+/// Sets a key's slot (and pending details) from a replayed record.
+fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &RecordRef<'_>) {
+    let pending = Pending {
+        hash: h,
+        attempt: rec.attempt,
+        token: rec.token,
+        first_at: rec.first_at,
+        lease_until: rec.lease_until,
+        params: rec.params,
+    };
+    let state = match rec.kind {
+        Kind::Insert => SlotState::Inserted,
+        Kind::Claim => SlotState::Claimed,
+        Kind::Release => SlotState::Released,
+        Kind::Complete => SlotState::Completed,
+        Kind::Fail => SlotState::Failed,
+    };
+    shard.put(h, state, bucket, row);
+    if matches!(state, SlotState::Claimed | SlotState::Released) {
+        shard.set_pending(pending);
+    } else {
+        shard.remove_pending(h);
+    }
+}
+
+fn mismatch(key: &Key<'_>, recorded: Fingerprint, requested: Fingerprint) -> Error {
+    Error::FingerprintMismatch {
+        key: key.to_string(),
+        recorded,
+        requested,
+    }
+}
+
+impl Inner {
+    fn now(&self) -> u64 {
+        self.clock.now_millis()
+    }
+
+    fn bucket_of(&self, ms: u64) -> u64 {
+        ms / self.cfg.granularity_ms
+    }
+
+    fn expiry(&self, now: u64) -> u64 {
+        now.saturating_add(self.cfg.retention_ms)
+    }
+
+    fn hash(&self, key: &Key<'_>) -> KeyHash {
+        self.hasher.hash(key.scope(), key.id())
+    }
+
+    fn check_key(&self, key: &Key<'_>) -> Result<()> {
+        check_len("scope", key.scope().len(), self.cfg.max_scope)?;
+        check_len("id", key.id().len(), self.cfg.max_id)
+    }
+
+    /// The key's slot if it has one that has not expired.
+    fn live(&self, shard: &Shard, h: KeyHash, now_bucket: u64) -> Option<Slot> {
+        shard.get(h).copied().filter(|s| s.bucket(now_bucket) >= now_bucket)
+    }
+
+    fn insert_record<'k>(&self, key: &'k Key<'_>, now: u64) -> RecordRef<'k> {
+        RecordRef {
+            kind: Kind::Insert,
+            idx: 0,
+            at: now,
+            expires: self.expiry(now),
+            scope: key.scope(),
+            id: key.id(),
+            attempt: 0,
+            token: 0,
+            first_at: now,
+            lease_until: 0,
+            params: 0,
+            outcome_tag: TAG_RAW,
+            outcome: &[],
+        }
+    }
+
+    /// Appends `rec` and points the key's slot at it. Caller holds the
+    /// shard lock and the batch lock. The bucket never moves earlier than
+    /// `prev_bucket`.
+    fn append(
+        &self,
+        shard: &mut Shard,
+        batch: &mut Batch,
+        h: KeyHash,
+        state: SlotState,
+        prev_bucket: Option<u64>,
+        rec: &mut RecordRef<'_>,
+    ) -> u64 {
+        let g = self.cfg.granularity_ms;
+        let mut bucket = rec.expires / g;
+        if let Some(pb) = prev_bucket
+            && pb > bucket
+        {
+            bucket = pb;
+            rec.expires = rec.expires.max(pb.saturating_mul(g));
+        }
+        let row = batch.push(bucket, rec);
+        shard.put(h, state, bucket, row);
+        row
+    }
+
+    /// Waits, in `Immediate` mode, until the record an answer is based on
+    /// is durable.
+    fn settle_seen(&self, row: u64) -> Result<()> {
+        match self.cfg.durability {
+            Durability::Immediate => self.log.wait_durable(row),
+            Durability::Deferred { .. } => Ok(()),
+        }
+    }
+
+    /// The claim's pending details and slot bucket, if it is still the
+    /// key's active claim.
+    fn active(&self, shard: &mut Shard, claim: &Claim, nb: u64) -> Result<(Pending, u64)> {
+        let h = claim.hash;
+        let reason = match self.live(shard, h, nb) {
+            None => "the key expired",
+            Some(s) => match s.state() {
+                SlotState::Claimed => match shard.pending(h) {
+                    Some(p) if p.token == claim.token => return Ok((*p, s.bucket(nb))),
+                    _ => "its lease lapsed and a newer attempt took the key over",
+                },
+                SlotState::Released => "the key was released for a retry",
+                SlotState::Completed => "the key was already completed",
+                SlotState::Failed => "the key already failed permanently",
+                SlotState::Inserted => "the key was recorded by insert_if_absent",
+            },
+        };
+        shard.counters.fenced += 1;
+        Err(Error::ClaimLost {
+            key: claim.key.to_string(),
+            attempt: claim.attempt,
+            token: claim.token,
+            reason,
+        })
+    }
+
+    /// Writes a Complete, Fail or Release record for an active claim;
+    /// returns its row (not yet settled).
+    fn finish(&self, claim: &Claim, kind: Kind, tag: u8, outcome: &[u8]) -> Result<u64> {
+        check_len("outcome", outcome.len(), self.cfg.max_outcome)?;
+        self.log.check()?;
+        if claim.finished.load(Ordering::Acquire) {
+            return Err(Error::ClaimLost {
+                key: claim.key.to_string(),
+                attempt: claim.attempt,
+                token: claim.token,
+                reason: "this claim was already finished",
+            });
+        }
+        let now = self.now();
+        let nb = self.bucket_of(now);
+        let h = claim.hash;
+        let mut shard = self.index.lock(h);
+        let (p, bucket) = self.active(&mut shard, claim, nb)?;
+        let mut rec = RecordRef {
+            kind,
+            idx: 0,
+            at: now,
+            expires: self.expiry(now),
+            scope: claim.key.scope(),
+            id: claim.key.id(),
+            attempt: p.attempt,
+            token: p.token,
+            first_at: p.first_at,
+            lease_until: p.lease_until,
+            params: p.params,
+            outcome_tag: tag,
+            outcome,
+        };
+        let state = match kind {
+            Kind::Complete => SlotState::Completed,
+            Kind::Fail => SlotState::Failed,
+            _ => SlotState::Released,
+        };
+        let row = {
+            let mut batch = self.log.batch()?;
+            self.append(&mut shard, &mut batch, h, state, Some(bucket), &mut rec)
+        };
+        match state {
+            SlotState::Released => {
+                shard.set_pending(Pending { lease_until: 0, ..p });
+                shard.counters.released += 1;
+            }
+            SlotState::Failed => {
+                shard.remove_pending(h);
+                shard.counters.failed += 1;
+            }
+            _ => {
+                shard.remove_pending(h);
+                shard.counters.completed += 1;
+            }
+        }
+        claim.finished.store(true, Ordering::Release);
+        Ok(row)
+    }
+
+    /// Releases a claim dropped without an answer. Does not wait: if the
+    /// record is lost in a crash, the lease lapses instead.
+    pub(crate) fn release_dropped(&self, claim: &Claim) {
+        claim.finished.store(false, Ordering::Release);
+        match self.finish(claim, Kind::Release, TAG_RAW, &[]) {
+            Ok(_) => self.log.kick(),
+            Err(e) => tracing::debug!(key = %claim.key, error = %e, "dropped claim not released"),
+        }
+    }
+
+    /// Answers `begin` on a finished key from its log record.
+    fn replay(
+        &self,
+        key: &Key<'_>,
+        h: KeyHash,
+        bucket: u64,
+        row: u64,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin> {
+        let rec = self
+            .load(key, bucket, row)?
+            .ok_or_else(|| self.lost_details(key))?;
+        let mut shard = self.index.lock(h);
+        if rec.state != State::Inserted && rec.fingerprint != Some(fingerprint) {
+            shard.counters.conflicts += 1;
+            return Err(mismatch(
+                key,
+                rec.fingerprint.unwrap_or(Fingerprint::NONE),
+                fingerprint,
+            ));
+        }
+        shard.counters.replays += 1;
+        Ok(Begin::Completed(rec))
+    }
+
+    /// Reads the key's latest record from the row its slot points at.
+    fn load(&self, key: &Key<'_>, bucket: u64, row: u64) -> Result<Option<Record>> {
+        self.log.wait_durable(row)?;
+        let Some(bytes) = crate::log::read_row(self.log.db(), bucket, row)? else {
+            // The bucket was evicted between the lookup and the read.
+            return Ok(None);
+        };
+        let mut found = None;
+        for rec in read_row(&bytes)? {
+            let rec = rec?;
+            if rec.scope == key.scope() && rec.id == key.id() {
+                found = Some(Record::from_log(&rec));
+            }
+        }
+        found.map(Some).ok_or_else(|| self.lost_details(key))
+    }
+
+    fn lost_details(&self, key: &Key<'_>) -> Error {
+        Error::Corrupt(format!(
+            "the index points at a log row without key {}",
+            show_key(key.scope(), key.id())
+        ))
+    }
+}
+
+fn check_len(what: &'static str, len: usize, limit: usize) -> Result<()> {
+    if len > limit {
+        return Err(Error::InvalidInput { what, len, limit });
+    }
+    Ok(())
+}

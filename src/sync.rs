@@ -1,0 +1,7 @@
+//! The one place locks, atomics and channels are imported from, so a model
+//! checker can swap them in under `cfg(dedupkv_loom)`.
+
+pub(crate) use crossbeam_channel::{Receiver, Sender, bounded};
+pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
+pub(crate) use std::sync::Arc;
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
