@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use crate::clock::to_system_time;
 use crate::key::KeyHash;
 use crate::store::Inner;
-use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Ordering, Weak};
 use crate::{Key, Record};
 
 /// The answer of [`Store::begin`](crate::Store::begin).
@@ -125,6 +125,8 @@ pub enum Failure<'a> {
 /// [`Store::fail`](crate::Store::fail). Dropping an unfinished claim
 /// releases the key as a retryable failure (without waiting for that
 /// record to be durable; if it is lost in a crash the lease lapses instead).
+/// A claim does not keep its store open: once the store is dropped, the
+/// claim can no longer be finished and its lease lapses.
 ///
 /// # Examples
 /// ```
@@ -142,7 +144,8 @@ pub enum Failure<'a> {
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
 pub struct Claim {
-    pub(crate) inner: Arc<Inner>,
+    /// Weak, so a forgotten or long-lived claim never keeps a closed store open.
+    pub(crate) inner: Weak<Inner>,
     pub(crate) key: Key<'static>,
     pub(crate) hash: KeyHash,
     pub(crate) attempt: u32,
@@ -211,8 +214,10 @@ impl fmt::Debug for Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if !self.finished.swap(true, Ordering::AcqRel) {
-            self.inner.release_dropped(self);
+        if !self.finished.swap(true, Ordering::AcqRel)
+            && let Some(inner) = self.inner.upgrade()
+        {
+            inner.release_dropped(self);
         }
     }
 }

@@ -181,7 +181,7 @@ impl Store {
         let now = inner.now();
         let nb = inner.bucket_of(now);
         let mut shard = inner.index.lock(h);
-        if let Some(s) = inner.live(&shard, h, nb) {
+        if let Some(s) = Inner::live(&shard, h, nb) {
             let row = s.row(inner.log.open_row());
             shard.counters.duplicates += 1;
             drop(shard);
@@ -191,7 +191,14 @@ impl Store {
         let row = {
             let mut batch = inner.log.batch()?;
             let mut rec = inner.insert_record(key, now);
-            inner.append(&mut shard, &mut batch, h, SlotState::Inserted, None, &mut rec)
+            inner.append(
+                &mut shard,
+                &mut batch,
+                h,
+                SlotState::Inserted,
+                None,
+                &mut rec,
+            )
         };
         shard.counters.new_keys += 1;
         drop(shard);
@@ -241,13 +248,20 @@ impl Store {
             let mut shard = inner.index.lock_shard(group[0].0 as usize);
             let mut batch = inner.log.batch()?;
             for &(_, i, h) in group {
-                if let Some(s) = inner.live(&shard, h, nb) {
+                if let Some(s) = Inner::live(&shard, h, nb) {
                     wait_seen = wait_seen.max(s.row(inner.log.open_row()));
                     shard.counters.duplicates += 1;
                     continue;
                 }
                 let mut rec = inner.insert_record(&keys[i as usize], now);
-                let row = inner.append(&mut shard, &mut batch, h, SlotState::Inserted, None, &mut rec);
+                let row = inner.append(
+                    &mut shard,
+                    &mut batch,
+                    h,
+                    SlotState::Inserted,
+                    None,
+                    &mut rec,
+                );
                 wait_new = wait_new.max(row);
                 shard.counters.new_keys += 1;
                 out[i as usize] = true;
@@ -297,7 +311,7 @@ impl Store {
         let now = inner.now();
         let nb = inner.bucket_of(now);
         let mut shard = inner.index.lock(h);
-        let slot = inner.live(&shard, h, nb);
+        let slot = Inner::live(&shard, h, nb);
         let (attempt, first_at, prev_bucket) = match slot {
             None => {
                 shard.remove(h);
@@ -312,7 +326,7 @@ impl Store {
                         return inner.replay(key, h, bucket, row, fingerprint);
                     }
                     SlotState::Claimed | SlotState::Released => {
-                        let p = *shard.pending(h).ok_or_else(|| inner.lost_details(key))?;
+                        let p = *shard.pending(h).ok_or_else(|| Inner::lost_details(key))?;
                         if p.params != fingerprint.0 {
                             shard.counters.conflicts += 1;
                             return Err(mismatch(key, Fingerprint(p.params), fingerprint));
@@ -355,7 +369,14 @@ impl Store {
         };
         let row = {
             let mut batch = inner.log.batch()?;
-            inner.append(&mut shard, &mut batch, h, SlotState::Claimed, prev_bucket, &mut rec)
+            inner.append(
+                &mut shard,
+                &mut batch,
+                h,
+                SlotState::Claimed,
+                prev_bucket,
+                &mut rec,
+            )
         };
         shard.set_pending(Pending {
             hash: h,
@@ -369,7 +390,7 @@ impl Store {
         drop(shard);
         inner.log.settle(row)?;
         Ok(Begin::Started(Claim {
-            inner: Arc::clone(&self.inner),
+            inner: Arc::downgrade(&self.inner),
             key: key.clone().into_owned(),
             hash: h,
             attempt,
@@ -460,9 +481,10 @@ impl Store {
         inner.log.check()?;
         let now = inner.now();
         let nb = inner.bucket_of(now);
+        inner.check_owner(claim)?;
         let h = claim.hash;
         let mut shard = inner.index.lock(h);
-        let (p, bucket) = inner.active(&mut shard, claim, nb)?;
+        let (p, bucket) = Inner::active(&mut shard, claim, nb)?;
         let lease_until = now.saturating_add(inner.cfg.lease_ms);
         let mut rec = RecordRef {
             kind: Kind::Claim,
@@ -481,7 +503,14 @@ impl Store {
         };
         let row = {
             let mut batch = inner.log.batch()?;
-            inner.append(&mut shard, &mut batch, h, SlotState::Claimed, Some(bucket), &mut rec)
+            inner.append(
+                &mut shard,
+                &mut batch,
+                h,
+                SlotState::Claimed,
+                Some(bucket),
+                &mut rec,
+            )
         };
         shard.set_pending(Pending { lease_until, ..p });
         claim.lease_until.store(lease_until, Ordering::Release);
@@ -505,7 +534,7 @@ impl Store {
         let h = inner.hash(key);
         let nb = inner.bucket_of(inner.now());
         let shard = inner.index.lock(h);
-        let Some(s) = inner.live(&shard, h, nb) else {
+        let Some(s) = Inner::live(&shard, h, nb) else {
             return Ok(None);
         };
         let (bucket, row) = (s.bucket(nb), s.row(inner.log.open_row()));
@@ -602,8 +631,11 @@ impl Inner {
     }
 
     /// The key's slot if it has one that has not expired.
-    fn live(&self, shard: &Shard, h: KeyHash, now_bucket: u64) -> Option<Slot> {
-        shard.get(h).copied().filter(|s| s.bucket(now_bucket) >= now_bucket)
+    fn live(shard: &Shard, h: KeyHash, now_bucket: u64) -> Option<Slot> {
+        shard
+            .get(h)
+            .copied()
+            .filter(|s| s.bucket(now_bucket) >= now_bucket)
     }
 
     fn insert_record<'k>(&self, key: &'k Key<'_>, now: u64) -> RecordRef<'k> {
@@ -658,11 +690,24 @@ impl Inner {
         }
     }
 
+    /// Fails for a claim made by another store.
+    fn check_owner(&self, claim: &Claim) -> Result<()> {
+        if std::ptr::eq(claim.inner.as_ptr(), self) {
+            return Ok(());
+        }
+        Err(Error::ClaimLost {
+            key: claim.key.to_string(),
+            attempt: claim.attempt,
+            token: claim.token,
+            reason: "the claim was made by another store",
+        })
+    }
+
     /// The claim's pending details and slot bucket, if it is still the
     /// key's active claim.
-    fn active(&self, shard: &mut Shard, claim: &Claim, nb: u64) -> Result<(Pending, u64)> {
+    fn active(shard: &mut Shard, claim: &Claim, nb: u64) -> Result<(Pending, u64)> {
         let h = claim.hash;
-        let reason = match self.live(shard, h, nb) {
+        let reason = match Self::live(shard, h, nb) {
             None => "the key expired",
             Some(s) => match s.state() {
                 SlotState::Claimed => match shard.pending(h) {
@@ -689,6 +734,7 @@ impl Inner {
     fn finish(&self, claim: &Claim, kind: Kind, tag: u8, outcome: &[u8]) -> Result<u64> {
         check_len("outcome", outcome.len(), self.cfg.max_outcome)?;
         self.log.check()?;
+        self.check_owner(claim)?;
         if claim.finished.load(Ordering::Acquire) {
             return Err(Error::ClaimLost {
                 key: claim.key.to_string(),
@@ -701,7 +747,7 @@ impl Inner {
         let nb = self.bucket_of(now);
         let h = claim.hash;
         let mut shard = self.index.lock(h);
-        let (p, bucket) = self.active(&mut shard, claim, nb)?;
+        let (p, bucket) = Self::active(&mut shard, claim, nb)?;
         let mut rec = RecordRef {
             kind,
             idx: 0,
@@ -728,7 +774,10 @@ impl Inner {
         };
         match state {
             SlotState::Released => {
-                shard.set_pending(Pending { lease_until: 0, ..p });
+                shard.set_pending(Pending {
+                    lease_until: 0,
+                    ..p
+                });
                 shard.counters.released += 1;
             }
             SlotState::Failed => {
@@ -765,7 +814,7 @@ impl Inner {
     ) -> Result<Begin> {
         let rec = self
             .load(key, bucket, row)?
-            .ok_or_else(|| self.lost_details(key))?;
+            .ok_or_else(|| Self::lost_details(key))?;
         let mut shard = self.index.lock(h);
         if rec.state != State::Inserted && rec.fingerprint != Some(fingerprint) {
             shard.counters.conflicts += 1;
@@ -793,10 +842,10 @@ impl Inner {
                 found = Some(Record::from_log(&rec));
             }
         }
-        found.map(Some).ok_or_else(|| self.lost_details(key))
+        found.map(Some).ok_or_else(|| Self::lost_details(key))
     }
 
-    fn lost_details(&self, key: &Key<'_>) -> Error {
+    fn lost_details(key: &Key<'_>) -> Error {
         Error::Corrupt(format!(
             "the index points at a log row without key {}",
             show_key(key.scope(), key.id())

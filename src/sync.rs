@@ -3,5 +3,5 @@
 
 pub(crate) use crossbeam_channel::{Receiver, Sender, bounded};
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
-pub(crate) use std::sync::Arc;
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub(crate) use std::sync::{Arc, Weak};

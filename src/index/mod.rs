@@ -151,9 +151,27 @@ mod tests {
     #[test]
     fn shard_choice_uses_top_bits_of_hi() {
         let idx = ShardedIndex::new(64);
-        assert_eq!(idx.shard_of(KeyHash { hi: u64::MAX, lo: 0 }), 63);
-        assert_eq!(idx.shard_of(KeyHash { hi: 1 << 58, lo: u64::MAX }), 1);
-        assert_eq!(ShardedIndex::new(1).shard_of(KeyHash { hi: u64::MAX, lo: 1 }), 0);
+        assert_eq!(
+            idx.shard_of(KeyHash {
+                hi: u64::MAX,
+                lo: 0
+            }),
+            63
+        );
+        assert_eq!(
+            idx.shard_of(KeyHash {
+                hi: 1 << 58,
+                lo: u64::MAX
+            }),
+            1
+        );
+        assert_eq!(
+            ShardedIndex::new(1).shard_of(KeyHash {
+                hi: u64::MAX,
+                lo: 1
+            }),
+            0
+        );
     }
 
     #[test]

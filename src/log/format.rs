@@ -86,8 +86,8 @@ impl RecordRef<'_> {
     /// Appends the record to `out`. Lengths must already be within the
     /// format's field widths (the store validates them first).
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        debug_assert!(self.scope.len() <= usize::from(u16::MAX));
-        debug_assert!(self.id.len() <= usize::from(u16::MAX));
+        debug_assert!(u16::try_from(self.scope.len()).is_ok());
+        debug_assert!(u16::try_from(self.id.len()).is_ok());
         out.reserve(self.encoded_len());
         out.push(self.kind as u8);
         out.extend_from_slice(&self.idx.to_le_bytes());
@@ -158,12 +158,12 @@ pub(crate) fn read_row(row: &[u8]) -> Result<RowReader<'_>> {
             supported: u32::from(ROW_VERSION),
         });
     }
-    let mut r = Cursor {
-        buf: body,
-        pos: 2,
-    };
+    let mut r = Cursor { buf: body, pos: 2 };
     let count = r.u32()?;
-    Ok(RowReader { cur: r, left: count })
+    Ok(RowReader {
+        cur: r,
+        left: count,
+    })
 }
 
 /// Iterator over the records of a checked row.
@@ -298,7 +298,13 @@ mod tests {
     #[test]
     fn round_trip_every_kind() -> Result<()> {
         let mut w = RowWriter::new();
-        let kinds = [Kind::Insert, Kind::Claim, Kind::Complete, Kind::Fail, Kind::Release];
+        let kinds = [
+            Kind::Insert,
+            Kind::Claim,
+            Kind::Complete,
+            Kind::Fail,
+            Kind::Release,
+        ];
         for (i, k) in kinds.iter().enumerate() {
             w.push(&sample(*k, i as u32, b"out"));
         }
@@ -319,7 +325,7 @@ mod tests {
         for i in 0..row.len() {
             let mut bad = row.clone();
             bad[i] ^= 0x10;
-            let res: Result<Vec<_>> = read_row(&bad).and_then(|r| r.collect());
+            let res: Result<Vec<_>> = read_row(&bad).and_then(Iterator::collect);
             assert!(res.is_err(), "flip at byte {i} went unnoticed");
         }
     }
@@ -330,7 +336,7 @@ mod tests {
         w.push(&sample(Kind::Claim, 0, b""));
         let row = w.finish();
         for n in 0..row.len() {
-            let res: Result<Vec<_>> = read_row(&row[..n]).and_then(|r| r.collect());
+            let res: Result<Vec<_>> = read_row(&row[..n]).and_then(Iterator::collect);
             assert!(res.is_err());
         }
     }

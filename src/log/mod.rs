@@ -140,7 +140,7 @@ pub(crate) fn open_database(
 }
 
 fn open_path(builder: &redb::Builder, path: &Path) -> Result<Database> {
-    let existed = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
+    let existed = path.metadata().is_ok_and(|m| m.len() > 0);
     let res = if existed {
         builder.open(path)
     } else {

@@ -42,22 +42,22 @@ pub(crate) fn replay(
         .collect::<Result<Vec<_>, _>>()?;
     let mut iters = tables
         .iter()
-        .map(|t| t.iter())
+        .map(redb::ReadableTable::iter)
         .collect::<Result<Vec<_>, _>>()?;
     let mut heads: Vec<Option<(u64, Vec<u8>)>> = Vec::with_capacity(iters.len());
     let mut heap = BinaryHeap::new();
     for (i, it) in iters.iter_mut().enumerate() {
-        let head = match it.next() {
+        let first = match it.next() {
             Some(r) => {
                 let (k, v) = r?;
                 Some((k.value(), v.value().to_vec()))
             }
             None => None,
         };
-        if let Some((row, _)) = &head {
+        if let Some((row, _)) = &first {
             heap.push(Reverse((*row, i)));
         }
-        heads.push(head);
+        heads.push(first);
     }
     // Rows of expired tables still count for numbering: new rows must be
     // larger than any row already written.

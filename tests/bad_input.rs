@@ -1,0 +1,244 @@
+//! Every bad input and unusable file gives a clear error, never a panic.
+
+use std::time::Duration;
+
+use dedupkv::{Begin, Durability, Error, Fingerprint, Key, KeyHashing, Result, Store};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+#[test]
+fn oversized_key_parts_and_outcomes_state_the_limit() -> Result<()> {
+    let dir = tmp();
+    let store = Store::builder()
+        .max_scope_len(8)
+        .max_id_len(16)
+        .max_outcome_len(32)
+        .open(dir.path().join("s.redb"))?;
+    let err = store
+        .insert_if_absent(&Key::new("123456789", "id"))
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidInput {
+            what: "scope",
+            len: 9,
+            limit: 8
+        }
+    ));
+    assert_eq!(
+        err.to_string(),
+        "invalid input: scope is 9 bytes, the limit is 8"
+    );
+    let long_id = [b'i'; 17];
+    assert!(matches!(
+        store.begin(&Key::new("s", &long_id), Fingerprint::NONE),
+        Err(Error::InvalidInput {
+            what: "id",
+            len: 17,
+            limit: 16
+        })
+    ));
+    assert!(matches!(
+        store.get(&Key::new("s", &long_id)),
+        Err(Error::InvalidInput { .. })
+    ));
+    // One bad key fails the whole batch before anything is recorded.
+    let batch = [Key::new("s", "ok"), Key::new("s", &long_id)];
+    assert!(matches!(
+        store.insert_batch(&batch),
+        Err(Error::InvalidInput { .. })
+    ));
+    assert!(
+        store.insert_if_absent(&Key::new("s", "ok"))?,
+        "nothing of the bad batch landed"
+    );
+    let Begin::Started(c) = store.begin(&Key::new("s", "op"), Fingerprint::NONE)? else {
+        panic!()
+    };
+    let err = store.complete(&c, &[0u8; 33]).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidInput {
+            what: "outcome",
+            len: 33,
+            limit: 32
+        }
+    ));
+    store.complete(&c, &[0u8; 32])?; // the claim is still usable after a rejected outcome
+    Ok(())
+}
+
+#[test]
+fn bad_settings_are_refused_at_open() {
+    let dir = tmp();
+    let p = dir.path().join("s.redb");
+    let cases: Vec<(&str, dedupkv::StoreBuilder)> = vec![
+        ("shards", Store::builder().shards(3)),
+        ("shards", Store::builder().shards(0)),
+        ("lease", Store::builder().lease(Duration::ZERO)),
+        (
+            "retention",
+            Store::builder()
+                .lease(Duration::from_secs(60))
+                .retention(Duration::from_secs(10)),
+        ),
+        (
+            "granularity",
+            Store::builder().bucket_granularity(Duration::ZERO),
+        ),
+        (
+            "buckets",
+            Store::builder()
+                .bucket_granularity(Duration::from_millis(1))
+                .retention(Duration::from_secs(365 * 86_400)),
+        ),
+        ("max_id_len", Store::builder().max_id_len(70_000)),
+        (
+            "max_delay",
+            Store::builder().durability(Durability::Deferred {
+                max_delay: Duration::ZERO,
+            }),
+        ),
+    ];
+    for (what, b) in cases {
+        let err = b.open(&p).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{what}: {err}");
+    }
+}
+
+#[test]
+fn settings_fixed_at_creation_cannot_change() -> Result<()> {
+    let dir = tmp();
+    let p = dir.path().join("s.redb");
+    drop(
+        Store::builder()
+            .bucket_granularity(Duration::from_secs(10))
+            .open(&p)?,
+    );
+    let err = Store::builder()
+        .bucket_granularity(Duration::from_secs(60))
+        .open(&p)
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidConfig(ref m) if m.contains("10000 ms")),
+        "{err}"
+    );
+    let err = Store::builder()
+        .key_hashing(KeyHashing::Xxh3)
+        .open(&p)
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)));
+    // Not setting them explicitly adopts the file's.
+    drop(Store::open(&p)?);
+    Ok(())
+}
+
+#[test]
+fn a_file_that_is_not_a_store_is_refused() {
+    let dir = tmp();
+    let garbage = dir.path().join("garbage.redb");
+    std::fs::write(&garbage, vec![0x5a; 10_000]).expect("write");
+    let err = Store::open(&garbage).unwrap_err();
+    assert!(matches!(err, Error::NotAStore(_)), "{err}");
+
+    // A healthy redb database that belongs to someone else.
+    let foreign = dir.path().join("foreign.redb");
+    {
+        let db = redb::Database::create(&foreign).expect("redb");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(TableDefinition::<u64, u64>::new("users"))
+            .expect("table")
+            .insert(1, 2)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let err = Store::open(&foreign).unwrap_err();
+    assert!(matches!(err, Error::NotAStore(_)), "{err}");
+}
+
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("dedupkv.meta");
+
+#[test]
+fn a_newer_format_version_is_refused() -> Result<()> {
+    let dir = tmp();
+    let p = dir.path().join("s.redb");
+    drop(Store::open(&p)?);
+    {
+        let db = redb::Database::open(&p).expect("redb");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(META)
+            .expect("meta")
+            .insert("format", 2u32.to_le_bytes().as_slice())
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let err = Store::open(&p).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::UnsupportedVersion {
+                found: 2,
+                supported: 1
+            }
+        ),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_corrupt_log_row_is_reported_not_panicked_on() -> Result<()> {
+    let dir = tmp();
+    let p = dir.path().join("s.redb");
+    {
+        let store = Store::open(&p)?;
+        for i in 0..10 {
+            store.insert_if_absent(&Key::new("t", &format!("k{i}")))?;
+        }
+    }
+    {
+        let db = redb::Database::open(&p).expect("redb");
+        let read = db.begin_read().expect("read");
+        let name = read
+            .list_tables()
+            .expect("list")
+            .map(|t| t.name().to_string())
+            .find(|n| n.starts_with("log."))
+            .expect("a log table");
+        drop(read);
+        let def = TableDefinition::<u64, &[u8]>::new(&name);
+        let txn = db.begin_write().expect("txn");
+        {
+            let mut t = txn.open_table(def).expect("table");
+            let row = t
+                .first()
+                .expect("first")
+                .map(|(k, v)| (k.value(), v.value().to_vec()));
+            let (k, mut v) = row.expect("a row");
+            v[10] ^= 0xff;
+            t.insert(k, v.as_slice()).expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+    let err = Store::open(&p).unwrap_err();
+    assert!(
+        matches!(err, Error::Corrupt(ref m) if m.contains("checksum")),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_store_open_elsewhere_is_refused() -> Result<()> {
+    let dir = tmp();
+    let p = dir.path().join("s.redb");
+    let first = Store::open(&p)?;
+    let err = Store::open(&p).unwrap_err();
+    assert!(matches!(err, Error::AlreadyOpen), "{err}");
+    drop(first);
+    drop(Store::open(&p)?);
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! Claims: leases, takeover, fencing, fingerprints, scopes, outcomes.
+
+use std::time::Duration;
+
+use dedupkv::{Begin, Claim, Error, Failure, Fingerprint, Key, ManualClock, Result, State, Store};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn open(dir: &tempfile::TempDir, clock: &ManualClock) -> Result<Store> {
+    Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(30))
+        .open(dir.path().join("s.redb"))
+}
+
+fn started(b: Begin) -> Claim {
+    match b {
+        Begin::Started(c) => c,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}
+
+#[test]
+fn lease_lapse_lets_the_next_begin_take_over_and_fences_the_old_worker() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let key = Key::new("t", "job-1");
+    let fp = Fingerprint::of("params");
+
+    let zombie = started(store.begin(&key, fp)?);
+    assert_eq!(zombie.attempt(), 1);
+
+    clock.advance(Duration::from_secs(29));
+    let Begin::InProgress(info) = store.begin(&key, fp)? else {
+        panic!("lease still alive: expected InProgress")
+    };
+    assert_eq!(info.attempt(), 1);
+    assert_eq!(info.lease_expires_at(), zombie.lease_expires_at());
+
+    clock.advance(Duration::from_secs(2));
+    let second = started(store.begin(&key, fp)?);
+    assert_eq!(second.attempt(), 2);
+    assert!(second.token() > zombie.token());
+
+    // The zombie wakes up: it must not overwrite attempt 2's result.
+    let err = store.complete(&zombie, b"zombie result").unwrap_err();
+    assert!(matches!(err, Error::ClaimLost { attempt: 1, .. }), "{err}");
+    assert!(matches!(store.renew(&zombie), Err(Error::ClaimLost { .. })));
+    assert!(matches!(
+        store.fail(&zombie, Failure::Retryable),
+        Err(Error::ClaimLost { .. })
+    ));
+
+    store.complete(&second, b"real result")?;
+    let Begin::Completed(rec) = store.begin(&key, fp)? else {
+        panic!("expected Completed")
+    };
+    assert_eq!(rec.outcome(), Some(&b"real result"[..]));
+    assert_eq!(rec.attempts(), 2);
+    assert_eq!(store.stats().takeovers, 1);
+    assert_eq!(store.stats().fenced, 3);
+    drop(zombie); // dropping a fenced claim changes nothing
+    let Begin::Completed(rec) = store.begin(&key, fp)? else {
+        panic!("expected Completed")
+    };
+    assert_eq!(rec.outcome(), Some(&b"real result"[..]));
+    Ok(())
+}
+
+#[test]
+fn renew_moves_the_lease_forward() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let key = Key::new("t", "long-job");
+    let claim = started(store.begin(&key, Fingerprint::NONE)?);
+    clock.advance(Duration::from_secs(25));
+    store.renew(&claim)?;
+    clock.advance(Duration::from_secs(25)); // 50 s after start, 25 s after renew
+    assert!(matches!(
+        store.begin(&key, Fingerprint::NONE)?,
+        Begin::InProgress(_)
+    ));
+    store.complete(&claim, b"done")?;
+    Ok(())
+}
+
+#[test]
+fn a_lapsed_but_untaken_claim_may_still_complete() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let key = Key::new("t", "slow");
+    let claim = started(store.begin(&key, Fingerprint::NONE)?);
+    clock.advance(Duration::from_secs(60));
+    store.complete(&claim, b"late but unopposed")?;
+    let Begin::Completed(rec) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!()
+    };
+    assert_eq!(rec.outcome(), Some(&b"late but unopposed"[..]));
+    Ok(())
+}
+
+#[test]
+fn a_different_fingerprint_is_rejected_naming_the_key() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let key = Key::new("shop-42", "pay-1");
+    let claim = started(store.begin(&key, Fingerprint::of("100 EUR"))?);
+    // While in progress...
+    let err = store.begin(&key, Fingerprint::of("999 EUR")).unwrap_err();
+    assert!(matches!(&err, Error::FingerprintMismatch { key, .. } if key == "shop-42/pay-1"));
+    assert!(err.to_string().contains("shop-42/pay-1"));
+    store.complete(&claim, b"ok")?;
+    // ...and once completed: never silently answered with the other request's result.
+    let err = store.begin(&key, Fingerprint::of("999 EUR")).unwrap_err();
+    assert!(matches!(err, Error::FingerprintMismatch { .. }));
+    assert_eq!(store.stats().conflicts, 2);
+    Ok(())
+}
+
+#[test]
+fn scopes_isolate_tenants() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    assert!(store.insert_if_absent(&Key::new("tenant-a", "evt-1"))?);
+    assert!(store.insert_if_absent(&Key::new("tenant-b", "evt-1"))?);
+    assert!(!store.insert_if_absent(&Key::new("tenant-a", "evt-1"))?);
+    // Length-prefixing keeps ("ab","c") and ("a","bc") apart.
+    assert!(store.insert_if_absent(&Key::new("ab", "c"))?);
+    assert!(store.insert_if_absent(&Key::new("a", "bc"))?);
+    let a = started(store.begin(&Key::new("tenant-a", "op"), Fingerprint::of("x"))?);
+    let b = started(store.begin(&Key::new("tenant-b", "op"), Fingerprint::of("y"))?);
+    store.complete(&a, b"A")?;
+    store.complete(&b, b"B")?;
+    let Begin::Completed(ra) = store.begin(&Key::new("tenant-a", "op"), Fingerprint::of("x"))?
+    else {
+        panic!()
+    };
+    assert_eq!(ra.outcome(), Some(&b"A"[..]));
+    Ok(())
+}
+
+#[test]
+fn outcomes_and_claims_survive_reopen() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let fp = Fingerprint::of("p");
+    {
+        let store = open(&dir, &clock)?;
+        let done = started(store.begin(&Key::new("t", "done"), fp)?);
+        store.complete(&done, b"the outcome")?;
+        let failed = started(store.begin(&Key::new("t", "failed"), fp)?);
+        store.fail(&failed, Failure::Permanent(b"declined"))?;
+        let retry = started(store.begin(&Key::new("t", "retry"), fp)?);
+        store.fail(&retry, Failure::Retryable)?;
+        let running = started(store.begin(&Key::new("t", "running"), fp)?);
+        std::mem::forget(running); // the worker "crashes" holding the claim
+        store.insert_if_absent(&Key::new("t", "plain"))?;
+    }
+    let store = open(&dir, &clock)?;
+    let Begin::Completed(rec) = store.begin(&Key::new("t", "done"), fp)? else {
+        panic!()
+    };
+    assert_eq!(
+        (rec.state(), rec.outcome()),
+        (State::Completed, Some(&b"the outcome"[..]))
+    );
+    let Begin::Completed(rec) = store.begin(&Key::new("t", "failed"), fp)? else {
+        panic!()
+    };
+    assert!(rec.is_failure());
+    assert_eq!(rec.outcome(), Some(&b"declined"[..]));
+    let c = started(store.begin(&Key::new("t", "retry"), fp)?);
+    assert_eq!(c.attempt(), 2);
+    store.complete(&c, b"")?;
+    // The crashed worker's claim stays in progress until its lease lapses.
+    assert!(matches!(
+        store.begin(&Key::new("t", "running"), fp)?,
+        Begin::InProgress(_)
+    ));
+    clock.advance(Duration::from_secs(31));
+    let c = started(store.begin(&Key::new("t", "running"), fp)?);
+    assert_eq!(c.attempt(), 2);
+    store.complete(&c, b"")?;
+    assert!(!store.insert_if_absent(&Key::new("t", "plain"))?);
+    assert!(
+        matches!(store.begin(&Key::new("t", "plain"), fp)?, Begin::Completed(r) if r.state() == State::Inserted)
+    );
+    Ok(())
+}
+
+#[test]
+fn tokens_keep_growing_across_reopen() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let first = {
+        let store = open(&dir, &clock)?;
+        let c = started(store.begin(&Key::new("t", "a"), Fingerprint::NONE)?);
+        let t = c.token();
+        store.complete(&c, b"")?;
+        t
+    };
+    let store = open(&dir, &clock)?;
+    let c = started(store.begin(&Key::new("t", "b"), Fingerprint::NONE)?);
+    assert!(c.token() > first);
+    store.complete(&c, b"")?;
+    Ok(())
+}
+
+#[test]
+fn dropping_a_claim_releases_it_for_retry() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let key = Key::new("t", "dropped");
+    drop(started(store.begin(&key, Fingerprint::NONE)?));
+    let rec = store.get(&key)?.expect("recorded");
+    assert_eq!(rec.state(), State::Retryable);
+    let c = started(store.begin(&key, Fingerprint::NONE)?);
+    assert_eq!(c.attempt(), 2);
+    assert_eq!(store.stats().released, 1);
+    store.complete(&c, b"")?;
+    Ok(())
+}
+
+#[test]
+fn complete_twice_is_rejected() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let c = started(store.begin(&Key::new("t", "x"), Fingerprint::NONE)?);
+    store.complete(&c, b"first")?;
+    assert!(matches!(
+        store.complete(&c, b"second"),
+        Err(Error::ClaimLost { .. })
+    ));
+    let rec = store.get(&Key::new("t", "x"))?.expect("recorded");
+    assert_eq!(rec.outcome(), Some(&b"first"[..]));
+    Ok(())
+}
+
+#[test]
+fn get_reports_what_an_incident_needs() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let key = Key::new("t", "incident");
+    assert!(store.get(&key)?.is_none());
+    let fp = Fingerprint::of("p");
+    let c = started(store.begin(&key, fp)?);
+    let rec = store.get(&key)?.expect("recorded");
+    assert_eq!(rec.state(), State::InProgress);
+    assert_eq!(rec.fingerprint(), Some(fp));
+    assert_eq!(rec.lease_expires_at(), Some(c.lease_expires_at()));
+    clock.advance(Duration::from_secs(5));
+    store.complete(&c, b"out")?;
+    let rec = store.get(&key)?.expect("recorded");
+    assert_eq!(rec.state(), State::Completed);
+    assert_eq!(rec.attempts(), 1);
+    assert_eq!(rec.key(), &key);
+    assert_eq!(
+        rec.updated_at()
+            .duration_since(rec.first_seen_at())
+            .expect("order"),
+        Duration::from_secs(5)
+    );
+    assert!(rec.expires_at() >= rec.updated_at() + Duration::from_secs(24 * 3600));
+    Ok(())
+}
+
+#[test]
+fn typed_outcomes_round_trip() -> Result<()> {
+    #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    struct Receipt {
+        id: String,
+        cents: u64,
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let key = Key::new("t", "typed");
+    let fp = Fingerprint::of_value(&("charge", 100u64))?;
+    let c = started(store.begin(&key, fp)?);
+    store.complete_value(
+        &c,
+        &Receipt {
+            id: "r1".into(),
+            cents: 100,
+        },
+    )?;
+    let Begin::Completed(rec) = store.begin(&key, fp)? else {
+        panic!()
+    };
+    assert_eq!(
+        rec.outcome_as::<Receipt>()?,
+        Receipt {
+            id: "r1".into(),
+            cents: 100
+        }
+    );
+    assert!(matches!(
+        rec.outcome_as::<Vec<String>>(),
+        Err(Error::Codec(_))
+    ));
+    Ok(())
+}
