@@ -55,3 +55,22 @@ pub use key::{Fingerprint, Key, KeyHashing};
 pub use record::{Record, State};
 pub use stats::Stats;
 pub use store::Store;
+
+/// Entry points for the fuzz targets in `fuzz/`. Not part of the API: no
+/// stability promise.
+#[doc(hidden)]
+pub mod __fuzz {
+    /// Decodes a log row the way recovery does; returns the number of
+    /// records, or the error. Must never panic on any input.
+    ///
+    /// # Errors
+    /// Whatever the decoder reports for malformed input.
+    pub fn decode_row(bytes: &[u8]) -> crate::Result<usize> {
+        let mut n = 0;
+        for rec in crate::log::format::read_row(bytes)? {
+            rec?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}

@@ -47,9 +47,7 @@ fn workload(store: &Store) -> (Vec<String>, Vec<String>) {
                             Err(e) => is_fault(&e),
                         }
                     };
-                    if !ok {
-                        panic!("unexpected error kind for {id}");
-                    }
+                    assert!(ok, "unexpected error kind for {id}");
                 }
             });
         }

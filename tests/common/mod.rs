@@ -136,8 +136,9 @@ impl StorageBackend for CrashBackend {
         Ok(())
     }
     fn sync_data(&self) -> io::Result<()> {
-        let mut s = self.state.lock();
-        s.synced = s.written.clone();
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        s.synced.clone_from(&s.written);
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
