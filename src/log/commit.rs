@@ -24,10 +24,14 @@ use crate::{Durability, Error, Result};
 
 /// Bytes buffered in `Deferred` mode before a commit is started early.
 const DEFERRED_FLUSH_BYTES: usize = 4 << 20;
+/// How long the committer waits for stragglers when fewer records are
+/// pending than the previous commit carried (Immediate mode only).
+const GATHER: Duration = Duration::from_micros(500);
 
 /// Records appended since the last commit, all destined for row `row`.
 pub(crate) struct Batch {
     row: u64,
+    /// Records in the batch (the next record's `idx`).
     next_idx: u32,
     bytes: usize,
     parts: Vec<(u64, RowWriter)>,
@@ -227,6 +231,7 @@ impl Drop for Log {
 
 /// The committer loop.
 fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
+    let mut last_records = 0;
     loop {
         let stopping = s.stop.load(Ordering::Acquire);
         if !stopping {
@@ -238,6 +243,9 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
                     let _ = kicked.recv_timeout(d);
                 }
             }
+        }
+        if wait.is_none() && !stopping {
+            gather(s, last_records);
         }
         let batch = {
             let mut b = s.batch.lock();
@@ -257,6 +265,7 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
             std::mem::replace(&mut *b, next)
         };
         let row = batch.row;
+        last_records = batch.next_idx;
         match write(s, batch) {
             Ok(()) => {
                 s.commits.fetch_add(1, Ordering::Relaxed);
@@ -275,6 +284,21 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
                 return;
             }
         }
+    }
+}
+
+/// Adaptive group commit: callers woken by the previous commit are still
+/// appending their next records when the committer wakes. If fewer records
+/// are pending than the last commit carried, yield briefly (at most
+/// [`GATHER`]) so they land in this commit instead of costing one of their
+/// own. A lone caller (last commit of one record) never waits.
+fn gather(s: &Shared, last_records: u32) {
+    if last_records <= 1 {
+        return;
+    }
+    let deadline = std::time::Instant::now() + GATHER;
+    while s.batch.lock().next_idx < last_records && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
     }
 }
 
