@@ -15,6 +15,7 @@ pub(crate) const FORMAT_MAX_OUTCOME: usize = 64 << 20;
 
 /// Settings the store reads on every call.
 #[derive(Debug, Clone)]
+#[allow(clippy::struct_excessive_bools)] // independent switches, not a state machine
 pub(crate) struct Config {
     pub shards: usize,
     pub durability: Durability,
@@ -30,6 +31,9 @@ pub(crate) struct Config {
     pub max_id: usize,
     pub max_outcome: usize,
     pub expected_keys: usize,
+    pub background_eviction: bool,
+    pub max_keys: Option<u64>,
+    pub max_retry_window_ms: Option<u64>,
 }
 
 /// Settings for [`Store`], made by [`Store::builder`].
@@ -71,6 +75,9 @@ impl Default for StoreBuilder {
                 max_id: 1024,
                 max_outcome: 1 << 20,
                 expected_keys: 0,
+                background_eviction: true,
+                max_keys: None,
+                max_retry_window_ms: None,
             },
             clock: Arc::new(SystemClock),
         }
@@ -263,6 +270,61 @@ impl StoreBuilder {
         self.cfg.expected_keys = n;
         self
     }
+    /// Whether a background thread evicts expired buckets (waking every
+    /// granularity, at most every second). Default: on. Off, call
+    /// [`Store::evict_expired`] yourself.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().background_eviction(false).open(dir.path().join("s.redb"))?;
+    /// s.evict_expired()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn background_eviction(mut self, on: bool) -> Self {
+        self.cfg.background_eviction = on;
+        self
+    }
+
+    /// A bound on the keys kept. Over it, eviction drops the oldest live
+    /// buckets early, which shrinks the dedup window; that is surfaced in
+    /// [`Stats::early_evicted_buckets`](crate::Stats::early_evicted_buckets),
+    /// [`Stats::effective_window`](crate::Stats::effective_window) and a
+    /// `tracing` warning. Enforced at each eviction pass. Default: none.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().max_keys(50_000_000).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn max_keys(mut self, n: u64) -> Self {
+        self.cfg.max_keys = Some(n);
+        self
+    }
+
+    /// The upstream's longest retry window (how late a redelivery can
+    /// come). Opening fails if the retention is shorter: a redelivery after
+    /// the retention would be handled twice. Default: not checked.
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] when retention < window.
+    ///
+    /// # Examples
+    /// ```
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let err = dedupkv::Store::builder()
+    ///     .retention(Duration::from_secs(3600))
+    ///     .max_retry_window(Duration::from_secs(3 * 86_400)) // the broker retries for 3 days
+    ///     .open(dir.path().join("s.redb"))
+    ///     .unwrap_err();
+    /// assert!(matches!(err, dedupkv::Error::InvalidConfig(_)));
+    /// ```
+    pub fn max_retry_window(mut self, window: Duration) -> Self {
+        self.cfg.max_retry_window_ms = Some(millis(window));
+        self
+    }
 
     /// Opens the store at `path`, creating it if it does not exist, and
     /// rebuilds the index from its log.
@@ -322,6 +384,15 @@ impl StoreBuilder {
             return bad(format!(
                 "retention ({} ms) is shorter than the lease ({} ms): a claim could be forgotten while held",
                 c.retention_ms, c.lease_ms
+            ));
+        }
+        if let Some(w) = c.max_retry_window_ms
+            && c.retention_ms < w
+        {
+            return bad(format!(
+                "retention ({} ms) is shorter than the upstream's max retry window ({w} ms): \
+                 a redelivery after the retention would be handled twice",
+                c.retention_ms
             ));
         }
         if c.retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {

@@ -180,8 +180,47 @@ impl KeyHasher {
     }
 
     /// Hashes `len(scope) ‖ scope ‖ id`; the length prefix keeps
-    /// `("ab","c")` and `("a","bc")` apart.
+    /// `("ab","c")` and `("a","bc")` apart. Short keys are framed in a stack
+    /// buffer and hashed in one shot: the streaming hashers set up (and
+    /// copy through) a buffer of their own on every call, which costs more
+    /// than the index lookup. Both paths give the same hash.
     pub(crate) fn hash(&self, scope: &[u8], id: &[u8]) -> KeyHash {
+        const SHORT: usize = 96;
+        let total = 4 + scope.len() + id.len();
+        if total <= SHORT {
+            let mut buf = [0u8; SHORT];
+            buf[..4].copy_from_slice(&(scope.len() as u32).to_le_bytes());
+            buf[4..4 + scope.len()].copy_from_slice(scope);
+            buf[4 + scope.len()..total].copy_from_slice(id);
+            return self.hash_framed(&buf[..total]);
+        }
+        self.hash_streaming(scope, id)
+    }
+
+    fn hash_framed(&self, framed: &[u8]) -> KeyHash {
+        match self.kind {
+            KeyHashing::SipHash13 => {
+                let out = SipHasher13::new_with_key(&self.secret).hash(framed);
+                KeyHash {
+                    hi: out.h1,
+                    lo: out.h2,
+                }
+            }
+            KeyHashing::Xxh3 => {
+                let out = xxhash_rust::xxh3::xxh3_128_with_seed(framed, self.seed());
+                KeyHash {
+                    hi: (out >> 64) as u64,
+                    lo: out as u64,
+                }
+            }
+        }
+    }
+
+    fn seed(&self) -> u64 {
+        u64::from_le_bytes(self.secret[..8].try_into().unwrap_or([0; 8]))
+    }
+
+    fn hash_streaming(&self, scope: &[u8], id: &[u8]) -> KeyHash {
         let len = (scope.len() as u32).to_le_bytes();
         match self.kind {
             KeyHashing::SipHash13 => {
@@ -196,8 +235,7 @@ impl KeyHasher {
                 }
             }
             KeyHashing::Xxh3 => {
-                let seed = u64::from_le_bytes(self.secret[..8].try_into().unwrap_or([0; 8]));
-                let mut h = xxhash_rust::xxh3::Xxh3::with_seed(seed);
+                let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed());
                 h.update(&len);
                 h.update(scope);
                 h.update(id);
@@ -283,6 +321,22 @@ mod tests {
             let h = KeyHasher::new(kind, [7; 16]);
             assert_ne!(h.hash(b"ab", b"c"), h.hash(b"a", b"bc"));
             assert_eq!(h.hash(b"a", b"bc"), h.hash(b"a", b"bc"));
+        }
+    }
+
+    #[test]
+    fn one_shot_and_streaming_agree() {
+        for kind in [KeyHashing::SipHash13, KeyHashing::Xxh3] {
+            let h = KeyHasher::new(kind, [9; 16]);
+            for (s, i) in [(0, 0), (3, 16), (10, 82), (10, 83), (50, 200)] {
+                let scope = vec![b's'; s];
+                let id = vec![b'i'; i];
+                assert_eq!(
+                    h.hash(&scope, &id),
+                    h.hash_streaming(&scope, &id),
+                    "{kind:?} {s} {i}"
+                );
+            }
         }
     }
 

@@ -42,6 +42,7 @@ mod index;
 mod key;
 mod log;
 mod record;
+mod retention;
 mod stats;
 mod store;
 mod sync;
@@ -53,6 +54,7 @@ pub use durability::Durability;
 pub use error::{Error, Result};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use record::{Record, State};
+pub use retention::Eviction;
 pub use stats::Stats;
 pub use store::Store;
 

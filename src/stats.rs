@@ -78,6 +78,17 @@ pub struct Stats {
     pub conflicts: u64,
     /// `complete`, `fail` or `renew` calls rejected because the claim was lost.
     pub fenced: u64,
+    /// Keys removed by eviction since open.
+    pub evicted_keys: u64,
+    /// Buckets evicted before they expired, to stay under `max_keys`. Each
+    /// one shrinks the dedup window: page on it.
+    pub early_evicted_buckets: u64,
+    /// The configured retention.
+    pub retention: std::time::Duration,
+    /// How far back the store actually remembers: the age of the oldest
+    /// retained bucket's keys. Below `retention` while the store is young,
+    /// or after early evictions.
+    pub effective_window: std::time::Duration,
 }
 
 impl Stats {
@@ -97,6 +108,7 @@ impl Stats {
             released: c.released,
             conflicts: c.conflicts,
             fenced: c.fenced,
+            ..Stats::default()
         }
     }
 }

@@ -12,7 +12,7 @@
 //!   is live its latest record is live (recovery relies on this).
 
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::builder::Config;
 use crate::claim::{Begin, Claim, Failure, InProgress};
@@ -23,6 +23,7 @@ use crate::index::{Pending, Shard, ShardedIndex, Slot, SlotState};
 use crate::key::{KeyHash, KeyHasher};
 use crate::log::format::{Kind, RecordRef, read_row};
 use crate::log::{FileMeta, Location, Log, commit::Batch, delete_buckets, open_database};
+use crate::retention::{Eviction, Evictor};
 use crate::stats::Stats;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use crate::{Durability, Error, Fingerprint, Key, Record, Result, State, StoreBuilder};
@@ -42,16 +43,30 @@ use crate::{Durability, Error, Fingerprint, Key, Record, Result, State, StoreBui
 /// ```
 #[derive(Clone)]
 pub struct Store {
+    // Declared first so it is dropped (stopped and joined) before `inner`.
+    _evictor: Option<Arc<Evictor>>,
     inner: Arc<Inner>,
 }
 
 pub(crate) struct Inner {
-    index: ShardedIndex,
-    log: Log,
-    hasher: KeyHasher,
+    pub(crate) index: ShardedIndex,
+    pub(crate) log: Log,
+    pub(crate) hasher: KeyHasher,
     clock: Arc<dyn Clock>,
-    cfg: Config,
+    pub(crate) cfg: Config,
     tokens: AtomicU64,
+    /// The latest bucket `bucket_of` computed.
+    cur_bucket: AtomicU64,
+    /// One eviction pass at a time.
+    pub(crate) evicting: crate::sync::Mutex<()>,
+    pub(crate) counters: StoreCounters,
+}
+
+/// Store-wide counters that are not per shard.
+#[derive(Default)]
+pub(crate) struct StoreCounters {
+    pub early_buckets: AtomicU64,
+    pub evicted_keys: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -134,16 +149,34 @@ impl Store {
             expired_buckets = replayed.expired.len(),
             "dedupkv store recovered"
         );
-        let log = Log::start(db, replayed.last_row, cfg.durability, cfg.quick_repair)?;
+        let log = Log::start(
+            db,
+            replayed.last_row,
+            replayed.live.iter().copied().collect(),
+            cfg.durability,
+            cfg.quick_repair,
+        )?;
+        let background = cfg.background_eviction;
+        let tick = std::time::Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));
+        let inner = Arc::new(Inner {
+            index,
+            log,
+            hasher: meta.hasher,
+            clock,
+            cfg,
+            tokens: AtomicU64::new(max_token + 1),
+            cur_bucket: AtomicU64::new(0),
+            evicting: crate::sync::Mutex::new(()),
+            counters: StoreCounters::default(),
+        });
+        let evictor = if background {
+            Some(Arc::new(Evictor::start(Arc::downgrade(&inner), tick)?))
+        } else {
+            None
+        };
         Ok(Store {
-            inner: Arc::new(Inner {
-                index,
-                log,
-                hasher: meta.hasher,
-                clock,
-                cfg,
-                tokens: AtomicU64::new(max_token + 1),
-            }),
+            _evictor: evictor,
+            inner,
         })
     }
 
@@ -174,6 +207,32 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
+        self.insert_one(key, self.inner.cfg.retention_ms)
+    }
+
+    /// [`insert_if_absent`](Self::insert_if_absent) with this key's own
+    /// retention instead of the store's. A key's retention can grow this
+    /// way but never end earlier than its previous record's.
+    ///
+    /// # Errors
+    /// As `insert_if_absent`, and [`Error::InvalidConfig`] for a retention
+    /// longer than 2^22 buckets.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// // This source retries for a week.
+    /// store.insert_if_absent_for(&Key::new("slow-partner", "evt-9"), Duration::from_secs(7 * 86_400))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn insert_if_absent_for(&self, key: &Key<'_>, retention: Duration) -> Result<bool> {
+        self.insert_one(key, self.inner.check_retention(retention)?)
+    }
+
+    fn insert_one(&self, key: &Key<'_>, retention_ms: u64) -> Result<bool> {
         let inner = &*self.inner;
         inner.check_key(key)?;
         inner.log.check()?;
@@ -190,7 +249,7 @@ impl Store {
         }
         let row = {
             let mut batch = inner.log.batch()?;
-            let mut rec = inner.insert_record(key, now);
+            let mut rec = Inner::insert_record(key, now, retention_ms);
             inner.append(
                 &mut shard,
                 &mut batch,
@@ -253,7 +312,7 @@ impl Store {
                     shard.counters.duplicates += 1;
                     continue;
                 }
-                let mut rec = inner.insert_record(&keys[i as usize], now);
+                let mut rec = Inner::insert_record(&keys[i as usize], now, inner.cfg.retention_ms);
                 let row = inner.append(
                     &mut shard,
                     &mut batch,
@@ -304,6 +363,16 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
+        loop {
+            // `None`: the key's record was evicted between the lookup and
+            // the read (it just expired); look again.
+            if let Some(answer) = self.begin_once(key, fingerprint)? {
+                return Ok(answer);
+            }
+        }
+    }
+
+    fn begin_once(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Option<Begin>> {
         let inner = &*self.inner;
         inner.check_key(key)?;
         inner.log.check()?;
@@ -336,11 +405,11 @@ impl Store {
                             shard.counters.in_progress += 1;
                             drop(shard);
                             inner.settle_seen(row)?;
-                            return Ok(Begin::InProgress(InProgress {
+                            return Ok(Some(Begin::InProgress(InProgress {
                                 attempt: p.attempt,
                                 lease_until: p.lease_until,
                                 first_at: p.first_at,
-                            }));
+                            })));
                         }
                         if s.state() == SlotState::Claimed {
                             shard.counters.takeovers += 1;
@@ -389,7 +458,7 @@ impl Store {
         shard.counters.started += 1;
         drop(shard);
         inner.log.settle(row)?;
-        Ok(Begin::Started(Claim {
+        Ok(Some(Begin::Started(Claim {
             inner: Arc::downgrade(&self.inner),
             key: key.clone().into_owned(),
             hash: h,
@@ -397,7 +466,7 @@ impl Store {
             token,
             lease_until: AtomicU64::new(lease_until),
             finished: AtomicBool::new(false),
-        }))
+        })))
     }
 
     /// Completes a claim with its outcome; every later `begin` of the key
@@ -413,7 +482,38 @@ impl Store {
     /// See [`begin`](Self::begin).
     pub fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
         self.inner
-            .finish(claim, Kind::Complete, TAG_RAW, outcome)
+            .finish(
+                claim,
+                Kind::Complete,
+                TAG_RAW,
+                outcome,
+                self.inner.cfg.retention_ms,
+            )
+            .and_then(|row| self.inner.log.settle(row))
+    }
+
+    /// [`complete`](Self::complete), keeping this key for `retention` after
+    /// completion instead of the store's retention (never less than its
+    /// previous record's).
+    ///
+    /// # Errors
+    /// As `complete`, and [`Error::InvalidConfig`] for a retention longer
+    /// than 2^22 buckets.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(c) = store.begin(&Key::new("t", "refund"), Fingerprint::NONE)? else { unreachable!() };
+    /// store.complete_for(&c, b"re_1", Duration::from_secs(30 * 86_400))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn complete_for(&self, claim: &Claim, outcome: &[u8], retention: Duration) -> Result<()> {
+        let retention_ms = self.inner.check_retention(retention)?;
+        self.inner
+            .finish(claim, Kind::Complete, TAG_RAW, outcome, retention_ms)
             .and_then(|row| self.inner.log.settle(row))
     }
 
@@ -433,7 +533,13 @@ impl Store {
     ) -> Result<()> {
         let bytes = crate::codec::to_bytes(outcome)?;
         self.inner
-            .finish(claim, Kind::Complete, TAG_POSTCARD, &bytes)
+            .finish(
+                claim,
+                Kind::Complete,
+                TAG_POSTCARD,
+                &bytes,
+                self.inner.cfg.retention_ms,
+            )
             .and_then(|row| self.inner.log.settle(row))
     }
 
@@ -448,8 +554,20 @@ impl Store {
     /// See [`Failure`].
     pub fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
         let res = match failure {
-            Failure::Retryable => self.inner.finish(claim, Kind::Release, TAG_RAW, &[]),
-            Failure::Permanent(payload) => self.inner.finish(claim, Kind::Fail, TAG_RAW, payload),
+            Failure::Retryable => self.inner.finish(
+                claim,
+                Kind::Release,
+                TAG_RAW,
+                &[],
+                self.inner.cfg.retention_ms,
+            ),
+            Failure::Permanent(payload) => self.inner.finish(
+                claim,
+                Kind::Fail,
+                TAG_RAW,
+                payload,
+                self.inner.cfg.retention_ms,
+            ),
         };
         res.and_then(|row| self.inner.log.settle(row))
     }
@@ -564,14 +682,45 @@ impl Store {
     pub fn flush(&self) -> Result<()> {
         self.inner.log.flush()
     }
+    /// Evicts every expired time bucket now — from the index, then from
+    /// disk (one `delete_table` per bucket, in one commit) — and, when a
+    /// `max_keys` bound is exceeded, the oldest live buckets. The background
+    /// evictor calls this on every tick; call it yourself when you drive
+    /// time (a [`ManualClock`](crate::ManualClock)) or turned the background
+    /// evictor off.
+    ///
+    /// Expired keys are never answered as present, evicted or not.
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`] or [`Error::Storage`] if the deletion commit fails.
+    ///
+    /// # Examples
+    /// See [`Eviction`].
+    pub fn evict_expired(&self) -> Result<Eviction> {
+        self.inner.evict()
+    }
 
     /// Counters and sizes.
     ///
     /// # Examples
     /// See [`Stats`].
     pub fn stats(&self) -> Stats {
-        let (keys, bytes, counters) = self.inner.index.usage();
-        Stats::from_parts(keys, bytes, self.inner.log.commits(), &counters)
+        let inner = &*self.inner;
+        let (keys, bytes, counters) = inner.index.usage();
+        let mut s = Stats::from_parts(keys, bytes, inner.log.commits(), &counters);
+        let now = inner.now();
+        let g = inner.cfg.granularity_ms;
+        let oldest = inner.log.buckets().into_iter().find(|b| *b >= now / g);
+        s.effective_window = oldest.map_or(Duration::from_millis(inner.cfg.retention_ms), |b| {
+            Duration::from_millis(
+                now.saturating_add(inner.cfg.retention_ms)
+                    .saturating_sub(b.saturating_mul(g)),
+            )
+        });
+        s.retention = Duration::from_millis(inner.cfg.retention_ms);
+        s.evicted_keys = inner.counters.evicted_keys.load(Ordering::Relaxed);
+        s.early_evicted_buckets = inner.counters.early_buckets.load(Ordering::Relaxed);
+        s
     }
 }
 
@@ -609,12 +758,26 @@ fn mismatch(key: &Key<'_>, recorded: Fingerprint, requested: Fingerprint) -> Err
 }
 
 impl Inner {
-    fn now(&self) -> u64 {
+    pub(crate) fn now(&self) -> u64 {
         self.clock.now_millis()
     }
 
+    /// The bucket of a time. The current bucket and its start are cached, so
+    /// the hot path compares instead of dividing (a 64-bit division is tens
+    /// of micro-ops, enough to stop the processor from overlapping one
+    /// call's cache misses with the next call's).
     fn bucket_of(&self, ms: u64) -> u64 {
-        ms / self.cfg.granularity_ms
+        let cached = self.cur_bucket.load(Ordering::Relaxed);
+        let g = self.cfg.granularity_ms;
+        let start = cached.saturating_mul(g);
+        if ms >= start && ms - start < g {
+            return cached;
+        }
+        let b = ms / g;
+        if b > cached {
+            self.cur_bucket.store(b, Ordering::Relaxed);
+        }
+        b
     }
 
     fn expiry(&self, now: u64) -> u64 {
@@ -623,6 +786,17 @@ impl Inner {
 
     fn hash(&self, key: &Key<'_>) -> KeyHash {
         self.hasher.hash(key.scope(), key.id())
+    }
+    fn check_retention(&self, retention: Duration) -> Result<u64> {
+        let ms = crate::clock::millis(retention);
+        if ms / self.cfg.granularity_ms >= crate::index::MAX_BUCKET_SPAN {
+            return Err(Error::InvalidConfig(format!(
+                "a retention of {ms} ms spans more than {} buckets of {} ms",
+                crate::index::MAX_BUCKET_SPAN - 1,
+                self.cfg.granularity_ms
+            )));
+        }
+        Ok(ms)
     }
 
     fn check_key(&self, key: &Key<'_>) -> Result<()> {
@@ -638,12 +812,12 @@ impl Inner {
             .filter(|s| s.bucket(now_bucket) >= now_bucket)
     }
 
-    fn insert_record<'k>(&self, key: &'k Key<'_>, now: u64) -> RecordRef<'k> {
+    fn insert_record<'k>(key: &'k Key<'_>, now: u64, retention_ms: u64) -> RecordRef<'k> {
         RecordRef {
             kind: Kind::Insert,
             idx: 0,
             at: now,
-            expires: self.expiry(now),
+            expires: now.saturating_add(retention_ms),
             scope: key.scope(),
             id: key.id(),
             attempt: 0,
@@ -731,7 +905,14 @@ impl Inner {
 
     /// Writes a Complete, Fail or Release record for an active claim;
     /// returns its row (not yet settled).
-    fn finish(&self, claim: &Claim, kind: Kind, tag: u8, outcome: &[u8]) -> Result<u64> {
+    fn finish(
+        &self,
+        claim: &Claim,
+        kind: Kind,
+        tag: u8,
+        outcome: &[u8],
+        retention_ms: u64,
+    ) -> Result<u64> {
         check_len("outcome", outcome.len(), self.cfg.max_outcome)?;
         self.log.check()?;
         self.check_owner(claim)?;
@@ -752,7 +933,7 @@ impl Inner {
             kind,
             idx: 0,
             at: now,
-            expires: self.expiry(now),
+            expires: now.saturating_add(retention_ms),
             scope: claim.key.scope(),
             id: claim.key.id(),
             attempt: p.attempt,
@@ -797,7 +978,7 @@ impl Inner {
     /// record is lost in a crash, the lease lapses instead.
     pub(crate) fn release_dropped(&self, claim: &Claim) {
         claim.finished.store(false, Ordering::Release);
-        match self.finish(claim, Kind::Release, TAG_RAW, &[]) {
+        match self.finish(claim, Kind::Release, TAG_RAW, &[], self.cfg.retention_ms) {
             Ok(_) => self.log.kick(),
             Err(e) => tracing::debug!(key = %claim.key, error = %e, "dropped claim not released"),
         }
@@ -811,10 +992,10 @@ impl Inner {
         bucket: u64,
         row: u64,
         fingerprint: Fingerprint,
-    ) -> Result<Begin> {
-        let rec = self
-            .load(key, bucket, row)?
-            .ok_or_else(|| Self::lost_details(key))?;
+    ) -> Result<Option<Begin>> {
+        let Some(rec) = self.load(key, bucket, row)? else {
+            return Ok(None);
+        };
         let mut shard = self.index.lock(h);
         if rec.state != State::Inserted && rec.fingerprint != Some(fingerprint) {
             shard.counters.conflicts += 1;
@@ -825,7 +1006,7 @@ impl Inner {
             ));
         }
         shard.counters.replays += 1;
-        Ok(Begin::Completed(rec))
+        Ok(Some(Begin::Completed(rec)))
     }
 
     /// Reads the key's latest record from the row its slot points at.

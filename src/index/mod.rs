@@ -4,18 +4,20 @@
 //! - a key's slot is created or changed only under its shard's lock, and the
 //!   log record for that change is appended before the lock is released, so
 //!   the log's order for one key is the order of its decisions;
-//! - the shard comes from the top bits of `hi`; the table hashes `lo`, whose
-//!   top 7 bits are hashbrown's tag, so the two never share bits;
+//! - the shard comes from the top bits of `hi`; the slot table places a key
+//!   by `lo`, so the two never share bits;
 //! - `pending` holds the details of keys whose slot is `Claimed` or
 //!   `Released` (a few per worker), so the slot itself stays 24 bytes.
 
 mod slot;
+mod table;
 
 use hashbrown::HashTable;
 
 use crate::key::KeyHash;
 use crate::sync::{Mutex, MutexGuard};
 pub(crate) use slot::{MAX_BUCKET_SPAN, Slot, SlotState};
+use table::SlotTable;
 
 /// Details of a live or released claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +33,7 @@ pub(crate) struct Pending {
 /// One shard: the slot table and the pending-claim details.
 #[derive(Default)]
 pub(crate) struct Shard {
-    slots: HashTable<Slot>,
+    slots: SlotTable,
     pending: HashTable<Pending>,
     /// Operation counters, kept per shard so the hot path bumps a line it
     /// already owns.
@@ -40,16 +42,16 @@ pub(crate) struct Shard {
 
 impl Shard {
     pub(crate) fn get(&self, h: KeyHash) -> Option<&Slot> {
-        self.slots.find(h.lo, |s| s.is(h))
+        self.slots.get(h)
     }
 
     pub(crate) fn get_mut(&mut self, h: KeyHash) -> Option<&mut Slot> {
-        self.slots.find_mut(h.lo, |s| s.is(h))
+        self.slots.get_mut(h)
     }
 
     /// Inserts a slot for a key that has none.
     pub(crate) fn insert_new(&mut self, slot: Slot) {
-        self.slots.insert_unique(slot.lo, slot, |s| s.lo);
+        self.slots.insert_new(slot);
     }
 
     /// Sets the key's slot, creating it if needed.
@@ -61,9 +63,7 @@ impl Shard {
     }
 
     pub(crate) fn remove(&mut self, h: KeyHash) {
-        if let Ok(e) = self.slots.find_entry(h.lo, |s| s.is(h)) {
-            e.remove();
-        }
+        self.slots.remove(h);
         self.remove_pending(h);
     }
 
@@ -95,7 +95,7 @@ impl Shard {
     }
 
     pub(crate) fn reserve(&mut self, additional: usize) {
-        self.slots.reserve(additional, |s| s.lo);
+        self.slots.reserve(additional);
     }
 }
 

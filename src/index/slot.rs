@@ -49,6 +49,17 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    /// An unused table slot (no state is 0).
+    pub(crate) const EMPTY: Slot = Slot {
+        lo: 0,
+        hi: 0,
+        meta: 0,
+    };
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.meta == 0
+    }
+
     pub(crate) fn new(h: KeyHash, state: SlotState, bucket: u64, row: u64) -> Slot {
         let mut s = Slot {
             lo: h.lo,

@@ -10,6 +10,7 @@
 //! - after a failed commit the log is poisoned: nothing in or after the
 //!   failed row is ever reported durable, and every later append fails.
 
+use std::collections::BTreeSet;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -35,11 +36,17 @@ pub(crate) struct Batch {
     next_idx: u32,
     bytes: usize,
     parts: Vec<(u64, RowWriter)>,
+    /// Bucket tables to delete in this commit, before its rows are written.
+    drop_buckets: Vec<u64>,
 }
 
 impl Batch {
     /// Appends a record to the part for `bucket`; returns the row number.
     /// The caller holds the key's shard lock.
+    fn is_empty(&self) -> bool {
+        self.parts.is_empty() && self.drop_buckets.is_empty()
+    }
+
     pub(crate) fn push(&mut self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
         rec.idx = self.next_idx;
         self.next_idx += 1;
@@ -76,6 +83,8 @@ struct Shared {
     /// Mirror of `done.durable_row`, readable without the done lock.
     durable_row: AtomicU64,
     quick_repair: bool,
+    /// Buckets that have a table on disk (as of the last commit).
+    buckets: Mutex<BTreeSet<u64>>,
 }
 
 /// The log: append under a shard lock, then wait for durability.
@@ -95,6 +104,7 @@ impl Log {
     pub(crate) fn start(
         db: Database,
         last_row: u64,
+        buckets: BTreeSet<u64>,
         durability: Durability,
         quick_repair: bool,
     ) -> Result<Log> {
@@ -106,6 +116,7 @@ impl Log {
                 next_idx: 0,
                 bytes: 0,
                 parts: Vec::new(),
+                drop_buckets: Vec::new(),
             }),
             done: Mutex::new(Done {
                 durable_row: last_row,
@@ -119,6 +130,7 @@ impl Log {
             open_row: AtomicU64::new(last_row + 1),
             durable_row: AtomicU64::new(last_row),
             quick_repair,
+            buckets: Mutex::new(buckets),
         });
         let wait = match durability {
             Durability::Deferred { max_delay } => Some(max_delay),
@@ -208,9 +220,27 @@ impl Log {
     pub(crate) fn flush(&self) -> Result<()> {
         let row = {
             let b = self.shared.batch.lock();
-            if b.parts.is_empty() { b.row - 1 } else { b.row }
+            if b.is_empty() { b.row - 1 } else { b.row }
         };
         self.wait_durable(row)
+    }
+
+    /// Deletes the tables of `buckets` in the next commit and waits for it.
+    pub(crate) fn drop_buckets(&self, buckets: &[u64]) -> Result<()> {
+        if buckets.is_empty() {
+            return Ok(());
+        }
+        let row = {
+            let mut b = self.batch()?;
+            b.drop_buckets.extend_from_slice(buckets);
+            b.row
+        };
+        self.wait_durable(row)
+    }
+
+    /// The buckets that have a table on disk, oldest first.
+    pub(crate) fn buckets(&self) -> Vec<u64> {
+        self.shared.buckets.lock().iter().copied().collect()
     }
 
     /// Durable commits made since open.
@@ -249,7 +279,7 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
         }
         let batch = {
             let mut b = s.batch.lock();
-            if b.parts.is_empty() {
+            if b.is_empty() {
                 if stopping {
                     return;
                 }
@@ -260,14 +290,24 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
                 next_idx: 0,
                 bytes: 0,
                 parts: Vec::with_capacity(b.parts.len()),
+                drop_buckets: Vec::new(),
             };
             s.open_row.store(next.row, Ordering::Release);
             std::mem::replace(&mut *b, next)
         };
         let row = batch.row;
         last_records = batch.next_idx;
+        let dropped = batch.drop_buckets.clone();
+        let written: Vec<u64> = batch.parts.iter().map(|(b, _)| *b).collect();
         match write(s, batch) {
             Ok(()) => {
+                {
+                    let mut set = s.buckets.lock();
+                    for b in &dropped {
+                        set.remove(b);
+                    }
+                    set.extend(written);
+                }
                 s.commits.fetch_add(1, Ordering::Relaxed);
                 s.done.lock().durable_row = row;
                 s.durable_row.store(row, Ordering::Release);
@@ -305,6 +345,12 @@ fn gather(s: &Shared, last_records: u32) {
 fn write(s: &Shared, batch: Batch) -> Result<()> {
     let mut txn = s.db.begin_write()?;
     txn.set_quick_repair(s.quick_repair);
+    // Deletions first: a bucket dropped and written in one commit keeps the
+    // new rows.
+    for bucket in &batch.drop_buckets {
+        let name = table_name(*bucket);
+        txn.delete_table(log_table(&name))?;
+    }
     for (bucket, part) in batch.parts {
         let name = table_name(bucket);
         let mut table = txn.open_table(log_table(&name))?;

@@ -23,6 +23,8 @@ pub(crate) struct Replayed {
     pub expired: Vec<u64>,
     /// Records replayed.
     pub records: u64,
+    /// Buckets with a live table, oldest first.
+    pub live: Vec<u64>,
 }
 
 /// Calls `apply(bucket, row, record)` for every record of every live bucket,
@@ -73,6 +75,7 @@ pub(crate) fn replay(
         last_row,
         expired,
         records: 0,
+        live: live.clone(),
     };
     let mut group: Vec<(usize, Vec<u8>)> = Vec::new();
     while let Some(Reverse((row, _))) = heap.peek().copied() {

@@ -1,0 +1,194 @@
+//! Time-bucketed retention: whole buckets leave the index and the disk.
+//!
+//! Invariants:
+//! - a bucket is evicted from the index before its table is deleted, so a
+//!   crash in between leaves a table that recovery skips (it has expired)
+//!   and nothing expired comes back;
+//! - the index is evicted key by key from the bucket's own log rows (the
+//!   per-bucket key list lives on disk, not in memory), each key under its
+//!   shard lock for a moment, so concurrent callers never wait long;
+//! - only slots still pointing at the evicted bucket are removed: a key that
+//!   was written again since lives in a later bucket and stays;
+//! - a size bound evicts the oldest *live* buckets early, never the bucket
+//!   currently being written, and never a claim whose lease is alive.
+
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use redb::{ReadableDatabase, ReadableTable};
+
+use crate::Result;
+use crate::index::SlotState;
+use crate::log::format::read_row;
+use crate::log::{log_table, table_name};
+use crate::store::Inner;
+use crate::sync::{Arc, Condvar, Mutex, Weak};
+
+/// What one eviction pass removed.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Key, ManualClock, Store};
+/// # use std::time::Duration;
+/// # let dir = tempfile::tempdir().unwrap();
+/// let clock = ManualClock::new(1_700_000_000_000);
+/// let store = Store::builder()
+///     .clock(clock.clone())
+///     .retention(Duration::from_secs(3600))
+///     .open(dir.path().join("s.redb"))?;
+/// store.insert_if_absent(&Key::new("t", "e"))?;
+/// clock.advance(Duration::from_secs(2 * 3600));
+/// let ev = store.evict_expired()?;
+/// assert_eq!((ev.buckets, ev.keys), (1, 1));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Eviction {
+    /// Buckets deleted.
+    pub buckets: usize,
+    /// Keys removed from the index.
+    pub keys: u64,
+    /// Of the buckets, those evicted before they expired, to honour the
+    /// size bound.
+    pub early_buckets: usize,
+}
+
+impl Inner {
+    /// Evicts every expired bucket, and, over the size bound, the oldest
+    /// live ones; then deletes their tables in one commit.
+    pub(crate) fn evict(&self) -> Result<Eviction> {
+        self.log.check()?;
+        let _one_at_a_time = self.evicting.lock();
+        let now = self.now();
+        let g = self.cfg.granularity_ms;
+        let nb = now / g;
+        let write_bucket = now.saturating_add(self.cfg.retention_ms) / g;
+        let buckets = self.log.buckets();
+        let mut out = Eviction::default();
+        let mut victims = Vec::new();
+        for &b in buckets.iter().filter(|b| **b < nb) {
+            out.keys += self.evict_index(b, nb, now, false)?;
+            victims.push(b);
+        }
+        if let Some(max) = self.cfg.max_keys {
+            let mut keys = self.index.usage().0 as u64;
+            for &b in buckets
+                .iter()
+                .filter(|b| **b >= nb && **b + 1 < write_bucket)
+            {
+                if keys <= max {
+                    break;
+                }
+                let removed = self.evict_index(b, nb, now, true)?;
+                keys = keys.saturating_sub(removed);
+                out.keys += removed;
+                out.early_buckets += 1;
+                victims.push(b);
+            }
+            if out.early_buckets > 0 {
+                self.counters
+                    .early_buckets
+                    .fetch_add(out.early_buckets as u64, crate::sync::Ordering::Relaxed);
+                tracing::warn!(
+                    buckets = out.early_buckets,
+                    max_keys = max,
+                    "dedupkv evicted live buckets early to stay under max_keys: the dedup window shrank"
+                );
+            }
+        }
+        out.buckets = victims.len();
+        self.counters
+            .evicted_keys
+            .fetch_add(out.keys, crate::sync::Ordering::Relaxed);
+        self.log.drop_buckets(&victims)?;
+        Ok(out)
+    }
+
+    /// Removes from the index the keys whose latest record is in bucket `b`;
+    /// returns how many.
+    fn evict_index(&self, b: u64, nb: u64, now: u64, early: bool) -> Result<u64> {
+        let read = self.log.db().begin_read()?;
+        let name = table_name(b);
+        let table = match read.open_table(log_table(&name)) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        let mut removed = 0;
+        for entry in table.iter()? {
+            let (_, row) = entry?;
+            for rec in read_row(row.value())? {
+                let rec = rec?;
+                let h = self.hasher.hash(rec.scope, rec.id);
+                let mut shard = self.index.lock(h);
+                let Some(slot) = shard.get(h).copied() else {
+                    continue;
+                };
+                if slot.bucket(nb) != b {
+                    continue;
+                }
+                if early
+                    && slot.state() == SlotState::Claimed
+                    && shard.pending(h).is_some_and(|p| p.lease_until > now)
+                {
+                    continue;
+                }
+                shard.remove(h);
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// The background evictor: wakes every `tick` and evicts. Dropping it stops
+/// and joins the thread.
+pub(crate) struct Evictor {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Evictor {
+    pub(crate) fn start(inner: Weak<Inner>, tick: Duration) -> Result<Evictor> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let s = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("dedupkv-evict".into())
+            .spawn(move || {
+                loop {
+                    {
+                        let mut stopped = s.0.lock();
+                        if !*stopped {
+                            s.1.wait_for(&mut stopped, tick);
+                        }
+                        if *stopped {
+                            return;
+                        }
+                    }
+                    let Some(inner) = inner.upgrade() else { return };
+                    if let Err(e) = inner.evict() {
+                        tracing::warn!(error = %e, "dedupkv background eviction failed");
+                        if matches!(e, crate::Error::Poisoned(_)) {
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| crate::Error::Storage(redb::Error::Io(e)))?;
+        Ok(Evictor {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Evictor {
+    fn drop(&mut self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

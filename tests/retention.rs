@@ -1,0 +1,300 @@
+//! Retention: time buckets, eviction, the dedup window, and its guard rails.
+
+mod common;
+
+use std::time::Duration;
+
+use common::FaultyBackend;
+use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Result, Store, StoreBuilder};
+
+const MIN: Duration = Duration::from_secs(60);
+/// A bucket boundary (a multiple of 60 s), so windows line up with buckets.
+const T0: u64 = 1_700_000_040_000;
+
+fn builder(clock: &ManualClock) -> StoreBuilder {
+    Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(30))
+        .retention(10 * MIN)
+        .bucket_granularity(MIN)
+        .background_eviction(false)
+}
+
+fn ids(window: usize, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("w{window}-{i}")).collect()
+}
+
+#[test]
+fn after_each_window_only_the_last_windows_keys_are_duplicates() -> Result<()> {
+    const PER: usize = 300;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock).open(dir.path().join("s.redb"))?;
+    for w in 0..10 {
+        let keys = ids(w, PER);
+        let batch: Vec<Key<'_>> = keys.iter().map(|id| Key::new("t", id)).collect();
+        assert!(store.insert_batch(&batch)?.iter().all(|new| *new));
+        clock.advance(Duration::from_millis(10 * 60_000 - 1)); // the end of window w
+        for id in &keys {
+            assert!(
+                store.get(&Key::new("t", id))?.is_some(),
+                "{id} forgotten too early"
+            );
+        }
+        if w > 0 {
+            for id in ids(w - 1, PER) {
+                assert!(
+                    store.get(&Key::new("t", &id))?.is_none(),
+                    "{id} outlived its window"
+                );
+            }
+        }
+        let ev = store.evict_expired()?;
+        assert_eq!(ev.keys, if w == 0 { 0 } else { PER as u64 }, "window {w}");
+        assert_eq!(store.stats().keys, PER as u64, "window {w}");
+        clock.advance(Duration::from_millis(1));
+    }
+    assert_eq!(store.stats().evicted_keys, 9 * PER as u64);
+    Ok(())
+}
+
+#[test]
+fn a_redelivery_before_expiry_is_a_duplicate_and_after_it_is_new() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock).open(dir.path().join("s.redb"))?;
+    let key = Key::new("webhooks", "evt-1");
+    assert!(store.insert_if_absent(&key)?);
+    clock.advance(9 * MIN);
+    assert!(
+        !store.insert_if_absent(&key)?,
+        "inside the window: duplicate"
+    );
+    // The duplicate did not extend the key's life: it expires 10 min (+ the
+    // rest of its bucket) after its first record, even before eviction runs.
+    clock.advance(2 * MIN);
+    assert!(store.insert_if_absent(&key)?, "after the window: new again");
+    assert!(!store.insert_if_absent(&key)?);
+    Ok(())
+}
+
+#[test]
+fn per_call_retention_can_extend_a_key_but_never_shorten_it() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock).open(dir.path().join("s.redb"))?;
+    store.insert_if_absent_for(&Key::new("t", "long"), 60 * MIN)?;
+    let Begin::Started(c) = store.begin(&Key::new("t", "op"), Fingerprint::NONE)? else {
+        panic!()
+    };
+    store.complete_for(&c, b"kept a day", 24 * 60 * MIN)?;
+    store.insert_if_absent(&Key::new("t", "default"))?;
+    clock.advance(30 * MIN);
+    store.evict_expired()?;
+    assert!(store.get(&Key::new("t", "default"))?.is_none());
+    assert!(store.get(&Key::new("t", "long"))?.is_some());
+    assert!(matches!(
+        store.begin(&Key::new("t", "op"), Fingerprint::NONE)?,
+        Begin::Completed(_)
+    ));
+    // A shorter override on a later record does not pull the key earlier.
+    let Begin::Completed(_) = store.begin(&Key::new("t", "op"), Fingerprint::NONE)? else {
+        panic!()
+    };
+    assert!(matches!(
+        store.insert_if_absent_for(
+            &Key::new("t", "x"),
+            Duration::from_secs(u64::MAX / 1_000_000)
+        ),
+        Err(Error::InvalidConfig(_))
+    ));
+    Ok(())
+}
+
+#[test]
+fn live_claims_are_not_evicted_while_their_lease_is_alive() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock)
+        .lease(8 * MIN)
+        .open(dir.path().join("s.redb"))?;
+    let Begin::Started(claim) = store.begin(&Key::new("t", "slow"), Fingerprint::NONE)? else {
+        panic!()
+    };
+    // Renewed every few minutes for an hour: never evicted, never taken over.
+    for _ in 0..12 {
+        clock.advance(5 * MIN);
+        store.renew(&claim)?;
+        store.evict_expired()?;
+        assert!(matches!(
+            store.begin(&Key::new("t", "slow"), Fingerprint::NONE)?,
+            Begin::InProgress(_)
+        ));
+    }
+    store.complete(&claim, b"done")?;
+    Ok(())
+}
+
+#[test]
+fn memory_and_disk_stay_bounded_under_churn() -> Result<()> {
+    const PER_MINUTE: usize = 2_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock).open(&path)?;
+    let mut settled = None;
+    for minute in 0..60 {
+        let keys = ids(minute, PER_MINUTE);
+        for chunk in keys.chunks(500) {
+            let batch: Vec<Key<'_>> = chunk.iter().map(|id| Key::new("churn", id)).collect();
+            store.insert_batch(&batch)?;
+        }
+        clock.advance(MIN);
+        store.evict_expired()?;
+        let s = store.stats();
+        // Ten minutes of keys plus the bucket being rounded up, at most.
+        assert!(
+            s.keys <= 11 * PER_MINUTE as u64,
+            "minute {minute}: {} keys",
+            s.keys
+        );
+        let file = std::fs::metadata(&path).expect("file").len();
+        if minute == 15 {
+            settled = Some((s.index_bytes, file));
+        }
+        if let Some((bytes, size)) = settled {
+            // A shard whose share of keys drifts above its 90 % load grows
+            // once by a quarter; nothing grows without bound.
+            assert!(
+                s.index_bytes <= bytes + bytes * 3 / 10,
+                "minute {minute}: index grew from {bytes} to {}",
+                s.index_bytes
+            );
+            assert!(
+                file <= size + size / 4,
+                "minute {minute}: file grew from {size} to {file} bytes"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_crash_between_index_eviction_and_disk_deletion_loses_and_resurrects_nothing() -> Result<()> {
+    let clock = ManualClock::new(T0);
+    let backend = FaultyBackend::new(u64::MAX);
+    let store = builder(&clock).open_with_backend(backend.clone())?;
+    let old = ids(0, 200);
+    for id in &old {
+        store.insert_if_absent(&Key::new("t", id))?;
+    }
+    clock.advance(15 * MIN); // the old keys have expired
+    let live = ids(1, 200);
+    for id in &live {
+        store.insert_if_absent(&Key::new("t", id))?;
+    }
+    backend.arm(0); // the deletion commit fails: the index is evicted, the disk is not
+    let err = store
+        .evict_expired()
+        .expect_err("the deletion commit fails");
+    assert!(
+        matches!(err, Error::Storage(_) | Error::Poisoned(_)),
+        "{err}"
+    );
+    drop(store);
+
+    let store = builder(&clock).open_with_backend(backend.healthy())?;
+    for id in &old {
+        assert!(
+            store.get(&Key::new("t", id))?.is_none(),
+            "expired {id} came back"
+        );
+    }
+    for id in &live {
+        assert!(
+            !store.insert_if_absent(&Key::new("t", id))?,
+            "live {id} was lost"
+        );
+    }
+    assert_eq!(store.stats().keys, live.len() as u64);
+    Ok(())
+}
+
+#[test]
+fn reopening_loads_nothing_expired() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    {
+        let store = builder(&clock).open(&path)?;
+        for id in ids(0, 100) {
+            store.insert_if_absent(&Key::new("t", &id))?;
+        }
+        clock.advance(6 * MIN);
+        for id in ids(1, 100) {
+            store.insert_if_absent(&Key::new("t", &id))?;
+        }
+    }
+    clock.advance(6 * MIN); // window 0 expired while the store was closed
+    let store = builder(&clock).open(&path)?;
+    assert_eq!(store.stats().keys, 100);
+    assert!(store.get(&Key::new("t", "w0-0"))?.is_none());
+    assert!(store.get(&Key::new("t", "w1-0"))?.is_some());
+    Ok(())
+}
+
+#[test]
+fn retention_shorter_than_the_retry_window_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = Store::builder()
+        .retention(Duration::from_secs(3600))
+        .max_retry_window(Duration::from_secs(7200))
+        .open(dir.path().join("s.redb"))
+        .expect_err("refused");
+    assert!(
+        matches!(&err, Error::InvalidConfig(m) if m.contains("retry window")),
+        "{err}"
+    );
+    assert!(
+        Store::builder()
+            .retention(Duration::from_secs(7200))
+            .max_retry_window(Duration::from_secs(7200))
+            .open(dir.path().join("s.redb"))
+            .is_ok()
+    );
+}
+
+#[test]
+fn a_size_bound_evicts_early_and_says_so() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock)
+        .lease(9 * MIN)
+        .max_keys(1_000)
+        .open(dir.path().join("s.redb"))?;
+    let held = Key::new("t", "held");
+    let Begin::Started(claim) = store.begin(&held, Fingerprint::NONE)? else {
+        panic!()
+    };
+    for minute in 0..5 {
+        for id in ids(minute, 500) {
+            store.insert_if_absent(&Key::new("t", &id))?;
+        }
+        clock.advance(MIN);
+    }
+    let before = store.stats();
+    assert_eq!(before.early_evicted_buckets, 0);
+    let ev = store.evict_expired()?;
+    assert!(ev.early_buckets >= 3, "{ev:?}");
+    let s = store.stats();
+    assert!(s.keys <= 1_001, "{} keys", s.keys);
+    assert_eq!(s.early_evicted_buckets, ev.early_buckets as u64);
+    assert!(s.effective_window < before.effective_window, "{s:?}");
+    // The claim's lease (9 min) is still alive: early eviction kept it.
+    assert!(matches!(
+        store.begin(&held, Fingerprint::NONE)?,
+        Begin::InProgress(_)
+    ));
+    store.complete(&claim, b"done")?;
+    Ok(())
+}
