@@ -7,6 +7,8 @@
 //! 5-minute window = 50M keys, 5M retained). Scale with
 //! `DEDUPKV_RET_PER_MINUTE` and `DEDUPKV_RET_MINUTES`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::cast_precision_loss)]
+// One scenario, read top to bottom.
+#![allow(clippy::too_many_lines)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -14,7 +16,10 @@ use std::time::{Duration, Instant};
 use dedupkv::{Key, ManualClock, Store};
 
 fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn peak_rss_mib() -> u64 {
@@ -101,17 +106,42 @@ fn main() {
     let end_file = std::fs::metadata(&path).map_or(0, |m| m.len());
     evict_secs.sort_by(f64::total_cmp);
     let median_evict = evict_secs.get(evict_secs.len() / 2).copied().unwrap_or(0.0);
-    println!("dedupkv retention bench: {total} keys, {per_minute} per simulated minute, {window}-minute window");
+    println!(
+        "dedupkv retention bench: {total} keys, {per_minute} per simulated minute, {window}-minute window"
+    );
     println!();
     println!("| figure | value |");
     println!("|---|---|");
-    println!("| sustained ingest, `insert_batch` of 1,000, Immediate, eviction running | {:.0} keys/s |", total as f64 / secs);
-    println!("| keys retained at the end | {} (window: {}) |", stats.keys, per_minute * window);
+    println!(
+        "| sustained ingest, `insert_batch` of 1,000, Immediate, eviction running | {:.0} keys/s |",
+        total as f64 / secs
+    );
+    println!(
+        "| keys retained at the end | {} (window: {}) |",
+        stats.keys,
+        per_minute * window
+    );
     println!("| keys evicted | {evicted_keys} |");
-    println!("| eviction of one {per_minute}-key bucket (median) | {:.0} ms |", median_evict * 1000.0);
-    println!("| worst `insert_batch` latency while a bucket was evicted | {:.1} ms |", worst_during_eviction.as_secs_f64() * 1000.0);
-    println!("| worst `insert_batch` latency otherwise | {:.1} ms |", worst_otherwise.as_secs_f64() * 1000.0);
+    println!(
+        "| eviction of one {per_minute}-key bucket (median) | {:.0} ms |",
+        median_evict * 1000.0
+    );
+    println!(
+        "| worst `insert_batch` latency while a bucket was evicted | {:.1} ms |",
+        worst_during_eviction.as_secs_f64() * 1000.0
+    );
+    println!(
+        "| worst `insert_batch` latency otherwise | {:.1} ms |",
+        worst_otherwise.as_secs_f64() * 1000.0
+    );
     println!("| peak RSS | {} MiB |", peak_rss_mib());
-    println!("| file size after the first window / at the end | {} MiB / {} MiB |", first_window_file >> 20, end_file >> 20);
-    println!("| index bytes per retained key | {:.1} |", stats.index_bytes as f64 / stats.keys.max(1) as f64);
+    println!(
+        "| file size after the first window / at the end | {} MiB / {} MiB |",
+        first_window_file >> 20,
+        end_file >> 20
+    );
+    println!(
+        "| index bytes per retained key | {:.1} |",
+        stats.index_bytes as f64 / stats.keys.max(1) as f64
+    );
 }

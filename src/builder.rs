@@ -34,6 +34,8 @@ pub(crate) struct Config {
     pub background_eviction: bool,
     pub max_keys: Option<u64>,
     pub max_retry_window_ms: Option<u64>,
+    pub entity_retention_ms: u64,
+    pub max_hold_ms: u64,
 }
 
 /// Settings for [`Store`], made by [`Store::builder`].
@@ -78,6 +80,8 @@ impl Default for StoreBuilder {
                 background_eviction: true,
                 max_keys: None,
                 max_retry_window_ms: None,
+                entity_retention_ms: 7 * 24 * 3_600_000,
+                max_hold_ms: 5 * 60_000,
             },
             clock: Arc::new(SystemClock),
         }
@@ -326,6 +330,34 @@ impl StoreBuilder {
         self
     }
 
+    /// How long an entity's version and sequencer state is kept after its
+    /// latest change, separately from event keys. Default: 7 days. After it,
+    /// the entity starts afresh (see [`Store::advance`] and
+    /// [`Store::sequence`]). Entities with parked or held events are kept.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder()
+    ///     .entity_retention(std::time::Duration::from_secs(30 * 86_400))
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn entity_retention(mut self, d: Duration) -> Self {
+        self.cfg.entity_retention_ms = millis(d);
+        self
+    }
+
+    /// How long the sequencer waits for a missing predecessor before it
+    /// moves the parked successors to the holding area. Default: 5 minutes.
+    ///
+    /// # Examples
+    /// See [`Held`](crate::Held).
+    pub fn max_hold(mut self, d: Duration) -> Self {
+        self.cfg.max_hold_ms = millis(d);
+        self
+    }
+
     /// Opens the store at `path`, creating it if it does not exist, and
     /// rebuilds the index from its log.
     ///
@@ -393,6 +425,13 @@ impl StoreBuilder {
                 "retention ({} ms) is shorter than the upstream's max retry window ({w} ms): \
                  a redelivery after the retention would be handled twice",
                 c.retention_ms
+            ));
+        }
+        if c.entity_retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
+            return bad(format!(
+                "entity retention spans {} buckets; at most {} are supported",
+                c.entity_retention_ms / c.granularity_ms,
+                MAX_BUCKET_SPAN - 1
             ));
         }
         if c.retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {

@@ -151,6 +151,9 @@ impl KeyHashing {
     }
 }
 
+/// Marks the entity domain in the length prefix of the hashed frame.
+const ENTITY_DOMAIN: u32 = 1 << 31;
+
 /// The 128-bit hash of a key, in two halves: `hi` picks the shard, `lo` feeds
 /// the shard's hash table (whose tag bits are the top of `lo`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -185,16 +188,28 @@ impl KeyHasher {
     /// copy through) a buffer of their own on every call, which costs more
     /// than the index lookup. Both paths give the same hash.
     pub(crate) fn hash(&self, scope: &[u8], id: &[u8]) -> KeyHash {
+        self.hash_in(0, scope, id)
+    }
+
+    /// The hash of an entity key: another domain than event keys (the
+    /// length prefix has its top bit set, which no scope length has), so an
+    /// entity and an event key with the same scope and id never collide.
+    pub(crate) fn hash_entity(&self, scope: &[u8], id: &[u8]) -> KeyHash {
+        self.hash_in(ENTITY_DOMAIN, scope, id)
+    }
+
+    fn hash_in(&self, domain: u32, scope: &[u8], id: &[u8]) -> KeyHash {
         const SHORT: usize = 96;
         let total = 4 + scope.len() + id.len();
+        let prefix = (scope.len() as u32 | domain).to_le_bytes();
         if total <= SHORT {
             let mut buf = [0u8; SHORT];
-            buf[..4].copy_from_slice(&(scope.len() as u32).to_le_bytes());
+            buf[..4].copy_from_slice(&prefix);
             buf[4..4 + scope.len()].copy_from_slice(scope);
             buf[4 + scope.len()..total].copy_from_slice(id);
             return self.hash_framed(&buf[..total]);
         }
-        self.hash_streaming(scope, id)
+        self.hash_streaming(prefix, scope, id)
     }
 
     fn hash_framed(&self, framed: &[u8]) -> KeyHash {
@@ -220,8 +235,7 @@ impl KeyHasher {
         u64::from_le_bytes(self.secret[..8].try_into().unwrap_or([0; 8]))
     }
 
-    fn hash_streaming(&self, scope: &[u8], id: &[u8]) -> KeyHash {
-        let len = (scope.len() as u32).to_le_bytes();
+    fn hash_streaming(&self, len: [u8; 4], scope: &[u8], id: &[u8]) -> KeyHash {
         match self.kind {
             KeyHashing::SipHash13 => {
                 let mut h = SipHasher13::new_with_key(&self.secret);
@@ -331,11 +345,13 @@ mod tests {
             for (s, i) in [(0, 0), (3, 16), (10, 82), (10, 83), (50, 200)] {
                 let scope = vec![b's'; s];
                 let id = vec![b'i'; i];
+                let len = (scope.len() as u32).to_le_bytes();
                 assert_eq!(
                     h.hash(&scope, &id),
-                    h.hash_streaming(&scope, &id),
+                    h.hash_streaming(len, &scope, &id),
                     "{kind:?} {s} {i}"
                 );
+                assert_ne!(h.hash(&scope, &id), h.hash_entity(&scope, &id));
             }
         }
     }

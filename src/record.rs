@@ -72,7 +72,8 @@ pub struct Record {
 impl Record {
     pub(crate) fn from_log(rec: &RecordRef<'_>) -> Record {
         let state = match rec.kind {
-            Kind::Insert => State::Inserted,
+            // Entity records never reach here: `load` skips them.
+            Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold => State::Inserted,
             Kind::Claim => State::InProgress,
             Kind::Release => State::Retryable,
             Kind::Complete => State::Completed,

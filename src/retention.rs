@@ -19,7 +19,7 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::Result;
 use crate::index::SlotState;
-use crate::log::format::read_row;
+use crate::log::format::{Kind, RecordRef, read_row};
 use crate::log::{log_table, table_name};
 use crate::store::Inner;
 use crate::sync::{Arc, Condvar, Mutex, Weak};
@@ -47,7 +47,7 @@ use crate::sync::{Arc, Condvar, Mutex, Weak};
 pub struct Eviction {
     /// Buckets deleted.
     pub buckets: usize,
-    /// Keys removed from the index.
+    /// Keys (and entity states) removed from the index.
     pub keys: u64,
     /// Of the buckets, those evicted before they expired, to honour the
     /// size bound.
@@ -120,6 +120,10 @@ impl Inner {
             let (_, row) = entry?;
             for rec in read_row(row.value())? {
                 let rec = rec?;
+                if rec.kind.is_entity() {
+                    removed += self.evict_entity_record(b, now, &rec)?;
+                    continue;
+                }
                 let h = self.hasher.hash(rec.scope, rec.id);
                 let mut shard = self.index.lock(h);
                 let Some(slot) = shard.get(h).copied() else {
@@ -139,6 +143,48 @@ impl Inner {
             }
         }
         Ok(removed)
+    }
+}
+
+impl Inner {
+    /// Handles one entity record of the bucket being evicted: an entity
+    /// whose latest core record is here is removed, unless it still has
+    /// parked or held events; then its core record, like the record of any
+    /// parked or held event still here, is re-logged into the open batch,
+    /// so it is committed no later than the bucket's deletion. Returns 1 if
+    /// an entity was removed.
+    fn evict_entity_record(&self, b: u64, now: u64, rec: &RecordRef<'_>) -> Result<u64> {
+        let h = self.hasher.hash_entity(rec.scope, rec.id);
+        let mut shard = self.index.lock(h);
+        let Some(e) = shard.entity_raw(h) else {
+            return Ok(0);
+        };
+        match rec.kind {
+            Kind::Entity if e.bucket == b => {
+                if !e.has_events() {
+                    shard.remove_entity(h);
+                    return Ok(1);
+                }
+                let mut batch = self.log.batch()?;
+                self.log_core(&mut batch, e, now);
+            }
+            Kind::Park | Kind::Hold => {
+                let key = e.key.clone();
+                let events = if rec.kind == Kind::Park {
+                    &mut e.parked
+                } else {
+                    &mut e.held
+                };
+                if let Some(ev) = events.get_mut(&rec.token)
+                    && ev.bucket == b
+                {
+                    let mut batch = self.log.batch()?;
+                    ev.bucket = self.log_event(&mut batch, &key, rec.kind, rec.token, ev, now);
+                }
+            }
+            _ => {}
+        }
+        Ok(0)
     }
 }
 
@@ -167,7 +213,7 @@ impl Evictor {
                         }
                     }
                     let Some(inner) = inner.upgrade() else { return };
-                    if let Err(e) = inner.evict() {
+                    if let Err(e) = inner.evict().and_then(|_| inner.sweep_parked()) {
                         tracing::warn!(error = %e, "dedupkv background eviction failed");
                         if matches!(e, crate::Error::Poisoned(_)) {
                             return;

@@ -14,6 +14,12 @@ pub(crate) struct Counters {
     pub released: u64,
     pub conflicts: u64,
     pub fenced: u64,
+    pub versions_applied: u64,
+    pub versions_stale: u64,
+    pub seq_delivered: u64,
+    pub seq_parked: u64,
+    pub seq_duplicates: u64,
+    pub seq_held: u64,
 }
 
 impl Counters {
@@ -29,6 +35,12 @@ impl Counters {
         self.released += o.released;
         self.conflicts += o.conflicts;
         self.fenced += o.fenced;
+        self.versions_applied += o.versions_applied;
+        self.versions_stale += o.versions_stale;
+        self.seq_delivered += o.seq_delivered;
+        self.seq_parked += o.seq_parked;
+        self.seq_duplicates += o.seq_duplicates;
+        self.seq_held += o.seq_held;
     }
 }
 
@@ -83,6 +95,24 @@ pub struct Stats {
     /// Buckets evicted before they expired, to stay under `max_keys`. Each
     /// one shrinks the dedup window: page on it.
     pub early_evicted_buckets: u64,
+    /// Entity versions applied by `advance` / `apply_event`.
+    pub versions_applied: u64,
+    /// Updates answered stale.
+    pub versions_stale: u64,
+    /// Events delivered in order by the sequencer.
+    pub seq_delivered: u64,
+    /// Early events parked by the sequencer.
+    pub seq_parked: u64,
+    /// Old or repeated events the sequencer answered `Duplicate`.
+    pub seq_duplicates: u64,
+    /// Parked events moved to the holding area after `max_hold`.
+    pub seq_held: u64,
+    /// Entities with state in the index.
+    pub entities: u64,
+    /// Events parked now.
+    pub parked_now: u64,
+    /// Events in the holding area now.
+    pub held_now: u64,
     /// The configured retention.
     pub retention: std::time::Duration,
     /// How far back the store actually remembers: the age of the oldest
@@ -108,6 +138,12 @@ impl Stats {
             released: c.released,
             conflicts: c.conflicts,
             fenced: c.fenced,
+            versions_applied: c.versions_applied,
+            versions_stale: c.versions_stale,
+            seq_delivered: c.seq_delivered,
+            seq_parked: c.seq_parked,
+            seq_duplicates: c.seq_duplicates,
+            seq_held: c.seq_held,
             ..Stats::default()
         }
     }

@@ -45,7 +45,7 @@ use crate::{Durability, Error, Fingerprint, Key, Record, Result, State, StoreBui
 pub struct Store {
     // Declared first so it is dropped (stopped and joined) before `inner`.
     _evictor: Option<Arc<Evictor>>,
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 pub(crate) struct Inner {
@@ -139,10 +139,20 @@ impl Store {
         let now_bucket = clock.now_millis() / cfg.granularity_ms;
         let mut max_token = 0;
         let replayed = crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec| {
-            max_token = max_token.max(rec.token);
-            let h = meta.hasher.hash(rec.scope, rec.id);
-            apply_record(&mut index.lock(h), h, bucket, row, rec);
+            if rec.kind.is_entity() {
+                let h = meta.hasher.hash_entity(rec.scope, rec.id);
+                crate::order::apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
+            } else {
+                max_token = max_token.max(rec.token);
+                let h = meta.hasher.hash(rec.scope, rec.id);
+                apply_record(&mut index.lock(h), h, bucket, row, rec);
+            }
         })?;
+        for i in 0..cfg.shards {
+            for e in index.lock_shard(i).entities_mut() {
+                e.trim();
+            }
+        }
         delete_buckets(&db, &replayed.expired)?;
         tracing::debug!(
             records = replayed.records,
@@ -718,6 +728,10 @@ impl Store {
             )
         });
         s.retention = Duration::from_millis(inner.cfg.retention_ms);
+        let (entities, parked, held) = inner.index.entity_usage();
+        s.entities = entities as u64;
+        s.parked_now = parked as u64;
+        s.held_now = held as u64;
         s.evicted_keys = inner.counters.evicted_keys.load(Ordering::Relaxed);
         s.early_evicted_buckets = inner.counters.early_buckets.load(Ordering::Relaxed);
         s
@@ -740,6 +754,8 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         Kind::Release => SlotState::Released,
         Kind::Complete => SlotState::Completed,
         Kind::Fail => SlotState::Failed,
+        // Entity records are applied by `order::apply_entity_record`.
+        Kind::Entity | Kind::Park | Kind::Hold => return,
     };
     shard.put(h, state, bucket, row);
     if matches!(state, SlotState::Claimed | SlotState::Released) {
@@ -766,7 +782,7 @@ impl Inner {
     /// the hot path compares instead of dividing (a 64-bit division is tens
     /// of micro-ops, enough to stop the processor from overlapping one
     /// call's cache misses with the next call's).
-    fn bucket_of(&self, ms: u64) -> u64 {
+    pub(crate) fn bucket_of(&self, ms: u64) -> u64 {
         let cached = self.cur_bucket.load(Ordering::Relaxed);
         let g = self.cfg.granularity_ms;
         let start = cached.saturating_mul(g);
@@ -799,13 +815,33 @@ impl Inner {
         Ok(ms)
     }
 
-    fn check_key(&self, key: &Key<'_>) -> Result<()> {
+    pub(crate) fn check_key(&self, key: &Key<'_>) -> Result<()> {
         check_len("scope", key.scope().len(), self.cfg.max_scope)?;
         check_len("id", key.id().len(), self.cfg.max_id)
     }
 
+    /// Fails for a payload over `max_outcome_len`.
+    pub(crate) fn check_payload(&self, payload: &[u8]) -> Result<()> {
+        check_len("payload", payload.len(), self.cfg.max_outcome)
+    }
+
+    /// Appends an Insert record for a key that is absent (or expired) and
+    /// points its slot at it. Caller holds the shard and batch locks.
+    pub(crate) fn append_insert(
+        &self,
+        shard: &mut Shard,
+        batch: &mut Batch,
+        h: KeyHash,
+        key: &Key<'_>,
+        now: u64,
+    ) -> u64 {
+        shard.remove_pending(h);
+        let mut rec = Self::insert_record(key, now, self.cfg.retention_ms);
+        self.append(shard, batch, h, SlotState::Inserted, None, &mut rec)
+    }
+
     /// The key's slot if it has one that has not expired.
-    fn live(shard: &Shard, h: KeyHash, now_bucket: u64) -> Option<Slot> {
+    pub(crate) fn live(shard: &Shard, h: KeyHash, now_bucket: u64) -> Option<Slot> {
         shard
             .get(h)
             .copied()
@@ -857,7 +893,7 @@ impl Inner {
 
     /// Waits, in `Immediate` mode, until the record an answer is based on
     /// is durable.
-    fn settle_seen(&self, row: u64) -> Result<()> {
+    pub(crate) fn settle_seen(&self, row: u64) -> Result<()> {
         match self.cfg.durability {
             Durability::Immediate => self.log.wait_durable(row),
             Durability::Deferred { .. } => Ok(()),
@@ -1019,7 +1055,7 @@ impl Inner {
         let mut found = None;
         for rec in read_row(&bytes)? {
             let rec = rec?;
-            if rec.scope == key.scope() && rec.id == key.id() {
+            if !rec.kind.is_entity() && rec.scope == key.scope() && rec.id == key.id() {
                 found = Some(Record::from_log(&rec));
             }
         }

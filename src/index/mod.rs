@@ -35,6 +35,8 @@ pub(crate) struct Pending {
 pub(crate) struct Shard {
     slots: SlotTable,
     pending: HashTable<Pending>,
+    /// Entity states (versions, sequencers), in their own hash domain.
+    entities: HashTable<crate::order::Entity>,
     /// Operation counters, kept per shard so the hot path bumps a line it
     /// already owns.
     pub counters: crate::stats::Counters,
@@ -90,8 +92,65 @@ impl Shard {
         self.slots.len()
     }
 
+    /// The entity's state if it has one that has not expired (an entity
+    /// with parked or held events never expires).
+    pub(crate) fn entity(&self, h: KeyHash, now_bucket: u64) -> Option<&crate::order::Entity> {
+        self.entities
+            .find(h.lo, |e| e.hash == h)
+            .filter(|e| e.bucket >= now_bucket || e.has_events())
+    }
+
+    /// The entity's state, created fresh if it has none or it expired.
+    pub(crate) fn entity_mut(
+        &mut self,
+        h: KeyHash,
+        now_bucket: u64,
+        key: &crate::Key<'_>,
+    ) -> &mut crate::order::Entity {
+        let e = match self.entities.entry(h.lo, |e| e.hash == h, |e| e.hash.lo) {
+            hashbrown::hash_table::Entry::Occupied(o) => o.into_mut(),
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert(crate::order::Entity::new(h, key)).into_mut()
+            }
+        };
+        if e.bucket < now_bucket && !e.has_events() && e.row != 0 {
+            *e = crate::order::Entity::new(h, key);
+        }
+        e
+    }
+
+    /// The entity's state for recovery and eviction, without expiry checks.
+    pub(crate) fn entity_raw(&mut self, h: KeyHash) -> Option<&mut crate::order::Entity> {
+        self.entities.find_mut(h.lo, |e| e.hash == h)
+    }
+
+    pub(crate) fn remove_entity(&mut self, h: KeyHash) {
+        if let Ok(e) = self.entities.find_entry(h.lo, |e| e.hash == h) {
+            e.remove();
+        }
+    }
+
+    /// Entities with parked or held events.
+    pub(crate) fn entities_with_events(
+        &mut self,
+    ) -> impl Iterator<Item = &mut crate::order::Entity> {
+        self.entities.iter_mut().filter(|e| e.has_events())
+    }
+
+    /// Every entity (recovery trims them after replay).
+    pub(crate) fn entities_mut(&mut self) -> impl Iterator<Item = &mut crate::order::Entity> {
+        self.entities.iter_mut()
+    }
+
     pub(crate) fn heap_bytes(&self) -> usize {
         self.slots.allocation_size() + self.pending.allocation_size()
+    }
+
+    /// Counts of entities, parked and held events.
+    pub(crate) fn entity_usage(&self) -> (usize, usize, usize) {
+        self.entities.iter().fold((0, 0, 0), |(n, p, h), e| {
+            (n + 1, p + e.parked.len(), h + e.held.len())
+        })
     }
 
     pub(crate) fn reserve(&mut self, additional: usize) {
@@ -130,6 +189,14 @@ impl ShardedIndex {
 
     pub(crate) fn lock_shard(&self, i: usize) -> MutexGuard<'_, Shard> {
         self.shards[i].0.lock()
+    }
+
+    /// Entities, parked and held events, one shard at a time.
+    pub(crate) fn entity_usage(&self) -> (usize, usize, usize) {
+        self.shards.iter().fold((0, 0, 0), |(n, p, h), s| {
+            let (a, b, c) = s.0.lock().entity_usage();
+            (n + a, p + b, h + c)
+        })
     }
 
     /// Total keys and heap bytes, one shard at a time (not a snapshot).

@@ -8,10 +8,14 @@
 //!            checksum = xxh3-64 of every byte before it
 //! record  := kind:u8 | idx:u32 | at:u64 | expires:u64
 //!            | scope_len:u16 | id_len:u16 | scope | id | body
-//! body    := (kind = Insert)  nothing
-//!          | (otherwise)      attempt:u32 | token:u64 | first_at:u64 | lease_until:u64
-//!                            | params:u128 | outcome_tag:u8 | outcome_len:u32 | outcome
+//! body    := (kind = Insert)            nothing
+//!          | (kind = Claim .. Release)  attempt:u32 | token:u64 | first_at:u64 | lease_until:u64
+//!                                      | params:u128 | outcome_tag:u8 | outcome_len:u32 | outcome
+//!          | (kind = Entity .. Hold)    value:u64 | aux:u64 | aux2:u64 | payload_len:u32 | payload
 //! ```
+//! Entity records (`Entity`, `Park`, `Hold`) keep `value`,
+//! `aux` and `aux2` in the `token`, `first_at` and `lease_until` fields of
+//! [`RecordRef`] and the payload in `outcome`.
 //! `idx` orders the records of one commit across all bucket tables (the same
 //! row number can appear in several tables). Times are milliseconds since the
 //! Unix epoch. Every length is checked against the row before it is used, so
@@ -39,6 +43,24 @@ pub(crate) enum Kind {
     Fail = 4,
     /// The claim was released for a retry (retryable failure or drop).
     Release = 5,
+    /// An entity's whole core state: `value` = version + 1 (0: none),
+    /// `aux` = next expected sequence number (0: no sequencer state),
+    /// `aux2` = when the current sequence gap opened (0: no gap). Parked and
+    /// held events below `aux` are consumed.
+    Entity = 6,
+    /// An early event was parked (`value` = seq, `aux` = when, payload).
+    Park = 7,
+    /// A parked event went to the holding area (`value` = seq, `aux` = the
+    /// missing predecessor, `aux2` = since when, payload).
+    Hold = 8,
+}
+
+/// The shape of a record's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Body {
+    Empty,
+    Claim,
+    Entity,
 }
 
 impl Kind {
@@ -49,8 +71,24 @@ impl Kind {
             3 => Kind::Complete,
             4 => Kind::Fail,
             5 => Kind::Release,
+            6 => Kind::Entity,
+            7 => Kind::Park,
+            8 => Kind::Hold,
             _ => return None,
         })
+    }
+
+    pub(crate) fn body(self) -> Body {
+        match self {
+            Kind::Insert => Body::Empty,
+            Kind::Claim | Kind::Complete | Kind::Fail | Kind::Release => Body::Claim,
+            Kind::Entity | Kind::Park | Kind::Hold => Body::Entity,
+        }
+    }
+
+    /// Entity records live in the entity namespace of the index.
+    pub(crate) fn is_entity(self) -> bool {
+        self.body() == Body::Entity
     }
 }
 
@@ -76,10 +114,10 @@ impl RecordRef<'_> {
     /// Bytes this record takes in a row.
     pub(crate) fn encoded_len(&self) -> usize {
         let head = 1 + 4 + 8 + 8 + 2 + 2 + self.scope.len() + self.id.len();
-        if self.kind == Kind::Insert {
-            head
-        } else {
-            head + 4 + 8 + 8 + 8 + 16 + 1 + 4 + self.outcome.len()
+        match self.kind.body() {
+            Body::Empty => head,
+            Body::Claim => head + 4 + 8 + 8 + 8 + 16 + 1 + 4 + self.outcome.len(),
+            Body::Entity => head + 8 + 8 + 8 + 4 + self.outcome.len(),
         }
     }
 
@@ -97,15 +135,25 @@ impl RecordRef<'_> {
         out.extend_from_slice(&(self.id.len() as u16).to_le_bytes());
         out.extend_from_slice(self.scope);
         out.extend_from_slice(self.id);
-        if self.kind != Kind::Insert {
-            out.extend_from_slice(&self.attempt.to_le_bytes());
-            out.extend_from_slice(&self.token.to_le_bytes());
-            out.extend_from_slice(&self.first_at.to_le_bytes());
-            out.extend_from_slice(&self.lease_until.to_le_bytes());
-            out.extend_from_slice(&self.params.to_le_bytes());
-            out.push(self.outcome_tag);
-            out.extend_from_slice(&(self.outcome.len() as u32).to_le_bytes());
-            out.extend_from_slice(self.outcome);
+        match self.kind.body() {
+            Body::Empty => {}
+            Body::Claim => {
+                out.extend_from_slice(&self.attempt.to_le_bytes());
+                out.extend_from_slice(&self.token.to_le_bytes());
+                out.extend_from_slice(&self.first_at.to_le_bytes());
+                out.extend_from_slice(&self.lease_until.to_le_bytes());
+                out.extend_from_slice(&self.params.to_le_bytes());
+                out.push(self.outcome_tag);
+                out.extend_from_slice(&(self.outcome.len() as u32).to_le_bytes());
+                out.extend_from_slice(self.outcome);
+            }
+            Body::Entity => {
+                out.extend_from_slice(&self.token.to_le_bytes());
+                out.extend_from_slice(&self.first_at.to_le_bytes());
+                out.extend_from_slice(&self.lease_until.to_le_bytes());
+                out.extend_from_slice(&(self.outcome.len() as u32).to_le_bytes());
+                out.extend_from_slice(self.outcome);
+            }
         }
     }
 }
@@ -255,15 +303,25 @@ impl<'a> Cursor<'a> {
             outcome_tag: 0,
             outcome: &[],
         };
-        if kind != Kind::Insert {
-            rec.attempt = self.u32()?;
-            rec.token = self.u64()?;
-            rec.first_at = self.u64()?;
-            rec.lease_until = self.u64()?;
-            rec.params = self.u128()?;
-            rec.outcome_tag = self.u8()?;
-            let len = self.u32()? as usize;
-            rec.outcome = self.take(len)?;
+        match kind.body() {
+            Body::Empty => {}
+            Body::Claim => {
+                rec.attempt = self.u32()?;
+                rec.token = self.u64()?;
+                rec.first_at = self.u64()?;
+                rec.lease_until = self.u64()?;
+                rec.params = self.u128()?;
+                rec.outcome_tag = self.u8()?;
+                let len = self.u32()? as usize;
+                rec.outcome = self.take(len)?;
+            }
+            Body::Entity => {
+                rec.token = self.u64()?;
+                rec.first_at = self.u64()?;
+                rec.lease_until = self.u64()?;
+                let len = self.u32()? as usize;
+                rec.outcome = self.take(len)?;
+            }
         }
         Ok(rec)
     }
@@ -304,6 +362,9 @@ mod tests {
             Kind::Complete,
             Kind::Fail,
             Kind::Release,
+            Kind::Entity,
+            Kind::Park,
+            Kind::Hold,
         ];
         for (i, k) in kinds.iter().enumerate() {
             w.push(&sample(*k, i as u32, b"out"));
@@ -314,6 +375,11 @@ mod tests {
         assert_eq!(back[0].kind, Kind::Insert);
         assert_eq!(back[0].first_at, back[0].at);
         assert_eq!(back[2], sample(Kind::Complete, 2, b"out"));
+        // Entity records keep value, aux, aux2 and the payload.
+        let park = &back[6];
+        assert_eq!(park.kind, Kind::Park);
+        assert_eq!((park.token, park.first_at, park.lease_until), (99, 5, 40));
+        assert_eq!(park.outcome, b"out");
         Ok(())
     }
 

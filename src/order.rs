@@ -1,0 +1,762 @@
+//! Ordering: per-entity versions that reject stale updates, and a
+//! sequencer that holds early events until their predecessor lands.
+//!
+//! Entities live in their own namespace of the index (their keys are hashed
+//! in another domain, so an entity and an event key with the same scope and
+//! id never meet), in a per-shard table of [`Entity`] states.
+//!
+//! Invariants:
+//! - every decision is made under the entity's shard lock and its records
+//!   are appended before the lock is released, like every other write; an
+//!   answer is given only once its records are durable (`Immediate`);
+//! - an `Entity` record holds the entity's whole core state (version, next
+//!   sequence number, gap start), so the latest one wins at recovery; `Park`
+//!   and `Hold` records below the core state's `next` are consumed;
+//! - an entity's core records never move to an earlier bucket, and eviction
+//!   re-logs (carries forward) the records of parked and held events and of
+//!   entities that still have some, in the commit that deletes the bucket
+//!   or before it — so a parked or held event is never dropped.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use crate::clock::to_system_time;
+use crate::codec::TAG_RAW;
+use crate::index::Shard;
+use crate::key::KeyHash;
+use crate::log::commit::Batch;
+use crate::log::format::{Kind, RecordRef};
+use crate::store::Inner;
+use crate::{Key, Result, Store};
+
+/// The answer of [`Store::advance`].
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Advance, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let order = Key::new("shop-42", "order-7");
+/// assert_eq!(store.advance(&order, 3)?, Advance::Applied { previous: None });
+/// assert_eq!(store.advance(&order, 5)?, Advance::Applied { previous: Some(3) });
+/// assert_eq!(store.advance(&order, 4)?, Advance::Stale { current: 5 });
+/// assert_eq!(store.advance(&order, 5)?, Advance::Duplicate);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Advance {
+    /// The version was newer (or the entity had none): it is now current.
+    Applied {
+        /// The version it replaced.
+        previous: Option<u64>,
+    },
+    /// The version is older than the current one: do not apply the update.
+    Stale {
+        /// The entity's current version.
+        current: u64,
+    },
+    /// The version equals the current one.
+    Duplicate,
+}
+
+/// The answer of [`Store::apply_event`]: the event key and the entity
+/// version, decided together.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Key, Store, Update};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let order = Key::new("shop-42", "order-7");
+/// let e1 = Key::new("shop-42", "evt-1");
+/// let e0 = Key::new("shop-42", "evt-0");
+/// assert_eq!(store.apply_event(&e1, &order, 2)?, Update::Applied { previous: None });
+/// assert_eq!(store.apply_event(&e0, &order, 1)?, Update::Stale { current: 2 }); // late, older
+/// assert_eq!(store.apply_event(&e0, &order, 1)?, Update::DuplicateEvent);         // its redelivery
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Update {
+    /// New event, newer version: apply the update.
+    Applied {
+        /// The version it replaced.
+        previous: Option<u64>,
+    },
+    /// New event, older version: recorded as handled; do not apply it.
+    Stale {
+        /// The entity's current version.
+        current: u64,
+    },
+    /// New event, same version as the current one: recorded as handled.
+    SameVersion,
+    /// The event key was seen before: nothing changed.
+    DuplicateEvent,
+}
+
+/// One event handed back by the sequencer, in order.
+///
+/// # Examples
+/// See [`Sequenced`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    /// Its sequence number.
+    pub seq: u64,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// The answer of [`Store::sequence`].
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Key, Sequenced, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let acct = Key::new("bank", "acct-1");
+/// assert_eq!(store.sequence(&acct, 2, b"second")?, Sequenced::Parked);
+/// let Sequenced::Delivered(events) = store.sequence(&acct, 1, b"first")? else { unreachable!() };
+/// let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+/// assert_eq!(seqs, [1, 2]);
+/// assert_eq!(store.sequence(&acct, 1, b"first")?, Sequenced::Duplicate);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sequenced {
+    /// This event and the parked successors it unblocked, in order. Handle
+    /// them all before acknowledging this event upstream: the parked ones
+    /// were acknowledged when they were parked.
+    Delivered(Vec<Delivered>),
+    /// Early: parked durably until its predecessor lands.
+    Parked,
+    /// Already delivered, parked or held.
+    Duplicate,
+}
+
+/// An event in the holding area: its gap stayed open longer than
+/// `max_hold`.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Key, ManualClock, Store};
+/// # use std::time::Duration;
+/// # let dir = tempfile::tempdir().unwrap();
+/// let clock = ManualClock::new(1_700_000_000_000);
+/// let store = Store::builder().clock(clock.clone()).max_hold(Duration::from_secs(60)).open(dir.path().join("s.redb"))?;
+/// let acct = Key::new("bank", "acct-1");
+/// store.sequence(&acct, 3, b"third")?;
+/// clock.advance(Duration::from_secs(61));
+/// store.sweep_parked()?;
+/// let held = store.held(&acct)?;
+/// assert_eq!(held[0].seq, 3);
+/// assert_eq!(held[0].reason, "predecessor 1 missing since 2023-11-14T22:13:20Z");
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Held {
+    /// Its sequence number.
+    pub seq: u64,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// The sequence number that never came.
+    pub missing: u64,
+    /// Since when it has been missing.
+    pub since: SystemTime,
+    /// "predecessor N missing since T", for people.
+    pub reason: String,
+}
+
+/// An entity's state in the index.
+#[derive(Debug, Clone)]
+pub(crate) struct Entity {
+    pub hash: KeyHash,
+    pub key: Key<'static>,
+    /// Bucket and row of the latest core record.
+    pub bucket: u64,
+    pub row: u64,
+    pub version: Option<u64>,
+    /// Next expected sequence number; 0 means "no sequencer state" (1 is
+    /// expected).
+    pub next: u64,
+    /// When the current gap opened (0: none).
+    pub gap_since: u64,
+    pub parked: BTreeMap<u64, Stored>,
+    pub held: BTreeMap<u64, Stored>,
+}
+
+/// A parked or held event: its payload, when it was parked (or, held, the
+/// missing predecessor and since when), and the bucket of its record.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub payload: Vec<u8>,
+    pub aux: u64,
+    pub aux2: u64,
+    pub bucket: u64,
+}
+
+impl Entity {
+    pub(crate) fn new(hash: KeyHash, key: &Key<'_>) -> Entity {
+        Entity {
+            hash,
+            key: key.clone().into_owned(),
+            bucket: 0,
+            row: 0,
+            version: None,
+            next: 0,
+            gap_since: 0,
+            parked: BTreeMap::new(),
+            held: BTreeMap::new(),
+        }
+    }
+
+    fn expected(&self) -> u64 {
+        self.next.max(1)
+    }
+
+    /// Drops parked and held events the core state has consumed.
+    pub(crate) fn trim(&mut self) {
+        let next = self.expected();
+        self.parked = self.parked.split_off(&next);
+        self.held = self.held.split_off(&next);
+    }
+
+    pub(crate) fn has_events(&self) -> bool {
+        !self.parked.is_empty() || !self.held.is_empty()
+    }
+}
+
+fn record<'a>(kind: Kind, key: &'a Key<'_>, at: u64, expires: u64) -> RecordRef<'a> {
+    RecordRef {
+        kind,
+        idx: 0,
+        at,
+        expires,
+        scope: key.scope(),
+        id: key.id(),
+        attempt: 0,
+        token: 0,
+        first_at: 0,
+        lease_until: 0,
+        params: 0,
+        outcome_tag: TAG_RAW,
+        outcome: &[],
+    }
+}
+
+impl Inner {
+    fn entity_expiry(&self, now: u64) -> u64 {
+        now.saturating_add(self.cfg.entity_retention_ms)
+    }
+
+    /// Appends the entity's core record; the bucket never moves earlier.
+    pub(crate) fn log_core(&self, batch: &mut Batch, e: &mut Entity, now: u64) -> u64 {
+        let g = self.cfg.granularity_ms;
+        let key = e.key.clone();
+        let mut rec = record(Kind::Entity, &key, now, self.entity_expiry(now));
+        rec.token = e.version.map_or(0, |v| v.saturating_add(1));
+        rec.first_at = e.next;
+        rec.lease_until = e.gap_since;
+        let bucket = (rec.expires / g).max(e.bucket);
+        rec.expires = rec.expires.max(bucket.saturating_mul(g));
+        let row = batch.push(bucket, &mut rec);
+        e.bucket = bucket;
+        e.row = row;
+        row
+    }
+
+    /// Appends a Park or Hold record for `seq`; returns its bucket.
+    pub(crate) fn log_event(
+        &self,
+        batch: &mut Batch,
+        key: &Key<'_>,
+        kind: Kind,
+        seq: u64,
+        ev: &Stored,
+        now: u64,
+    ) -> u64 {
+        let g = self.cfg.granularity_ms;
+        let mut rec = record(kind, key, now, self.entity_expiry(now));
+        rec.token = seq;
+        rec.first_at = ev.aux;
+        rec.lease_until = ev.aux2;
+        rec.outcome = &ev.payload;
+        let bucket = rec.expires / g;
+        batch.push(bucket, &mut rec);
+        bucket
+    }
+
+    /// Moves every parked event of `e` to the holding area if its gap has
+    /// been open longer than `max_hold`. Returns how many moved.
+    fn hold_overdue(&self, batch: &mut Batch, e: &mut Entity, now: u64) -> usize {
+        if e.parked.is_empty()
+            || e.gap_since == 0
+            || now.saturating_sub(e.gap_since) <= self.cfg.max_hold_ms
+        {
+            return 0;
+        }
+        let missing = e.expected();
+        let since = e.gap_since;
+        let key = e.key.clone();
+        let parked = std::mem::take(&mut e.parked);
+        let n = parked.len();
+        for (seq, mut ev) in parked {
+            ev.aux = missing;
+            ev.aux2 = since;
+            ev.bucket = self.log_event(batch, &key, Kind::Hold, seq, &ev, now);
+            tracing::warn!(key = %key, seq, missing, "dedupkv: event held, its predecessor is missing");
+            e.held.insert(seq, ev);
+        }
+        n
+    }
+}
+
+impl Store {
+    fn entity_hash(&self, entity: &Key<'_>) -> Result<KeyHash> {
+        self.inner.check_key(entity)?;
+        Ok(self.inner.hasher.hash_entity(entity.scope(), entity.id()))
+    }
+
+    /// Compares `version` with the entity's recorded version and advances
+    /// it if newer — atomically (under the entity's shard lock) and durably
+    /// (one commit) before answering.
+    ///
+    /// Versions are any `u64` that grows with each change of the entity: a
+    /// per-entity sequence or revision counter, an upstream `updated_at` in
+    /// microseconds (ties between two updates in the same microsecond are
+    /// then answered `Duplicate`), or a logical clock such as a Lamport
+    /// timestamp shifted left with a writer id in the low bits so no two
+    /// writers produce the same value. An entity whose state expired
+    /// (after `entity_retention`) accepts its next version as the first.
+    ///
+    /// # Concurrent calls on the same entity
+    /// They are linearized: each sees the version left by the previous one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a key over
+    /// the limits; [`Error::Poisoned`](crate::Error::Poisoned) after a
+    /// failed commit.
+    ///
+    /// # Examples
+    /// See [`Advance`].
+    pub fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
+        let inner = &*self.inner;
+        let h = self.entity_hash(entity)?;
+        inner.log.check()?;
+        let now = inner.now();
+        let nb = inner.bucket_of(now);
+        let mut shard = inner.index.lock(h);
+        let e = shard.entity_mut(h, nb, entity);
+        let answer = match e.version {
+            Some(cur) if version < cur => Advance::Stale { current: cur },
+            Some(cur) if version == cur => Advance::Duplicate,
+            previous => Advance::Applied { previous },
+        };
+        let row = if let Advance::Applied { .. } = answer {
+            e.version = Some(version);
+            let mut batch = inner.log.batch()?;
+            let row = inner.log_core(&mut batch, e, now);
+            drop(batch);
+            shard.counters.versions_applied += 1;
+            Some(row)
+        } else {
+            let row = e.row;
+            shard.counters.versions_stale += u64::from(matches!(answer, Advance::Stale { .. }));
+            drop(shard);
+            inner.settle_seen(row)?;
+            return Ok(answer);
+        };
+        drop(shard);
+        if let Some(row) = row {
+            inner.log.settle(row)?;
+        }
+        Ok(answer)
+    }
+
+    /// Records an update event as handled and checks/advances its entity's
+    /// version, in one step: both decisions are made under both shard locks
+    /// and written in one commit, so an event is never recorded as processed
+    /// while its version is lost, or the reverse. A stale event is recorded
+    /// as handled (its redeliveries are cheap duplicates) and reported stale.
+    ///
+    /// # Errors
+    /// As [`advance`](Self::advance).
+    ///
+    /// # Examples
+    /// See [`Update`].
+    pub fn apply_event(&self, event: &Key<'_>, entity: &Key<'_>, version: u64) -> Result<Update> {
+        let inner = &*self.inner;
+        inner.check_key(event)?;
+        let he = inner.hasher.hash(event.scope(), event.id());
+        let hn = self.entity_hash(entity)?;
+        inner.log.check()?;
+        let now = inner.now();
+        let nb = inner.bucket_of(now);
+        let (sa, sb) = (inner.index.shard_of(he), inner.index.shard_of(hn));
+        let (answer, row) = if sa == sb {
+            let mut shard = inner.index.lock_shard(sa);
+            decide_event(
+                inner, &mut shard, None, event, he, entity, hn, version, now, nb,
+            )?
+        } else {
+            // Lock in shard order so two such calls never deadlock.
+            let (mut ev, mut en) = if sa < sb {
+                let ev = inner.index.lock_shard(sa);
+                (ev, inner.index.lock_shard(sb))
+            } else {
+                let en = inner.index.lock_shard(sb);
+                (inner.index.lock_shard(sa), en)
+            };
+            decide_event(
+                inner,
+                &mut ev,
+                Some(&mut en),
+                event,
+                he,
+                entity,
+                hn,
+                version,
+                now,
+                nb,
+            )?
+        };
+        if matches!(answer, Update::DuplicateEvent) {
+            inner.settle_seen(row)?;
+        } else {
+            inner.log.settle(row)?;
+        }
+        Ok(answer)
+    }
+
+    /// Feeds one event of a gapless per-entity sequence (1, 2, 3, …) and
+    /// returns what is now deliverable in order.
+    ///
+    /// - The next expected event: [`Sequenced::Delivered`] with it and every
+    ///   parked (or held) successor it unblocks; the entity moves on.
+    /// - An early event: parked durably ([`Sequenced::Parked`]) until its
+    ///   predecessor lands. If the gap stays open longer than `max_hold`,
+    ///   the parked events move to the holding area ([`Store::held`]) with
+    ///   the reason "predecessor N missing since T"; they are never dropped.
+    /// - An old or repeated event: [`Sequenced::Duplicate`].
+    ///
+    /// A new entity expects 1. If an entity's state expired (no event for
+    /// `entity_retention`), it starts again at 1: a later number waits, is
+    /// held after `max_hold`, and [`release_held`](Self::release_held)
+    /// accepts it as the new start.
+    ///
+    /// # Errors
+    /// As [`advance`](Self::advance), and
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a payload over
+    /// `max_outcome_len`.
+    ///
+    /// # Examples
+    /// See [`Sequenced`].
+    pub fn sequence(&self, entity: &Key<'_>, seq: u64, payload: &[u8]) -> Result<Sequenced> {
+        let inner = &*self.inner;
+        let h = self.entity_hash(entity)?;
+        inner.check_payload(payload)?;
+        inner.log.check()?;
+        let now = inner.now();
+        let nb = inner.bucket_of(now);
+        let mut shard = inner.index.lock(h);
+        let e = shard.entity_mut(h, nb, entity);
+        let mut batch = inner.log.batch()?;
+        let moved = inner.hold_overdue(&mut batch, e, now);
+        let next = e.expected();
+        let answer = if seq < next || e.parked.contains_key(&seq) || e.held.contains_key(&seq) {
+            Sequenced::Duplicate
+        } else if seq == next {
+            let mut out = vec![Delivered {
+                seq,
+                payload: payload.to_vec(),
+            }];
+            let mut n = seq + 1;
+            while let Some(ev) = e.parked.remove(&n).or_else(|| e.held.remove(&n)) {
+                out.push(Delivered {
+                    seq: n,
+                    payload: ev.payload,
+                });
+                n += 1;
+            }
+            e.next = n;
+            e.gap_since = if e.parked.is_empty() { 0 } else { now };
+            Sequenced::Delivered(out)
+        } else {
+            if e.gap_since == 0 {
+                e.gap_since = now;
+            }
+            let ev = Stored {
+                payload: payload.to_vec(),
+                aux: now,
+                aux2: 0,
+                bucket: 0,
+            };
+            let key = e.key.clone();
+            let bucket = inner.log_event(&mut batch, &key, Kind::Park, seq, &ev, now);
+            e.parked.insert(seq, Stored { bucket, ..ev });
+            if e.next == 0 {
+                e.next = 1;
+            }
+            Sequenced::Parked
+        };
+        let row = if matches!(answer, Sequenced::Duplicate) && moved == 0 {
+            let row = e.row;
+            drop(batch);
+            shard.counters.seq_duplicates += 1;
+            drop(shard);
+            inner.settle_seen(row)?;
+            return Ok(answer);
+        } else {
+            inner.log_core(&mut batch, e, now)
+        };
+        drop(batch);
+        match &answer {
+            Sequenced::Delivered(v) => shard.counters.seq_delivered += v.len() as u64,
+            Sequenced::Parked => shard.counters.seq_parked += 1,
+            Sequenced::Duplicate => shard.counters.seq_duplicates += 1,
+        }
+        shard.counters.seq_held += moved as u64;
+        drop(shard);
+        inner.log.settle(row)?;
+        Ok(answer)
+    }
+
+    /// The entity's events in the holding area, in sequence order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a key over
+    /// the limits.
+    ///
+    /// # Examples
+    /// See [`Held`].
+    pub fn held(&self, entity: &Key<'_>) -> Result<Vec<Held>> {
+        let inner = &*self.inner;
+        let h = self.entity_hash(entity)?;
+        let nb = inner.bucket_of(inner.now());
+        let shard = inner.index.lock(h);
+        let Some(e) = shard.entity(h, nb) else {
+            return Ok(Vec::new());
+        };
+        Ok(e.held
+            .iter()
+            .map(|(seq, ev)| Held {
+                seq: *seq,
+                payload: ev.payload.clone(),
+                missing: ev.aux,
+                since: to_system_time(ev.aux2),
+                reason: format!("predecessor {} missing since {}", ev.aux, rfc3339(ev.aux2)),
+            })
+            .collect())
+    }
+
+    /// Gives up waiting for missing predecessors: delivers every held and
+    /// parked event of the entity in sequence order (gaps and all), and
+    /// moves the entity past the last one.
+    ///
+    /// # Errors
+    /// As [`advance`](Self::advance).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, ManualClock, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).max_hold(Duration::from_secs(60)).open(dir.path().join("s.redb"))?;
+    /// let acct = Key::new("bank", "acct-1");
+    /// store.sequence(&acct, 7, b"seventh")?; // 1..=6 never come
+    /// clock.advance(Duration::from_secs(61));
+    /// store.sweep_parked()?;
+    /// let out = store.release_held(&acct)?;
+    /// assert_eq!(out[0].seq, 7);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
+        let inner = &*self.inner;
+        let h = self.entity_hash(entity)?;
+        inner.log.check()?;
+        let now = inner.now();
+        let nb = inner.bucket_of(now);
+        let mut shard = inner.index.lock(h);
+        let e = shard.entity_mut(h, nb, entity);
+        if e.held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut all = std::mem::take(&mut e.held);
+        all.append(&mut e.parked);
+        let out: Vec<Delivered> = all
+            .into_iter()
+            .map(|(seq, ev)| Delivered {
+                seq,
+                payload: ev.payload,
+            })
+            .collect();
+        e.next = out.last().map_or(e.expected(), |d| d.seq + 1);
+        e.gap_since = 0;
+        let row = {
+            let mut batch = inner.log.batch()?;
+            inner.log_core(&mut batch, e, now)
+        };
+        shard.counters.seq_delivered += out.len() as u64;
+        drop(shard);
+        inner.log.settle(row)?;
+        Ok(out)
+    }
+
+    /// Moves parked events whose gap has been open longer than `max_hold`
+    /// to the holding area, for every entity; returns how many moved. The
+    /// background evictor runs it on every tick; `sequence` does it for its
+    /// own entity.
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`](crate::Error::Poisoned) after a failed commit.
+    ///
+    /// # Examples
+    /// See [`Held`].
+    pub fn sweep_parked(&self) -> Result<usize> {
+        self.inner.sweep_parked()
+    }
+}
+
+impl Inner {
+    pub(crate) fn sweep_parked(&self) -> Result<usize> {
+        self.log.check()?;
+        let now = self.now();
+        let mut moved = 0;
+        let mut last_row = 0;
+        for i in 0..self.cfg.shards {
+            let mut shard = self.index.lock_shard(i);
+            let mut batch = self.log.batch()?;
+            let mut here = 0;
+            for e in shard.entities_with_events() {
+                let n = self.hold_overdue(&mut batch, e, now);
+                if n > 0 {
+                    last_row = last_row.max(self.log_core(&mut batch, e, now));
+                    here += n;
+                }
+            }
+            drop(batch);
+            shard.counters.seq_held += here as u64;
+            moved += here;
+        }
+        if last_row > 0 {
+            self.log.settle(last_row)?;
+        }
+        Ok(moved)
+    }
+}
+
+/// Applies a replayed entity record (recovery, in log order).
+pub(crate) fn apply_entity_record(
+    shard: &mut Shard,
+    h: KeyHash,
+    bucket: u64,
+    row: u64,
+    rec: &RecordRef<'_>,
+) {
+    let key = Key::new(rec.scope, rec.id);
+    let e = shard.entity_mut(h, 0, &key);
+    let stored = |aux2| Stored {
+        payload: rec.outcome.to_vec(),
+        aux: rec.first_at,
+        aux2,
+        bucket,
+    };
+    match rec.kind {
+        Kind::Entity => {
+            e.version = rec.token.checked_sub(1);
+            e.next = rec.first_at;
+            e.gap_since = rec.lease_until;
+            e.bucket = bucket;
+            e.row = row;
+        }
+        Kind::Park => {
+            e.held.remove(&rec.token);
+            e.parked.insert(rec.token, stored(0));
+        }
+        Kind::Hold => {
+            e.parked.remove(&rec.token);
+            e.held.insert(rec.token, stored(rec.lease_until));
+        }
+        _ => {}
+    }
+}
+
+/// Decides an update event under its shard lock(s): `en` is the entity's
+/// shard when it differs from the event's.
+#[allow(clippy::too_many_arguments)]
+fn decide_event(
+    inner: &Inner,
+    ev: &mut Shard,
+    en: Option<&mut Shard>,
+    event: &Key<'_>,
+    he: KeyHash,
+    entity: &Key<'_>,
+    hn: KeyHash,
+    version: u64,
+    now: u64,
+    nb: u64,
+) -> Result<(Update, u64)> {
+    if let Some(slot) = Inner::live(ev, he, nb) {
+        ev.counters.duplicates += 1;
+        return Ok((Update::DuplicateEvent, slot.row(inner.log.open_row())));
+    }
+    let mut batch = inner.log.batch()?;
+    let mut row = inner.append_insert(ev, &mut batch, he, event, now);
+    ev.counters.new_keys += 1;
+    let en: &mut Shard = match en {
+        Some(s) => s,
+        None => ev,
+    };
+    let e = en.entity_mut(hn, nb, entity);
+    let answer = match e.version {
+        Some(cur) if version < cur => Update::Stale { current: cur },
+        Some(cur) if version == cur => Update::SameVersion,
+        previous => Update::Applied { previous },
+    };
+    if let Update::Applied { .. } = answer {
+        e.version = Some(version);
+        row = row.max(inner.log_core(&mut batch, e, now));
+        en.counters.versions_applied += 1;
+    } else {
+        en.counters.versions_stale += u64::from(matches!(answer, Update::Stale { .. }));
+    }
+    Ok((answer, row))
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for a time in Unix milliseconds.
+pub(crate) fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+    }
+}

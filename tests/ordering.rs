@@ -1,0 +1,327 @@
+//! Ordering: the version gate, dedup + version in one step, the sequencer.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use dedupkv::{Advance, Key, ManualClock, Result, Sequenced, Store, StoreBuilder, Update};
+use proptest::prelude::*;
+
+mod common;
+
+const T0: u64 = 1_700_000_040_000;
+const MIN: Duration = Duration::from_secs(60);
+
+fn builder(clock: &ManualClock) -> StoreBuilder {
+    Store::builder()
+        .clock(clock.clone())
+        .retention(60 * MIN)
+        .entity_retention(24 * 60 * MIN)
+        .max_hold(5 * MIN)
+        .background_eviction(false)
+}
+
+/// One delivery of an update event: (event id, entity, version, value).
+type Delivery = (u32, u8, u64, u32);
+
+fn history() -> impl Strategy<Value = (Vec<Delivery>, HashMap<u8, u32>)> {
+    // 1-4 entities, each with 1-12 versioned updates; each update delivered
+    // 1-3 times; the whole stream shuffled.
+    proptest::collection::vec(1usize..12, 1..4)
+        .prop_flat_map(|lens| {
+            let mut updates = Vec::new();
+            let mut event = 0u32;
+            for (entity, n) in lens.iter().enumerate() {
+                for v in 1..=*n as u64 {
+                    updates.push((event, entity as u8, v * 10, event * 7 + 1));
+                    event += 1;
+                }
+            }
+            let copies = proptest::collection::vec(1usize..=3, updates.len());
+            (Just(updates), copies)
+        })
+        .prop_flat_map(|(updates, copies)| {
+            let mut stream = Vec::new();
+            let mut last: HashMap<u8, (u64, u32)> = HashMap::new();
+            for (u, c) in updates.iter().zip(copies) {
+                for _ in 0..c {
+                    stream.push(*u);
+                }
+                let e = last.entry(u.1).or_insert((0, 0));
+                if u.2 > e.0 {
+                    *e = (u.2, u.3);
+                }
+            }
+            let expected = last.into_iter().map(|(k, (_, val))| (k, val)).collect();
+            (Just(stream).prop_shuffle(), Just(expected))
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Applying only what the engine calls `Applied` gives the in-order
+    /// result, and no stale update is ever applied.
+    #[test]
+    fn shuffled_duplicated_updates_converge_to_the_in_order_state((stream, expected) in history()) {
+        let clock = ManualClock::new(T0);
+        let store = builder(&clock).open_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let mut state: HashMap<u8, (u64, u32)> = HashMap::new();
+        let mut seen_events = HashSet::new();
+        for (event, entity, version, value) in stream {
+            let ev = format!("evt-{event}");
+            let en = format!("entity-{entity}");
+            let answer = store.apply_event(&Key::new("t", &ev), &Key::new("t", &en), version).unwrap();
+            let first_time = seen_events.insert(event);
+            let cur = state.get(&entity).map(|s| s.0);
+            match answer {
+                Update::Applied { previous } => {
+                    prop_assert!(first_time);
+                    prop_assert_eq!(previous, cur);
+                    prop_assert!(cur.is_none_or(|c| version > c), "stale update applied");
+                    state.insert(entity, (version, value));
+                }
+                Update::Stale { current } => {
+                    prop_assert!(first_time);
+                    prop_assert_eq!(Some(current), cur);
+                    prop_assert!(version < current);
+                }
+                Update::SameVersion => prop_assert!(first_time && cur == Some(version)),
+                Update::DuplicateEvent => prop_assert!(!first_time),
+                other => prop_assert!(false, "unexpected {:?}", other),
+            }
+            clock.advance(Duration::from_millis(10)); // delays between deliveries
+        }
+        let got: HashMap<u8, u32> = state.into_iter().map(|(k, (_, v))| (k, v)).collect();
+        prop_assert_eq!(got, expected);
+    }
+
+    /// Random permutations of 1..=N with duplicates come out as exactly
+    /// 1..=N, across a crash and reopen in the middle.
+    #[test]
+    fn the_sequencer_delivers_exactly_in_order_across_a_crash(
+        order in (2u64..40).prop_flat_map(|n| Just((1..=n).collect::<Vec<u64>>()).prop_shuffle()),
+        dups in proptest::collection::vec(0usize..40, 0..10),
+        crash_at in 0usize..40,
+    ) {
+        let clock = ManualClock::new(T0);
+        let n = order.len() as u64;
+        let mut stream = order.clone();
+        for d in dups {
+            let at = d % stream.len();
+            stream.insert(at, order[d % order.len()]);
+        }
+        let backend = common::CrashBackend::new();
+        let mut store = builder(&clock).open_with_backend(backend.clone()).unwrap();
+        let mut crashed = Vec::new();
+        let acct = Key::new("bank", "acct");
+        let mut delivered = Vec::new();
+        for (i, seq) in stream.iter().enumerate() {
+            if i == crash_at {
+                // A power cut: reopen from the synced bytes only; the old
+                // store is abandoned, not closed.
+                let image = backend.crash_image();
+                crashed.push(std::mem::replace(
+                    &mut store,
+                    builder(&clock).open_with_backend(image).unwrap(),
+                ));
+            }
+            let payload = format!("p{seq}");
+            match store.sequence(&acct, *seq, payload.as_bytes()).unwrap() {
+                Sequenced::Delivered(evs) => {
+                    for e in evs {
+                        prop_assert_eq!(e.payload, format!("p{}", e.seq).into_bytes());
+                        delivered.push(e.seq);
+                    }
+                }
+                Sequenced::Parked | Sequenced::Duplicate => {}
+                other => prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+        prop_assert_eq!(delivered, (1..=n).collect::<Vec<_>>());
+        prop_assert_eq!(store.stats().parked_now, 0);
+    }
+}
+
+#[test]
+fn the_version_gate_rejects_stale_versions_and_survives_reopen() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let path = dir.path().join("s.redb");
+    let order = Key::new("shop", "order-1");
+    {
+        let store = builder(&clock).open(&path)?;
+        assert_eq!(
+            store.advance(&order, 1_700_000_000_000_001)?,
+            Advance::Applied { previous: None }
+        );
+        assert_eq!(
+            store.advance(&order, 1_700_000_000_000_900)?,
+            Advance::Applied {
+                previous: Some(1_700_000_000_000_001)
+            }
+        );
+    }
+    let store = builder(&clock).open(&path)?;
+    assert_eq!(
+        store.advance(&order, 1_700_000_000_000_500)?,
+        Advance::Stale {
+            current: 1_700_000_000_000_900
+        }
+    );
+    assert_eq!(
+        store.advance(&order, 1_700_000_000_000_900)?,
+        Advance::Duplicate
+    );
+    // An entity and an event key with the same scope and id are different things.
+    assert!(store.insert_if_absent(&order)?);
+    assert_eq!(store.stats().versions_stale, 1);
+    Ok(())
+}
+
+#[test]
+fn an_expired_entity_accepts_its_next_version_as_first() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock).open(dir.path().join("s.redb"))?;
+    let e = Key::new("t", "e");
+    store.advance(&e, 100)?;
+    clock.advance(25 * 60 * MIN); // past the entity retention (24 h)
+    assert_eq!(store.advance(&e, 3)?, Advance::Applied { previous: None });
+    store.evict_expired()?;
+    assert_eq!(store.advance(&e, 2)?, Advance::Stale { current: 3 });
+    Ok(())
+}
+
+#[test]
+fn a_gap_past_max_hold_lands_in_the_holding_area_with_its_reason() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let acct = Key::new("bank", "acct-9");
+    {
+        let store = builder(&clock).open(&path)?;
+        assert_eq!(
+            store.sequence(&acct, 1, b"one")?,
+            Sequenced::Delivered(vec![dedupkv::Delivered {
+                seq: 1,
+                payload: b"one".to_vec()
+            }])
+        );
+        assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Parked);
+        assert_eq!(store.sequence(&acct, 4, b"four")?, Sequenced::Parked);
+        clock.advance(6 * MIN);
+        assert_eq!(store.sweep_parked()?, 2);
+        let held = store.held(&acct)?;
+        assert_eq!(held.iter().map(|h| h.seq).collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(held[0].missing, 2);
+        assert!(
+            held[0]
+                .reason
+                .starts_with("predecessor 2 missing since 2023-11-14T22:14"),
+            "{}",
+            held[0].reason
+        );
+        assert_eq!(store.stats().held_now, 2);
+    }
+    // Held events survive a reopen and a day of evictions (carried forward).
+    let store = builder(&clock).open(&path)?;
+    for _ in 0..30 {
+        clock.advance(60 * MIN);
+        store.evict_expired()?;
+    }
+    drop(store);
+    let store = builder(&clock).open(&path)?;
+    assert_eq!(store.held(&acct)?.len(), 2);
+    // The predecessor finally arrives: everything flows, in order.
+    let Sequenced::Delivered(out) = store.sequence(&acct, 2, b"two")? else {
+        panic!("expected delivery")
+    };
+    assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [2, 3, 4]);
+    assert!(store.held(&acct)?.is_empty());
+    assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Duplicate);
+    Ok(())
+}
+
+#[test]
+fn release_held_gives_up_on_the_missing_predecessor() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock).open(dir.path().join("s.redb"))?;
+    let acct = Key::new("bank", "acct-2");
+    store.sequence(&acct, 5, b"five")?;
+    store.sequence(&acct, 6, b"six")?;
+    store.sequence(&acct, 9, b"nine")?;
+    clock.advance(6 * MIN);
+    // `sequence` moves overdue events itself, before handling the new one.
+    assert_eq!(store.sequence(&acct, 8, b"eight")?, Sequenced::Parked);
+    assert_eq!(store.held(&acct)?.len(), 3);
+    let out = store.release_held(&acct)?;
+    // Held 5, 6, 9 and parked 8, in order; 1-4 and 7 never came.
+    assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [5, 6, 8, 9]);
+    assert_eq!(store.stats().parked_now + store.stats().held_now, 0);
+    assert_eq!(
+        store.sequence(&acct, 10, b"ten")?,
+        Sequenced::Delivered(vec![dedupkv::Delivered {
+            seq: 10,
+            payload: b"ten".to_vec()
+        }])
+    );
+    assert_eq!(store.sequence(&acct, 8, b"eight")?, Sequenced::Duplicate);
+    Ok(())
+}
+
+#[test]
+fn racing_versions_of_one_entity_linearize() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path().join("s.redb"))?;
+    let e = Key::new("t", "hot");
+    let answers: Vec<(u64, Advance)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (store, e) = (&store, &e);
+                s.spawn(move || {
+                    (0..50u64)
+                        .map(|i| {
+                            let v = (i * 8 + t) * 7 % 400 + 1; // versions interleave across threads
+                            (v, store.advance(e, v).expect("advance"))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .flat_map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let max = answers.iter().map(|(v, _)| *v).max().expect("answers");
+    // The applied versions form one chain from None, each link increasing.
+    let mut links: BTreeMap<Option<u64>, u64> = BTreeMap::new();
+    for (v, a) in &answers {
+        match a {
+            Advance::Applied { previous } => {
+                assert!(previous.is_none_or(|p| p < *v));
+                assert!(
+                    links.insert(*previous, *v).is_none(),
+                    "two updates applied over {previous:?}"
+                );
+            }
+            Advance::Stale { current } => assert!(current > v),
+            Advance::Duplicate => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let mut cur = None;
+    let mut steps = 0;
+    while let Some(next) = links.get(&cur) {
+        cur = Some(*next);
+        steps += 1;
+    }
+    assert_eq!(
+        steps,
+        links.len(),
+        "the applied versions do not form one chain"
+    );
+    assert_eq!(cur, Some(max));
+    assert_eq!(store.advance(&e, max)?, Advance::Duplicate);
+    Ok(())
+}
