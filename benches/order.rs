@@ -5,6 +5,8 @@
 //! `cargo bench --bench order` (`DEDUPKV_ORDER_ENTITIES`, default 1,000,000;
 //! `DEDUPKV_ORDER_SECS` per figure, default 3).
 #![allow(missing_docs, clippy::unwrap_used, clippy::cast_precision_loss)]
+// n, s, v, i, e: the usual names in a numeric bench loop.
+#![allow(clippy::many_single_char_names)]
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,17 +75,17 @@ fn main() {
         }
         store.flush().unwrap();
     }
-    let t = Instant::now();
+    let opened = Instant::now();
     let store = Store::open(&path).unwrap();
-    let reopen = t.elapsed();
+    let reopen = opened.elapsed();
     let version = AtomicU64::new(2);
     let stale = AtomicU64::new(0);
-    let advance_rate = timed(threads, secs, &|t, i| {
-        let mut s = (t as u64) << 32 | i;
+    let advance_rate = timed(threads, secs, &|thread, i| {
+        let mut s = (thread as u64) << 32 | i;
         let r = splitmix(&mut s);
         let e = entity(r % n);
         // 10% of updates carry an old version.
-        let v = if r % 10 == 0 {
+        let v = if r.is_multiple_of(10) {
             1
         } else {
             version.fetch_add(1, Ordering::Relaxed)
@@ -97,12 +99,12 @@ fn main() {
     // Sequencer: each thread feeds its own entities 1, 2, 3, ... with 5% of
     // adjacent pairs swapped.
     let delivered = AtomicU64::new(0);
-    let seq_rate = timed(threads, secs, &|t, i| {
-        let ent = format!("stream-{t}-{}", i / 1_000);
+    let seq_rate = timed(threads, secs, &|thread, i| {
+        let ent = format!("stream-{thread}-{}", i / 1_000);
         let pos = i % 1_000 + 1;
         let mut s = i / 2;
-        let swap = splitmix(&mut s) % 20 == 0 && pos < 1_000; // pair (2k+1, 2k+2)
-        let seq = if swap && pos % 2 == 1 {
+        let swap = splitmix(&mut s).is_multiple_of(20) && pos < 1_000; // pair (2k+1, 2k+2)
+        let seq = if swap && !pos.is_multiple_of(2) {
             pos + 1
         } else if swap_prev(i) {
             pos - 1
@@ -143,9 +145,9 @@ fn main() {
 /// Whether op `i` is the second half of a swapped pair.
 fn swap_prev(i: u64) -> bool {
     let pos = i % 1_000 + 1;
-    if pos % 2 == 1 {
+    if !pos.is_multiple_of(2) {
         return false;
     }
     let mut s = (i - 1) / 2;
-    splitmix(&mut s) % 20 == 0
+    splitmix(&mut s).is_multiple_of(20)
 }
