@@ -36,6 +36,7 @@ pub(crate) struct Config {
     pub max_retry_window_ms: Option<u64>,
     pub entity_retention_ms: u64,
     pub max_hold_ms: u64,
+    pub compact_when_free: Option<f64>,
 }
 
 /// Settings for [`Store`], made by [`Store::builder`].
@@ -82,6 +83,7 @@ impl Default for StoreBuilder {
                 max_retry_window_ms: None,
                 entity_retention_ms: 7 * 24 * 3_600_000,
                 max_hold_ms: 5 * 60_000,
+                compact_when_free: Some(0.5),
             },
             clock: Arc::new(SystemClock),
         }
@@ -358,6 +360,27 @@ impl StoreBuilder {
         self
     }
 
+    /// The background evictor compacts the file when more than this fraction
+    /// of it is free (and it is at least 64 MiB); `None` never compacts by
+    /// itself ([`Store::compact`] still does). Default: `Some(0.5)`. Space
+    /// freed by eviction is reused by later commits either way, so under
+    /// steady churn the file stops growing; compaction gives it back after
+    /// the store shrinks.
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] outside `0.0..1.0`.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().compact_when_free(Some(0.3)).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn compact_when_free(mut self, fraction: Option<f64>) -> Self {
+        self.cfg.compact_when_free = fraction;
+        self
+    }
+
     /// Opens the store at `path`, creating it if it does not exist, and
     /// rebuilds the index from its log.
     ///
@@ -426,6 +449,11 @@ impl StoreBuilder {
                  a redelivery after the retention would be handled twice",
                 c.retention_ms
             ));
+        }
+        if let Some(f) = c.compact_when_free
+            && !(0.0..1.0).contains(&f)
+        {
+            return bad(format!("compact_when_free must be in 0.0..1.0, not {f}"));
         }
         if c.entity_retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
             return bad(format!(

@@ -131,7 +131,8 @@ from_redb!(
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
-    redb::CommitError
+    redb::CommitError,
+    redb::CompactionError
 );
 
 /// Renders a key for error messages: `scope/id`, with non-printable bytes escaped.

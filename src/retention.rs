@@ -146,7 +146,44 @@ impl Inner {
     }
 }
 
+/// Files smaller than this are never compacted automatically.
+const COMPACT_MIN_FILE: u64 = 64 << 20;
+
 impl Inner {
+    /// Compacts the file if more than `compact_when_free` of it is free
+    /// (and it is at least 64 MiB). Returns whether it compacted.
+    pub(crate) fn maybe_compact(&self) -> Result<bool> {
+        let (Some(path), Some(threshold)) = (&self.path, self.cfg.compact_when_free) else {
+            return Ok(false);
+        };
+        let file = std::fs::metadata(path).map_or(0, |m| m.len());
+        if file < COMPACT_MIN_FILE {
+            return Ok(false);
+        }
+        let used = {
+            let db = self.log.db();
+            let txn = db.begin_write()?;
+            let st = txn.stats()?;
+            txn.abort()?;
+            st.allocated_pages() * st.page_size() as u64
+        };
+        // Per-mille, in integers: exact enough for a threshold.
+        let free =
+            1.0 - f64::from(u32::try_from(used.min(file) * 1000 / file).unwrap_or(1000)) / 1000.0;
+        if free <= threshold {
+            return Ok(false);
+        }
+        let t = std::time::Instant::now();
+        let done = self.log.compact()?;
+        tracing::info!(
+            free_fraction = free,
+            file_bytes = file,
+            took_ms = t.elapsed().as_millis() as u64,
+            "dedupkv compacted its file"
+        );
+        Ok(done)
+    }
+
     /// Handles one entity record of the bucket being evicted: an entity
     /// whose latest core record is here is removed, unless it still has
     /// parked or held events; then its core record, like the record of any
@@ -213,7 +250,11 @@ impl Evictor {
                         }
                     }
                     let Some(inner) = inner.upgrade() else { return };
-                    if let Err(e) = inner.evict().and_then(|_| inner.sweep_parked()) {
+                    let pass = inner
+                        .evict()
+                        .and_then(|_| inner.sweep_parked())
+                        .and_then(|_| inner.maybe_compact());
+                    if let Err(e) = pass {
                         tracing::warn!(error = %e, "dedupkv background eviction failed");
                         if matches!(e, crate::Error::Poisoned(_)) {
                             return;

@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     /// One eviction pass at a time.
     pub(crate) evicting: crate::sync::Mutex<()>,
     pub(crate) counters: StoreCounters,
+    /// The file, for a store opened by path (compaction checks its size).
+    pub(crate) path: Option<std::path::PathBuf>,
 }
 
 /// Store-wide counters that are not per shard.
@@ -108,6 +110,10 @@ impl Store {
         clock: Arc<dyn Clock>,
         location: Location,
     ) -> Result<Store> {
+        let path = match &location {
+            Location::Path(p) => Some(p.clone()),
+            Location::Backend(_) => None,
+        };
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret)
             .map_err(|e| Error::Storage(redb::Error::Io(std::io::Error::other(e.to_string()))))?;
@@ -178,6 +184,7 @@ impl Store {
             cur_bucket: AtomicU64::new(0),
             evicting: crate::sync::Mutex::new(()),
             counters: StoreCounters::default(),
+            path,
         });
         let evictor = if background {
             Some(Arc::new(Evictor::start(Arc::downgrade(&inner), tick)?))
@@ -710,6 +717,26 @@ impl Store {
         self.inner.evict()
     }
 
+    /// Compacts the store file now, giving the space freed by eviction back
+    /// to the file system. Commits wait while it runs (it needs the file to
+    /// itself), so prefer a quiet moment; the background evictor does it by
+    /// itself when more than the `compact_when_free` fraction of a file of
+    /// at least 64 MiB is free. Returns whether anything was compacted.
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`], [`Error::Storage`].
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::open(dir.path().join("s.redb"))?;
+    /// store.compact()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn compact(&self) -> Result<bool> {
+        self.inner.log.compact()
+    }
+
     /// Counters and sizes.
     ///
     /// # Examples
@@ -1048,7 +1075,7 @@ impl Inner {
     /// Reads the key's latest record from the row its slot points at.
     fn load(&self, key: &Key<'_>, bucket: u64, row: u64) -> Result<Option<Record>> {
         self.log.wait_durable(row)?;
-        let Some(bytes) = crate::log::read_row(self.log.db(), bucket, row)? else {
+        let Some(bytes) = crate::log::read_row(&self.log.db(), bucket, row)? else {
             // The bucket was evicted between the lookup and the read.
             return Ok(None);
         };

@@ -298,3 +298,28 @@ fn a_size_bound_evicts_early_and_says_so() -> Result<()> {
     store.complete(&claim, b"done")?;
     Ok(())
 }
+
+#[test]
+fn compaction_gives_space_back_after_the_store_shrinks() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock).open(&path)?;
+    let ids: Vec<String> = (0..200_000).map(|i| format!("bulk-{i}")).collect();
+    for chunk in ids.chunks(10_000) {
+        let keys: Vec<Key<'_>> = chunk.iter().map(|id| Key::new("t", id)).collect();
+        store.insert_batch(&keys)?;
+    }
+    let full = std::fs::metadata(&path).expect("file").len();
+    clock.advance(20 * MIN);
+    assert_eq!(store.evict_expired()?.keys, 200_000);
+    assert!(store.compact()?, "there was space to give back");
+    let compacted = std::fs::metadata(&path).expect("file").len();
+    assert!(compacted < full / 2, "{full} -> {compacted} bytes");
+    // Still a working store.
+    assert!(store.insert_if_absent(&Key::new("t", "after"))?);
+    drop(store);
+    let store = builder(&clock).open(&path)?;
+    assert!(!store.insert_if_absent(&Key::new("t", "after"))?);
+    Ok(())
+}

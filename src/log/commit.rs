@@ -19,7 +19,8 @@ use redb::Database;
 use super::format::{RecordRef, RowWriter};
 use super::{log_table, table_name};
 use crate::sync::{
-    Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, Receiver, Sender, bounded,
+    Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, Receiver, RwLock,
+    RwLockReadGuard, Sender, bounded,
 };
 use crate::{Durability, Error, Result};
 
@@ -70,7 +71,9 @@ struct Done {
 }
 
 struct Shared {
-    db: Database,
+    /// Read-locked by every transaction; write-locked only by compaction,
+    /// which needs the database to itself.
+    db: RwLock<Database>,
     batch: Mutex<Batch>,
     done: Mutex<Done>,
     done_cv: Condvar,
@@ -110,7 +113,7 @@ impl Log {
     ) -> Result<Log> {
         let (kick, kicked) = bounded(1);
         let shared = Arc::new(Shared {
-            db,
+            db: RwLock::new(db),
             batch: Mutex::new(Batch {
                 row: last_row + 1,
                 next_idx: 0,
@@ -148,8 +151,17 @@ impl Log {
         })
     }
 
-    pub(crate) fn db(&self) -> &Database {
-        &self.shared.db
+    pub(crate) fn db(&self) -> RwLockReadGuard<'_, Database> {
+        self.shared.db.read()
+    }
+
+    /// Compacts the file: waits for the commit in flight and pauses the
+    /// next ones (and reads from disk) until it is done. Returns whether
+    /// anything was compacted.
+    pub(crate) fn compact(&self) -> Result<bool> {
+        self.check()?;
+        let mut db = self.shared.db.write();
+        db.compact().map_err(Error::storage)
     }
 
     /// The batch to append to. Fails if the log is poisoned.
@@ -343,7 +355,8 @@ fn gather(s: &Shared, last_records: u32) {
 }
 
 fn write(s: &Shared, batch: Batch) -> Result<()> {
-    let mut txn = s.db.begin_write()?;
+    let db = s.db.read();
+    let mut txn = db.begin_write()?;
     txn.set_quick_repair(s.quick_repair);
     // Deletions first: a bucket dropped and written in one commit keeps the
     // new rows.
