@@ -60,6 +60,11 @@ pub use retention::Eviction;
 pub use stats::Stats;
 pub use store::Store;
 
+/// The README's code, compiled and run as doc tests so it cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}
+
 /// Entry points for the fuzz targets in `fuzz/`. Not part of the API: no
 /// stability promise.
 #[doc(hidden)]
