@@ -311,7 +311,15 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
         last_records = batch.next_idx;
         let dropped = batch.drop_buckets.clone();
         let written: Vec<u64> = batch.parts.iter().map(|(b, _)| *b).collect();
-        match write(s, batch) {
+        // A panic inside the storage engine must poison the store, not leave
+        // every waiter blocked forever.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(s, batch)))
+            .unwrap_or_else(|_| {
+                Err(Error::Storage(redb::Error::Io(std::io::Error::other(
+                    "the storage engine panicked during a commit",
+                ))))
+            });
+        match outcome {
             Ok(()) => {
                 {
                     let mut set = s.buckets.lock();
