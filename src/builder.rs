@@ -156,8 +156,11 @@ impl StoreBuilder {
     }
 
     /// Width of a retention time bucket; keys expire a bucket at a time.
-    /// Default: 60 s. Fixed when the file is created: reopening with a
-    /// different value is an error.
+    /// Default: 60 s; at least 1 s. Fixed when the file is created:
+    /// reopening with a different value is an error. (The index keeps 24
+    /// bits of a key's bucket, so eviction — background or
+    /// [`Store::evict_expired`] — must run at least once every 2^22 buckets:
+    /// 48 days at 1 s, 8 years at 60 s.)
     ///
     /// # Examples
     /// ```
@@ -432,8 +435,12 @@ impl StoreBuilder {
         if c.lease_ms == 0 {
             return bad("the lease must be at least 1 ms".into());
         }
-        if c.granularity_ms == 0 {
-            return bad("the bucket granularity must be at least 1 ms".into());
+        if c.granularity_ms < 1_000 {
+            return bad(format!(
+                "the bucket granularity must be at least 1 s, not {} ms: slots keep 24 bits of \
+                 their bucket, so eviction must run at least every 2^22 buckets",
+                c.granularity_ms
+            ));
         }
         if c.retention_ms < c.lease_ms {
             return bad(format!(

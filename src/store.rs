@@ -869,10 +869,12 @@ impl Inner {
 
     /// The key's slot if it has one that has not expired.
     pub(crate) fn live(shard: &Shard, h: KeyHash, now_bucket: u64) -> Option<Slot> {
-        shard
-            .get(h)
-            .copied()
-            .filter(|s| s.bucket(now_bucket) >= now_bucket)
+        shard.get(h).copied().filter(|s| {
+            let b = s.bucket(now_bucket);
+            // No live record is further out than the longest retention; a
+            // bucket that widens past it is a long-expired one wrapping.
+            b >= now_bucket && b - now_bucket < crate::index::MAX_BUCKET_SPAN
+        })
     }
 
     fn insert_record<'k>(key: &'k Key<'_>, now: u64, retention_ms: u64) -> RecordRef<'k> {
@@ -1057,6 +1059,16 @@ impl Inner {
         fingerprint: Fingerprint,
     ) -> Result<Option<Begin>> {
         let Some(rec) = self.load(key, bucket, row)? else {
+            // Its bucket was deleted under us: the key expired. Drop the
+            // slot if nobody rewrote it meanwhile, so the retry sees it
+            // absent (and the retry loop ends).
+            let mut shard = self.index.lock(h);
+            if shard
+                .get(h)
+                .is_some_and(|s| s.bucket(bucket) == bucket && s.row(row) == row)
+            {
+                shard.remove(h);
+            }
             return Ok(None);
         };
         let mut shard = self.index.lock(h);

@@ -90,10 +90,18 @@ fn bad_settings_are_refused_at_open() {
             Store::builder().bucket_granularity(Duration::ZERO),
         ),
         (
+            "granularity",
+            Store::builder().bucket_granularity(Duration::from_millis(999)),
+        ),
+        (
             "buckets",
             Store::builder()
-                .bucket_granularity(Duration::from_millis(1))
+                .bucket_granularity(Duration::from_secs(1))
                 .retention(Duration::from_secs(365 * 86_400)),
+        ),
+        (
+            "compact_when_free",
+            Store::builder().compact_when_free(Some(1.5)),
         ),
         ("max_id_len", Store::builder().max_id_len(70_000)),
         (
