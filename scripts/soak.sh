@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Crash soak: re-runs the real-process SIGKILL test (tests/crash_sigkill.rs,
+# 20 kills per round, every acknowledged key checked after each kill) for
+# SOAK_ROUNDS rounds (default 10) within SOAK_SECONDS (default 600), then
+# prints the kills survived and the acknowledged keys checked. Stops by
+# itself: at the round limit, at the time limit (the running round is cut
+# short and not counted), or at the first failing round (exit 1).
+#
+#   scripts/soak.sh
+#   SOAK_ROUNDS=100 SOAK_SECONDS=3600 scripts/soak.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=${SOAK_ROUNDS:-10}
+budget=${SOAK_SECONDS:-600}
+test_name=kills_never_lose_an_acknowledged_key
+
+echo "building the crash test (release)"
+exe=$(cargo test --release --test crash_sigkill --no-run --message-format=json \
+    | grep '"name":"crash_sigkill"' | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4 || true)
+if [[ -z $exe || ! -x $exe ]]; then
+    echo "could not find the crash_sigkill test binary" >&2
+    exit 1
+fi
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+start=$SECONDS
+kills=0
+keys=0
+done_rounds=0
+stopped_by=rounds
+for ((r = 1; r <= rounds; r++)); do
+    left=$((budget - (SECONDS - start)))
+    if ((left <= 0)); then
+        stopped_by=time
+        break
+    fi
+    round_start=$SECONDS
+    status=0
+    # timeout signals its whole process group, so a child the test spawned
+    # dies with it.
+    timeout --kill-after=10 "$left" "$exe" --exact "$test_name" --nocapture \
+        --test-threads=1 >"$logs/round" 2>&1 || status=$?
+    if ((status == 124 || status == 137)); then
+        echo "round $r: cut short by the ${budget}s limit (not counted)"
+        stopped_by=time
+        break
+    fi
+    if ((status != 0)); then
+        echo "round $r FAILED (exit $status); the end of its output:" >&2
+        tail -n 40 "$logs/round" >&2
+        exit 1
+    fi
+    line=$(grep -E '^[0-9]+ kills survived, [0-9]+ acknowledged keys checked' "$logs/round" | tail -1)
+    if [[ -z $line ]]; then
+        echo "round $r passed but printed no summary line; its output:" >&2
+        cat "$logs/round" >&2
+        exit 1
+    fi
+    read -r k _ _ n _ <<<"$line"
+    kills=$((kills + k))
+    keys=$((keys + n))
+    done_rounds=$r
+    echo "round $r: $k kills survived, $n acknowledged keys checked ($((SECONDS - round_start))s)"
+done
+
+echo "soak: $done_rounds round(s), $kills kills survived, $keys acknowledged keys checked" \
+    "in $((SECONDS - start))s (stopped at the $stopped_by limit)"

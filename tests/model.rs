@@ -1,0 +1,1089 @@
+//! Model-based test: random operation sequences run against the store and
+//! against a plain `HashMap` model of its semantics; every answer must match,
+//! across clean reopens and crashes.
+//!
+//! Time moves only through a `ManualClock`. Crashes reopen the bytes a power
+//! cut would leave (`CrashBackend::crash_image`): under
+//! `Durability::Immediate` every acknowledged write survives; claims held at
+//! the crash stay in progress until their lease lapses, and their handles are
+//! dead. The one write that is not acknowledged is the release of a dropped
+//! claim: until a later write is acknowledged, a crash may keep or lose it,
+//! and the model accepts either.
+//!
+//! Eviction runs only when an operation asks for it (`Evict`, and after
+//! every multi-day clock step, as the store requires a pass at least every
+//! 2^22 buckets); it must change no answer.
+//!
+//! `PROPTEST_CASES` overrides the number of cases (default 128).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::CrashBackend;
+use dedupkv::{Begin, Claim, Error, Failure, Fingerprint, Key, ManualClock, Record, State, Store};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+const T0: u64 = 1_700_000_000_000;
+const SCOPES: usize = 2;
+const IDS: usize = 8;
+const KEYS: usize = SCOPES * IDS;
+const FINGERPRINTS: [&str; 3] = ["", "params-1", "params-2"];
+
+type TestResult<T = ()> = Result<T, TestCaseError>;
+
+fn key(k: usize) -> Key<'static> {
+    Key::owned(
+        format!("s{}", k / IDS).into_bytes(),
+        format!("k{}", k % IDS).into_bytes(),
+    )
+}
+
+fn fingerprint(f: usize) -> Fingerprint {
+    match FINGERPRINTS[f] {
+        "" => Fingerprint::NONE,
+        s => Fingerprint::of(s),
+    }
+}
+
+fn at(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn check<T>(r: dedupkv::Result<T>, what: &str) -> TestResult<T> {
+    r.map_err(|e| TestCaseError::fail(format!("{what}: unexpected error: {e}")))
+}
+
+// ---------------------------------------------------------------- settings
+
+/// Store settings for one case, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    lease: u64,
+    retention: u64,
+    granularity: u64,
+    /// A real file (a crash then becomes a clean reopen) or a `CrashBackend`.
+    file: bool,
+}
+
+fn settings() -> impl Strategy<Value = Settings> {
+    let presets = prop::sample::select(vec![
+        // (lease, retention, granularity)
+        (30_000, 3_600_000, 60_000),
+        (30_000, 120_000, 60_000),
+        // retention == lease: a claim expires exactly at its lease end
+        (30_000, 30_000, 10_000),
+        (5_000, 20_000, 1_000),
+    ]);
+    (presets, prop::bool::weighted(0.2)).prop_map(|((lease, retention, granularity), file)| {
+        Settings {
+            lease,
+            retention,
+            granularity,
+            file,
+        }
+    })
+}
+
+// --------------------------------------------------------------------- ops
+
+/// How far to move the clock.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Millis(u64),
+    /// Whole days (up to 40: eviction must run at least every 2^22
+    /// buckets, 48 days at 1 s buckets), then an eviction pass, as the
+    /// background evictor would run.
+    Days(u64),
+    /// The lease plus this many ms (straddles the lease end).
+    NearLease(i64),
+    /// The retention plus this many ms.
+    NearRetention(i64),
+    /// To this many buckets ahead, plus this many ms around the boundary.
+    BucketEdge(u64, i64),
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(usize),
+    InsertBatch(Vec<usize>),
+    Begin(usize, usize),
+    /// Claim operations pick the held claim `n` places from the newest.
+    Complete(usize, u8),
+    FailRetryable(usize),
+    FailPermanent(usize, u8),
+    Renew(usize),
+    DropClaim(usize),
+    Get(usize),
+    Advance(Step),
+    /// `Store::evict_expired`: must change no answer.
+    Evict,
+    Flush,
+    Reopen,
+    Crash,
+}
+
+fn key_index() -> impl Strategy<Value = usize> {
+    // A few hot keys (the same id in both scopes) so operations collide.
+    prop_oneof![
+        3 => prop::sample::select(vec![0, 1, IDS, IDS + 1]),
+        2 => 0..KEYS,
+    ]
+}
+
+fn fp_index() -> impl Strategy<Value = usize> {
+    prop_oneof![6 => Just(1), 1 => Just(0), 1 => Just(2)]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0u64..5_000).prop_map(Step::Millis),
+        1 => (1u64..=40).prop_map(Step::Days),
+        2 => (-1_000i64..=1_000).prop_map(Step::NearLease),
+        1 => (-1_000i64..=1_000).prop_map(Step::NearRetention),
+        2 => (1u64..64, -1i64..=1).prop_map(|(n, d)| Step::BucketEdge(n, d)),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let sel = prop_oneof![3 => Just(0usize), 2 => 0usize..4];
+    prop_oneof![
+        3 => key_index().prop_map(Op::Insert),
+        1 => prop::collection::vec(key_index(), 0..5).prop_map(Op::InsertBatch),
+        5 => (key_index(), fp_index()).prop_map(|(k, f)| Op::Begin(k, f)),
+        3 => (sel.clone(), 0u8..3).prop_map(|(c, o)| Op::Complete(c, o)),
+        1 => sel.clone().prop_map(Op::FailRetryable),
+        1 => (sel.clone(), 0u8..3).prop_map(|(c, o)| Op::FailPermanent(c, o)),
+        1 => sel.clone().prop_map(Op::Renew),
+        2 => sel.prop_map(Op::DropClaim),
+        2 => key_index().prop_map(Op::Get),
+        4 => step().prop_map(Op::Advance),
+        1 => Just(Op::Evict),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Reopen),
+        1 => Just(Op::Crash),
+    ]
+}
+
+fn outcome(o: u8) -> Vec<u8> {
+    vec![b'o'; usize::from(o)]
+}
+
+fn payload(o: u8) -> Vec<u8> {
+    vec![b'f'; usize::from(o) + 1]
+}
+
+// ------------------------------------------------------------------- model
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Inserted,
+    Claimed,
+    Released,
+    Completed,
+    Failed,
+}
+
+/// The latest record of a key, as the model expects `get` to report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MRec {
+    kind: Kind,
+    fp: Fingerprint,
+    attempt: u32,
+    token: u64,
+    first_at: u64,
+    at: u64,
+    expires: u64,
+    bucket: u64,
+    lease_until: u64,
+    outcome: Vec<u8>,
+}
+
+impl MRec {
+    fn inserted(now: u64) -> MRec {
+        MRec {
+            kind: Kind::Inserted,
+            fp: Fingerprint::NONE,
+            attempt: 0,
+            token: 0,
+            first_at: now,
+            at: now,
+            expires: 0,
+            bucket: 0,
+            lease_until: 0,
+            outcome: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Model {
+    s: Settings,
+    keys: HashMap<usize, MRec>,
+}
+
+impl Model {
+    fn live(&self, k: usize, now: u64) -> Option<&MRec> {
+        self.keys
+            .get(&k)
+            .filter(|r| now / self.s.granularity <= r.bucket)
+    }
+
+    /// Stores `rec` as the key's latest record, written at `now` with the
+    /// natural expiry `expires`; its bucket never moves before `prev`.
+    fn write(&mut self, k: usize, mut rec: MRec, now: u64, expires: u64, prev: Option<u64>) {
+        let g = self.s.granularity;
+        rec.at = now;
+        rec.expires = expires;
+        rec.bucket = expires / g;
+        if let Some(pb) = prev
+            && pb > rec.bucket
+        {
+            rec.bucket = pb;
+            rec.expires = rec.expires.max(pb * g);
+        }
+        self.keys.insert(k, rec);
+    }
+
+    /// The highest token of any live key: fresh tokens after a reopen must
+    /// be above it.
+    fn token_floor(&self, now: u64) -> u64 {
+        (0..KEYS)
+            .filter_map(|k| self.live(k, now))
+            .map(|r| r.token)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+fn check_record(k: usize, got: &Record, want: &MRec) -> TestResult {
+    let state = match want.kind {
+        Kind::Inserted => State::Inserted,
+        Kind::Claimed => State::InProgress,
+        Kind::Released => State::Retryable,
+        Kind::Completed => State::Completed,
+        Kind::Failed => State::Failed,
+    };
+    let finished = matches!(want.kind, Kind::Completed | Kind::Failed);
+    prop_assert_eq!(got.key(), &key(k));
+    prop_assert_eq!(got.state(), state, "key {} want {:?}", k, want);
+    prop_assert_eq!(got.attempts(), want.attempt, "attempts of key {}", k);
+    prop_assert_eq!(got.token(), want.token, "token of key {}", k);
+    prop_assert_eq!(
+        got.first_seen_at(),
+        at(want.first_at),
+        "first_seen of {}",
+        k
+    );
+    prop_assert_eq!(got.updated_at(), at(want.at), "updated of key {}", k);
+    prop_assert_eq!(got.expires_at(), at(want.expires), "expires of key {}", k);
+    prop_assert_eq!(
+        got.lease_expires_at(),
+        (want.kind == Kind::Claimed).then(|| at(want.lease_until)),
+        "lease of key {}",
+        k
+    );
+    prop_assert_eq!(
+        got.fingerprint(),
+        (want.kind != Kind::Inserted).then_some(want.fp),
+        "fingerprint of key {}",
+        k
+    );
+    prop_assert_eq!(
+        got.outcome(),
+        finished.then_some(want.outcome.as_slice()),
+        "outcome of key {}",
+        k
+    );
+    prop_assert_eq!(got.is_failure(), want.kind == Kind::Failed);
+    Ok(())
+}
+
+// ----------------------------------------------------------------- harness
+
+/// A claim handle the test holds, and what the model knows about it.
+struct Held {
+    claim: Claim,
+    key: usize,
+    token: u64,
+    /// The store generation (reopen count) that issued it.
+    generation: u32,
+}
+
+enum Medium {
+    File(tempfile::TempDir),
+    Crash(CrashBackend),
+}
+
+struct Harness {
+    clock: ManualClock,
+    medium: Medium,
+    store: Option<Store>,
+    generation: u32,
+    model: Model,
+    held: Vec<Held>,
+    /// Tokens issued from now on must be above this.
+    token_floor: u64,
+    /// Keys whose latest record is the release of a dropped claim that may
+    /// not be durable yet, with the record a crash would fall back to.
+    unsettled: HashMap<usize, MRec>,
+}
+
+impl Harness {
+    fn new(s: Settings) -> TestResult<Harness> {
+        let medium = if s.file {
+            Medium::File(tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?)
+        } else {
+            Medium::Crash(CrashBackend::new())
+        };
+        let mut h = Harness {
+            clock: ManualClock::new(T0),
+            medium,
+            store: None,
+            generation: 0,
+            model: Model {
+                s,
+                keys: HashMap::new(),
+            },
+            held: Vec::new(),
+            token_floor: 0,
+            unsettled: HashMap::new(),
+        };
+        h.open(None)?;
+        Ok(h)
+    }
+
+    fn now(&self) -> u64 {
+        dedupkv::Clock::now_millis(&self.clock)
+    }
+
+    fn store(&self) -> &Store {
+        self.store.as_ref().expect("store is open")
+    }
+
+    fn open(&mut self, image: Option<CrashBackend>) -> TestResult {
+        let s = self.model.s;
+        let builder = Store::builder()
+            .clock(self.clock.clone())
+            .shards(4)
+            // Eviction runs only when the ops say so, so a case replays
+            // exactly.
+            .background_eviction(false)
+            .lease(Duration::from_millis(s.lease))
+            .retention(Duration::from_millis(s.retention))
+            .bucket_granularity(Duration::from_millis(s.granularity));
+        let store = match (&mut self.medium, image) {
+            (Medium::File(dir), _) => builder.open(dir.path().join("model.redb")),
+            (Medium::Crash(backend), Some(image)) => {
+                *backend = image;
+                builder.open_with_backend(backend.clone())
+            }
+            (Medium::Crash(backend), None) => builder.open_with_backend(backend.clone()),
+        };
+        self.store = Some(check(store, "open")?);
+        self.generation += 1;
+        self.token_floor = self.model.token_floor(self.now());
+        Ok(())
+    }
+
+    /// A write was acknowledged: every earlier record is durable too.
+    fn settled(&mut self) {
+        self.unsettled.clear();
+    }
+
+    fn apply(&mut self, op: &Op) -> TestResult {
+        match op {
+            Op::Insert(k) => self.insert(*k),
+            Op::InsertBatch(ks) => self.insert_batch(ks),
+            Op::Begin(k, f) => self.begin(*k, *f),
+            Op::Complete(..) | Op::FailRetryable(_) | Op::FailPermanent(..) => self.finish(op),
+            Op::Renew(c) => self.renew(*c),
+            Op::DropClaim(c) => {
+                self.drop_claim(*c);
+                Ok(())
+            }
+            Op::Get(k) => self.get(*k),
+            Op::Advance(step) => self.advance(*step),
+            Op::Evict => {
+                check(self.store().evict_expired(), "evict_expired")?;
+                Ok(())
+            }
+            Op::Flush => {
+                check(self.store().flush(), "flush")?;
+                self.settled();
+                Ok(())
+            }
+            Op::Reopen => self.reopen(),
+            Op::Crash => self.crash(),
+        }
+    }
+
+    fn insert(&mut self, k: usize) -> TestResult {
+        let now = self.now();
+        let got = check(self.store().insert_if_absent(&key(k)), "insert_if_absent")?;
+        let want = self.model.live(k, now).is_none();
+        prop_assert_eq!(got, want, "insert_if_absent of key {}", k);
+        if want {
+            let expires = now + self.model.s.retention;
+            self.model.write(k, MRec::inserted(now), now, expires, None);
+            self.settled();
+        }
+        Ok(())
+    }
+
+    fn insert_batch(&mut self, ks: &[usize]) -> TestResult {
+        let now = self.now();
+        let keys: Vec<Key<'static>> = ks.iter().map(|&k| key(k)).collect();
+        let got = check(self.store().insert_batch(&keys), "insert_batch")?;
+        let mut want = Vec::with_capacity(ks.len());
+        for &k in ks {
+            let new = self.model.live(k, now).is_none();
+            if new {
+                let expires = now + self.model.s.retention;
+                self.model.write(k, MRec::inserted(now), now, expires, None);
+            }
+            want.push(new);
+        }
+        prop_assert_eq!(&got, &want, "insert_batch of keys {:?}", ks);
+        if want.contains(&true) {
+            self.settled();
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self, k: usize, f: usize) -> TestResult {
+        let now = self.now();
+        let fp = fingerprint(f);
+        let got = self.store().begin(&key(k), fp);
+        let prev = self.model.live(k, now).cloned();
+        let (attempt, first_at, prev_bucket) = match &prev {
+            None => (1, now, None),
+            Some(r) if r.kind == Kind::Inserted => {
+                let Ok(Begin::Completed(rec)) = &got else {
+                    return Err(TestCaseError::fail(format!(
+                        "begin on inserted key {k}: want Completed, got {got:?}"
+                    )));
+                };
+                return check_record(k, rec, r);
+            }
+            Some(r) if r.fp != fp => {
+                let Err(Error::FingerprintMismatch {
+                    recorded,
+                    requested,
+                    ..
+                }) = &got
+                else {
+                    return Err(TestCaseError::fail(format!(
+                        "begin on key {k} with another fingerprint: got {got:?}"
+                    )));
+                };
+                prop_assert_eq!(*recorded, r.fp);
+                prop_assert_eq!(*requested, fp);
+                return Ok(());
+            }
+            Some(r) if matches!(r.kind, Kind::Completed | Kind::Failed) => {
+                let Ok(Begin::Completed(rec)) = &got else {
+                    return Err(TestCaseError::fail(format!(
+                        "begin on finished key {k}: want Completed, got {got:?}"
+                    )));
+                };
+                return check_record(k, rec, r);
+            }
+            Some(r) if r.kind == Kind::Claimed && now < r.lease_until => {
+                let Ok(Begin::InProgress(info)) = &got else {
+                    return Err(TestCaseError::fail(format!(
+                        "begin on claimed key {k}: want InProgress, got {got:?}"
+                    )));
+                };
+                prop_assert_eq!(info.attempt(), r.attempt);
+                prop_assert_eq!(info.lease_expires_at(), at(r.lease_until));
+                prop_assert_eq!(info.first_seen_at(), at(r.first_at));
+                return Ok(());
+            }
+            // Released, or claimed with a lapsed lease: a new attempt.
+            Some(r) => (r.attempt + 1, r.first_at, Some(r.bucket)),
+        };
+        let Ok(Begin::Started(claim)) = got else {
+            return Err(TestCaseError::fail(format!(
+                "begin on key {k} (model {prev:?}): want Started, got {got:?}"
+            )));
+        };
+        let lease_until = now + self.model.s.lease;
+        prop_assert_eq!(claim.key(), &key(k));
+        prop_assert_eq!(claim.attempt(), attempt);
+        prop_assert_eq!(claim.lease_expires_at(), at(lease_until));
+        prop_assert!(
+            claim.token() > self.token_floor,
+            "token {} not above {}",
+            claim.token(),
+            self.token_floor
+        );
+        self.token_floor = claim.token();
+        let rec = MRec {
+            kind: Kind::Claimed,
+            fp,
+            attempt,
+            token: claim.token(),
+            first_at,
+            lease_until,
+            ..MRec::inserted(now)
+        };
+        let expires = (now + self.model.s.retention).max(lease_until);
+        self.model.write(k, rec, now, expires, prev_bucket);
+        self.held.push(Held {
+            key: k,
+            token: claim.token(),
+            generation: self.generation,
+            claim,
+        });
+        self.settled();
+        Ok(())
+    }
+
+    fn pick(&self, n: usize) -> Option<usize> {
+        (!self.held.is_empty()).then(|| self.held.len() - 1 - n % self.held.len())
+    }
+
+    /// The model record of the key a held claim is for, if that claim is
+    /// still the key's active claim.
+    fn active(&self, i: usize) -> Option<MRec> {
+        let h = &self.held[i];
+        if h.generation != self.generation {
+            return None; // issued by a store that was closed or crashed
+        }
+        self.model
+            .live(h.key, self.now())
+            .filter(|r| r.kind == Kind::Claimed && r.token == h.token)
+            .cloned()
+    }
+
+    fn finish(&mut self, op: &Op) -> TestResult {
+        let (Op::Complete(n, _) | Op::FailRetryable(n) | Op::FailPermanent(n, _)) = op else {
+            unreachable!("not a finishing op")
+        };
+        let Some(i) = self.pick(*n) else {
+            return Ok(());
+        };
+        let now = self.now();
+        let (store, claim) = (self.store(), &self.held[i].claim);
+        let (got, kind, bytes) = match op {
+            Op::Complete(_, o) => (
+                store.complete(claim, &outcome(*o)),
+                Kind::Completed,
+                outcome(*o),
+            ),
+            Op::FailPermanent(_, o) => (
+                store.fail(claim, Failure::Permanent(&payload(*o))),
+                Kind::Failed,
+                payload(*o),
+            ),
+            _ => (
+                store.fail(claim, Failure::Retryable),
+                Kind::Released,
+                Vec::new(),
+            ),
+        };
+        let k = self.held[i].key;
+        let Some(prev) = self.active(i) else {
+            prop_assert!(
+                matches!(got, Err(Error::ClaimLost { .. })),
+                "{:?} with a stale claim on key {}: got {:?}",
+                op,
+                k,
+                got
+            );
+            return Ok(());
+        };
+        check(got, "complete/fail")?;
+        let rec = MRec {
+            kind,
+            outcome: bytes,
+            ..prev.clone()
+        };
+        let expires = now + self.model.s.retention;
+        self.model.write(k, rec, now, expires, Some(prev.bucket));
+        self.settled();
+        Ok(())
+    }
+
+    fn renew(&mut self, n: usize) -> TestResult {
+        let Some(i) = self.pick(n) else {
+            return Ok(());
+        };
+        let now = self.now();
+        let got = self.store().renew(&self.held[i].claim);
+        let k = self.held[i].key;
+        let Some(prev) = self.active(i) else {
+            prop_assert!(
+                matches!(got, Err(Error::ClaimLost { .. })),
+                "renew with a stale claim on key {}: got {:?}",
+                k,
+                got
+            );
+            return Ok(());
+        };
+        let until = check(got, "renew")?;
+        let lease_until = now + self.model.s.lease;
+        prop_assert_eq!(until, at(lease_until));
+        prop_assert_eq!(self.held[i].claim.lease_expires_at(), at(lease_until));
+        let rec = MRec {
+            lease_until,
+            ..prev.clone()
+        };
+        let expires = (now + self.model.s.retention).max(lease_until);
+        self.model.write(k, rec, now, expires, Some(prev.bucket));
+        self.settled();
+        Ok(())
+    }
+
+    /// Dropping an unfinished, active claim releases the key (without
+    /// waiting for the record to be durable).
+    fn drop_claim(&mut self, n: usize) {
+        let Some(i) = self.pick(n) else { return };
+        let now = self.now();
+        let prev = self.active(i);
+        let held = self.held.remove(i);
+        drop(held.claim);
+        if let Some(prev) = prev {
+            let rec = MRec {
+                kind: Kind::Released,
+                ..prev.clone()
+            };
+            let expires = now + self.model.s.retention;
+            self.model
+                .write(held.key, rec, now, expires, Some(prev.bucket));
+            self.unsettled.entry(held.key).or_insert(prev);
+        }
+    }
+
+    fn get(&mut self, k: usize) -> TestResult {
+        let got = check(self.store().get(&key(k)), "get")?;
+        match (got, self.model.live(k, self.now())) {
+            (None, None) => Ok(()),
+            (Some(rec), Some(want)) => check_record(k, &rec, want),
+            (got, want) => Err(TestCaseError::fail(format!(
+                "get of key {k}: store {got:?}, model {want:?}"
+            ))),
+        }
+    }
+
+    fn advance(&mut self, step: Step) -> TestResult {
+        let s = self.model.s;
+        let now = self.now();
+        let by = match step {
+            Step::Millis(ms) => ms,
+            Step::Days(d) => d * 86_400_000,
+            Step::NearLease(d) => s.lease.saturating_add_signed(d),
+            Step::NearRetention(d) => s.retention.saturating_add_signed(d),
+            Step::BucketEdge(n, d) => ((now / s.granularity + n) * s.granularity)
+                .saturating_add_signed(d)
+                .saturating_sub(now),
+        };
+        self.clock.advance(Duration::from_millis(by));
+        if matches!(step, Step::Days(_)) {
+            check(self.store().evict_expired(), "evict_expired")?;
+        }
+        Ok(())
+    }
+
+    /// Closes the store cleanly (everything acknowledged or not is
+    /// committed) and opens it again. Held claims become dead handles.
+    fn reopen(&mut self) -> TestResult {
+        self.store = None;
+        self.settled();
+        self.open(None)?;
+        self.check_all()
+    }
+
+    /// Reopens from what a power cut would leave.
+    fn crash(&mut self) -> TestResult {
+        let image = match &self.medium {
+            Medium::Crash(backend) => backend.crash_image(),
+            Medium::File(_) => return self.reopen(),
+        };
+        self.store = None;
+        self.open(Some(image))?;
+        // A dropped claim's release that was not yet durable may be lost:
+        // accept either record, and go on from the one the store has.
+        let unsettled = std::mem::take(&mut self.unsettled);
+        for (k, fallback) in unsettled {
+            let got = check(self.store().get(&key(k)), "get")?;
+            let now = self.now();
+            let released = self.model.live(k, now).cloned();
+            let fallback = Some(fallback).filter(|r| now / self.model.s.granularity <= r.bucket);
+            let matches = |want: &Option<MRec>| match (&got, want) {
+                (None, None) => true,
+                (Some(rec), Some(want)) => check_record(k, rec, want).is_ok(),
+                _ => false,
+            };
+            if !matches(&released) {
+                prop_assert!(
+                    matches(&fallback),
+                    "after a crash key {} is {:?}; model {:?} or {:?}",
+                    k,
+                    got,
+                    released,
+                    fallback
+                );
+                match fallback {
+                    Some(f) => self.model.keys.insert(k, f),
+                    None => self.model.keys.remove(&k),
+                };
+            }
+        }
+        self.token_floor = self.model.token_floor(self.now());
+        self.check_all()
+    }
+
+    /// Every key of the pool answers `get` as the model says.
+    fn check_all(&mut self) -> TestResult {
+        for k in 0..KEYS {
+            self.get(k)?;
+        }
+        Ok(())
+    }
+}
+
+fn run(s: Settings, ops: &[Op]) -> TestResult {
+    let mut h = Harness::new(s)?;
+    for op in ops {
+        h.apply(op)?;
+    }
+    h.check_all()?;
+    // Claims still held are released (or, if dead, dropped) before the
+    // store closes.
+    h.held.clear();
+    h.store = None;
+    Ok(())
+}
+
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
+    ProptestConfig {
+        cases,
+        // Shrunk failures are copied into this file as plain tests instead.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn store_matches_the_model(s in settings(), ops in prop::collection::vec(op(), 1..=60)) {
+        run(s, &ops)?;
+    }
+}
+
+// ------------------------------------------------------------- regressions
+
+fn settings_for_regressions() -> Settings {
+    Settings {
+        lease: 30_000,
+        retention: 3_600_000,
+        granularity: 60_000,
+        file: false,
+    }
+}
+
+/// A claim held at a crash survives it: in progress until its lease lapses,
+/// then taken over as attempt 2; the old handle is dead.
+#[test]
+fn crash_keeps_a_held_claim_in_progress_until_its_lease_lapses() -> TestResult {
+    run(
+        settings_for_regressions(),
+        &[
+            Op::Begin(0, 1),
+            Op::Crash,
+            Op::Begin(0, 1),
+            Op::Complete(0, 1),
+            Op::Renew(0),
+            Op::Advance(Step::NearLease(0)),
+            Op::Begin(0, 1),
+            Op::Complete(0, 2),
+            Op::Complete(1, 1),
+            Op::Get(0),
+            Op::Reopen,
+            Op::Begin(0, 1),
+        ],
+    )
+}
+
+/// A dropped claim is released without waiting for durability: a crash
+/// right after it may lose the release (the model accepts either).
+#[test]
+fn crash_right_after_dropping_a_claim() -> TestResult {
+    run(
+        settings_for_regressions(),
+        &[
+            Op::Begin(1, 2),
+            Op::DropClaim(0),
+            Op::Crash,
+            Op::Begin(1, 2),
+            Op::Begin(1, 1),
+            Op::Advance(Step::NearLease(1)),
+            Op::Begin(1, 2),
+            Op::FailPermanent(0, 0),
+            Op::Begin(1, 2),
+        ],
+    )
+}
+
+/// A key's records expire a bucket at a time, claims included.
+#[test]
+fn keys_expire_at_the_end_of_their_bucket() -> TestResult {
+    run(
+        settings_for_regressions(),
+        &[
+            Op::Insert(0),
+            Op::Begin(8, 1),
+            Op::Advance(Step::NearRetention(0)),
+            Op::Insert(0),
+            Op::Get(8),
+            Op::Renew(0),
+            Op::Advance(Step::BucketEdge(1, 0)),
+            Op::Insert(0),
+            Op::Renew(0),
+            Op::Begin(8, 2),
+            Op::Crash,
+            Op::Insert(0),
+        ],
+    )
+}
+
+/// Shrunk from a long-idle variant of `store_matches_the_model`:
+/// `Insert(8), Advance(Days(98)), Insert(8)` with 1 s buckets answered
+/// `false` (other runs: a `Begin` failing with `Error::Corrupt`, a claim
+/// whose key had expired completing). The index keeps 24 bits of a key's
+/// bucket, widened against the current bucket; a slot left 2^23 buckets
+/// without eviction widened into the future. Fixed in f13f568 (a widened
+/// bucket more than the longest retention ahead counts as expired; eviction
+/// must run at least every 2^22 buckets, which the model's multi-day steps
+/// honour).
+#[test]
+fn expired_key_stays_expired_after_a_long_idle_period() -> dedupkv::Result<()> {
+    let clock = ManualClock::new(T0);
+    let store = Store::builder()
+        .clock(clock.clone())
+        .retention(Duration::from_secs(3_600))
+        .bucket_granularity(Duration::from_secs(1))
+        .background_eviction(false)
+        .open_with_backend(redb::backends::InMemoryBackend::new())?;
+    let (a, b, c) = (Key::new("t", "a"), Key::new("t", "b"), Key::new("t", "c"));
+    assert!(store.insert_if_absent(&a)?);
+    assert!(store.insert_if_absent(&b)?);
+    let Begin::Started(zombie) = store.begin(&c, Fingerprint::NONE)? else {
+        panic!("a new key starts")
+    };
+    clock.advance(Duration::from_secs(98 * 86_400)); // > 2^23 s, no eviction
+    assert!(store.get(&a)?.is_none());
+    assert!(store.insert_if_absent(&a)?, "an expired key is new again");
+    assert!(matches!(
+        store.begin(&b, Fingerprint::NONE)?,
+        Begin::Started(_)
+    ));
+    assert!(
+        matches!(
+            store.complete(&zombie, b"late"),
+            Err(Error::ClaimLost { .. })
+        ),
+        "the claim's key expired 98 days ago"
+    );
+    Ok(())
+}
+
+/// `Claim::token` promises tokens "unique per attempt, increasing across the
+/// store". At open the token counter restarts above the highest token of
+/// the records replayed, and records in expired buckets are not replayed:
+/// once every record carrying the highest token has expired, a reopen hands
+/// out the same tokens again (here 1, then 1).
+#[test]
+#[ignore = "bug: fencing tokens are reissued after a reopen once the records holding them expired"]
+fn tokens_are_not_reissued_after_their_records_expire() -> dedupkv::Result<()> {
+    let clock = ManualClock::new(T0);
+    let backend = CrashBackend::new();
+    let open = || {
+        Store::builder()
+            .clock(clock.clone())
+            .retention(Duration::from_secs(3_600))
+            .open_with_backend(backend.clone())
+    };
+    let first = {
+        let store = open()?;
+        let Begin::Started(c) = store.begin(&Key::new("t", "a"), Fingerprint::NONE)? else {
+            panic!("a new key starts")
+        };
+        store.complete(&c, b"")?;
+        c.token()
+    };
+    clock.advance(Duration::from_secs(2 * 3_600));
+    let store = open()?;
+    let Begin::Started(c) = store.begin(&Key::new("t", "b"), Fingerprint::NONE)? else {
+        panic!("a new key starts")
+    };
+    store.complete(&c, b"")?;
+    assert!(c.token() > first, "token {} after {first}", c.token());
+    Ok(())
+}
+
+/// A backend that panics on every write once armed: a stand-in for a panic
+/// anywhere in the commit path (redb 4.6 panics instead of erroring on some
+/// damaged pages, which the `open_file` fuzz target hits in the committer).
+#[derive(Debug, Clone, Default)]
+struct PanickyBackend {
+    mem: std::sync::Arc<redb::backends::InMemoryBackend>,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl redb::StorageBackend for PanickyBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        self.mem.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.mem.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.mem.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.mem.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        let armed = self.armed.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(!armed, "injected panic in the storage layer");
+        self.mem.write(offset, data)
+    }
+}
+
+/// Opens a store on a `PanickyBackend`, arms it, and returns both.
+fn poisoned_by_a_panic() -> dedupkv::Result<(Store, PanickyBackend)> {
+    let backend = PanickyBackend::default();
+    let store = Store::builder()
+        .background_eviction(false)
+        .open_with_backend(backend.clone())?;
+    backend
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    Ok((store, backend))
+}
+
+/// Found with the `open_file` fuzz target: a damaged file that opens, then
+/// redb panics inside `commit` (`bitmap.rs:315`/`:366`) on the committer
+/// thread. The committer died without poisoning the log, so the caller
+/// waiting for its record, and every later writer, blocked forever. Fixed
+/// in 8279fac: the panic poisons the store.
+#[test]
+fn a_panic_in_the_commit_path_fails_writers_instead_of_hanging_them() -> dedupkv::Result<()> {
+    let (store, _backend) = poisoned_by_a_panic()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = store.clone();
+    std::thread::spawn(move || {
+        let first = writer.insert_if_absent(&Key::new("t", "a")).is_err();
+        let second = writer.insert_if_absent(&Key::new("t", "b")).is_err();
+        let _ = tx.send((first, second));
+    });
+    // A bound on a hang, not a sleep: the answers are expected at once.
+    let answer = rx.recv_timeout(Duration::from_secs(10));
+    assert_eq!(answer, Ok((true, true)), "writes must fail, not hang");
+    // Dropping it panics: see the next test.
+    std::mem::forget(store);
+    Ok(())
+}
+
+/// After a panic inside redb's commit (caught by the committer since
+/// 8279fac), redb's internal mutexes are poisoned; dropping the `Store`
+/// drops the `Database`, whose `close` unwraps one of them
+/// (`cached_file.rs:473`), so the drop panics (an abort if it happens while
+/// unwinding). A store poisoned by a panic should close without touching
+/// redb again (or leak the `Database`).
+#[test]
+#[ignore = "bug: dropping a store whose commit panicked panics inside redb's Database::drop"]
+fn dropping_a_store_poisoned_by_a_panic_does_not_panic() -> dedupkv::Result<()> {
+    let (store, _backend) = poisoned_by_a_panic()?;
+    assert!(store.insert_if_absent(&Key::new("t", "a")).is_err());
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(store)));
+    assert!(dropped.is_ok(), "dropping the poisoned store panicked");
+    Ok(())
+}
+
+/// Found with the `open_file` fuzz target (its first crash: one bit flip
+/// in `fuzz/seed/store.redb` at offset 8491). redb 4.6 decodes the type
+/// names of its own system tables with `str::from_utf8(..).unwrap()`
+/// (`types.rs:109`), so one flipped bit in such a name panics: at open in a
+/// build with debug assertions, on `Store` drop (redb's closing commit)
+/// without. The root cause is redb's (it trusts page contents outside
+/// `Database::check_integrity`, see cberner/redb#1330 and #1334); the
+/// documented contract here is an `Error` for a file that cannot be used.
+/// Every crash the fuzz target found (66 inputs in 150 s) is a panic inside
+/// redb: `btree_cursor.rs:167`, `btree.rs:1110`, `types.rs:47`
+/// (`unreachable!`), `bitmap.rs:315`/`:366`, `btree_base.rs:283`/`:686`,
+/// `page_manager.rs:369`/`:1797`/`:2296`, `types.rs:109`.
+#[test]
+#[ignore = "bug: one flipped bit in a redb system-table name panics (inside redb) instead of an error"]
+fn a_damaged_file_is_an_error_not_a_panic() -> dedupkv::Result<()> {
+    let backend = CrashBackend::new();
+    drop(Store::builder().open_with_backend(backend.clone())?);
+    let image = backend.crash_image();
+    let size = redb::StorageBackend::len(&image).map_err(|e| Error::Storage(e.into()))?;
+    let mut bytes = vec![0u8; usize::try_from(size).expect("small file")];
+    redb::StorageBackend::read(&image, 0, &mut bytes).map_err(|e| Error::Storage(e.into()))?;
+    // Damage every copy of one name (only some copies are live).
+    let name = b"TransactionIdWithPagination";
+    let mut damaged = 0;
+    for at in 0..bytes.len().saturating_sub(name.len()) {
+        if &bytes[at..at + name.len()] == name {
+            let at = at + 17; // the 'P', made invalid UTF-8
+            let offset = u64::try_from(at).expect("small file");
+            redb::StorageBackend::write(&image, offset, &[bytes[at] ^ 0x80])
+                .map_err(|e| Error::Storage(e.into()))?;
+            damaged += 1;
+        }
+    }
+    assert!(
+        damaged > 0,
+        "redb stores its system table type names in the file"
+    );
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Store::builder().open_with_backend(image.clone()).map(drop)
+    }));
+    assert!(
+        outcome.is_ok(),
+        "opening and closing a damaged file panicked"
+    );
+    Ok(())
+}
+
+/// Shrunk from `store_matches_the_model` (a harness bug, kept as a
+/// regression): a claim is dropped just before its key would expire, the
+/// release moves the key to a later bucket, and a crash loses that release;
+/// the claim record left behind has already expired, so the key is absent.
+#[test]
+fn crash_loses_a_release_whose_claim_has_expired() -> TestResult {
+    run(
+        Settings {
+            lease: 30_000,
+            retention: 120_000,
+            granularity: 60_000,
+            file: false,
+        },
+        &[
+            Op::Advance(Step::BucketEdge(1, 0)),
+            Op::Advance(Step::NearLease(0)),
+            Op::Advance(Step::NearLease(0)),
+            Op::Advance(Step::NearLease(0)),
+            Op::Advance(Step::NearLease(-1)),
+            Op::Insert(0),
+            Op::Begin(1, 1),
+            Op::Advance(Step::NearRetention(0)),
+            Op::DropClaim(0),
+            Op::Advance(Step::NearLease(0)),
+            Op::Crash,
+        ],
+    )
+}
