@@ -55,6 +55,8 @@ pub(crate) struct Inner {
     clock: Arc<dyn Clock>,
     pub(crate) cfg: Config,
     tokens: AtomicU64,
+    /// Tokens below this are reserved by the persisted floor.
+    token_limit: AtomicU64,
     /// The latest bucket `bucket_of` computed.
     cur_bucket: AtomicU64,
     /// One eviction pass at a time.
@@ -160,6 +162,10 @@ impl Store {
             }
         }
         delete_buckets(&db, &replayed.expired)?;
+        // Fencing tokens never repeat, even once the records that held them
+        // expired: continue above the persisted floor, and reserve a block.
+        let first_token = (max_token + 1).max(crate::log::token_floor(&db)?);
+        crate::log::write_token_floor(&db, first_token + TOKEN_BLOCK)?;
         tracing::debug!(
             records = replayed.records,
             expired_buckets = replayed.expired.len(),
@@ -180,7 +186,8 @@ impl Store {
             hasher: meta.hasher,
             clock,
             cfg,
-            tokens: AtomicU64::new(max_token + 1),
+            tokens: AtomicU64::new(first_token),
+            token_limit: AtomicU64::new(first_token + TOKEN_BLOCK),
             cur_bucket: AtomicU64::new(0),
             evicting: crate::sync::Mutex::new(()),
             counters: StoreCounters::default(),
@@ -455,6 +462,14 @@ impl Store {
         };
         let row = {
             let mut batch = inner.log.batch()?;
+            // Tokens are reserved in blocks: the first token at or past the
+            // reserved limit persists a higher floor in this very commit, so
+            // no token is handed out (durably) before its reservation is.
+            if token >= inner.token_limit.load(Ordering::Acquire) {
+                let limit = token + TOKEN_BLOCK;
+                inner.token_limit.fetch_max(limit, Ordering::AcqRel);
+                batch.raise_token_floor(limit);
+            }
             inner.append(
                 &mut shard,
                 &mut batch,
@@ -791,6 +806,9 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         shard.remove_pending(h);
     }
 }
+
+/// Fencing tokens reserved per persisted floor.
+const TOKEN_BLOCK: u64 = 1 << 20;
 
 fn mismatch(key: &Key<'_>, recorded: Fingerprint, requested: Fingerprint) -> Error {
     Error::FingerprintMismatch {

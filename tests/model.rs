@@ -904,7 +904,6 @@ fn expired_key_stays_expired_after_a_long_idle_period() -> dedupkv::Result<()> {
 /// once every record carrying the highest token has expired, a reopen hands
 /// out the same tokens again (here 1, then 1).
 #[test]
-#[ignore = "bug: fencing tokens are reissued after a reopen once the records holding them expired"]
 fn tokens_are_not_reissued_after_their_records_expire() -> dedupkv::Result<()> {
     let clock = ManualClock::new(T0);
     let backend = CrashBackend::new();

@@ -39,13 +39,21 @@ pub(crate) struct Batch {
     parts: Vec<(u64, RowWriter)>,
     /// Bucket tables to delete in this commit, before its rows are written.
     drop_buckets: Vec<u64>,
+    /// A new fencing-token floor to persist with this commit.
+    token_floor: Option<u64>,
 }
 
 impl Batch {
     /// Appends a record to the part for `bucket`; returns the row number.
     /// The caller holds the key's shard lock.
     fn is_empty(&self) -> bool {
-        self.parts.is_empty() && self.drop_buckets.is_empty()
+        self.parts.is_empty() && self.drop_buckets.is_empty() && self.token_floor.is_none()
+    }
+
+    /// Persists `floor` as the lowest token a reopened store may issue,
+    /// in this commit.
+    pub(crate) fn raise_token_floor(&mut self, floor: u64) {
+        self.token_floor = Some(self.token_floor.map_or(floor, |f| f.max(floor)));
     }
 
     pub(crate) fn push(&mut self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
@@ -120,6 +128,7 @@ impl Log {
                 bytes: 0,
                 parts: Vec::new(),
                 drop_buckets: Vec::new(),
+                token_floor: None,
             }),
             done: Mutex::new(Done {
                 durable_row: last_row,
@@ -303,6 +312,7 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
                 bytes: 0,
                 parts: Vec::with_capacity(b.parts.len()),
                 drop_buckets: Vec::new(),
+                token_floor: None,
             };
             s.open_row.store(next.row, Ordering::Release);
             std::mem::replace(&mut *b, next)
@@ -366,6 +376,9 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
     let db = s.db.read();
     let mut txn = db.begin_write()?;
     txn.set_quick_repair(s.quick_repair);
+    if let Some(floor) = batch.token_floor {
+        super::put_token_floor(&txn, floor)?;
+    }
     // Deletions first: a bucket dropped and written in one commit keeps the
     // new rows.
     for bucket in &batch.drop_buckets {

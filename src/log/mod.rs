@@ -233,6 +233,31 @@ fn fixed<const N: usize>(v: &[u8], what: &str) -> Result<[u8; N]> {
         .map_err(|_| Error::Corrupt(format!("metadata entry {what:?} has the wrong size")))
 }
 
+/// The persisted floor for fencing tokens (0 for a store that has none).
+pub(crate) fn token_floor(db: &Database) -> Result<u64> {
+    let read = db.begin_read()?;
+    let table = read.open_table(META)?;
+    let Some(v) = table.get("token_floor")? else {
+        return Ok(0);
+    };
+    Ok(u64::from_le_bytes(fixed(v.value(), "token_floor")?))
+}
+
+/// Writes the fencing-token floor into an open write transaction.
+pub(crate) fn put_token_floor(txn: &redb::WriteTransaction, floor: u64) -> Result<()> {
+    let mut t = txn.open_table(META)?;
+    t.insert("token_floor", floor.to_le_bytes().as_slice())?;
+    Ok(())
+}
+
+/// Writes the fencing-token floor in its own durable commit.
+pub(crate) fn write_token_floor(db: &Database, floor: u64) -> Result<()> {
+    let txn = db.begin_write()?;
+    put_token_floor(&txn, floor)?;
+    txn.commit()?;
+    Ok(())
+}
+
 /// Reads one row from a bucket table, if it is there.
 pub(crate) fn read_row(db: &Database, bucket: u64, row: u64) -> Result<Option<Vec<u8>>> {
     let read = db.begin_read()?;
