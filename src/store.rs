@@ -107,7 +107,25 @@ impl Store {
         StoreBuilder::default()
     }
 
-    pub(crate) fn open_with(
+    pub(crate) fn open_with(cfg: Config, clock: Arc<dyn Clock>, location: Location) -> Result<Store> {
+        // redb 4.6 can panic (rather than fail) on some damaged files; a
+        // damaged file must be an error for the caller, not a crash.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Self::open_unguarded(cfg, clock, location)
+        }))
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::Corrupt(format!(
+                "the storage engine panicked while opening the file: {what}"
+            )))
+        })
+    }
+
+    fn open_unguarded(
         mut cfg: Config,
         clock: Arc<dyn Clock>,
         location: Location,

@@ -1024,7 +1024,6 @@ fn dropping_a_store_poisoned_by_a_panic_does_not_panic() -> dedupkv::Result<()> 
 /// (`unreachable!`), `bitmap.rs:315`/`:366`, `btree_base.rs:283`/`:686`,
 /// `page_manager.rs:369`/`:1797`/`:2296`, `types.rs:109`.
 #[test]
-#[ignore = "bug: one flipped bit in a redb system-table name panics (inside redb) instead of an error"]
 fn a_damaged_file_is_an_error_not_a_panic() -> dedupkv::Result<()> {
     let backend = CrashBackend::new();
     drop(Store::builder().open_with_backend(backend.clone())?);
