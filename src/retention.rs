@@ -108,7 +108,7 @@ impl Inner {
     /// Removes from the index the keys whose latest record is in bucket `b`;
     /// returns how many.
     fn evict_index(&self, b: u64, nb: u64, now: u64, early: bool) -> Result<u64> {
-        let read = self.log.db().begin_read()?;
+        let read = self.log.db()?.begin_read()?;
         let name = table_name(b);
         let table = match read.open_table(log_table(&name)) {
             Ok(t) => t,
@@ -161,7 +161,7 @@ impl Inner {
             return Ok(false);
         }
         let used = {
-            let db = self.log.db();
+            let db = self.log.db()?;
             let txn = db.begin_write()?;
             let st = txn.stats()?;
             txn.abort()?;

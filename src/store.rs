@@ -107,7 +107,11 @@ impl Store {
         StoreBuilder::default()
     }
 
-    pub(crate) fn open_with(cfg: Config, clock: Arc<dyn Clock>, location: Location) -> Result<Store> {
+    pub(crate) fn open_with(
+        cfg: Config,
+        clock: Arc<dyn Clock>,
+        location: Location,
+    ) -> Result<Store> {
         // redb 4.6 can panic (rather than fail) on some damaged files; a
         // damaged file must be an error for the caller, not a crash.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -125,11 +129,7 @@ impl Store {
         })
     }
 
-    fn open_unguarded(
-        mut cfg: Config,
-        clock: Arc<dyn Clock>,
-        location: Location,
-    ) -> Result<Store> {
+    fn open_unguarded(mut cfg: Config, clock: Arc<dyn Clock>, location: Location) -> Result<Store> {
         let path = match &location {
             Location::Path(p) => Some(p.clone()),
             Location::Backend(_) => None,
@@ -1123,7 +1123,7 @@ impl Inner {
     /// Reads the key's latest record from the row its slot points at.
     fn load(&self, key: &Key<'_>, bucket: u64, row: u64) -> Result<Option<Record>> {
         self.log.wait_durable(row)?;
-        let Some(bytes) = crate::log::read_row(&self.log.db(), bucket, row)? else {
+        let Some(bytes) = crate::log::read_row(&*self.log.db()?, bucket, row)? else {
             // The bucket was evicted between the lookup and the read.
             return Ok(None);
         };

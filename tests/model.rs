@@ -1002,7 +1002,6 @@ fn a_panic_in_the_commit_path_fails_writers_instead_of_hanging_them() -> dedupkv
 /// unwinding). A store poisoned by a panic should close without touching
 /// redb again (or leak the `Database`).
 #[test]
-#[ignore = "bug: dropping a store whose commit panicked panics inside redb's Database::drop"]
 fn dropping_a_store_poisoned_by_a_panic_does_not_panic() -> dedupkv::Result<()> {
     let (store, _backend) = poisoned_by_a_panic()?;
     assert!(store.insert_if_absent(&Key::new("t", "a")).is_err());

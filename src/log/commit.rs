@@ -19,8 +19,8 @@ use redb::Database;
 use super::format::{RecordRef, RowWriter};
 use super::{log_table, table_name};
 use crate::sync::{
-    Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, Receiver, RwLock,
-    RwLockReadGuard, Sender, bounded,
+    Arc, AtomicBool, AtomicU64, Condvar, MappedRwLockReadGuard, Mutex, MutexGuard, Ordering,
+    Receiver, RwLock, RwLockReadGuard, Sender, bounded,
 };
 use crate::{Durability, Error, Result};
 
@@ -81,7 +81,10 @@ struct Done {
 struct Shared {
     /// Read-locked by every transaction; write-locked only by compaction,
     /// which needs the database to itself.
-    db: RwLock<Database>,
+    db: RwLock<Option<Database>>,
+    /// The storage engine panicked in a commit: its `Drop` may panic too,
+    /// so the database is leaked (the file is released at process exit).
+    panicked: AtomicBool,
     batch: Mutex<Batch>,
     done: Mutex<Done>,
     done_cv: Condvar,
@@ -121,7 +124,8 @@ impl Log {
     ) -> Result<Log> {
         let (kick, kicked) = bounded(1);
         let shared = Arc::new(Shared {
-            db: RwLock::new(db),
+            db: RwLock::new(Some(db)),
+            panicked: AtomicBool::new(false),
             batch: Mutex::new(Batch {
                 row: last_row + 1,
                 next_idx: 0,
@@ -160,8 +164,8 @@ impl Log {
         })
     }
 
-    pub(crate) fn db(&self) -> RwLockReadGuard<'_, Database> {
-        self.shared.db.read()
+    pub(crate) fn db(&self) -> Result<MappedRwLockReadGuard<'_, Database>> {
+        RwLockReadGuard::try_map(self.shared.db.read(), Option::as_ref).map_err(|_| Error::Closed)
     }
 
     /// Compacts the file: waits for the commit in flight and pauses the
@@ -170,6 +174,7 @@ impl Log {
     pub(crate) fn compact(&self) -> Result<bool> {
         self.check()?;
         let mut db = self.shared.db.write();
+        let db = db.as_mut().ok_or(Error::Closed)?;
         db.compact().map_err(Error::storage)
     }
 
@@ -277,6 +282,11 @@ impl Drop for Log {
         if let Some(h) = self.committer.take() {
             let _ = h.join();
         }
+        if self.shared.panicked.load(Ordering::Acquire)
+            && let Some(db) = self.shared.db.write().take()
+        {
+            std::mem::forget(db);
+        }
     }
 }
 
@@ -325,6 +335,7 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
         // every waiter blocked forever.
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(s, batch)))
             .unwrap_or_else(|_| {
+                s.panicked.store(true, Ordering::Release);
                 Err(Error::Storage(redb::Error::Io(std::io::Error::other(
                     "the storage engine panicked during a commit",
                 ))))
@@ -374,6 +385,7 @@ fn gather(s: &Shared, last_records: u32) {
 
 fn write(s: &Shared, batch: Batch) -> Result<()> {
     let db = s.db.read();
+    let db = db.as_ref().ok_or(Error::Closed)?;
     let mut txn = db.begin_write()?;
     txn.set_quick_repair(s.quick_repair);
     if let Some(floor) = batch.token_floor {
