@@ -10,8 +10,10 @@
 #   scripts/fuzz-smoke.sh --ignore-redb-panics
 #
 # --ignore-redb-panics: redb 4.6 panics on many damaged pages instead of
-# returning an error, so `open_file` crashes within seconds on redb's bug
-# (tests/model.rs: a_damaged_file_is_an_error_not_a_panic). This flag sets
+# returning an error. `Store::open` turns such a panic into Error::Corrupt
+# (tests/model.rs: a_damaged_file_is_an_error_not_a_panic), but libFuzzer's
+# panic hook aborts on every panic, caught or not, so `open_file` still
+# stops within seconds on redb's bug. This flag sets
 # DEDUPKV_FUZZ_IGNORE_REDB_PANICS=1: the target skips inputs that panic
 # inside redb's code and keeps searching for dedupkv's own bugs.
 #
