@@ -52,6 +52,7 @@ fn main() {
     let mut worst_during_eviction = Duration::ZERO;
     let mut worst_otherwise = Duration::ZERO;
     let mut first_window_file = 0;
+    let mut file_sizes = Vec::new();
     let mut evicted_keys = 0;
     let mut evict_secs: Vec<f64> = Vec::new();
     let start = Instant::now();
@@ -96,8 +97,12 @@ fn main() {
             }
         });
         clock.advance(Duration::from_secs(60));
+        let file = std::fs::metadata(&path).map_or(0, |m| m.len());
         if minute + 1 == window + 1 {
-            first_window_file = std::fs::metadata(&path).map_or(0, |m| m.len());
+            first_window_file = file;
+        }
+        if (minute + 1) % 5 == 0 {
+            file_sizes.push(format!("{}: {} MiB", minute + 1, file >> 20));
         }
     }
     let secs = start.elapsed().as_secs_f64();
@@ -139,6 +144,10 @@ fn main() {
         "| file size after the first window / at the end | {} MiB / {} MiB |",
         first_window_file >> 20,
         end_file >> 20
+    );
+    println!(
+        "| file size by simulated minute | {} |",
+        file_sizes.join(", ")
     );
     println!(
         "| index bytes per retained key | {:.1} |",

@@ -319,6 +319,15 @@ impl Store {
         Ok(self.inner.hasher.hash_entity(entity.scope(), entity.id()))
     }
 
+    /// What every write on an entity starts with: validate, refuse if
+    /// poisoned, hash, read the clock. Returns the hash, now and the bucket.
+    fn entity_write_start(&self, entity: &Key<'_>) -> Result<(KeyHash, u64, u64)> {
+        let h = self.entity_hash(entity)?;
+        self.inner.log.check()?;
+        let now = self.inner.now();
+        Ok((h, now, self.inner.bucket_of(now)))
+    }
+
     /// Compares `version` with the entity's recorded version and advances
     /// it if newer — atomically (under the entity's shard lock) and durably
     /// (one commit) before answering.
@@ -343,10 +352,7 @@ impl Store {
     /// See [`Advance`].
     pub fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
         let inner = &*self.inner;
-        let h = self.entity_hash(entity)?;
-        inner.log.check()?;
-        let now = inner.now();
-        let nb = inner.bucket_of(now);
+        let (h, now, nb) = self.entity_write_start(entity)?;
         let mut shard = inner.index.lock(h);
         let e = shard.entity_mut(h, nb, entity);
         let answer = match e.version {
@@ -455,11 +461,8 @@ impl Store {
     /// See [`Sequenced`].
     pub fn sequence(&self, entity: &Key<'_>, seq: u64, payload: &[u8]) -> Result<Sequenced> {
         let inner = &*self.inner;
-        let h = self.entity_hash(entity)?;
         inner.check_payload(payload)?;
-        inner.log.check()?;
-        let now = inner.now();
-        let nb = inner.bucket_of(now);
+        let (h, now, nb) = self.entity_write_start(entity)?;
         let mut shard = inner.index.lock(h);
         let e = shard.entity_mut(h, nb, entity);
         let mut batch = inner.log.batch()?;
@@ -575,10 +578,7 @@ impl Store {
     /// ```
     pub fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
         let inner = &*self.inner;
-        let h = self.entity_hash(entity)?;
-        inner.log.check()?;
-        let now = inner.now();
-        let nb = inner.bucket_of(now);
+        let (h, now, nb) = self.entity_write_start(entity)?;
         let mut shard = inner.index.lock(h);
         let e = shard.entity_mut(h, nb, entity);
         if e.held.is_empty() {

@@ -276,11 +276,7 @@ impl Store {
 
     fn insert_one(&self, key: &Key<'_>, retention_ms: u64) -> Result<bool> {
         let inner = &*self.inner;
-        inner.check_key(key)?;
-        inner.log.check()?;
-        let h = inner.hash(key);
-        let now = inner.now();
-        let nb = inner.bucket_of(now);
+        let (h, now, nb) = inner.write_start(key)?;
         let mut shard = inner.index.lock(h);
         if let Some(s) = Inner::live(&shard, h, nb) {
             let row = s.row(inner.log.open_row());
@@ -347,6 +343,8 @@ impl Store {
         let mut wait_seen = 0;
         for group in order.chunk_by(|a, b| a.0 == b.0) {
             let mut shard = inner.index.lock_shard(group[0].0 as usize);
+            let warm = group.iter().fold(0, |acc, &(_, _, h)| acc ^ shard.touch(h));
+            std::hint::black_box(warm);
             let mut batch = inner.log.batch()?;
             for &(_, i, h) in group {
                 if let Some(s) = Inner::live(&shard, h, nb) {
@@ -416,11 +414,7 @@ impl Store {
 
     fn begin_once(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Option<Begin>> {
         let inner = &*self.inner;
-        inner.check_key(key)?;
-        inner.log.check()?;
-        let h = inner.hash(key);
-        let now = inner.now();
-        let nb = inner.bucket_of(now);
+        let (h, now, nb) = inner.write_start(key)?;
         let mut shard = inner.index.lock(h);
         let slot = Inner::live(&shard, h, nb);
         let (attempt, first_at, prev_bucket) = match slot {
@@ -876,6 +870,16 @@ impl Inner {
             )));
         }
         Ok(ms)
+    }
+
+    /// What every write on an event key starts with: validate the key,
+    /// refuse if poisoned, hash it, read the clock. Returns the hash, now
+    /// and the current bucket.
+    fn write_start(&self, key: &Key<'_>) -> Result<(KeyHash, u64, u64)> {
+        self.check_key(key)?;
+        self.log.check()?;
+        let now = self.now();
+        Ok((self.hash(key), now, self.bucket_of(now)))
     }
 
     pub(crate) fn check_key(&self, key: &Key<'_>) -> Result<()> {

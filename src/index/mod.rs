@@ -47,6 +47,11 @@ impl Shard {
         self.slots.get(h)
     }
 
+    /// See [`SlotTable::touch`].
+    pub(crate) fn touch(&self, h: KeyHash) -> u64 {
+        self.slots.touch(h)
+    }
+
     pub(crate) fn get_mut(&mut self, h: KeyHash) -> Option<&mut Slot> {
         self.slots.get_mut(h)
     }
