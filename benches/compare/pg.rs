@@ -1,0 +1,152 @@
+//! PostgreSQL via the `postgres` crate: one connection per worker,
+//! `synchronous_commit=on`, `INSERT ... ON CONFLICT DO NOTHING RETURNING 1`.
+//! One key per op is one autocommit statement; a batch is one multi-row
+//! `INSERT ... SELECT unnest($1)` statement (one transaction), with its keys
+//! sorted so concurrent batches lock keys in the same order and cannot
+//! deadlock.
+
+#![allow(clippy::doc_markdown)] // product names (PostgreSQL, SQLite) are not code
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use postgres::{Client, NoTls, Statement};
+
+use crate::contender::{Contender, Instance, Key16, Result, Worker};
+
+/// The environment variable holding the server's connection string.
+pub const URL_ENV: &str = "DEDUPKV_PG_URL";
+
+static TABLES: AtomicU32 = AtomicU32::new(0);
+
+/// PostgreSQL at a connection string (`host=... port=... user=... dbname=...`).
+pub struct Postgres {
+    url: String,
+    version: String,
+}
+
+impl Postgres {
+    /// Connects once to check the server and learn its version.
+    pub fn connect(url: &str) -> Result<Self> {
+        let mut c = Client::connect(url, NoTls)?;
+        let version: String = c.query_one("SHOW server_version", &[])?.get(0);
+        Ok(Self {
+            url: url.to_owned(),
+            version,
+        })
+    }
+
+    /// Server settings that decide what a commit costs, for the report.
+    pub fn settings(&self) -> Result<String> {
+        let mut c = Client::connect(&self.url, NoTls)?;
+        let mut out = Vec::new();
+        for name in [
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "wal_sync_method",
+            "full_page_writes",
+        ] {
+            let v: String = c.query_one(&format!("SHOW {name}"), &[])?.get(0);
+            out.push(format!("{name}={v}"));
+        }
+        Ok(out.join(", "))
+    }
+}
+
+impl Contender for Postgres {
+    fn id(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn name(&self) -> String {
+        let major = self.version.split(['.', ' ']).next().unwrap_or("?");
+        format!("PostgreSQL {major}")
+    }
+
+    fn durability(&self) -> &'static str {
+        "durable: synchronous_commit=on"
+    }
+
+    fn open(&self, _expected_keys: usize) -> Result<Box<dyn Instance>> {
+        let table = format!(
+            "dedupkv_bench_{}_{}",
+            std::process::id(),
+            TABLES.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = Client::connect(&self.url, NoTls)?;
+        admin.batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table}(k bytea PRIMARY KEY, outcome bytea)"
+        ))?;
+        // Not mid-run: flush dirty pages (earlier runs) before the clock starts.
+        admin.batch_execute("CHECKPOINT")?;
+        Ok(Box::new(PgInstance {
+            url: self.url.clone(),
+            table,
+            admin: Mutex::new(admin),
+        }))
+    }
+}
+
+struct PgInstance {
+    url: String,
+    table: String,
+    admin: Mutex<Client>,
+}
+
+impl Drop for PgInstance {
+    fn drop(&mut self) {
+        if let Ok(admin) = self.admin.get_mut() {
+            let _ = admin.batch_execute(&format!("DROP TABLE IF EXISTS {}", self.table));
+        }
+    }
+}
+
+impl Instance for PgInstance {
+    fn worker(&self) -> Result<Box<dyn Worker>> {
+        let mut client = Client::connect(&self.url, NoTls)?;
+        client.batch_execute("SET synchronous_commit = on")?;
+        let t = &self.table;
+        let insert_one = client.prepare(&format!(
+            "INSERT INTO {t}(k) VALUES ($1) ON CONFLICT DO NOTHING RETURNING 1"
+        ))?;
+        let insert_many = client.prepare(&format!(
+            "INSERT INTO {t}(k) SELECT unnest($1::bytea[]) ON CONFLICT DO NOTHING RETURNING 1"
+        ))?;
+        let update = client.prepare(&format!("UPDATE {t} SET outcome = $2 WHERE k = $1"))?;
+        Ok(Box::new(PgWorker {
+            client,
+            insert_one,
+            insert_many,
+            update,
+        }))
+    }
+}
+
+struct PgWorker {
+    client: Client,
+    insert_one: Statement,
+    insert_many: Statement,
+    update: Statement,
+}
+
+impl Worker for PgWorker {
+    fn insert_batch(&mut self, keys: &[Key16]) -> Result<usize> {
+        if let [key] = keys {
+            return Ok(self.client.query(&self.insert_one, &[&&key[..]])?.len());
+        }
+        let mut sorted: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        sorted.sort_unstable();
+        Ok(self.client.query(&self.insert_many, &[&sorted])?.len())
+    }
+
+    fn begin_complete(&mut self, key: &Key16, outcome: &[u8]) -> Result<bool> {
+        let mut tx = self.client.transaction()?;
+        let new = !tx.query(&self.insert_one, &[&&key[..]])?.is_empty();
+        if new {
+            tx.execute(&self.update, &[&&key[..], &outcome])?;
+        }
+        tx.commit()?;
+        Ok(new)
+    }
+}

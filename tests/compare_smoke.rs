@@ -1,0 +1,157 @@
+//! The comparison harness of `benches/compare.rs`, run tiny: every contender
+//! reports the model's count of new keys for the same workload. PostgreSQL
+//! takes part only when `DEDUPKV_PG_URL` is set (`scripts/with-postgres.sh
+//! cargo test --test compare_smoke`).
+
+#![allow(clippy::doc_markdown)] // product names (PostgreSQL, SQLite) are not code
+
+// Shared with the bench; not every item is used here.
+#[allow(dead_code)]
+#[path = "../benches/compare/contender.rs"]
+mod contender;
+#[allow(dead_code)]
+#[path = "../benches/compare/dedup.rs"]
+mod dedup;
+#[allow(dead_code)]
+#[path = "../benches/compare/lineup.rs"]
+mod lineup;
+#[allow(dead_code)]
+#[path = "../benches/compare/memory.rs"]
+mod memory;
+#[allow(dead_code)]
+#[path = "../benches/compare/pg.rs"]
+mod pg;
+#[allow(dead_code)]
+#[path = "../benches/compare/redb_table.rs"]
+mod redb_table;
+#[allow(dead_code)]
+#[path = "../benches/compare/runner.rs"]
+mod runner;
+#[allow(dead_code)]
+#[path = "../benches/compare/sqlite.rs"]
+mod sqlite;
+#[allow(dead_code)]
+#[path = "../benches/compare/workload.rs"]
+mod workload;
+
+use std::collections::HashSet;
+
+use contender::{Contender, Result};
+use workload::{OpKind, Repeats, Spec, Workload, Zipf};
+
+fn lineup() -> Result<Vec<Box<dyn Contender>>> {
+    let l = lineup::all(lineup::pg_url_from_env().as_deref())?;
+    for s in &l.skipped {
+        println!("skip: {s}");
+    }
+    Ok(l.contenders)
+}
+
+fn spec(batch: usize, kind: OpKind, repeats: Repeats) -> Spec {
+    Spec {
+        ops: 200,
+        dup_ratio: 0.1,
+        repeats,
+        workers: 2,
+        batch,
+        kind,
+        seed: 42,
+    }
+}
+
+#[test]
+fn every_contender_reports_the_model_count() -> Result<()> {
+    let contenders = lineup()?;
+    let workloads = [
+        spec(1, OpKind::Insert, Repeats::Uniform),
+        spec(50, OpKind::Insert, Repeats::Zipf(0.99)),
+        spec(1, OpKind::BeginComplete, Repeats::Uniform),
+    ]
+    .map(Workload::generate);
+    for w in &workloads {
+        let n = w.keys.len();
+        let distinct = w.keys.iter().collect::<HashSet<_>>().len() as u64;
+        assert_eq!(w.expected_new(n), distinct);
+        assert!(distinct < n as u64, "the workload must contain duplicates");
+        for c in &contenders {
+            let inst = c.open(n)?;
+            let m = runner::run(&*inst, w, n, None)?;
+            assert_eq!(m.ops, n);
+            assert_eq!(m.expected_new, distinct);
+            assert_eq!(
+                m.new_keys,
+                distinct,
+                "{} (batch {}, {:?}) disagrees with the model",
+                c.name(),
+                w.spec.batch,
+                w.spec.kind
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_run_cut_by_its_time_budget_is_checked_on_what_it_covered() -> Result<()> {
+    let w = Workload::generate(spec(50, OpKind::Insert, Repeats::Uniform));
+    let inst = memory::Memory.open(200)?;
+    // A zero budget: each of the two workers stops after its first batch.
+    let m = runner::run(&*inst, &w, 200, Some(std::time::Duration::ZERO))?;
+    assert_eq!(m.ops, 100);
+    assert_eq!(m.latencies_ns.len(), 2);
+    assert_eq!(m.expected_new, w.expected_new(100));
+    assert_eq!(m.new_keys, m.expected_new);
+    Ok(())
+}
+
+#[test]
+fn a_key_repeated_inside_a_batch_is_new_once() -> Result<()> {
+    let (a, b) = ([1u8; 16], [2u8; 16]);
+    for c in lineup()? {
+        let inst = c.open(4)?;
+        let mut w = inst.worker()?;
+        assert_eq!(w.insert_batch(&[a, b, a])?, 2, "{}", c.name());
+        assert_eq!(w.insert_batch(&[b, a])?, 0, "{}", c.name());
+        assert_eq!(w.insert_batch(&[a])?, 0, "{}", c.name());
+        assert!(w.begin_complete(&[3u8; 16], &[7u8; 64])?, "{}", c.name());
+        assert!(!w.begin_complete(&[3u8; 16], &[7u8; 64])?, "{}", c.name());
+    }
+    Ok(())
+}
+
+#[test]
+fn workloads_are_deterministic_and_prefixes_count_exactly() {
+    let s = Spec {
+        ops: 5_000,
+        dup_ratio: 0.3,
+        repeats: Repeats::Zipf(0.99),
+        workers: 4,
+        batch: 10,
+        kind: OpKind::Insert,
+        seed: 7,
+    };
+    let a = Workload::generate(s.clone());
+    let b = Workload::generate(s);
+    assert_eq!(a.keys, b.keys);
+    for n in [0, 1, 17, 4_999, 5_000] {
+        let set: HashSet<_> = a.keys[..n].iter().collect();
+        assert_eq!(a.expected_new(n), set.len() as u64);
+    }
+    assert_eq!(a.fit(1), 40);
+    assert_eq!(a.fit(95), 80);
+    assert_eq!(a.fit(1_000_000), 5_000);
+}
+
+#[test]
+fn zipf_stays_below_the_bound_and_favours_low_ranks() {
+    let z = Zipf::new(1_000, 0.99);
+    let mut rng = workload::SplitMix64::new(1);
+    let mut counts = [0u32; 10];
+    for _ in 0..20_000 {
+        let r = z.sample_below(10, rng.next_f64());
+        counts[r] += 1;
+    }
+    assert!(counts.windows(2).all(|p| p[0] > p[1] / 2), "{counts:?}");
+    assert!(counts[0] > counts[9] * 5, "{counts:?}");
+    assert_eq!(z.sample_below(1, 0.999), 0);
+}
