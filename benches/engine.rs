@@ -7,6 +7,10 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::cast_precision_loss)]
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
+#[path = "common/mod.rs"]
+mod common;
+use common::{env_or, splitmix};
+
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Barrier;
@@ -18,21 +22,6 @@ use parking_lot::Mutex;
 use redb::TableDefinition;
 
 const SCOPE: &[u8] = b"bench";
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 fn random_ids(n: usize, seed: u64) -> Vec<[u8; 16]> {
     let mut s = seed;

@@ -8,26 +8,15 @@
 // n, s, v, i, e: the usual names in a numeric bench loop.
 #![allow(clippy::many_single_char_names)]
 
+#[path = "common/mod.rs"]
+mod common;
+use common::{env_or, splitmix};
+
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dedupkv::{Advance, Durability, Key, Sequenced, Store};
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn splitmix(s: &mut u64) -> u64 {
-    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *s;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 fn entity(i: u64) -> String {
     format!("entity-{i}")

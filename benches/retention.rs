@@ -10,17 +10,14 @@
 // One scenario, read top to bottom.
 #![allow(clippy::too_many_lines)]
 
+#[path = "common/mod.rs"]
+mod common;
+use common::env_or;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dedupkv::{Key, ManualClock, Store};
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn peak_rss_mib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
