@@ -1,0 +1,128 @@
+//! On-disk fixtures: files written by this format version, committed, so a
+//! format change that breaks reading them fails here, and a corrupt file is
+//! tested for real. `cargo test --test fixtures -- --ignored write_fixtures`
+//! regenerates them (only when the format changes on purpose).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dedupkv::{
+    Advance, Begin, Error, Failure, Fingerprint, Key, ManualClock, Result, Sequenced, State, Store,
+    StoreBuilder,
+};
+
+const T0: u64 = 1_700_000_040_000;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn builder(clock: &ManualClock) -> StoreBuilder {
+    Store::builder()
+        .clock(clock.clone())
+        .background_eviction(false)
+        .compact_when_free(None)
+}
+
+/// A copy of a fixture in a temp dir (opening writes to the file).
+fn copy(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let to = dir.path().join(name);
+    std::fs::copy(fixture(name), &to).expect("copy fixture");
+    (dir, to)
+}
+
+#[test]
+#[ignore = "regenerates tests/fixtures; run on purpose after a deliberate format change"]
+fn write_fixtures() -> Result<()> {
+    let clock = ManualClock::new(T0);
+    let path = fixture("v1-basic.redb");
+    let _ = std::fs::remove_file(&path);
+    {
+        let store = builder(&clock).open(&path)?;
+        store.insert_if_absent(&Key::new("shop", "evt-1"))?;
+        let Begin::Started(c) =
+            store.begin(&Key::new("shop", "charge-1"), Fingerprint::of("100"))?
+        else {
+            panic!("fresh key")
+        };
+        store.complete(&c, b"receipt-1")?;
+        let Begin::Started(c) =
+            store.begin(&Key::new("shop", "charge-2"), Fingerprint::of("200"))?
+        else {
+            panic!("fresh key")
+        };
+        store.fail(&c, Failure::Permanent(b"declined"))?;
+        let Begin::Started(c) = store.begin(&Key::new("shop", "running"), Fingerprint::NONE)?
+        else {
+            panic!("fresh key")
+        };
+        std::mem::forget(c); // in progress when the file was written
+        store.advance(&Key::new("shop", "order-1"), 7)?;
+        store.sequence(&Key::new("bank", "acct"), 1, b"one")?;
+        store.sequence(&Key::new("bank", "acct"), 3, b"three")?; // parked
+    }
+    // A corrupt copy: one byte of a log row flipped (the checksum catches it).
+    let bytes = std::fs::read(&path).expect("read");
+    let at = find(&bytes, b"receipt-1").expect("the outcome is in the file");
+    let mut bad = bytes.clone();
+    bad[at] ^= 0x01;
+    std::fs::write(fixture("v1-corrupt-row.redb"), bad).expect("write");
+    Ok(())
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[test]
+fn a_version_1_file_reads_back_everything() -> Result<()> {
+    let (_dir, path) = copy("v1-basic.redb");
+    let clock = ManualClock::new(T0 + 10_000); // within the 30 s lease of "running"
+    let store = builder(&clock).open(&path)?;
+    assert!(!store.insert_if_absent(&Key::new("shop", "evt-1"))?);
+    let Begin::Completed(rec) =
+        store.begin(&Key::new("shop", "charge-1"), Fingerprint::of("100"))?
+    else {
+        panic!("completed in the fixture")
+    };
+    assert_eq!(rec.outcome(), Some(&b"receipt-1"[..]));
+    let Begin::Completed(rec) =
+        store.begin(&Key::new("shop", "charge-2"), Fingerprint::of("200"))?
+    else {
+        panic!("failed in the fixture")
+    };
+    assert_eq!(
+        (rec.state(), rec.outcome()),
+        (State::Failed, Some(&b"declined"[..]))
+    );
+    assert!(matches!(
+        store.begin(&Key::new("shop", "running"), Fingerprint::NONE)?,
+        Begin::InProgress(_)
+    ));
+    assert_eq!(
+        store.advance(&Key::new("shop", "order-1"), 7)?,
+        Advance::Duplicate
+    );
+    let Sequenced::Delivered(out) = store.sequence(&Key::new("bank", "acct"), 2, b"two")? else {
+        panic!("2 unblocks the parked 3")
+    };
+    assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [2, 3]);
+    // The lease of the claim in progress lapses as usual.
+    clock.advance(Duration::from_secs(31));
+    assert!(matches!(
+        store.begin(&Key::new("shop", "running"), Fingerprint::NONE)?,
+        Begin::Started(c) if c.attempt() == 2
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_corrupt_row_in_a_committed_file_is_reported() {
+    let (_dir, path) = copy("v1-corrupt-row.redb");
+    let clock = ManualClock::new(T0 + 60_000);
+    let err = builder(&clock).open(&path).expect_err("corrupt");
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
+}
