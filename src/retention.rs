@@ -239,6 +239,7 @@ impl Evictor {
         let thread = std::thread::Builder::new()
             .name("dedupkv-evict".into())
             .spawn(move || {
+                let mut last_sweep = std::time::Instant::now();
                 loop {
                     {
                         let mut stopped = s.0.lock();
@@ -250,10 +251,21 @@ impl Evictor {
                         }
                     }
                     let Some(inner) = inner.upgrade() else { return };
+                    // The parked-event sweep scans every entity: a quarter of
+                    // `max_hold` apart (at least a second) is soon enough.
+                    let sweep_every = Duration::from_millis((inner.cfg.max_hold_ms / 4).max(1_000));
+                    let sweep_due = last_sweep.elapsed() >= sweep_every;
                     let pass = inner
                         .evict()
-                        .and_then(|_| inner.sweep_parked())
-                        .and_then(|_| inner.maybe_compact());
+                        .and_then(|_| {
+                            if sweep_due {
+                                last_sweep = std::time::Instant::now();
+                                inner.sweep_parked().map(|_| ())
+                            } else {
+                                Ok(())
+                            }
+                        })
+                        .and_then(|()| inner.maybe_compact());
                     if let Err(e) = pass {
                         tracing::warn!(error = %e, "dedupkv background eviction failed");
                         if matches!(e, crate::Error::Poisoned(_)) {
