@@ -355,6 +355,9 @@ impl StoreBuilder {
 
     /// How long the sequencer waits for a missing predecessor before it
     /// moves the parked successors to the holding area. Default: 5 minutes.
+    /// The move happens on the entity's next event, on
+    /// [`Store::sweep_parked`], or on the background evictor's sweep, which
+    /// runs every quarter of `max_hold` (at least every second).
     ///
     /// # Examples
     /// See [`Held`](crate::Held).
