@@ -22,7 +22,7 @@ use crate::error::show_key;
 use crate::index::{Pending, Shard, ShardedIndex, Slot, SlotState};
 use crate::key::{KeyHash, KeyHasher};
 use crate::log::format::{Kind, RecordRef, read_row};
-use crate::log::{FileMeta, Location, Log, commit::Batch, delete_buckets, open_database};
+use crate::log::{FileMeta, Location, Log, commit::Batch, open_database};
 use crate::retention::{Eviction, Evictor};
 use crate::stats::Stats;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
@@ -179,11 +179,10 @@ impl Store {
                 e.trim();
             }
         }
-        delete_buckets(&db, &replayed.expired)?;
         // Fencing tokens never repeat, even once the records that held them
-        // expired: continue above the persisted floor, and reserve a block.
+        // expired: continue above the persisted floor, and reserve a block
+        // (persisted by the first commit, with the expired tables' deletion).
         let first_token = (max_token + 1).max(crate::log::token_floor(&db)?);
-        crate::log::write_token_floor(&db, first_token + TOKEN_BLOCK)?;
         tracing::debug!(
             records = replayed.records,
             expired_buckets = replayed.expired.len(),
@@ -193,6 +192,8 @@ impl Store {
             db,
             replayed.last_row,
             replayed.live.iter().copied().collect(),
+            replayed.expired,
+            first_token + TOKEN_BLOCK,
             cfg.durability,
             cfg.quick_repair,
         )?;

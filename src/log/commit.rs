@@ -114,11 +114,15 @@ fn poisoned_error(done: &Done) -> Error {
 }
 
 impl Log {
-    /// Starts the committer. `last_row` is the newest row already on disk.
+    /// Starts the committer. `last_row` is the newest row already on disk;
+    /// the first commit deletes the `expired` bucket tables and persists the
+    /// fencing-token `token_floor`, before or with any record of this run.
     pub(crate) fn start(
         db: Database,
         last_row: u64,
         buckets: BTreeSet<u64>,
+        expired: Vec<u64>,
+        token_floor: u64,
         durability: Durability,
         quick_repair: bool,
     ) -> Result<Log> {
@@ -131,8 +135,8 @@ impl Log {
                 next_idx: 0,
                 bytes: 0,
                 parts: Vec::new(),
-                drop_buckets: Vec::new(),
-                token_floor: None,
+                drop_buckets: expired,
+                token_floor: Some(token_floor),
             }),
             done: Mutex::new(Done {
                 durable_row: last_row,
@@ -157,6 +161,7 @@ impl Log {
             .name("dedupkv-commit".into())
             .spawn(move || run(&s, &kicked, wait))
             .map_err(|e| Error::Storage(redb::Error::Io(e)))?;
+        let _ = shared.kick.try_send(());
         Ok(Log {
             shared,
             durability,

@@ -250,14 +250,6 @@ pub(crate) fn put_token_floor(txn: &redb::WriteTransaction, floor: u64) -> Resul
     Ok(())
 }
 
-/// Writes the fencing-token floor in its own durable commit.
-pub(crate) fn write_token_floor(db: &Database, floor: u64) -> Result<()> {
-    let txn = db.begin_write()?;
-    put_token_floor(&txn, floor)?;
-    txn.commit()?;
-    Ok(())
-}
-
 /// Reads one row from a bucket table, if it is there.
 pub(crate) fn read_row(db: &Database, bucket: u64, row: u64) -> Result<Option<Vec<u8>>> {
     let read = db.begin_read()?;
@@ -279,18 +271,4 @@ pub(crate) fn buckets(db: &Database) -> Result<Vec<u64>> {
         .collect();
     out.sort_unstable();
     Ok(out)
-}
-
-/// Deletes the log tables of the given buckets in one durable commit.
-pub(crate) fn delete_buckets(db: &Database, buckets: &[u64]) -> Result<()> {
-    if buckets.is_empty() {
-        return Ok(());
-    }
-    let txn = db.begin_write()?;
-    for b in buckets {
-        let name = table_name(*b);
-        txn.delete_table(log_table(&name))?;
-    }
-    txn.commit()?;
-    Ok(())
 }
