@@ -102,6 +102,9 @@ impl Inner {
             .evicted_keys
             .fetch_add(out.keys, crate::sync::Ordering::Relaxed);
         self.log.drop_buckets(&victims)?;
+        if !victims.is_empty() {
+            self.compact_due.store(true, crate::sync::Ordering::Release);
+        }
         Ok(out)
     }
 
@@ -152,10 +155,18 @@ const COMPACT_MIN_FILE: u64 = 64 << 20;
 impl Inner {
     /// Compacts the file if more than `compact_when_free` of it is free
     /// (and it is at least 64 MiB). Returns whether it compacted.
+    ///
+    /// Measuring the free space walks every page of the file under redb's
+    /// write lock, stalling commits meanwhile, so it runs only when tables
+    /// were deleted since the last check: appending log rows does not leave
+    /// free space behind (redb reuses the pages its copy-on-write frees).
     pub(crate) fn maybe_compact(&self) -> Result<bool> {
         let (Some(path), Some(threshold)) = (&self.path, self.cfg.compact_when_free) else {
             return Ok(false);
         };
+        if !self.compact_due.swap(false, crate::sync::Ordering::AcqRel) {
+            return Ok(false);
+        }
         let file = std::fs::metadata(path).map_or(0, |m| m.len());
         if file < COMPACT_MIN_FILE {
             return Ok(false);

@@ -61,6 +61,10 @@ pub(crate) struct Inner {
     cur_bucket: AtomicU64,
     /// One eviction pass at a time.
     pub(crate) evicting: crate::sync::Mutex<()>,
+    /// Set when tables were deleted (at open, by eviction): only then can
+    /// the file have grown free space worth the automatic compaction check,
+    /// which walks every page under the write lock.
+    pub(crate) compact_due: crate::sync::AtomicBool,
     pub(crate) counters: StoreCounters,
     /// The file, for a store opened by path (compaction checks its size).
     pub(crate) path: Option<std::path::PathBuf>,
@@ -209,6 +213,7 @@ impl Store {
             token_limit: AtomicU64::new(first_token + TOKEN_BLOCK),
             cur_bucket: AtomicU64::new(0),
             evicting: crate::sync::Mutex::new(()),
+            compact_due: crate::sync::AtomicBool::new(true),
             counters: StoreCounters::default(),
             path,
         });
