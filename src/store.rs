@@ -19,7 +19,7 @@ use crate::claim::{Begin, Claim, Failure, InProgress};
 use crate::clock::{Clock, to_system_time};
 use crate::codec::{TAG_POSTCARD, TAG_RAW};
 use crate::error::show_key;
-use crate::index::{Pending, Shard, ShardedIndex, Slot, SlotState};
+use crate::index::{Pending, Probe, Shard, ShardedIndex, Slot, SlotState};
 use crate::key::{KeyHash, KeyHasher};
 use crate::log::format::{Kind, RecordRef, read_row};
 use crate::log::{FileMeta, Location, Log, commit::Batch, open_database};
@@ -43,8 +43,9 @@ use crate::{Durability, Error, Fingerprint, Key, Record, Result, State, StoreBui
 /// ```
 #[derive(Clone)]
 pub struct Store {
-    // Declared first so it is dropped (stopped and joined) before `inner`.
+    // Declared first so they are dropped (stopped and joined) before `inner`.
     _evictor: Option<Arc<Evictor>>,
+    _grower: Option<Arc<crate::index::Grower>>,
     pub(crate) inner: Arc<Inner>,
 }
 
@@ -222,8 +223,18 @@ impl Store {
         } else {
             None
         };
+        // A model checker cannot follow a thread it did not start.
+        let grower = if cfg!(dedupkv_loom) {
+            None
+        } else {
+            Some(Arc::new(
+                crate::index::Grower::start(Arc::downgrade(&inner), |i: &Inner| &i.index)
+                    .map_err(|e| Error::Storage(redb::Error::Io(e)))?,
+            ))
+        };
         Ok(Store {
             _evictor: evictor,
+            _grower: grower,
             inner,
         })
     }
@@ -284,7 +295,8 @@ impl Store {
         let inner = &*self.inner;
         let (h, now, nb) = inner.write_start(key)?;
         let mut shard = inner.index.lock(h);
-        if let Some(s) = Inner::live(&shard, h, nb) {
+        let probe = shard.probe(h);
+        if let Some(s) = Inner::live_at(&shard, probe, nb) {
             let row = s.row(inner.log.open_row());
             shard.counters.duplicates += 1;
             drop(shard);
@@ -294,9 +306,10 @@ impl Store {
         let row = {
             let mut batch = inner.log.batch()?;
             let mut rec = Inner::insert_record(key, now, retention_ms);
-            inner.append(
+            inner.append_at(
                 &mut shard,
                 &mut batch,
+                probe,
                 h,
                 SlotState::Inserted,
                 None,
@@ -353,15 +366,17 @@ impl Store {
             std::hint::black_box(warm);
             let mut batch = inner.log.batch()?;
             for &(_, i, h) in group {
-                if let Some(s) = Inner::live(&shard, h, nb) {
+                let probe = shard.probe(h);
+                if let Some(s) = Inner::live_at(&shard, probe, nb) {
                     wait_seen = wait_seen.max(s.row(inner.log.open_row()));
                     shard.counters.duplicates += 1;
                     continue;
                 }
                 let mut rec = Inner::insert_record(&keys[i as usize], now, inner.cfg.retention_ms);
-                let row = inner.append(
+                let row = inner.append_at(
                     &mut shard,
                     &mut batch,
+                    probe,
                     h,
                     SlotState::Inserted,
                     None,
@@ -915,7 +930,12 @@ impl Inner {
 
     /// The key's slot if it has one that has not expired.
     pub(crate) fn live(shard: &Shard, h: KeyHash, now_bucket: u64) -> Option<Slot> {
-        shard.get(h).copied().filter(|s| {
+        Self::live_at(shard, shard.probe(h), now_bucket)
+    }
+
+    /// [`live`](Self::live) from a probe of the key.
+    fn live_at(shard: &Shard, probe: Probe, now_bucket: u64) -> Option<Slot> {
+        shard.slot(probe).copied().filter(|s| {
             let b = s.bucket(now_bucket);
             // No live record is further out than the longest retention; a
             // bucket that widens past it is a long-expired one wrapping.
@@ -953,6 +973,23 @@ impl Inner {
         prev_bucket: Option<u64>,
         rec: &mut RecordRef<'_>,
     ) -> u64 {
+        let probe = shard.probe(h);
+        self.append_at(shard, batch, probe, h, state, prev_bucket, rec)
+    }
+
+    /// [`append`](Self::append) where `probe` was made for `h` with no
+    /// change to the shard since, saving a second walk of the slot run.
+    #[allow(clippy::too_many_arguments)]
+    fn append_at(
+        &self,
+        shard: &mut Shard,
+        batch: &mut Batch,
+        probe: Probe,
+        h: KeyHash,
+        state: SlotState,
+        prev_bucket: Option<u64>,
+        rec: &mut RecordRef<'_>,
+    ) -> u64 {
         let g = self.cfg.granularity_ms;
         let mut bucket = rec.expires / g;
         if let Some(pb) = prev_bucket
@@ -962,7 +999,7 @@ impl Inner {
             rec.expires = rec.expires.max(pb.saturating_mul(g));
         }
         let row = batch.push(bucket, rec);
-        shard.put(h, state, bucket, row);
+        shard.put_at(probe, h, state, bucket, row);
         row
     }
 

@@ -9,14 +9,18 @@
 //! - `pending` holds the details of keys whose slot is `Claimed` or
 //!   `Released` (a few per worker), so the slot itself stays 24 bytes.
 
+mod grow;
 mod slot;
 mod table;
 
 use hashbrown::HashTable;
 
 use crate::key::KeyHash;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard};
+use grow::GrowQueue;
+pub(crate) use grow::Grower;
 pub(crate) use slot::{MAX_BUCKET_SPAN, Slot, SlotState};
+pub(crate) use table::Probe;
 use table::SlotTable;
 
 /// Details of a live or released claim.
@@ -40,6 +44,10 @@ pub(crate) struct Shard {
     /// Operation counters, kept per shard so the hot path bumps a line it
     /// already owns.
     pub counters: crate::stats::Counters,
+    /// Where to ask for background growth, and this shard's number.
+    grow: Option<(Arc<GrowQueue>, u32)>,
+    /// Asked for growth, not yet grown.
+    grow_queued: bool,
 }
 
 impl Shard {
@@ -52,20 +60,55 @@ impl Shard {
         self.slots.touch(h)
     }
 
-    pub(crate) fn get_mut(&mut self, h: KeyHash) -> Option<&mut Slot> {
-        self.slots.get_mut(h)
-    }
-
-    /// Inserts a slot for a key that has none.
-    pub(crate) fn insert_new(&mut self, slot: Slot) {
-        self.slots.insert_new(slot);
-    }
-
     /// Sets the key's slot, creating it if needed.
     pub(crate) fn put(&mut self, h: KeyHash, state: SlotState, bucket: u64, row: u64) {
-        match self.get_mut(h) {
-            Some(s) => s.set(state, bucket, row),
-            None => self.insert_new(Slot::new(h, state, bucket, row)),
+        self.put_at(self.probe(h), h, state, bucket, row);
+    }
+
+    /// Where the key's slot is, or would go: one walk that a following
+    /// [`put_at`](Self::put_at) reuses.
+    pub(crate) fn probe(&self, h: KeyHash) -> Probe {
+        self.slots.probe(h)
+    }
+
+    /// The key's slot from a probe.
+    pub(crate) fn slot(&self, probe: Probe) -> Option<&Slot> {
+        match probe {
+            Probe::Found(pos) => Some(self.slots.at(pos)),
+            Probe::Vacant { .. } => None,
+        }
+    }
+
+    /// [`put`](Self::put) where `probe` was made for `h` with no change to
+    /// this shard since.
+    pub(crate) fn put_at(
+        &mut self,
+        probe: Probe,
+        h: KeyHash,
+        state: SlotState,
+        bucket: u64,
+        row: u64,
+    ) {
+        match probe {
+            Probe::Found(pos) => self.slots.at_mut(pos).set(state, bucket, row),
+            Probe::Vacant { .. } => {
+                self.slots
+                    .insert_vacant(probe, Slot::new(h, state, bucket, row));
+                if !self.grow_queued
+                    && self.slots.wants_growth()
+                    && let Some((queue, i)) = &self.grow
+                {
+                    self.grow_queued = true;
+                    queue.request(*i);
+                }
+            }
+        }
+    }
+
+    /// Grows the table if it asked the grower to.
+    pub(crate) fn grow_if_queued(&mut self) {
+        if std::mem::take(&mut self.grow_queued) {
+            self.slots.grow_early();
         }
     }
 
@@ -171,6 +214,7 @@ struct Padded(Mutex<Shard>);
 pub(crate) struct ShardedIndex {
     shards: Box<[Padded]>,
     shift: u32,
+    grow: Arc<GrowQueue>,
 }
 
 impl ShardedIndex {
@@ -178,10 +222,24 @@ impl ShardedIndex {
     pub(crate) fn new(shards: usize) -> Self {
         debug_assert!(shards.is_power_of_two());
         let bits = shards.trailing_zeros();
+        let grow = Arc::new(GrowQueue::default());
         Self {
-            shards: (0..shards).map(|_| Padded(Mutex::default())).collect(),
+            shards: (0..shards)
+                .map(|i| {
+                    Padded(Mutex::new(Shard {
+                        grow: Some((Arc::clone(&grow), i as u32)),
+                        ..Shard::default()
+                    }))
+                })
+                .collect(),
             shift: if bits == 0 { 64 } else { 64 - bits },
+            grow,
         }
+    }
+
+    /// The queue the shards ask for growth on (see [`Grower`]).
+    pub(crate) fn grow_queue(&self) -> Arc<GrowQueue> {
+        Arc::clone(&self.grow)
     }
 
     pub(crate) fn shard_of(&self, h: KeyHash) -> usize {
