@@ -339,7 +339,7 @@ mod tests {
         };
         let before = |i: u64| KeyHash {
             hi: 1 << 40 | i,
-            lo: (((cap - 2) as u128) << 64).div_ceil(cap as u128) as u64 + i,
+            lo: (u128::from(cap - 2) << 64).div_ceil(u128::from(cap)) as u64 + i,
         };
         let n = cap * 4 / 10;
         for i in 0..n {
