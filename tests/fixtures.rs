@@ -73,6 +73,46 @@ fn write_fixtures() -> Result<()> {
     Ok(())
 }
 
+/// The fuzzers' seed file (`fuzz/seed/store.redb`, see `fuzz/README.md`):
+/// regenerate it with the fixtures when the format changes.
+#[test]
+#[ignore = "regenerates fuzz/seed/store.redb; run on purpose after a deliberate format change"]
+fn write_fuzz_seed() -> Result<()> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seed/store.redb");
+    let _ = std::fs::remove_file(&path);
+    let clock = ManualClock::new(1_700_000_000_000);
+    let open = || {
+        Store::builder()
+            .clock(clock.clone())
+            .retention(Duration::from_secs(3_600))
+            .open(&path)
+    };
+    {
+        let store = open()?;
+        for i in 0..8 {
+            store.insert_if_absent(&Key::new("t", &format!("evt-{i}")))?;
+        }
+        let batch: Vec<String> = (0..4).map(|i| format!("batch-{i}")).collect();
+        let keys: Vec<Key<'_>> = batch.iter().map(|id| Key::new("t", id)).collect();
+        store.insert_batch(&keys)?;
+        let start = |id: &str| match store.begin(&Key::new("t", id), Fingerprint::of(id)) {
+            Ok(Begin::Started(c)) => c,
+            other => panic!("{id}: {other:?}"),
+        };
+        store.complete(&start("op-done"), b"receipt")?;
+        store.fail(&start("op-perm"), Failure::Permanent(b"declined"))?;
+        store.fail(&start("op-retry"), Failure::Retryable)?;
+        clock.advance(Duration::from_secs(90));
+        let held = start("op-held");
+        store.renew(&held)?;
+        store.complete_value(&start("op-retry"), &("typed", 42u32))?;
+        store.insert_if_absent(&Key::new("t", "last"))?;
+        std::mem::forget(held); // still claimed at close
+    }
+    drop(open()?);
+    Ok(())
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
