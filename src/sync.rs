@@ -7,3 +7,4 @@ pub(crate) use parking_lot::{
 };
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub(crate) use std::sync::{Arc, Weak};
+pub(crate) use std::thread::{Thread, current, park};

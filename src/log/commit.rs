@@ -1,6 +1,7 @@
-//! Group commit: one committer thread turns everything appended since its
-//! last commit into one redb transaction, syncs once, then wakes every
-//! caller of that batch.
+//! Group commit: whoever holds the commit lock (a waiting caller that
+//! leads, or the committer thread) turns everything appended since the last
+//! commit into one redb transaction, syncs once, then unparks every caller
+//! of that batch.
 //!
 //! Invariants:
 //! - a record is appended while its key's shard lock is held, so per-key log
@@ -8,7 +9,9 @@
 //! - `durable_row` only grows, and only after `commit()` returned `Ok`: every
 //!   row at or below it is on stable storage;
 //! - after a failed commit the log is poisoned: nothing in or after the
-//!   failed row is ever reported durable, and every later append fails.
+//!   failed row is ever reported durable, and every later append fails;
+//! - commits never overlap (the `lead` lock), and a waiter returns only once
+//!   `durable_row` covers its row, whoever committed it.
 
 use std::collections::BTreeSet;
 use std::thread::JoinHandle;
@@ -19,8 +22,8 @@ use redb::Database;
 use super::format::{RecordRef, RowWriter};
 use super::{log_table, table_name};
 use crate::sync::{
-    Arc, AtomicBool, AtomicU64, Condvar, MappedRwLockReadGuard, Mutex, MutexGuard, Ordering,
-    Receiver, RwLock, RwLockReadGuard, Sender, bounded,
+    Arc, AtomicBool, AtomicU64, MappedRwLockReadGuard, Mutex, MutexGuard, Ordering, Receiver,
+    RwLock, RwLockReadGuard, Sender, Thread, bounded, current, park,
 };
 use crate::{Durability, Error, Result};
 
@@ -76,6 +79,21 @@ impl Batch {
 struct Done {
     durable_row: u64,
     poisoned: Option<String>,
+    /// Callers parked until their row is durable (or the log is poisoned).
+    /// Each is unparked on its own: no caller has to take a lock to wake,
+    /// so the callers of one commit run again together rather than one
+    /// after another behind a condition variable's mutex.
+    waiters: Vec<(u64, Thread)>,
+}
+
+/// Held by whoever commits (the committer thread or a leading caller),
+/// with what the previous commit carried.
+#[derive(Default)]
+struct Lead {
+    /// Records in the previous commit.
+    last_records: u32,
+    /// Callers the previous commit woke.
+    last_callers: usize,
 }
 
 struct Shared {
@@ -87,7 +105,8 @@ struct Shared {
     panicked: AtomicBool,
     batch: Mutex<Batch>,
     done: Mutex<Done>,
-    done_cv: Condvar,
+    /// The commit lock; see [`Lead`].
+    lead: Mutex<Lead>,
     poisoned: AtomicBool,
     stop: AtomicBool,
     kick: Sender<()>,
@@ -141,8 +160,9 @@ impl Log {
             done: Mutex::new(Done {
                 durable_row: last_row,
                 poisoned: None,
+                waiters: Vec::new(),
             }),
-            done_cv: Condvar::new(),
+            lead: Mutex::new(Lead::default()),
             poisoned: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             kick,
@@ -225,26 +245,51 @@ impl Log {
 
     /// Returns once `row` is durable, whatever the mode.
     pub(crate) fn wait_durable(&self, row: u64) -> Result<()> {
-        if self.shared.durable_row.load(Ordering::Acquire) >= row {
+        let s = &*self.shared;
+        if s.durable_row.load(Ordering::Acquire) >= row {
             return Ok(());
         }
-        let mut done = self.shared.done.lock();
-        if done.durable_row >= row {
-            return Ok(());
-        }
-        if done.poisoned.is_some() {
-            return Err(poisoned_error(&done));
-        }
-        let _ = self.shared.kick.try_send(());
-        loop {
+        {
+            let mut done = s.done.lock();
             if done.durable_row >= row {
                 return Ok(());
             }
             if done.poisoned.is_some() {
                 return Err(poisoned_error(&done));
             }
-            self.shared.done_cv.wait(&mut done);
+            done.waiters.push((row, current()));
         }
+        self.lead_or_kick();
+        // The committer publishes `durable_row` (or `poisoned`) before it
+        // unparks; a wake-up for an earlier wait or a spurious one just
+        // parks again.
+        loop {
+            park();
+            if s.durable_row.load(Ordering::Acquire) >= row {
+                return Ok(());
+            }
+            if s.poisoned.load(Ordering::Acquire) {
+                return Err(poisoned_error(&s.done.lock()));
+            }
+        }
+    }
+
+    /// Commits the open batch on this thread if nobody is committing and
+    /// either the previous commit served a single caller (this one is
+    /// likely alone: the committer thread would only add two thread
+    /// hand-offs) or the batch already holds as many records as the
+    /// previous commit (the callers it woke are back). Otherwise wakes the
+    /// committer, which gathers stragglers first.
+    fn lead_or_kick(&self) {
+        let s = &*self.shared;
+        if self.durability == Durability::Immediate
+            && let Some(mut lead) = s.lead.try_lock()
+            && (lead.last_callers <= 1 || s.batch.lock().next_idx >= lead.last_records)
+        {
+            commit_pending(s, &mut lead);
+            return;
+        }
+        let _ = s.kick.try_send(());
     }
 
     /// Commits everything appended so far and waits for it.
@@ -295,9 +340,10 @@ impl Drop for Log {
     }
 }
 
-/// The committer loop.
+/// The committer loop: commits what callers left for it (in `Immediate`
+/// mode, batches whose callers did not commit them themselves; in
+/// `Deferred` mode, everything, at least every `max_delay`).
 fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
-    let mut last_records = 0;
     loop {
         let stopping = s.stop.load(Ordering::Acquire);
         if !stopping {
@@ -311,64 +357,98 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
             }
         }
         if wait.is_none() && !stopping {
-            gather(s, last_records);
+            let last = s.lead.lock().last_records;
+            gather(s, last);
         }
-        let batch = {
-            let mut b = s.batch.lock();
-            if b.is_empty() {
-                if stopping {
-                    return;
-                }
-                continue;
-            }
-            let next = Batch {
-                row: b.row + 1,
-                next_idx: 0,
-                bytes: 0,
-                parts: Vec::with_capacity(b.parts.len()),
-                drop_buckets: Vec::new(),
-                token_floor: None,
-            };
-            s.open_row.store(next.row, Ordering::Release);
-            std::mem::replace(&mut *b, next)
+        match commit_pending(s, &mut s.lead.lock()) {
+            Committed::Nothing if stopping => return,
+            Committed::Nothing | Committed::Row => {}
+            Committed::Failed => return,
+        }
+    }
+}
+
+/// What [`commit_pending`] did.
+enum Committed {
+    Nothing,
+    Row,
+    Failed,
+}
+
+/// Commits the open batch, if it has anything, then wakes its callers.
+/// The caller holds the commit lock (`lead`), so commits never overlap.
+fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
+    if s.poisoned.load(Ordering::Acquire) {
+        return Committed::Failed;
+    }
+    let batch = {
+        let mut b = s.batch.lock();
+        if b.is_empty() {
+            return Committed::Nothing;
+        }
+        let next = Batch {
+            row: b.row + 1,
+            next_idx: 0,
+            bytes: 0,
+            parts: Vec::with_capacity(b.parts.len()),
+            drop_buckets: Vec::new(),
+            token_floor: None,
         };
-        let row = batch.row;
-        last_records = batch.next_idx;
-        let dropped = batch.drop_buckets.clone();
-        let written: Vec<u64> = batch.parts.iter().map(|(b, _)| *b).collect();
-        // A panic inside the storage engine must poison the store, not leave
-        // every waiter blocked forever.
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(s, batch)))
-            .unwrap_or_else(|_| {
-                s.panicked.store(true, Ordering::Release);
-                Err(Error::Storage(redb::Error::Io(std::io::Error::other(
-                    "the storage engine panicked during a commit",
-                ))))
-            });
-        match outcome {
-            Ok(()) => {
-                {
-                    let mut set = s.buckets.lock();
-                    for b in &dropped {
-                        set.remove(b);
-                    }
-                    set.extend(written);
+        s.open_row.store(next.row, Ordering::Release);
+        std::mem::replace(&mut *b, next)
+    };
+    let row = batch.row;
+    lead.last_records = batch.next_idx;
+    let dropped = batch.drop_buckets.clone();
+    let written: Vec<u64> = batch.parts.iter().map(|(b, _)| *b).collect();
+    // A panic inside the storage engine must poison the store, not leave
+    // every waiter blocked forever.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(s, batch)))
+        .unwrap_or_else(|_| {
+            s.panicked.store(true, Ordering::Release);
+            Err(Error::Storage(redb::Error::Io(std::io::Error::other(
+                "the storage engine panicked during a commit",
+            ))))
+        });
+    match outcome {
+        Ok(()) => {
+            {
+                let mut set = s.buckets.lock();
+                for b in &dropped {
+                    set.remove(b);
                 }
-                s.commits.fetch_add(1, Ordering::Relaxed);
-                s.done.lock().durable_row = row;
+                set.extend(written);
+            }
+            s.commits.fetch_add(1, Ordering::Relaxed);
+            let ready = {
+                let mut done = s.done.lock();
+                done.durable_row = row;
                 s.durable_row.store(row, Ordering::Release);
-                s.done_cv.notify_all();
+                // Callers of the open batch (a later row) wait on.
+                let (ready, later) = std::mem::take(&mut done.waiters)
+                    .into_iter()
+                    .partition::<Vec<_>, _>(|(r, _)| *r <= row);
+                done.waiters = later;
+                ready
+            };
+            lead.last_callers = ready.len();
+            for (_, t) in ready {
+                t.unpark();
             }
-            Err(e) => {
-                tracing::error!(row, error = %e, "dedupkv commit failed; store poisoned");
-                {
-                    let mut done = s.done.lock();
-                    done.poisoned = Some(format!("commit of log row {row} failed: {e}"));
-                }
+            Committed::Row
+        }
+        Err(e) => {
+            tracing::error!(row, error = %e, "dedupkv commit failed; store poisoned");
+            let waiters = {
+                let mut done = s.done.lock();
+                done.poisoned = Some(format!("commit of log row {row} failed: {e}"));
                 s.poisoned.store(true, Ordering::Release);
-                s.done_cv.notify_all();
-                return;
+                std::mem::take(&mut done.waiters)
+            };
+            for (_, t) in waiters {
+                t.unpark();
             }
+            Committed::Failed
         }
     }
 }
