@@ -125,3 +125,43 @@ fn a_power_cut_image_keeps_every_acknowledged_record() -> Result<()> {
     }
     Ok(())
 }
+
+/// A panic inside the storage engine during a commit (found by the
+/// `open_file` fuzzer, on a damaged file) poisons the store like an I/O
+/// error; dropping the store still lets go of the file, so it can be
+/// reopened as `Error::Poisoned` says, with every acknowledged record.
+#[test]
+fn a_panic_in_the_storage_engine_poisons_and_the_store_reopens() -> Result<()> {
+    let backend = FaultyBackend::new(u64::MAX);
+    let open = |b: FaultyBackend| {
+        Store::builder()
+            .background_eviction(false)
+            .open_with_backend(b)
+    };
+    let store = open(backend.clone())?;
+    assert!(store.insert_if_absent(&Key::new("p", "before"))?);
+    let idle = backend.handles();
+    backend.arm_panic(0);
+    let err = store
+        .insert_if_absent(&Key::new("p", "during"))
+        .expect_err("the commit panicked");
+    assert!(
+        matches!(&err, Error::Poisoned(m) if m.contains("panicked")),
+        "{err}"
+    );
+    assert!(matches!(
+        store.insert_if_absent(&Key::new("p", "after")),
+        Err(Error::Poisoned(_))
+    ));
+    assert!(backend.tripped());
+    drop(store);
+    assert_eq!(
+        backend.handles(),
+        idle - 1,
+        "the closed store let go of its file"
+    );
+    let store = open(backend.healthy())?;
+    assert!(!store.insert_if_absent(&Key::new("p", "before"))?);
+    assert!(store.insert_if_absent(&Key::new("p", "after"))?);
+    Ok(())
+}

@@ -90,23 +90,21 @@ fn write_fuzz_seed() -> Result<()> {
     {
         let store = open()?;
         for i in 0..8 {
-            store.insert_if_absent(&Key::new("t", &format!("evt-{i}")))?;
+            store.insert_if_absent(&Key::new("seed", &format!("evt-{i}")))?;
         }
-        let batch: Vec<String> = (0..4).map(|i| format!("batch-{i}")).collect();
-        let keys: Vec<Key<'_>> = batch.iter().map(|id| Key::new("t", id)).collect();
-        store.insert_batch(&keys)?;
-        let start = |id: &str| match store.begin(&Key::new("t", id), Fingerprint::of(id)) {
+        store.insert_batch(&[Key::new("other", "a"), Key::new("other", "b")])?;
+        let start = |id: &str| match store.begin(&Key::new("seed", id), Fingerprint::of("p")) {
             Ok(Begin::Started(c)) => c,
             other => panic!("{id}: {other:?}"),
         };
-        store.complete(&start("op-done"), b"receipt")?;
-        store.fail(&start("op-perm"), Failure::Permanent(b"declined"))?;
-        store.fail(&start("op-retry"), Failure::Retryable)?;
+        store.complete(&start("done"), b"outcome bytes")?;
+        store.fail(&start("failed"), Failure::Permanent(b"declined"))?;
+        store.fail(&start("retry"), Failure::Retryable)?;
         clock.advance(Duration::from_secs(90));
-        let held = start("op-held");
+        let held = start("held");
         store.renew(&held)?;
-        store.complete_value(&start("op-retry"), &("typed", 42u32))?;
-        store.insert_if_absent(&Key::new("t", "last"))?;
+        store.complete_value(&start("retry"), &("typed", 42u32))?;
+        store.insert_if_absent(&Key::new("seed", "later"))?;
         std::mem::forget(held); // still claimed at close
     }
     drop(open()?);

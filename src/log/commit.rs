@@ -101,7 +101,8 @@ struct Shared {
     /// which needs the database to itself.
     db: RwLock<Option<Database>>,
     /// The storage engine panicked in a commit: its `Drop` may panic too,
-    /// so the database is leaked (the file is released at process exit).
+    /// so the database is closed under `catch_unwind` (or leaked, when the
+    /// log is dropped while a panic unwinds).
     panicked: AtomicBool,
     batch: Mutex<Batch>,
     done: Mutex<Done>,
@@ -335,7 +336,20 @@ impl Drop for Log {
         if self.shared.panicked.load(Ordering::Acquire)
             && let Some(db) = self.shared.db.write().take()
         {
-            std::mem::forget(db);
+            if std::thread::panicking() {
+                // A second panic while unwinding would abort the process.
+                std::mem::forget(db);
+            } else {
+                // redb closes without writing after a transaction it
+                // unwound from; should its `Drop` panic anyway, the panic
+                // stays here and the file handle still closes, so the
+                // store can be reopened as `Error::Poisoned` says.
+                let closed =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+                if closed.is_err() {
+                    tracing::error!("dedupkv: the storage engine panicked again while closing");
+                }
+            }
         }
     }
 }

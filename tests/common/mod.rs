@@ -19,6 +19,8 @@ pub struct FaultyBackend {
     ops: Arc<AtomicU64>,
     fail_after: Arc<AtomicU64>,
     tripped: Arc<AtomicBool>,
+    /// Panic instead of returning the error (a storage engine bug).
+    panics: Arc<AtomicBool>,
 }
 
 impl FaultyBackend {
@@ -28,6 +30,7 @@ impl FaultyBackend {
             ops: Arc::new(AtomicU64::new(0)),
             fail_after: Arc::new(AtomicU64::new(fail_after)),
             tripped: Arc::new(AtomicBool::new(false)),
+            panics: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -38,7 +41,20 @@ impl FaultyBackend {
             ops: Arc::new(AtomicU64::new(0)),
             fail_after: Arc::new(AtomicU64::new(u64::MAX)),
             tripped: Arc::new(AtomicBool::new(false)),
+            panics: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Panic, rather than fail, from the `n`-th write/sync counted from now.
+    pub fn arm_panic(&self, n: u64) {
+        self.panics.store(true, Ordering::SeqCst);
+        self.arm(n);
+    }
+
+    /// Live handles on the bytes (this one included): the store holds one
+    /// while open.
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.mem)
     }
 
     /// Fail from the `n`-th write/sync counted from now.
@@ -55,6 +71,9 @@ impl FaultyBackend {
         let n = self.ops.fetch_add(1, Ordering::SeqCst);
         if n >= self.fail_after.load(Ordering::SeqCst) {
             self.tripped.store(true, Ordering::SeqCst);
+            if self.panics.load(Ordering::SeqCst) {
+                panic!("injected panic in the storage backend");
+            }
             return Err(io::Error::other("injected I/O failure"));
         }
         Ok(())
