@@ -71,9 +71,10 @@ impl FaultyBackend {
         let n = self.ops.fetch_add(1, Ordering::SeqCst);
         if n >= self.fail_after.load(Ordering::SeqCst) {
             self.tripped.store(true, Ordering::SeqCst);
-            if self.panics.load(Ordering::SeqCst) {
-                panic!("injected panic in the storage backend");
-            }
+            assert!(
+                !self.panics.load(Ordering::SeqCst),
+                "injected panic in the storage backend"
+            );
             return Err(io::Error::other("injected I/O failure"));
         }
         Ok(())
