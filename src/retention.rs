@@ -12,7 +12,6 @@
 //! - a size bound evicts the oldest *live* buckets early, never the bucket
 //!   currently being written, and never a claim whose lease is alive.
 
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use redb::{ReadableDatabase, ReadableTable};
@@ -22,7 +21,7 @@ use crate::index::SlotState;
 use crate::log::format::{Kind, RecordRef, read_row};
 use crate::log::{log_table, table_name};
 use crate::store::Inner;
-use crate::sync::{Arc, Condvar, Mutex, Weak};
+use crate::sync::{Arc, Condvar, JoinHandle, Mutex, Weak};
 
 /// What one eviction pass removed.
 ///
@@ -247,45 +246,43 @@ impl Evictor {
     pub(crate) fn start(inner: Weak<Inner>, tick: Duration) -> Result<Evictor> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let s = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("dedupkv-evict".into())
-            .spawn(move || {
-                let mut last_sweep = std::time::Instant::now();
-                loop {
-                    {
-                        let mut stopped = s.0.lock();
-                        if !*stopped {
-                            s.1.wait_for(&mut stopped, tick);
-                        }
-                        if *stopped {
-                            return;
-                        }
+        let thread = crate::sync::spawn("dedupkv-evict", move || {
+            let mut last_sweep = std::time::Instant::now();
+            loop {
+                {
+                    let mut stopped = s.0.lock();
+                    if !*stopped {
+                        s.1.wait_for(&mut stopped, tick);
                     }
-                    let Some(inner) = inner.upgrade() else { return };
-                    // The parked-event sweep scans every entity: a quarter of
-                    // `max_hold` apart (at least a second) is soon enough.
-                    let sweep_every = Duration::from_millis((inner.cfg.max_hold_ms / 4).max(1_000));
-                    let sweep_due = last_sweep.elapsed() >= sweep_every;
-                    let pass = inner
-                        .evict()
-                        .and_then(|_| {
-                            if sweep_due {
-                                last_sweep = std::time::Instant::now();
-                                inner.sweep_parked().map(|_| ())
-                            } else {
-                                Ok(())
-                            }
-                        })
-                        .and_then(|()| inner.maybe_compact());
-                    if let Err(e) = pass {
-                        tracing::warn!(error = %e, "dedupkv background eviction failed");
-                        if matches!(e, crate::Error::Poisoned(_)) {
-                            return;
-                        }
+                    if *stopped {
+                        return;
                     }
                 }
-            })
-            .map_err(|e| crate::Error::Storage(redb::Error::Io(e)))?;
+                let Some(inner) = inner.upgrade() else { return };
+                // The parked-event sweep scans every entity: a quarter of
+                // `max_hold` apart (at least a second) is soon enough.
+                let sweep_every = Duration::from_millis((inner.cfg.max_hold_ms / 4).max(1_000));
+                let sweep_due = last_sweep.elapsed() >= sweep_every;
+                let pass = inner
+                    .evict()
+                    .and_then(|_| {
+                        if sweep_due {
+                            last_sweep = std::time::Instant::now();
+                            inner.sweep_parked().map(|_| ())
+                        } else {
+                            Ok(())
+                        }
+                    })
+                    .and_then(|()| inner.maybe_compact());
+                if let Err(e) = pass {
+                    tracing::warn!(error = %e, "dedupkv background eviction failed");
+                    if matches!(e, crate::Error::Poisoned(_)) {
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(|e| crate::Error::Storage(redb::Error::Io(e)))?;
         Ok(Evictor {
             stop,
             thread: Some(thread),

@@ -17,9 +17,7 @@
 //! - growth changes where slots sit, never which keys are present: a
 //!   [`Probe`](super::Probe) is only used under the lock it was made under.
 
-use std::thread::JoinHandle;
-
-use crate::sync::{Arc, Condvar, Mutex, Weak};
+use crate::sync::{Arc, Condvar, JoinHandle, Mutex, Weak};
 
 #[derive(Default)]
 struct Requests {
@@ -79,16 +77,14 @@ impl Grower {
         let queue = index(&strong).grow_queue();
         drop(strong);
         let q = Arc::clone(&queue);
-        let thread = std::thread::Builder::new()
-            .name("dedupkv-grow".into())
-            .spawn(move || {
-                while let Some(shards) = q.next() {
-                    let Some(owner) = owner.upgrade() else { return };
-                    for i in shards {
-                        index(&owner).lock_shard(i as usize).grow_if_queued();
-                    }
+        let thread = crate::sync::spawn("dedupkv-grow", move || {
+            while let Some(shards) = q.next() {
+                let Some(owner) = owner.upgrade() else { return };
+                for i in shards {
+                    index(&owner).lock_shard(i as usize).grow_if_queued();
                 }
-            })?;
+            }
+        })?;
         Ok(Grower {
             queue,
             thread: Some(thread),

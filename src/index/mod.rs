@@ -210,7 +210,8 @@ impl Shard {
 #[repr(align(128))]
 struct Padded(Mutex<Shard>);
 
-/// Power-of-two shards of [`Shard`], each behind a `parking_lot` mutex.
+/// Power-of-two shards of [`Shard`], each behind a mutex from `crate::sync`
+/// (`parking_lot`'s, or loom's under `cfg(dedupkv_loom)`).
 pub(crate) struct ShardedIndex {
     shards: Box<[Padded]>,
     shift: u32,

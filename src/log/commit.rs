@@ -14,7 +14,6 @@
 //!   `durable_row` covers its row, whoever committed it.
 
 use std::collections::BTreeSet;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use redb::Database;
@@ -22,8 +21,8 @@ use redb::Database;
 use super::format::{RecordRef, RowWriter};
 use super::{log_table, table_name};
 use crate::sync::{
-    Arc, AtomicBool, AtomicU64, MappedRwLockReadGuard, Mutex, MutexGuard, Ordering, Receiver,
-    RwLock, RwLockReadGuard, Sender, Thread, bounded, current, park,
+    Arc, AtomicBool, AtomicU64, JoinHandle, MappedRwLockReadGuard, Mutex, MutexGuard, Ordering,
+    Receiver, RwLock, RwLockReadGuard, Sender, Thread, bounded, current, park,
 };
 use crate::{Durability, Error, Result};
 
@@ -178,9 +177,7 @@ impl Log {
             Durability::Immediate => None,
         };
         let s = Arc::clone(&shared);
-        let committer = std::thread::Builder::new()
-            .name("dedupkv-commit".into())
-            .spawn(move || run(&s, &kicked, wait))
+        let committer = crate::sync::spawn("dedupkv-commit", move || run(&s, &kicked, wait))
             .map_err(|e| Error::Storage(redb::Error::Io(e)))?;
         let _ = shared.kick.try_send(());
         Ok(Log {
@@ -262,16 +259,18 @@ impl Log {
         }
         self.lead_or_kick();
         // The committer publishes `durable_row` (or `poisoned`) before it
-        // unparks; a wake-up for an earlier wait or a spurious one just
-        // parks again.
+        // unparks, so checking before each park misses nothing; a wake-up
+        // for an earlier wait or a spurious one just parks again. (Checking
+        // first also matters to loom, which drops an unpark that reaches a
+        // thread blocked on a lock rather than keeping it for `park`.)
         loop {
-            park();
             if s.durable_row.load(Ordering::Acquire) >= row {
                 return Ok(());
             }
             if s.poisoned.load(Ordering::Acquire) {
                 return Err(poisoned_error(&s.done.lock()));
             }
+            park();
         }
     }
 
@@ -472,8 +471,13 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
 /// are pending than the last commit carried, yield briefly (at most
 /// [`GATHER`]) so they land in this commit instead of costing one of their
 /// own. A lone caller (last commit of one record) never waits.
+///
+/// Under `cfg(dedupkv_loom)` it never waits either: loom has no wall time,
+/// and gathering only decides which commit a record joins, never what is
+/// acknowledged; loom's own scheduling already tries the committer taking
+/// the batch early and late.
 fn gather(s: &Shared, last_records: u32) {
-    if last_records <= 1 {
+    if last_records <= 1 || cfg!(dedupkv_loom) {
         return;
     }
     let deadline = std::time::Instant::now() + GATHER;

@@ -1,0 +1,441 @@
+//! Model checking with loom: every interleaving (up to a preemption bound)
+//! of two or three callers and the committer thread. Built only with
+//! `RUSTFLAGS="--cfg dedupkv_loom"`; run `scripts/loom.sh`.
+//!
+//! Checked: no interleaving lets two callers both win a key
+//! (`insert_if_absent`, `begin`), and none acknowledges a caller before its
+//! batch is durable: at the moment a call returns `Ok`, the caller takes
+//! the backend's crash image (only the synced bytes), and that image,
+//! reopened as a store, holds the acknowledged record. The same holds for
+//! `flush` in `Deferred` mode, and with an injected sync failure no caller
+//! of the failed batch is acknowledged.
+//!
+//! Each model opens its store with one shard and a manual clock, so an
+//! execution is a function of loom's schedule alone (loom requires it): the
+//! random key-hash secret then cannot change which shard locks are taken.
+//! A model has at most five threads, loom's limit: the model's own (also a
+//! racer), the committer, one or two more racers, and one committer per
+//! reopened crash image.
+#![cfg(dedupkv_loom)]
+
+mod common;
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::CrashBackend;
+use dedupkv::{Begin, Durability, Error, Fingerprint, Key, ManualClock, Result, Store};
+use loom::thread::JoinHandle;
+use redb::StorageBackend;
+
+/// The manual clock's only time: leases never lapse within a model.
+const T0: u64 = 1_700_000_000_000;
+/// Stack for spawned racers, in the machine words loom's threads count in
+/// (2 MiB); redb does not fit the default 32 KiB.
+const STACK_WORDS: usize = 1 << 18;
+const OUTCOME: &[u8] = b"done";
+
+fn fp() -> Fingerprint {
+    Fingerprint::of("params")
+}
+
+/// A store on `backend`: one shard, manual clock, no evictor thread, its
+/// first commit (the token floor) done, so the committer is idle.
+fn open(backend: impl StorageBackend) -> Result<Store> {
+    open_with(backend, Durability::Immediate)
+}
+
+fn open_with(backend: impl StorageBackend, durability: Durability) -> Result<Store> {
+    let store = Store::builder()
+        .shards(1)
+        .clock(ManualClock::new(T0))
+        .background_eviction(false)
+        .durability(durability)
+        .open_with_backend(backend)?;
+    store.flush()?;
+    Ok(store)
+}
+
+fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+    loom::thread::Builder::new()
+        .stack_size(STACK_WORDS)
+        .spawn(f)
+        .expect("spawn")
+}
+
+fn join<T>(h: JoinHandle<T>) -> T {
+    h.join().expect("racer panicked")
+}
+
+/// Explores `model` under loom with at most `preemptions` preemptions per
+/// execution (`LOOM_MAX_PREEMPTIONS` overrides it for every model), and
+/// prints how many executions that took. Only the part of `model` inside
+/// [`race`] is explored; the rest runs one schedule.
+fn check(name: &str, preemptions: usize, model: impl Fn() -> Result<()> + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = builder.preemption_bound.or(Some(preemptions));
+    builder.expect_explicit_explore = true;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let label = name.to_string();
+    let started = Instant::now();
+    builder.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = model() {
+            panic!("{label}: {e}");
+        }
+    });
+    println!(
+        "loom: {name}: {} executions (preemption bound {}) in {:.1?}",
+        runs.load(Ordering::Relaxed),
+        builder.preemption_bound.unwrap_or(0),
+        started.elapsed()
+    );
+}
+
+/// Runs `f` with loom exploring every schedule of it. Opening the store
+/// before and checking crash images after are not what is being checked:
+/// they run one schedule, which keeps the model small.
+fn race<R>(f: impl FnOnce() -> R) -> R {
+    loom::explore();
+    let out = f();
+    loom::stop_exploring();
+    out
+}
+
+/// Reopens a crash image and asserts every id in `ids` (scope `t`) is
+/// recorded there.
+fn assert_recorded(image: CrashBackend, ids: &[&str], what: &str) -> Result<()> {
+    let store = open(image)?;
+    for id in ids {
+        assert!(
+            store.get(&Key::new("t", id))?.is_some(),
+            "{what} returned, but a crash at that moment loses t/{id}"
+        );
+    }
+    Ok(())
+}
+
+/// Which answer a `begin` racer got (its claim completed if it started).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Started,
+    InProgress,
+    Completed,
+}
+
+/// `begin` on `t/op`, and `complete` if this caller won.
+fn begin_and_complete(store: &Store) -> Result<Answer> {
+    Ok(match store.begin(&Key::new("t", "op"), fp())? {
+        Begin::Started(claim) => {
+            if let Err(e) = store.complete(&claim, OUTCOME) {
+                panic!("a Started claim could not complete, so another caller won too: {e}");
+            }
+            Answer::Started
+        }
+        Begin::InProgress(_) => Answer::InProgress,
+        Begin::Completed(rec) => {
+            assert_eq!(rec.outcome(), Some(OUTCOME), "replayed outcome");
+            Answer::Completed
+        }
+    })
+}
+
+/// `racers` threads (the model's own included) insert `t/k`; asserts
+/// exactly one was told it is new.
+fn insert_race(racers: usize) -> Result<()> {
+    let store = open(CrashBackend::new())?;
+    let answers = race(|| {
+        let others: Vec<_> = (1..racers)
+            .map(|_| {
+                let store = store.clone();
+                spawn(move || store.insert_if_absent(&Key::new("t", "k")))
+            })
+            .collect();
+        let mut answers = vec![store.insert_if_absent(&Key::new("t", "k"))];
+        answers.extend(others.into_iter().map(join));
+        answers.into_iter().collect::<Result<Vec<bool>>>()
+    })?;
+    let wins = answers.iter().filter(|&&new| new).count();
+    assert_eq!(wins, 1, "insert_if_absent answers {answers:?}");
+    Ok(())
+}
+
+#[test]
+fn insert_if_absent_has_one_winner() {
+    check("insert_if_absent, 2 racers on one key", 3, || {
+        insert_race(2)
+    });
+}
+
+#[test]
+fn insert_if_absent_has_one_winner_of_three() {
+    check("insert_if_absent, 3 racers on one key", 1, || {
+        insert_race(3)
+    });
+}
+
+#[test]
+fn begin_has_one_winner() {
+    check("begin + complete, 2 racers on one key", 2, || {
+        let store = open(CrashBackend::new())?;
+        let (mine, theirs) = race(|| {
+            let racer = {
+                let store = store.clone();
+                spawn(move || begin_and_complete(&store))
+            };
+            (begin_and_complete(&store), join(racer))
+        });
+        let answers = [mine?, theirs?];
+        let started = answers.iter().filter(|&&a| a == Answer::Started).count();
+        assert_eq!(started, 1, "begin answers {answers:?}");
+        Ok(())
+    });
+}
+
+#[test]
+fn inserts_are_durable_when_acknowledged() {
+    check("insert_if_absent / insert_batch: ack => durable", 2, || {
+        let backend = CrashBackend::new();
+        let store = open(backend.clone())?;
+        let ((mine, my_image), (theirs, their_image)) = race(|| {
+            let racer = {
+                let (store, backend) = (store.clone(), backend.clone());
+                spawn(move || {
+                    let keys = [Key::new("t", "shared"), Key::new("t", "batch-only")];
+                    let flags = store.insert_batch(&keys);
+                    (flags, backend.crash_image())
+                })
+            };
+            let mine = store.insert_if_absent(&Key::new("t", "shared"));
+            ((mine, backend.crash_image()), join(racer))
+        });
+        drop(store);
+        let (mine, theirs) = (mine?, theirs?);
+        assert!(mine != theirs[0], "both or neither won: {mine}, {theirs:?}");
+        // A duplicate answer is an acknowledgement too: it must not be given
+        // before the record it is based on is durable.
+        assert_recorded(my_image, &["shared"], "insert_if_absent")?;
+        assert_recorded(their_image, &["shared", "batch-only"], "insert_batch")
+    });
+}
+
+#[test]
+fn claims_and_completions_are_durable_when_acknowledged() {
+    check("begin / complete: ack => durable", 2, || {
+        let backend = CrashBackend::new();
+        let store = open(backend.clone())?;
+        let answers = race(|| {
+            let racer = {
+                let (store, backend) = (store.clone(), backend.clone());
+                spawn(move || (begin_and_complete(&store), backend.crash_image()))
+            };
+            let mine = begin_and_complete(&store);
+            [(mine, backend.crash_image()), join(racer)]
+        });
+        drop(store);
+        for (answer, image) in answers {
+            let answer = answer?;
+            let store = open(image)?;
+            let after = store.begin(&Key::new("t", "op"), fp())?;
+            match (answer, &after) {
+                // Completed (by this caller, or replayed to it): the outcome
+                // survives.
+                (Answer::Started | Answer::Completed, Begin::Completed(rec)) => {
+                    assert_eq!(rec.outcome(), Some(OUTCOME));
+                }
+                // Told "in progress": the claim it was told of survives, so
+                // no second caller can start the key after the crash.
+                (Answer::InProgress, Begin::InProgress(_) | Begin::Completed(_)) => {}
+                _ => panic!("answered {answer:?}, but a crash at that moment leaves {after:?}"),
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn deferred_flush_makes_earlier_acks_durable() {
+    check("deferred: flush => durable", 2, || {
+        let backend = CrashBackend::new();
+        let deferred = Durability::Deferred {
+            max_delay: Duration::from_millis(5),
+        };
+        let store = open_with(backend.clone(), deferred)?;
+        // The committer also commits on its own whenever its (modelled)
+        // timeout fires; `flush` must still cover every earlier ack.
+        let (answers, image) = race(|| {
+            let racer = {
+                let store = store.clone();
+                spawn(move || store.insert_if_absent(&Key::new("t", "a")))
+            };
+            let mine = store.insert_if_absent(&Key::new("t", "b"));
+            let answers = [mine, join(racer)];
+            let flushed = store.flush();
+            (answers, flushed.map(|()| backend.crash_image()))
+        });
+        drop(store);
+        for new in answers {
+            assert!(new?, "distinct keys are new");
+        }
+        assert_recorded(image?, &["a", "b"], "flush")
+    });
+}
+
+/// A [`CrashBackend`] whose syncs fail once armed: the failing commit's
+/// pages are written but never synced, and after the first failed sync
+/// every write and sync fails.
+#[derive(Debug, Clone)]
+struct FailingSync {
+    disk: CrashBackend,
+    /// Syncs still allowed; `u64::MAX` while disarmed.
+    syncs_left: Arc<AtomicU64>,
+    tripped: Arc<AtomicBool>,
+}
+
+impl FailingSync {
+    fn new(disk: CrashBackend) -> Self {
+        Self {
+            disk,
+            syncs_left: Arc::new(AtomicU64::new(u64::MAX)),
+            tripped: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Lets `n` more syncs succeed; the one after fails.
+    fn arm(&self, n: u64) {
+        self.syncs_left.store(n, Ordering::SeqCst);
+    }
+
+    fn check_tripped(&self) -> io::Result<()> {
+        if self.tripped.load(Ordering::SeqCst) {
+            return Err(io::Error::other("injected failure (after a failed sync)"));
+        }
+        Ok(())
+    }
+}
+
+impl StorageBackend for FailingSync {
+    fn len(&self) -> io::Result<u64> {
+        self.disk.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.disk.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.check_tripped()?;
+        self.disk.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.check_tripped()?;
+        match self.syncs_left.load(Ordering::SeqCst) {
+            0 => {
+                self.tripped.store(true, Ordering::SeqCst);
+                Err(io::Error::other("injected sync failure"))
+            }
+            u64::MAX => self.disk.sync_data(),
+            left => {
+                self.syncs_left.store(left - 1, Ordering::SeqCst);
+                self.disk.sync_data()
+            }
+        }
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.check_tripped()?;
+        self.disk.write(offset, data)
+    }
+}
+
+fn is_fault(e: &Error) -> bool {
+    matches!(e, Error::Poisoned(_) | Error::Storage(_))
+}
+
+/// A store whose first commit is done, and whose backend then lets `syncs`
+/// more syncs (one per commit) succeed before one fails.
+fn open_failing(syncs: u64) -> Result<(Store, FailingSync)> {
+    let backend = FailingSync::new(CrashBackend::new());
+    let store = open(backend.clone())?;
+    backend.arm(syncs);
+    Ok((store, backend))
+}
+
+#[test]
+fn failed_commit_acknowledges_nobody() {
+    check(
+        "sync failure of the next commit: every caller gets Err",
+        3,
+        || {
+            let (store, _backend) = open_failing(0)?;
+            let answers = race(|| {
+                let racer = {
+                    let store = store.clone();
+                    spawn(move || store.insert_if_absent(&Key::new("t", "a")))
+                };
+                let mine = store.insert_if_absent(&Key::new("t", "b"));
+                [mine, join(racer)]
+            });
+            for res in &answers {
+                assert!(
+                    matches!(res, Err(e) if is_fault(e)),
+                    "a caller of the failed commit was answered {res:?}"
+                );
+            }
+            // Sticky: the store refuses writes until reopened.
+            let again = store.insert_if_absent(&Key::new("t", "c"));
+            assert!(
+                matches!(again, Err(Error::Poisoned(_))),
+                "after the failure: {again:?}"
+            );
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn failure_in_a_later_commit_keeps_earlier_acks_durable() {
+    let outcomes = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let seen = Arc::clone(&outcomes);
+    check(
+        "sync failure of the second commit: ack => durable, else Err",
+        3,
+        move || {
+            let (store, backend) = open_failing(1)?;
+            let answers = race(|| {
+                let racer = {
+                    let (store, disk) = (store.clone(), backend.disk.clone());
+                    spawn(move || {
+                        let res = store.insert_if_absent(&Key::new("t", "a"));
+                        ("a", res, disk.crash_image())
+                    })
+                };
+                let mine = store.insert_if_absent(&Key::new("t", "b"));
+                [("b", mine, backend.disk.crash_image()), join(racer)]
+            });
+            drop(store);
+            for (id, res, image) in answers {
+                match res {
+                    Ok(new) => {
+                        assert!(new, "t/{id} was new");
+                        seen[0].fetch_add(1, Ordering::Relaxed);
+                        assert_recorded(image, &[id], "insert_if_absent")?;
+                    }
+                    Err(e) => {
+                        assert!(is_fault(&e), "unexpected error {e}");
+                        seen[1].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Ok(())
+        },
+    );
+    // The schedule decides which callers share the failed commit: loom must
+    // have seen both answers, or the model checked less than it claims.
+    let (ok, err) = (
+        outcomes[0].load(Ordering::Relaxed),
+        outcomes[1].load(Ordering::Relaxed),
+    );
+    println!("loom:   acknowledged {ok} times, refused {err} times");
+    assert!(ok > 0 && err > 0, "acknowledged {ok}, refused {err}");
+}
