@@ -91,7 +91,7 @@ struct Done {
 struct Lead {
     /// Records in the previous commit.
     last_records: u32,
-    /// Callers the previous commit woke.
+    /// Waiting callers the previous commit woke.
     last_callers: usize,
 }
 
@@ -274,17 +274,22 @@ impl Log {
         }
     }
 
-    /// Commits the open batch on this thread if nobody is committing and
-    /// either the previous commit served a single caller (this one is
-    /// likely alone: the committer thread would only add two thread
-    /// hand-offs) or the batch already holds as many records as the
-    /// previous commit (the callers it woke are back). Otherwise wakes the
-    /// committer, which gathers stragglers first.
+    /// Commits the open batch on this thread if nobody is committing, the
+    /// previous commit woke at most one waiting caller, and the batch
+    /// already holds as many records as that commit: a lone caller (an
+    /// `insert_batch` loop, a single thread) thus skips the two thread
+    /// hand-offs through the committer thread. Otherwise wakes the
+    /// committer, which waits briefly for stragglers ([`gather`]) first:
+    /// callers woken together by a commit fill the next one fuller that way
+    /// than if the first of them to be ready committed at once (measured
+    /// with 16 threads: 15.7 records a commit through the committer, 13
+    /// when callers led).
     fn lead_or_kick(&self) {
         let s = &*self.shared;
         if self.durability == Durability::Immediate
             && let Some(mut lead) = s.lead.try_lock()
-            && (lead.last_callers <= 1 || s.batch.lock().next_idx >= lead.last_records)
+            && lead.last_callers <= 1
+            && s.batch.lock().next_idx >= lead.last_records
         {
             commit_pending(s, &mut lead);
             return;
@@ -371,7 +376,7 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
         }
         if wait.is_none() && !stopping {
             let last = s.lead.lock().last_records;
-            gather(s, last);
+            gather(s, kicked, last);
         }
         match commit_pending(s, &mut s.lead.lock()) {
             Committed::Nothing if stopping => return,
@@ -468,21 +473,26 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
 
 /// Adaptive group commit: callers woken by the previous commit are still
 /// appending their next records when the committer wakes. If fewer records
-/// are pending than the last commit carried, yield briefly (at most
-/// [`GATHER`]) so they land in this commit instead of costing one of their
-/// own. A lone caller (last commit of one record) never waits.
+/// are pending than the last commit carried, wait for their kicks (at most
+/// [`GATHER`] in all) so they land in this commit instead of costing one of
+/// their own. A lone caller (last commit of one record) never waits.
 ///
 /// Under `cfg(dedupkv_loom)` it never waits either: loom has no wall time,
 /// and gathering only decides which commit a record joins, never what is
 /// acknowledged; loom's own scheduling already tries the committer taking
 /// the batch early and late.
-fn gather(s: &Shared, last_records: u32) {
+fn gather(s: &Shared, kicked: &Receiver<()>, last_records: u32) {
     if last_records <= 1 || cfg!(dedupkv_loom) {
         return;
     }
+    // Every waiting caller kicks after appending; sleep between kicks
+    // rather than spin, so the callers have the processors to themselves.
     let deadline = std::time::Instant::now() + GATHER;
-    while s.batch.lock().next_idx < last_records && std::time::Instant::now() < deadline {
-        std::thread::yield_now();
+    while s.batch.lock().next_idx < last_records {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || kicked.recv_timeout(left).is_err() {
+            break;
+        }
     }
 }
 
