@@ -286,10 +286,11 @@ impl Log {
     /// when callers led).
     fn lead_or_kick(&self) {
         let s = &*self.shared;
+        let pending = s.batch.lock().next_idx;
         if self.durability == Durability::Immediate
             && let Some(mut lead) = s.lead.try_lock()
             && lead.last_callers <= 1
-            && s.batch.lock().next_idx >= lead.last_records
+            && pending >= lead.last_records
         {
             commit_pending(s, &mut lead);
             return;
