@@ -360,21 +360,20 @@ impl Store {
         let mut out = vec![false; keys.len()];
         let mut wait_new = 0;
         let mut wait_seen = 0;
-        for group in order.chunk_by(|a, b| a.0 == b.0) {
-            let mut shard = inner.index.lock_shard(group[0].0 as usize);
+        let mut one_shard = |shard: &mut Shard, group: &[(u32, u32, KeyHash)]| -> Result<()> {
             let warm = group.iter().fold(0, |acc, &(_, _, h)| acc ^ shard.touch(h));
             std::hint::black_box(warm);
             let mut batch = inner.log.batch()?;
             for &(_, i, h) in group {
                 let probe = shard.probe(h);
-                if let Some(s) = Inner::live_at(&shard, probe, nb) {
+                if let Some(s) = Inner::live_at(shard, probe, nb) {
                     wait_seen = wait_seen.max(s.row(inner.log.open_row()));
                     shard.counters.duplicates += 1;
                     continue;
                 }
                 let mut rec = Inner::insert_record(&keys[i as usize], now, inner.cfg.retention_ms);
                 let row = inner.append_at(
-                    &mut shard,
+                    shard,
                     &mut batch,
                     probe,
                     h,
@@ -386,6 +385,19 @@ impl Store {
                 shard.counters.new_keys += 1;
                 out[i as usize] = true;
             }
+            Ok(())
+        };
+        // A shard that is busy (the grower may be rehashing it) is left for
+        // last, so the batch does not follow the grower from shard to shard.
+        let mut busy = Vec::new();
+        for group in order.chunk_by(|a, b| a.0 == b.0) {
+            match inner.index.try_lock_shard(group[0].0 as usize) {
+                Some(mut shard) => one_shard(&mut shard, group)?,
+                None => busy.push(group),
+            }
+        }
+        for group in busy {
+            one_shard(&mut inner.index.lock_shard(group[0].0 as usize), group)?;
         }
         if wait_new > 0 {
             inner.log.settle(wait_new)?;

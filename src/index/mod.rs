@@ -255,6 +255,11 @@ impl ShardedIndex {
         self.shards[i].0.lock()
     }
 
+    /// Shard `i`, if its lock is free.
+    pub(crate) fn try_lock_shard(&self, i: usize) -> Option<MutexGuard<'_, Shard>> {
+        self.shards[i].0.try_lock()
+    }
+
     /// Entities, parked and held events, one shard at a time.
     pub(crate) fn entity_usage(&self) -> (usize, usize, usize) {
         self.shards.iter().fold((0, 0, 0), |(n, p, h), s| {
