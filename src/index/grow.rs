@@ -1,6 +1,6 @@
 //! Background growth of shard tables.
 //!
-//! Growing a slot table moves every slot into a table a quarter larger:
+//! Growing a slot table moves every slot into a larger table (3/4 full):
 //! for a shard of 16,000 keys about a third of a millisecond, and, spread
 //! over the inserts that fill the quarter, the largest single cost of
 //! inserting into a growing store (measured: 0.25 ms of a 1.1 ms
