@@ -81,11 +81,15 @@ impl SlotTable {
         let mut d = 0;
         loop {
             let s = &self.slots[pos];
-            if s.is_empty() || self.dist(pos, s.lo) < d {
+            if s.is_empty() {
                 return Probe::Vacant { pos, dist: d };
             }
+            // The key itself first: a hit at home needs no distance.
             if s.is(h) {
                 return Probe::Found(pos);
+            }
+            if self.dist(pos, s.lo) < d {
+                return Probe::Vacant { pos, dist: d };
             }
             pos = self.next(pos);
             d += 1;
