@@ -23,11 +23,9 @@ pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub(crate) use std::thread::{JoinHandle, Thread, current, park};
 
 #[cfg(dedupkv_loom)]
-pub(crate) use loom::thread::{Thread, current, park};
-#[cfg(dedupkv_loom)]
 pub(crate) use model::{
     AtomicBool, AtomicU64, Condvar, JoinHandle, MappedRwLockReadGuard, Mutex, MutexGuard, Ordering,
-    Receiver, RwLock, RwLockReadGuard, Sender, bounded, spawn,
+    Receiver, RwLock, RwLockReadGuard, Sender, Thread, bounded, current, park, spawn,
 };
 
 // std's in both builds: loom's `Arc` has no `Weak` and cannot be unsized

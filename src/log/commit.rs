@@ -259,10 +259,9 @@ impl Log {
         }
         self.lead_or_kick();
         // The committer publishes `durable_row` (or `poisoned`) before it
-        // unparks, so checking before each park misses nothing; a wake-up
-        // for an earlier wait or a spurious one just parks again. (Checking
-        // first also matters to loom, which drops an unpark that reaches a
-        // thread blocked on a lock rather than keeping it for `park`.)
+        // unparks, so checking before each park misses nothing (and spares
+        // a leading caller the park after its own commit); a wake-up left
+        // from an earlier wait, or a spurious one, just parks again.
         loop {
             if s.durable_row.load(Ordering::Acquire) >= row {
                 return Ok(());

@@ -411,3 +411,48 @@ impl<T> Receiver<T> {
         Err(RecvTimeoutError::Timeout)
     }
 }
+
+/// A thread's park token, as `std::thread::park` keeps one: a flag under a
+/// loom mutex and a condition variable. Loom's own `Thread::unpark` also
+/// wakes a thread that is blocked on a *mutex* (and the mutex then fails
+/// its own check), so a late unpark — std allows them, and the committer
+/// may unpark a waiter that already saw its row durable and moved on —
+/// would break the model rather than the code. This parker keeps the
+/// token apart from every other lock, as std does.
+#[derive(Default)]
+struct Parker {
+    token: loom::sync::Mutex<bool>,
+    wake: loom::sync::Condvar,
+}
+
+loom::thread_local! {
+    static PARKER: Arc<Parker> = Arc::new(Parker::default());
+}
+
+/// A handle to unpark a thread, as `std::thread::Thread`.
+#[derive(Clone)]
+pub(crate) struct Thread(Arc<Parker>);
+
+impl Thread {
+    /// Makes the thread's token available, waking it if it is parked.
+    pub(crate) fn unpark(&self) {
+        *self.0.token.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.0.wake.notify_one();
+    }
+}
+
+/// The calling thread's handle.
+pub(crate) fn current() -> Thread {
+    PARKER.with(|p| Thread(Arc::clone(p)))
+}
+
+/// Blocks until the calling thread's token is available, then takes it.
+pub(crate) fn park() {
+    PARKER.with(|p| {
+        let mut token = p.token.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*token {
+            token = p.wake.wait(token).unwrap_or_else(PoisonError::into_inner);
+        }
+        *token = false;
+    });
+}
