@@ -7,7 +7,7 @@
 //! - table `dedupkv.meta` (`&str -> &[u8]`): magic, format version, key-hash
 //!   algorithm and secret, bucket granularity;
 //! - one table per expiry bucket, `log.<bucket>` (`u64 -> &[u8]`): row
-//!   number to a row of records (see [`format`]). Dropping a whole bucket is
+//!   number to a row of records (see [`format`](mod@format)). Dropping a whole bucket is
 //!   one `delete_table`.
 //!
 //! Invariant: a row number is written by one commit only, and rows of later
