@@ -285,14 +285,16 @@ impl Log {
     /// when callers led).
     fn lead_or_kick(&self) {
         let s = &*self.shared;
-        let pending = s.batch.lock().next_idx;
         if self.durability == Durability::Immediate
             && let Some(mut lead) = s.lead.try_lock()
             && lead.last_callers <= 1
-            && pending >= lead.last_records
         {
-            commit_pending(s, &mut lead);
-            return;
+            // Its own statement: no batch guard outlives the count.
+            let pending = s.batch.lock().next_idx;
+            if pending >= lead.last_records {
+                commit_pending(s, &mut lead);
+                return;
+            }
         }
         let _ = s.kick.try_send(());
     }
@@ -443,11 +445,9 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
                 done.durable_row = row;
                 s.durable_row.store(row, Ordering::Release);
                 // Callers of the open batch (a later row) wait on.
-                let (ready, later) = std::mem::take(&mut done.waiters)
-                    .into_iter()
-                    .partition::<Vec<_>, _>(|(r, _)| *r <= row);
-                done.waiters = later;
-                ready
+                done.waiters
+                    .extract_if(.., |(r, _)| *r <= row)
+                    .collect::<Vec<_>>()
             };
             lead.last_callers = ready.len();
             for (_, t) in ready {

@@ -442,6 +442,17 @@ fn corrupt(what: &str) -> Error {
 mod tests {
     use super::*;
 
+    const ALL_KINDS: [Kind; 8] = [
+        Kind::Insert,
+        Kind::Claim,
+        Kind::Complete,
+        Kind::Fail,
+        Kind::Release,
+        Kind::Entity,
+        Kind::Park,
+        Kind::Hold,
+    ];
+
     fn sample(kind: Kind, idx: u32, outcome: &[u8]) -> RecordRef<'_> {
         RecordRef {
             kind,
@@ -463,16 +474,7 @@ mod tests {
     #[test]
     fn round_trip_every_kind() -> Result<()> {
         let mut w = RowWriter::new();
-        let kinds = [
-            Kind::Insert,
-            Kind::Claim,
-            Kind::Complete,
-            Kind::Fail,
-            Kind::Release,
-            Kind::Entity,
-            Kind::Park,
-            Kind::Hold,
-        ];
+        let kinds = ALL_KINDS;
         for (i, k) in kinds.iter().enumerate() {
             w.push(&sample(*k, i as u32, b"out"));
         }
@@ -534,16 +536,7 @@ mod tests {
     }
 
     fn any_kind() -> impl proptest::strategy::Strategy<Value = Kind> {
-        proptest::sample::select(vec![
-            Kind::Insert,
-            Kind::Claim,
-            Kind::Complete,
-            Kind::Fail,
-            Kind::Release,
-            Kind::Entity,
-            Kind::Park,
-            Kind::Hold,
-        ])
+        proptest::sample::select(ALL_KINDS.to_vec())
     }
 
     proptest::proptest! {
