@@ -1,7 +1,7 @@
 //! Group commit: whoever holds the commit lock (a waiting caller that
 //! leads, or the committer thread) turns everything appended since the last
-//! commit into one redb transaction, syncs once, then unparks every caller
-//! of that batch.
+//! commit into one redb transaction, syncs once, then wakes every caller
+//! of that batch with one call.
 //!
 //! Invariants:
 //! - a record is appended while its key's shard lock is held, so per-key log
@@ -21,8 +21,8 @@ use redb::Database;
 use super::format::{RecordRef, RowWriter};
 use super::{log_table, table_name};
 use crate::sync::{
-    Arc, AtomicBool, AtomicU64, JoinHandle, MappedRwLockReadGuard, Mutex, MutexGuard, Ordering,
-    Receiver, RwLock, RwLockReadGuard, Sender, Thread, bounded, current, park,
+    Arc, AtomicBool, AtomicU32, AtomicU64, Futex, JoinHandle, MappedRwLockReadGuard, Mutex,
+    MutexGuard, Ordering, Receiver, RwLock, RwLockReadGuard, Sender, bounded,
 };
 use crate::{Durability, Error, Result};
 
@@ -78,11 +78,6 @@ impl Batch {
 struct Done {
     durable_row: u64,
     poisoned: Option<String>,
-    /// Callers parked until their row is durable (or the log is poisoned).
-    /// Each is unparked on its own: no caller has to take a lock to wake,
-    /// so the callers of one commit run again together rather than one
-    /// after another behind a condition variable's mutex.
-    waiters: Vec<(u64, Thread)>,
 }
 
 /// Held by whoever commits (the committer thread or a leading caller),
@@ -91,8 +86,8 @@ struct Done {
 struct Lead {
     /// Records in the previous commit.
     last_records: u32,
-    /// Waiting callers the previous commit woke.
-    last_callers: usize,
+    /// Callers that waited for the previous commit's row.
+    last_callers: u32,
 }
 
 struct Shared {
@@ -115,6 +110,18 @@ struct Shared {
     open_row: AtomicU64,
     /// Mirror of `done.durable_row`, readable without the done lock.
     durable_row: AtomicU64,
+    /// Callers of row `r` sleep on `woke[r % 2]`, and the commit of row `r`
+    /// wakes them all in one call. Only two rows can have callers waiting
+    /// (the one being committed and the open one: a row opens only when
+    /// the one before it is taken for commit, and commits never overlap),
+    /// so a commit wakes its own callers and nobody else.
+    woke: [Futex; 2],
+    /// Callers that waited for row `r`, counted in `callers[r % 2]` and
+    /// reset by its commit; read by [`Log::lead_or_kick`]. A caller that
+    /// counts itself just after its row was committed is counted in row
+    /// `r + 2` instead: the count only steers who commits, never what is
+    /// acknowledged.
+    callers: [AtomicU32; 2],
     quick_repair: bool,
     /// Buckets that have a table on disk (as of the last commit).
     buckets: Mutex<BTreeSet<u64>>,
@@ -160,8 +167,9 @@ impl Log {
             done: Mutex::new(Done {
                 durable_row: last_row,
                 poisoned: None,
-                waiters: Vec::new(),
             }),
+            woke: Default::default(),
+            callers: Default::default(),
             lead: Mutex::new(Lead::default()),
             poisoned: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -247,29 +255,22 @@ impl Log {
         if s.durable_row.load(Ordering::Acquire) >= row {
             return Ok(());
         }
-        {
-            let mut done = s.done.lock();
-            if done.durable_row >= row {
-                return Ok(());
-            }
-            if done.poisoned.is_some() {
-                return Err(poisoned_error(&done));
-            }
-            done.waiters.push((row, current()));
-        }
+        let parity = (row % 2) as usize;
+        s.callers[parity].fetch_add(1, Ordering::Relaxed);
         self.lead_or_kick();
         // The committer publishes `durable_row` (or `poisoned`) before it
-        // unparks, so checking before each park misses nothing (and spares
-        // a leading caller the park after its own commit); a wake-up left
-        // from an earlier wait, or a spurious one, just parks again.
+        // changes the word it wakes through, and the word is read here
+        // before the check: a commit after the check has changed the word,
+        // so the wait returns at once instead of missing the wake-up.
         loop {
+            let seen = s.woke[parity].load();
             if s.durable_row.load(Ordering::Acquire) >= row {
                 return Ok(());
             }
             if s.poisoned.load(Ordering::Acquire) {
                 return Err(poisoned_error(&s.done.lock()));
             }
-            park();
+            s.woke[parity].wait(seen);
         }
     }
 
@@ -440,31 +441,25 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
                 set.extend(written);
             }
             s.commits.fetch_add(1, Ordering::Relaxed);
-            let ready = {
+            {
                 let mut done = s.done.lock();
                 done.durable_row = row;
                 s.durable_row.store(row, Ordering::Release);
-                // Callers of the open batch (a later row) wait on.
-                done.waiters
-                    .extract_if(.., |(r, _)| *r <= row)
-                    .collect::<Vec<_>>()
-            };
-            lead.last_callers = ready.len();
-            for (_, t) in ready {
-                t.unpark();
             }
+            let parity = (row % 2) as usize;
+            lead.last_callers = s.callers[parity].swap(0, Ordering::Relaxed);
+            s.woke[parity].wake_all();
             Committed::Row
         }
         Err(e) => {
             tracing::error!(row, error = %e, "dedupkv commit failed; store poisoned");
-            let waiters = {
+            {
                 let mut done = s.done.lock();
                 done.poisoned = Some(format!("commit of log row {row} failed: {e}"));
                 s.poisoned.store(true, Ordering::Release);
-                std::mem::take(&mut done.waiters)
-            };
-            for (_, t) in waiters {
-                t.unpark();
+            }
+            for w in &s.woke {
+                w.wake_all();
             }
             Committed::Failed
         }

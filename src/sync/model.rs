@@ -26,7 +26,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 pub(crate) use loom::thread::JoinHandle;
 
 /// Stack for threads the store spawns, in the machine words loom's
@@ -412,47 +412,49 @@ impl<T> Receiver<T> {
     }
 }
 
-/// A thread's park token, as `std::thread::park` keeps one: a flag under a
-/// loom mutex and a condition variable. Loom's own `Thread::unpark` also
-/// wakes a thread that is blocked on a *mutex* (and the mutex then fails
-/// its own check), so a late unpark — std allows them, and the committer
-/// may unpark a waiter that already saw its row durable and moved on —
-/// would break the model rather than the code. This parker keeps the
-/// token apart from every other lock, as std does.
-#[derive(Default)]
-struct Parker {
-    token: loom::sync::Mutex<bool>,
+/// A futex word, as `crate::sync::Futex`: a loom atomic, with a loom mutex
+/// and condition variable for the sleeping. The word is read under the
+/// mutex before sleeping and changed before the mutex is taken to wake, so,
+/// as with a real futex, a change between a caller's check and its sleep is
+/// never missed.
+pub(crate) struct Futex {
+    word: AtomicU32,
+    lock: loom::sync::Mutex<()>,
     wake: loom::sync::Condvar,
 }
 
-loom::thread_local! {
-    static PARKER: Arc<Parker> = Arc::new(Parker::default());
-}
-
-/// A handle to unpark a thread, as `std::thread::Thread`.
-#[derive(Clone)]
-pub(crate) struct Thread(Arc<Parker>);
-
-impl Thread {
-    /// Makes the thread's token available, waking it if it is parked.
-    pub(crate) fn unpark(&self) {
-        *self.0.token.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.0.wake.notify_one();
+impl Default for Futex {
+    fn default() -> Self {
+        Futex {
+            word: AtomicU32::new(0),
+            lock: loom::sync::Mutex::new(()),
+            wake: loom::sync::Condvar::new(),
+        }
     }
 }
 
-/// The calling thread's handle.
-pub(crate) fn current() -> Thread {
-    PARKER.with(|p| Thread(Arc::clone(p)))
-}
+impl Futex {
+    /// The current value.
+    pub(crate) fn load(&self) -> u32 {
+        self.word.load(Ordering::Acquire)
+    }
 
-/// Blocks until the calling thread's token is available, then takes it.
-pub(crate) fn park() {
-    PARKER.with(|p| {
-        let mut token = p.token.lock().unwrap_or_else(PoisonError::into_inner);
-        while !*token {
-            token = p.wake.wait(token).unwrap_or_else(PoisonError::into_inner);
+    /// Sleeps unless the word has changed from `seen`.
+    pub(crate) fn wait(&self, seen: u32) {
+        let guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.word.load(Ordering::Acquire) == seen {
+            drop(
+                self.wake
+                    .wait(guard)
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
         }
-        *token = false;
-    });
+    }
+
+    /// Changes the word and wakes every sleeper.
+    pub(crate) fn wake_all(&self) {
+        self.word.fetch_add(1, Ordering::Release);
+        drop(self.lock.lock().unwrap_or_else(PoisonError::into_inner));
+        self.wake.notify_all();
+    }
 }
