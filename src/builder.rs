@@ -37,6 +37,7 @@ pub(crate) struct Config {
     pub entity_retention_ms: u64,
     pub max_hold_ms: u64,
     pub compact_when_free: Option<f64>,
+    pub evict_slice_bytes: usize,
 }
 
 /// Settings for [`Store`], made by [`Store::builder`].
@@ -84,6 +85,7 @@ impl Default for StoreBuilder {
                 entity_retention_ms: 7 * 24 * 3_600_000,
                 max_hold_ms: 5 * 60_000,
                 compact_when_free: Some(0.5),
+                evict_slice_bytes: 1 << 20,
             },
             clock: Arc::new(SystemClock),
         }
@@ -387,6 +389,28 @@ impl StoreBuilder {
         self
     }
 
+    /// The most log one eviction commit deletes, in bytes. A bucket's table
+    /// is deleted a slice of rows per commit, oldest first, each slice
+    /// about this size, before the table itself is dropped: redb frees a
+    /// dropped table's pages inside one commit, and writers wait for that
+    /// commit (13 ms for a 22 MB bucket of a million keys on the
+    /// benchmark machine, against well under 1 ms per 1 MiB slice).
+    /// Smaller slices mean shorter stalls and more commits. Default: 1 MiB.
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for 0.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder().evict_slice_bytes(256 << 10).open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn evict_slice_bytes(mut self, bytes: usize) -> Self {
+        self.cfg.evict_slice_bytes = bytes;
+        self
+    }
+
     /// Opens the store at `path`, creating it if it does not exist, and
     /// rebuilds the index from its log.
     ///
@@ -464,6 +488,9 @@ impl StoreBuilder {
             && !(0.0..1.0).contains(&f)
         {
             return bad(format!("compact_when_free must be in 0.0..1.0, not {f}"));
+        }
+        if c.evict_slice_bytes == 0 {
+            return bad("evict_slice_bytes must be at least 1".into());
         }
         if c.entity_retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
             return bad(format!(

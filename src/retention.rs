@@ -4,6 +4,12 @@
 //! - a bucket is evicted from the index before its table is deleted, so a
 //!   crash in between leaves a table that recovery skips (it has expired)
 //!   and nothing expired comes back;
+//! - a large bucket's table is deleted a slice of rows per commit
+//!   (`evict_slice_bytes`), oldest first, then dropped: redb frees a
+//!   dropped table's pages inside one commit, which every writer waits for.
+//!   A crash part-way leaves part of an expired table, which recovery skips
+//!   like a whole one; part of an *early*-evicted (still live) table brings
+//!   those of its keys back into the index, which only widens the window;
 //! - the index is evicted key by key from the bucket's own log rows (the
 //!   per-bucket key list lives on disk, not in memory), each key under its
 //!   shard lock for a moment, so concurrent callers never wait long;
@@ -66,8 +72,9 @@ impl Inner {
         let buckets = self.log.buckets();
         let mut out = Eviction::default();
         let mut victims = Vec::new();
+        let mut slices = Vec::new();
         for &b in buckets.iter().filter(|b| **b < nb) {
-            out.keys += self.evict_index(b, nb, now, false)?;
+            out.keys += self.evict_index(b, nb, now, false, &mut slices)?;
             victims.push(b);
         }
         if let Some(max) = self.cfg.max_keys {
@@ -79,7 +86,7 @@ impl Inner {
                 if keys <= max {
                     break;
                 }
-                let removed = self.evict_index(b, nb, now, true)?;
+                let removed = self.evict_index(b, nb, now, true, &mut slices)?;
                 keys = keys.saturating_sub(removed);
                 out.keys += removed;
                 out.early_buckets += 1;
@@ -100,6 +107,9 @@ impl Inner {
         self.counters
             .evicted_keys
             .fetch_add(out.keys, crate::sync::Ordering::Relaxed);
+        for (b, rows) in slices {
+            self.log.trim_bucket(b, rows)?;
+        }
         self.log.drop_buckets(&victims)?;
         if !victims.is_empty() {
             self.compact_due.store(true, crate::sync::Ordering::Release);
@@ -108,8 +118,17 @@ impl Inner {
     }
 
     /// Removes from the index the keys whose latest record is in bucket `b`;
-    /// returns how many.
-    fn evict_index(&self, b: u64, nb: u64, now: u64, early: bool) -> Result<u64> {
+    /// returns how many. Adds to `slices` the ranges of `b`'s rows to delete
+    /// a commit at a time, each holding at least `evict_slice_bytes` of log;
+    /// the rest, less than that, goes with the table.
+    fn evict_index(
+        &self,
+        b: u64,
+        nb: u64,
+        now: u64,
+        early: bool,
+        slices: &mut Vec<(u64, std::ops::RangeInclusive<u64>)>,
+    ) -> Result<u64> {
         let read = self.log.db()?.begin_read()?;
         let name = table_name(b);
         let table = match read.open_table(log_table(&name)) {
@@ -118,8 +137,16 @@ impl Inner {
             Err(e) => return Err(e.into()),
         };
         let mut removed = 0;
+        let (mut first, mut bytes) = (None, 0);
         for entry in table.iter()? {
-            let (_, row) = entry?;
+            let (n, row) = entry?;
+            let n = n.value();
+            let first_row = *first.get_or_insert(n);
+            bytes += row.value().len();
+            if bytes >= self.cfg.evict_slice_bytes {
+                slices.push((b, first_row..=n));
+                (first, bytes) = (None, 0);
+            }
             for rec in read_row(row.value())? {
                 let rec = rec?;
                 if rec.kind.is_entity() {

@@ -104,6 +104,7 @@ fn bad_settings_are_refused_at_open() {
             Store::builder().compact_when_free(Some(1.5)),
         ),
         ("max_id_len", Store::builder().max_id_len(70_000)),
+        ("evict_slice_bytes", Store::builder().evict_slice_bytes(0)),
         (
             "max_delay",
             Store::builder().durability(Durability::Deferred {

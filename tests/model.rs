@@ -373,7 +373,10 @@ impl Harness {
             .background_eviction(false)
             .lease(Duration::from_millis(s.lease))
             .retention(Duration::from_millis(s.retention))
-            .bucket_granularity(Duration::from_millis(s.granularity));
+            .bucket_granularity(Duration::from_millis(s.granularity))
+            // Small slices: evictions delete most tables a few rows per
+            // commit, so crash images land part-way through one.
+            .evict_slice_bytes(64);
         let store = match (&mut self.medium, image) {
             (Medium::File(dir), _) => builder.open(dir.path().join("model.redb")),
             (Medium::Crash(backend), Some(image)) => {

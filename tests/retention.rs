@@ -221,6 +221,124 @@ fn a_crash_between_index_eviction_and_disk_deletion_loses_and_resurrects_nothing
 }
 
 #[test]
+fn a_large_bucket_is_deleted_a_slice_per_commit() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let old = ids(0, 40);
+    let live = ids(1, 40);
+    // One row per call: 40 rows in the old bucket.
+    let fill = |store: &Store, keys: &[String]| -> Result<()> {
+        for id in keys {
+            assert!(store.insert_if_absent(&Key::new("t", id))?);
+        }
+        Ok(())
+    };
+    // With the default slice (1 MiB) the small bucket goes in one commit.
+    let store = builder(&clock).open(dir.path().join("whole.redb"))?;
+    fill(&store, &old)?;
+    clock.advance(15 * MIN);
+    let before = store.stats().commits;
+    assert_eq!(store.evict_expired()?.keys, old.len() as u64);
+    assert_eq!(store.stats().commits - before, 1);
+    drop(store);
+
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock).evict_slice_bytes(1).open(&path)?;
+    fill(&store, &old)?;
+    clock.advance(15 * MIN);
+    fill(&store, &live)?;
+    let before = store.stats().commits;
+    assert_eq!(store.evict_expired()?.keys, old.len() as u64);
+    // A commit per row, then the (empty) table's deletion.
+    assert_eq!(store.stats().commits - before, old.len() as u64 + 1);
+    for id in &old {
+        assert!(
+            store.get(&Key::new("t", id))?.is_none(),
+            "{id} outlived its window"
+        );
+    }
+    drop(store);
+    let store = builder(&clock).evict_slice_bytes(1).open(&path)?;
+    for id in &old {
+        assert!(
+            store.get(&Key::new("t", id))?.is_none(),
+            "expired {id} came back"
+        );
+    }
+    for id in &live {
+        assert!(
+            !store.insert_if_absent(&Key::new("t", id))?,
+            "live {id} was lost"
+        );
+    }
+    assert_eq!(store.stats().keys, live.len() as u64);
+    Ok(())
+}
+
+#[test]
+fn a_crash_part_way_through_a_sliced_deletion_loses_and_resurrects_nothing() -> Result<()> {
+    let old = ids(0, 30);
+    let live = ids(1, 30);
+    let (mut failed, mut mid_way) = (0, 0);
+    // Sweep the failure over the slice commits' writes and syncs.
+    for fail_after in 0..60 {
+        let clock = ManualClock::new(T0);
+        let backend = FaultyBackend::new(u64::MAX);
+        let store = builder(&clock)
+            .evict_slice_bytes(1)
+            .open_with_backend(backend.clone())?;
+        for id in &old {
+            store.insert_if_absent(&Key::new("t", id))?;
+        }
+        clock.advance(15 * MIN);
+        for id in &live {
+            store.insert_if_absent(&Key::new("t", id))?;
+        }
+        let before = store.stats().commits;
+        backend.arm(fail_after);
+        match store.evict_expired() {
+            Ok(ev) => assert_eq!(ev.keys, old.len() as u64),
+            Err(err) => {
+                assert!(
+                    matches!(err, Error::Storage(_) | Error::Poisoned(_)),
+                    "{err}"
+                );
+                failed += 1;
+                if store.stats().commits > before {
+                    mid_way += 1;
+                }
+            }
+        }
+        drop(store);
+
+        let store = builder(&clock)
+            .evict_slice_bytes(1)
+            .open_with_backend(backend.healthy())?;
+        for id in &old {
+            assert!(
+                store.get(&Key::new("t", id))?.is_none(),
+                "fail after {fail_after}: expired {id} came back"
+            );
+        }
+        for id in &live {
+            assert!(
+                !store.insert_if_absent(&Key::new("t", id))?,
+                "fail after {fail_after}: live {id} was lost"
+            );
+        }
+        assert_eq!(store.stats().keys, live.len() as u64);
+        // The rest of the expired table goes at the next eviction.
+        store.evict_expired()?;
+    }
+    assert!(
+        mid_way >= 5,
+        "{failed} failures, {mid_way} after a slice was deleted"
+    );
+    Ok(())
+}
+
+#[test]
 fn reopening_loads_nothing_expired() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("s.redb");

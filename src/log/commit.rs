@@ -41,6 +41,9 @@ pub(crate) struct Batch {
     parts: Vec<(u64, RowWriter)>,
     /// Bucket tables to delete in this commit, before its rows are written.
     drop_buckets: Vec<u64>,
+    /// Log rows to delete from a bucket's table in this commit: a range
+    /// of row numbers (see [`Log::trim_bucket`]).
+    trims: Vec<(u64, std::ops::RangeInclusive<u64>)>,
     /// A new fencing-token floor to persist with this commit.
     token_floor: Option<u64>,
 }
@@ -49,7 +52,10 @@ impl Batch {
     /// Appends a record to the part for `bucket`; returns the row number.
     /// The caller holds the key's shard lock.
     fn is_empty(&self) -> bool {
-        self.parts.is_empty() && self.drop_buckets.is_empty() && self.token_floor.is_none()
+        self.parts.is_empty()
+            && self.drop_buckets.is_empty()
+            && self.trims.is_empty()
+            && self.token_floor.is_none()
     }
 
     /// Persists `floor` as the lowest token a reopened store may issue,
@@ -162,6 +168,7 @@ impl Log {
                 bytes: 0,
                 parts: Vec::new(),
                 drop_buckets: expired,
+                trims: Vec::new(),
                 token_floor: Some(token_floor),
             }),
             done: Mutex::new(Done {
@@ -322,6 +329,24 @@ impl Log {
         self.wait_durable(row)
     }
 
+    /// Deletes the rows numbered `rows` from the table of `bucket` in the
+    /// next commit and waits for it. Eviction deletes a large bucket this
+    /// way, a slice per commit, before it deletes the table: redb frees a
+    /// deleted table's pages inside one commit (13 ms for a 22 MB bucket
+    /// here), and every writer waits for that commit.
+    pub(crate) fn trim_bucket(
+        &self,
+        bucket: u64,
+        rows: std::ops::RangeInclusive<u64>,
+    ) -> Result<()> {
+        let row = {
+            let mut b = self.batch()?;
+            b.trims.push((bucket, rows));
+            b.row
+        };
+        self.wait_durable(row)
+    }
+
     /// The buckets that have a table on disk, oldest first.
     pub(crate) fn buckets(&self) -> Vec<u64> {
         self.shared.buckets.lock().iter().copied().collect()
@@ -413,6 +438,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
             bytes: 0,
             parts: Vec::with_capacity(b.parts.len()),
             drop_buckets: Vec::new(),
+            trims: Vec::new(),
             token_floor: None,
         };
         s.open_row.store(next.row, Ordering::Release);
@@ -504,6 +530,15 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
     for bucket in &batch.drop_buckets {
         let name = table_name(*bucket);
         txn.delete_table(log_table(&name))?;
+    }
+    for (bucket, rows) in batch.trims {
+        // `open_table` would create a table deleted just above.
+        if batch.drop_buckets.contains(&bucket) {
+            continue;
+        }
+        let name = table_name(bucket);
+        let mut table = txn.open_table(log_table(&name))?;
+        table.retain_in(rows, |_, _| false)?;
     }
     for (bucket, part) in batch.parts {
         let name = table_name(bucket);
