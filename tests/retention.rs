@@ -179,64 +179,75 @@ fn memory_and_disk_stay_bounded_under_churn() -> Result<()> {
     Ok(())
 }
 
+/// Inserts each key, which must be new.
+fn insert_each(store: &Store, keys: &[String]) -> Result<()> {
+    for id in keys {
+        assert!(
+            store.insert_if_absent(&Key::new("t", id))?,
+            "{id} was not new"
+        );
+    }
+    Ok(())
+}
+
+/// The store holds exactly `live`: none of `expired` came back, none of
+/// `live` was lost. `when` names the case in a failure.
+fn assert_holds_only(store: &Store, expired: &[String], live: &[String], when: &str) -> Result<()> {
+    for id in expired {
+        assert!(
+            store.get(&Key::new("t", id))?.is_none(),
+            "{when}: expired {id} came back"
+        );
+    }
+    for id in live {
+        assert!(
+            !store.insert_if_absent(&Key::new("t", id))?,
+            "{when}: live {id} was lost"
+        );
+    }
+    assert_eq!(store.stats().keys, live.len() as u64, "{when}");
+    Ok(())
+}
+
+/// A failed eviction is the injected I/O error or the poison after it.
+fn assert_storage_fault(err: &Error) {
+    assert!(
+        matches!(err, Error::Storage(_) | Error::Poisoned(_)),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_crash_between_index_eviction_and_disk_deletion_loses_and_resurrects_nothing() -> Result<()> {
     let clock = ManualClock::new(T0);
     let backend = FaultyBackend::new(u64::MAX);
     let store = builder(&clock).open_with_backend(backend.clone())?;
-    let old = ids(0, 200);
-    for id in &old {
-        store.insert_if_absent(&Key::new("t", id))?;
-    }
+    let (old, live) = (ids(0, 200), ids(1, 200));
+    insert_each(&store, &old)?;
     clock.advance(15 * MIN); // the old keys have expired
-    let live = ids(1, 200);
-    for id in &live {
-        store.insert_if_absent(&Key::new("t", id))?;
-    }
+    insert_each(&store, &live)?;
     backend.arm(0); // the deletion commit fails: the index is evicted, the disk is not
     let err = store
         .evict_expired()
         .expect_err("the deletion commit fails");
-    assert!(
-        matches!(err, Error::Storage(_) | Error::Poisoned(_)),
-        "{err}"
-    );
+    assert_storage_fault(&err);
     drop(store);
 
     let store = builder(&clock).open_with_backend(backend.healthy())?;
-    for id in &old {
-        assert!(
-            store.get(&Key::new("t", id))?.is_none(),
-            "expired {id} came back"
-        );
-    }
-    for id in &live {
-        assert!(
-            !store.insert_if_absent(&Key::new("t", id))?,
-            "live {id} was lost"
-        );
-    }
-    assert_eq!(store.stats().keys, live.len() as u64);
-    Ok(())
+    assert_holds_only(&store, &old, &live, "reopened")
 }
 
 #[test]
 fn a_large_bucket_is_deleted_a_slice_per_commit() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("s.redb");
-    let clock = ManualClock::new(T0);
-    let old = ids(0, 40);
-    let live = ids(1, 40);
     // One row per call: 40 rows in the old bucket.
-    let fill = |store: &Store, keys: &[String]| -> Result<()> {
-        for id in keys {
-            assert!(store.insert_if_absent(&Key::new("t", id))?);
-        }
-        Ok(())
-    };
+    let (old, live) = (ids(0, 40), ids(1, 40));
+
     // With the default slice (1 MiB) the small bucket goes in one commit.
+    let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("whole.redb"))?;
-    fill(&store, &old)?;
+    insert_each(&store, &old)?;
     clock.advance(15 * MIN);
     let before = store.stats().commits;
     assert_eq!(store.evict_expired()?.keys, old.len() as u64);
@@ -245,65 +256,38 @@ fn a_large_bucket_is_deleted_a_slice_per_commit() -> Result<()> {
 
     let clock = ManualClock::new(T0);
     let store = builder(&clock).evict_slice_bytes(1).open(&path)?;
-    fill(&store, &old)?;
+    insert_each(&store, &old)?;
     clock.advance(15 * MIN);
-    fill(&store, &live)?;
+    insert_each(&store, &live)?;
     let before = store.stats().commits;
     assert_eq!(store.evict_expired()?.keys, old.len() as u64);
     // A commit per row, then the (empty) table's deletion.
     assert_eq!(store.stats().commits - before, old.len() as u64 + 1);
-    for id in &old {
-        assert!(
-            store.get(&Key::new("t", id))?.is_none(),
-            "{id} outlived its window"
-        );
-    }
+    assert_holds_only(&store, &old, &live, "evicted")?;
     drop(store);
     let store = builder(&clock).evict_slice_bytes(1).open(&path)?;
-    for id in &old {
-        assert!(
-            store.get(&Key::new("t", id))?.is_none(),
-            "expired {id} came back"
-        );
-    }
-    for id in &live {
-        assert!(
-            !store.insert_if_absent(&Key::new("t", id))?,
-            "live {id} was lost"
-        );
-    }
-    assert_eq!(store.stats().keys, live.len() as u64);
-    Ok(())
+    assert_holds_only(&store, &old, &live, "reopened")
 }
 
 #[test]
 fn a_crash_part_way_through_a_sliced_deletion_loses_and_resurrects_nothing() -> Result<()> {
-    let old = ids(0, 30);
-    let live = ids(1, 30);
+    let (old, live) = (ids(0, 30), ids(1, 30));
     let (mut failed, mut mid_way) = (0, 0);
     // Sweep the failure over the slice commits' writes and syncs.
     for fail_after in 0..60 {
         let clock = ManualClock::new(T0);
         let backend = FaultyBackend::new(u64::MAX);
-        let store = builder(&clock)
-            .evict_slice_bytes(1)
-            .open_with_backend(backend.clone())?;
-        for id in &old {
-            store.insert_if_absent(&Key::new("t", id))?;
-        }
+        let open = |b| builder(&clock).evict_slice_bytes(1).open_with_backend(b);
+        let store = open(backend.clone())?;
+        insert_each(&store, &old)?;
         clock.advance(15 * MIN);
-        for id in &live {
-            store.insert_if_absent(&Key::new("t", id))?;
-        }
+        insert_each(&store, &live)?;
         let before = store.stats().commits;
         backend.arm(fail_after);
         match store.evict_expired() {
             Ok(ev) => assert_eq!(ev.keys, old.len() as u64),
             Err(err) => {
-                assert!(
-                    matches!(err, Error::Storage(_) | Error::Poisoned(_)),
-                    "{err}"
-                );
+                assert_storage_fault(&err);
                 failed += 1;
                 if store.stats().commits > before {
                     mid_way += 1;
@@ -312,22 +296,8 @@ fn a_crash_part_way_through_a_sliced_deletion_loses_and_resurrects_nothing() -> 
         }
         drop(store);
 
-        let store = builder(&clock)
-            .evict_slice_bytes(1)
-            .open_with_backend(backend.healthy())?;
-        for id in &old {
-            assert!(
-                store.get(&Key::new("t", id))?.is_none(),
-                "fail after {fail_after}: expired {id} came back"
-            );
-        }
-        for id in &live {
-            assert!(
-                !store.insert_if_absent(&Key::new("t", id))?,
-                "fail after {fail_after}: live {id} was lost"
-            );
-        }
-        assert_eq!(store.stats().keys, live.len() as u64);
+        let store = open(backend.healthy())?;
+        assert_holds_only(&store, &old, &live, &format!("fail after {fail_after}"))?;
         // The rest of the expired table goes at the next eviction.
         store.evict_expired()?;
     }
