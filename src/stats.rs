@@ -1,48 +1,47 @@
 //! Counters and gauges.
 
-/// Per-shard operation counters (summed by [`Store::stats`](crate::Store::stats)).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Counters {
-    pub new_keys: u64,
-    pub duplicates: u64,
-    pub started: u64,
-    pub takeovers: u64,
-    pub in_progress: u64,
-    pub replays: u64,
-    pub completed: u64,
-    pub failed: u64,
-    pub released: u64,
-    pub conflicts: u64,
-    pub fenced: u64,
-    pub versions_applied: u64,
-    pub versions_stale: u64,
-    pub seq_delivered: u64,
-    pub seq_parked: u64,
-    pub seq_duplicates: u64,
-    pub seq_held: u64,
+/// Declares the per-shard counters once: the struct, summing two of them,
+/// and copying them into the [`Stats`] fields of the same names.
+macro_rules! counters {
+    ($($name:ident),+ $(,)?) => {
+        /// Per-shard operation counters (summed by
+        /// [`Store::stats`](crate::Store::stats)).
+        #[derive(Debug, Clone, Copy, Default)]
+        pub(crate) struct Counters {
+            $(pub $name: u64,)+
+        }
+
+        impl Counters {
+            pub(crate) fn add(&mut self, o: &Counters) {
+                $(self.$name += o.$name;)+
+            }
+
+            fn copy_into(&self, s: &mut Stats) {
+                $(s.$name = self.$name;)+
+            }
+        }
+    };
 }
 
-impl Counters {
-    pub(crate) fn add(&mut self, o: &Counters) {
-        self.new_keys += o.new_keys;
-        self.duplicates += o.duplicates;
-        self.started += o.started;
-        self.takeovers += o.takeovers;
-        self.in_progress += o.in_progress;
-        self.replays += o.replays;
-        self.completed += o.completed;
-        self.failed += o.failed;
-        self.released += o.released;
-        self.conflicts += o.conflicts;
-        self.fenced += o.fenced;
-        self.versions_applied += o.versions_applied;
-        self.versions_stale += o.versions_stale;
-        self.seq_delivered += o.seq_delivered;
-        self.seq_parked += o.seq_parked;
-        self.seq_duplicates += o.seq_duplicates;
-        self.seq_held += o.seq_held;
-    }
-}
+counters!(
+    new_keys,
+    duplicates,
+    started,
+    takeovers,
+    in_progress,
+    replays,
+    completed,
+    failed,
+    released,
+    conflicts,
+    fenced,
+    versions_applied,
+    versions_stale,
+    seq_delivered,
+    seq_parked,
+    seq_duplicates,
+    seq_held,
+);
 
 /// A snapshot of a store's counters and sizes, taken shard by shard.
 ///
@@ -123,28 +122,13 @@ pub struct Stats {
 
 impl Stats {
     pub(crate) fn from_parts(keys: usize, bytes: usize, commits: u64, c: &Counters) -> Stats {
-        Stats {
+        let mut s = Stats {
             keys: keys as u64,
             index_bytes: bytes as u64,
             commits,
-            new_keys: c.new_keys,
-            duplicates: c.duplicates,
-            started: c.started,
-            takeovers: c.takeovers,
-            in_progress: c.in_progress,
-            replays: c.replays,
-            completed: c.completed,
-            failed: c.failed,
-            released: c.released,
-            conflicts: c.conflicts,
-            fenced: c.fenced,
-            versions_applied: c.versions_applied,
-            versions_stale: c.versions_stale,
-            seq_delivered: c.seq_delivered,
-            seq_parked: c.seq_parked,
-            seq_duplicates: c.seq_duplicates,
-            seq_held: c.seq_held,
             ..Stats::default()
-        }
+        };
+        c.copy_into(&mut s);
+        s
     }
 }
