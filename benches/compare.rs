@@ -23,6 +23,8 @@
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL, SQLite) are not code
 
+#[path = "../src/civil.rs"]
+mod civil;
 #[path = "compare/contender.rs"]
 mod contender;
 #[path = "compare/dedup.rs"]

@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 mod builder;
+mod civil;
 mod claim;
 mod clock;
 mod codec;

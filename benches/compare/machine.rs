@@ -64,22 +64,14 @@ pub fn machine_facts(pg: Option<&crate::pg::Postgres>) -> Vec<(String, String)> 
     facts
 }
 
-/// Today's UTC date, `YYYY-MM-DD` (civil-from-days, H. Hinnant).
-#[allow(clippy::cast_possible_wrap)] // days since 1970 fit an i64
+/// Today's UTC date, `YYYY-MM-DD`.
 fn utc_date() -> String {
-    let secs = std::time::SystemTime::now()
+    let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let mut date = crate::civil::rfc3339(ms);
+    date.truncate(10);
+    date
 }
 
 /// The time of day (UTC), for progress lines.
