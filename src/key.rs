@@ -156,7 +156,7 @@ const ENTITY_DOMAIN: u32 = 1 << 31;
 
 /// The 128-bit hash of a key, in two halves: `hi` picks the shard, `lo` feeds
 /// the shard's hash table (whose tag bits are the top of `lo`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub(crate) struct KeyHash {
     pub hi: u64,
     pub lo: u64,

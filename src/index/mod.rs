@@ -243,6 +243,11 @@ impl ShardedIndex {
         Arc::clone(&self.grow)
     }
 
+    /// How many shards there are.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
     pub(crate) fn shard_of(&self, h: KeyHash) -> usize {
         h.hi.checked_shr(self.shift).unwrap_or(0) as usize
     }
