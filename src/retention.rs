@@ -16,7 +16,9 @@
 //! - only slots still pointing at the evicted bucket are removed: a key that
 //!   was written again since lives in a later bucket and stays;
 //! - a size bound evicts the oldest *live* buckets early, never the bucket
-//!   currently being written, and never a claim whose lease is alive.
+//!   currently being written, and never a claim whose lease is alive: such
+//!   a claim's record is carried into the open batch, so it is durable
+//!   elsewhere before its bucket is deleted.
 
 use std::time::Duration;
 
@@ -163,8 +165,21 @@ impl Inner {
                 }
                 if early
                     && slot.state() == SlotState::Claimed
-                    && shard.pending(h).is_some_and(|p| p.lease_until > now)
+                    && let Some(p) = shard.pending(h).filter(|p| p.lease_until > now).copied()
                 {
+                    // A live claim stays, and so must its record: carried
+                    // into the open batch, it is committed no later than
+                    // this bucket's deletion (like an entity's core record).
+                    let mut batch = self.log.batch()?;
+                    let mut carried = self.claim_record(rec.scope, rec.id, &p, now);
+                    self.append(
+                        &mut shard,
+                        &mut batch,
+                        h,
+                        SlotState::Claimed,
+                        None,
+                        &mut carried,
+                    );
                     continue;
                 }
                 shard.remove(h);

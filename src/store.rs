@@ -482,21 +482,15 @@ impl Store {
         };
         let token = inner.tokens.fetch_add(1, Ordering::Relaxed);
         let lease_until = now.saturating_add(inner.cfg.lease_ms);
-        let mut rec = RecordRef {
-            kind: Kind::Claim,
-            idx: 0,
-            at: now,
-            expires: inner.expiry(now).max(lease_until),
-            scope: key.scope(),
-            id: key.id(),
+        let p = Pending {
+            hash: h,
             attempt,
             token,
             first_at,
             lease_until,
             params: fingerprint.0,
-            outcome_tag: TAG_RAW,
-            outcome: &[],
         };
+        let mut rec = inner.claim_record(key.scope(), key.id(), &p, now);
         let row = {
             let mut batch = inner.log.batch()?;
             // Tokens are reserved in blocks: the first token at or past the
@@ -516,14 +510,7 @@ impl Store {
                 &mut rec,
             )
         };
-        shard.set_pending(Pending {
-            hash: h,
-            attempt,
-            token,
-            first_at,
-            lease_until,
-            params: fingerprint.0,
-        });
+        shard.set_pending(p);
         shard.counters.started += 1;
         drop(shard);
         inner.log.settle(row)?;
@@ -673,21 +660,8 @@ impl Store {
         let mut shard = inner.index.lock(h);
         let (p, bucket) = Inner::active(&mut shard, claim, nb)?;
         let lease_until = now.saturating_add(inner.cfg.lease_ms);
-        let mut rec = RecordRef {
-            kind: Kind::Claim,
-            idx: 0,
-            at: now,
-            expires: inner.expiry(now).max(lease_until),
-            scope: claim.key.scope(),
-            id: claim.key.id(),
-            attempt: p.attempt,
-            token: p.token,
-            first_at: p.first_at,
-            lease_until,
-            params: p.params,
-            outcome_tag: TAG_RAW,
-            outcome: &[],
-        };
+        let p = Pending { lease_until, ..p };
+        let mut rec = inner.claim_record(claim.key.scope(), claim.key.id(), &p, now);
         let row = {
             let mut batch = inner.log.batch()?;
             inner.append(
@@ -699,7 +673,7 @@ impl Store {
                 &mut rec,
             )
         };
-        shard.set_pending(Pending { lease_until, ..p });
+        shard.set_pending(p);
         claim.lease_until.store(lease_until, Ordering::Release);
         drop(shard);
         inner.log.settle(row)?;
@@ -975,6 +949,33 @@ impl Inner {
         })
     }
 
+    /// The record of claim `p` on (`scope`, `id`), written at `now`: by
+    /// `begin`, by `renew`, and by eviction carrying a live claim out of a
+    /// bucket it deletes.
+    pub(crate) fn claim_record<'k>(
+        &self,
+        scope: &'k [u8],
+        id: &'k [u8],
+        p: &Pending,
+        now: u64,
+    ) -> RecordRef<'k> {
+        RecordRef {
+            kind: Kind::Claim,
+            idx: 0,
+            at: now,
+            expires: self.expiry(now).max(p.lease_until),
+            scope,
+            id,
+            attempt: p.attempt,
+            token: p.token,
+            first_at: p.first_at,
+            lease_until: p.lease_until,
+            params: p.params,
+            outcome_tag: TAG_RAW,
+            outcome: &[],
+        }
+    }
+
     fn insert_record<'k>(key: &'k Key<'_>, now: u64, retention_ms: u64) -> RecordRef<'k> {
         RecordRef {
             kind: Kind::Insert,
@@ -996,7 +997,7 @@ impl Inner {
     /// Appends `rec` and points the key's slot at it. Caller holds the
     /// shard lock and the batch lock. The bucket never moves earlier than
     /// `prev_bucket`.
-    fn append(
+    pub(crate) fn append(
         &self,
         shard: &mut Shard,
         batch: &mut Batch,

@@ -388,6 +388,41 @@ fn a_size_bound_evicts_early_and_says_so() -> Result<()> {
 }
 
 #[test]
+fn a_claim_kept_by_early_eviction_survives_a_reopen() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let open = || builder(&clock).lease(9 * MIN).max_keys(1_000).open(&path);
+    let store = open()?;
+    let held = Key::new("t", "held");
+    let Begin::Started(claim) = store.begin(&held, Fingerprint::NONE)? else {
+        panic!("a new key is started")
+    };
+    for minute in 0..5 {
+        insert_each(&store, &ids(minute, 500))?;
+        clock.advance(MIN);
+    }
+    let ev = store.evict_expired()?;
+    assert!(ev.early_buckets >= 3, "{ev:?}");
+    // The worker dies holding the claim: nothing releases it.
+    std::mem::forget(claim);
+    drop(store);
+
+    // The lease (9 min) is still alive: the claim must still hold the key
+    // after a restart, or a second worker would run the operation again.
+    let store = open()?;
+    let Begin::InProgress(info) = store.begin(&held, Fingerprint::NONE)? else {
+        panic!("the live claim was lost with its early-evicted bucket")
+    };
+    assert_eq!(info.attempt(), 1);
+    assert_eq!(
+        info.first_seen_at(),
+        std::time::UNIX_EPOCH + Duration::from_millis(T0)
+    );
+    Ok(())
+}
+
+#[test]
 fn compaction_gives_space_back_after_the_store_shrinks() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("s.redb");
