@@ -262,6 +262,7 @@ impl Inner {
         rec.lease_until = e.gap_since;
         let bucket = (rec.expires / g).max(e.bucket);
         rec.expires = rec.expires.max(bucket.saturating_mul(g));
+        let bucket = self.writable_bucket(bucket, &mut rec);
         let row = batch.push(bucket, &mut rec);
         e.bucket = bucket;
         e.row = row;
@@ -284,7 +285,7 @@ impl Inner {
         rec.first_at = ev.aux;
         rec.lease_until = ev.aux2;
         rec.outcome = &ev.payload;
-        let bucket = rec.expires / g;
+        let bucket = self.writable_bucket(rec.expires / g, &mut rec);
         batch.push(bucket, &mut rec);
         bucket
     }

@@ -15,6 +15,10 @@
 //!   shard lock for a moment, so concurrent callers never wait long;
 //! - only slots still pointing at the evicted bucket are removed: a key that
 //!   was written again since lives in a later bucket and stays;
+//! - a live bucket evicted early is closed to writers first (later records
+//!   go to the next open bucket), and what was written to it before is
+//!   committed before it is read, so its deletion takes no record that its
+//!   index pass did not see;
 //! - a size bound evicts the oldest *live* buckets early, never the bucket
 //!   currently being written, and never a claim whose lease is alive: such
 //!   a claim's record is carried into the open batch, so it is durable
@@ -88,6 +92,13 @@ impl Inner {
                 if keys <= max {
                     break;
                 }
+                // A live bucket can still be written to (by a short per-call
+                // or entity retention): close it, and commit what was
+                // written before, so the read below sees every record the
+                // deletion will take.
+                self.closed_bucket
+                    .fetch_max(b, crate::sync::Ordering::SeqCst);
+                self.log.flush()?;
                 let removed = self.evict_index(b, nb, now, true, &mut slices)?;
                 keys = keys.saturating_sub(removed);
                 out.keys += removed;

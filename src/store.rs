@@ -60,6 +60,10 @@ pub(crate) struct Inner {
     token_limit: AtomicU64,
     /// The latest bucket `bucket_of` computed.
     cur_bucket: AtomicU64,
+    /// No record is written into this bucket or an earlier one: an early
+    /// eviction closes its victims here before it reads them (see
+    /// [`Inner::writable_bucket`]). Only grows.
+    pub(crate) closed_bucket: AtomicU64,
     /// One eviction pass at a time.
     pub(crate) evicting: crate::sync::Mutex<()>,
     /// Set when tables were deleted (at open, by eviction): only then can
@@ -213,6 +217,7 @@ impl Store {
             tokens: AtomicU64::new(first_token),
             token_limit: AtomicU64::new(first_token + TOKEN_BLOCK),
             cur_bucket: AtomicU64::new(0),
+            closed_bucket: AtomicU64::new(0),
             evicting: crate::sync::Mutex::new(()),
             compact_due: crate::sync::AtomicBool::new(true),
             counters: StoreCounters::default(),
@@ -1031,9 +1036,29 @@ impl Inner {
             bucket = pb;
             rec.expires = rec.expires.max(pb.saturating_mul(g));
         }
+        let bucket = self.writable_bucket(bucket, rec);
         let row = batch.push(bucket, rec);
         shard.put_at(probe, h, state, bucket, row);
         row
+    }
+
+    /// `bucket`, unless an early eviction has closed it: then the first
+    /// open bucket, with `rec` expiring no earlier than it. A record with a
+    /// per-call (or entity) retention shorter than the store's can aim at a
+    /// bucket that eviction is deleting; written there after eviction read
+    /// the bucket, it would be deleted under a live slot. The caller holds
+    /// the batch lock, which orders this read after an eviction's
+    /// close-then-flush.
+    pub(crate) fn writable_bucket(&self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
+        let closed = self.closed_bucket.load(Ordering::Acquire);
+        if bucket > closed {
+            return bucket;
+        }
+        let open = closed.saturating_add(1);
+        rec.expires = rec
+            .expires
+            .max(open.saturating_mul(self.cfg.granularity_ms));
+        open
     }
 
     /// Waits, in `Immediate` mode, until the record an answer is based on

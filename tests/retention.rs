@@ -423,6 +423,40 @@ fn a_claim_kept_by_early_eviction_survives_a_reopen() -> Result<()> {
 }
 
 #[test]
+fn no_record_lands_in_a_bucket_an_early_eviction_closed() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let open = || builder(&clock).max_keys(1_000).open(&path);
+    let store = open()?;
+    for minute in 0..5 {
+        insert_each(&store, &ids(minute, 500))?;
+        clock.advance(MIN);
+    }
+    // Minutes 0..=2 (buckets expiring at T0 + 10..=12 min) go early.
+    let ev = store.evict_expired()?;
+    assert!(ev.early_buckets >= 3, "{ev:?}");
+    // A 6-minute retention now aims at T0 + 11 min: a deleted bucket.
+    let short = Key::new("t", "short-lived");
+    assert!(store.insert_if_absent_for(&short, 6 * MIN)?);
+    let rec = store.get(&short)?.expect("just inserted");
+    let closed_end = std::time::UNIX_EPOCH + Duration::from_millis(T0) + 13 * MIN;
+    assert!(
+        rec.expires_at() >= closed_end,
+        "the record went into a closed bucket: expires {:?}",
+        rec.expires_at()
+    );
+    // It is durable where it went: a restart keeps it.
+    drop(store);
+    let store = open()?;
+    assert!(
+        !store.insert_if_absent(&short)?,
+        "the short-lived key was lost"
+    );
+    Ok(())
+}
+
+#[test]
 fn compaction_gives_space_back_after_the_store_shrinks() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("s.redb");
