@@ -352,6 +352,16 @@ fn retention_shorter_than_the_retry_window_is_refused() {
     );
 }
 
+/// 500 new keys a minute for five minutes: 2,500 keys, over a `max_keys`
+/// of 1,000, in five live buckets.
+fn fill_five_minutes(store: &Store, clock: &ManualClock) -> Result<()> {
+    for minute in 0..5 {
+        insert_each(store, &ids(minute, 500))?;
+        clock.advance(MIN);
+    }
+    Ok(())
+}
+
 #[test]
 fn a_size_bound_evicts_early_and_says_so() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -364,12 +374,7 @@ fn a_size_bound_evicts_early_and_says_so() -> Result<()> {
     let Begin::Started(claim) = store.begin(&held, Fingerprint::NONE)? else {
         panic!()
     };
-    for minute in 0..5 {
-        for id in ids(minute, 500) {
-            store.insert_if_absent(&Key::new("t", &id))?;
-        }
-        clock.advance(MIN);
-    }
+    fill_five_minutes(&store, &clock)?;
     let before = store.stats();
     assert_eq!(before.early_evicted_buckets, 0);
     let ev = store.evict_expired()?;
@@ -398,10 +403,7 @@ fn a_claim_kept_by_early_eviction_survives_a_reopen() -> Result<()> {
     let Begin::Started(claim) = store.begin(&held, Fingerprint::NONE)? else {
         panic!("a new key is started")
     };
-    for minute in 0..5 {
-        insert_each(&store, &ids(minute, 500))?;
-        clock.advance(MIN);
-    }
+    fill_five_minutes(&store, &clock)?;
     let ev = store.evict_expired()?;
     assert!(ev.early_buckets >= 3, "{ev:?}");
     // The worker dies holding the claim: nothing releases it.
@@ -429,10 +431,7 @@ fn no_record_lands_in_a_bucket_an_early_eviction_closed() -> Result<()> {
     let clock = ManualClock::new(T0);
     let open = || builder(&clock).max_keys(1_000).open(&path);
     let store = open()?;
-    for minute in 0..5 {
-        insert_each(&store, &ids(minute, 500))?;
-        clock.advance(MIN);
-    }
+    fill_five_minutes(&store, &clock)?;
     // Minutes 0..=2 (buckets expiring at T0 + 10..=12 min) go early.
     let ev = store.evict_expired()?;
     assert!(ev.early_buckets >= 3, "{ev:?}");
