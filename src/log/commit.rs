@@ -49,8 +49,6 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
-    /// Appends a record to the part for `bucket`; returns the row number.
-    /// The caller holds the key's shard lock.
     fn is_empty(&self) -> bool {
         self.parts.is_empty()
             && self.drop_buckets.is_empty()
@@ -64,6 +62,8 @@ impl Batch {
         self.token_floor = Some(self.token_floor.map_or(floor, |f| f.max(floor)));
     }
 
+    /// Appends a record to the part for `bucket`; returns the row number.
+    /// The caller holds the key's shard lock.
     pub(crate) fn push(&mut self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
         rec.idx = self.next_idx;
         self.next_idx += 1;
@@ -79,11 +79,6 @@ impl Batch {
         self.bytes += part.len() - before;
         self.row
     }
-}
-
-struct Done {
-    durable_row: u64,
-    poisoned: Option<String>,
 }
 
 /// Held by whoever commits (the committer thread or a leading caller),
@@ -105,7 +100,8 @@ struct Shared {
     /// log is dropped while a panic unwinds).
     panicked: AtomicBool,
     batch: Mutex<Batch>,
-    done: Mutex<Done>,
+    /// Why the log is poisoned (set with `poisoned`).
+    poison: Mutex<Option<String>>,
     /// The commit lock; see [`Lead`].
     lead: Mutex<Lead>,
     poisoned: AtomicBool,
@@ -114,7 +110,7 @@ struct Shared {
     commits: AtomicU64,
     /// Mirror of `batch.row`, readable without the batch lock.
     open_row: AtomicU64,
-    /// Mirror of `done.durable_row`, readable without the done lock.
+    /// The newest durable row.
     durable_row: AtomicU64,
     /// Callers of row `r` sleep on `woke[r % 2]`, and the commit of row `r`
     /// wakes them all in one call. Only two rows can have callers waiting
@@ -141,8 +137,8 @@ pub(crate) struct Log {
 }
 
 /// A poisoned log reports why.
-fn poisoned_error(done: &Done) -> Error {
-    Error::Poisoned(done.poisoned.clone().unwrap_or_else(|| "unknown".into()))
+fn poisoned_error(s: &Shared) -> Error {
+    Error::Poisoned(s.poison.lock().clone().unwrap_or_else(|| "unknown".into()))
 }
 
 impl Log {
@@ -171,10 +167,7 @@ impl Log {
                 trims: Vec::new(),
                 token_floor: Some(token_floor),
             }),
-            done: Mutex::new(Done {
-                durable_row: last_row,
-                poisoned: None,
-            }),
+            poison: Mutex::new(None),
             woke: Default::default(),
             callers: Default::default(),
             lead: Mutex::new(Lead::default()),
@@ -225,7 +218,7 @@ impl Log {
     /// Fails if an earlier commit failed.
     pub(crate) fn check(&self) -> Result<()> {
         if self.shared.poisoned.load(Ordering::Acquire) {
-            return Err(poisoned_error(&self.shared.done.lock()));
+            return Err(poisoned_error(&self.shared));
         }
         Ok(())
     }
@@ -275,7 +268,7 @@ impl Log {
                 return Ok(());
             }
             if s.poisoned.load(Ordering::Acquire) {
-                return Err(poisoned_error(&s.done.lock()));
+                return Err(poisoned_error(s));
             }
             s.woke[parity].wait(seen);
         }
@@ -321,12 +314,7 @@ impl Log {
         if buckets.is_empty() {
             return Ok(());
         }
-        let row = {
-            let mut b = self.batch()?;
-            b.drop_buckets.extend_from_slice(buckets);
-            b.row
-        };
-        self.wait_durable(row)
+        self.commit_with(|b| b.drop_buckets.extend_from_slice(buckets))
     }
 
     /// Deletes the rows numbered `rows` from the table of `bucket` in the
@@ -339,9 +327,14 @@ impl Log {
         bucket: u64,
         rows: std::ops::RangeInclusive<u64>,
     ) -> Result<()> {
+        self.commit_with(|b| b.trims.push((bucket, rows)))
+    }
+
+    /// Adds `change` to the open batch and waits for its commit.
+    fn commit_with(&self, change: impl FnOnce(&mut Batch)) -> Result<()> {
         let row = {
             let mut b = self.batch()?;
-            b.trims.push((bucket, rows));
+            change(&mut b);
             b.row
         };
         self.wait_durable(row)
@@ -467,11 +460,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
                 set.extend(written);
             }
             s.commits.fetch_add(1, Ordering::Relaxed);
-            {
-                let mut done = s.done.lock();
-                done.durable_row = row;
-                s.durable_row.store(row, Ordering::Release);
-            }
+            s.durable_row.store(row, Ordering::Release);
             let parity = (row % 2) as usize;
             lead.last_callers = s.callers[parity].swap(0, Ordering::Relaxed);
             s.woke[parity].wake_all();
@@ -479,11 +468,8 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
         }
         Err(e) => {
             tracing::error!(row, error = %e, "dedupkv commit failed; store poisoned");
-            {
-                let mut done = s.done.lock();
-                done.poisoned = Some(format!("commit of log row {row} failed: {e}"));
-                s.poisoned.store(true, Ordering::Release);
-            }
+            *s.poison.lock() = Some(format!("commit of log row {row} failed: {e}"));
+            s.poisoned.store(true, Ordering::Release);
             for w in &s.woke {
                 w.wake_all();
             }
