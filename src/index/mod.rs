@@ -105,10 +105,23 @@ impl Shard {
         }
     }
 
-    /// Grows the table if it asked the grower to.
-    pub(crate) fn grow_if_queued(&mut self) {
+    /// The capacity to allocate for the growth this shard asked the
+    /// grower for, if it still wants it.
+    pub(crate) fn queued_growth_cap(&self) -> Option<usize> {
+        if self.grow_queued {
+            self.slots.early_growth_cap()
+        } else {
+            None
+        }
+    }
+
+    /// Grows the table into `blank` (see [`SlotTable::grow_early`]) if it
+    /// asked the grower to; returns the allocation to free.
+    pub(crate) fn grow_if_queued(&mut self, blank: Vec<Slot>) -> Vec<Slot> {
         if std::mem::take(&mut self.grow_queued) {
-            self.slots.grow_early();
+            self.slots.grow_early(blank)
+        } else {
+            blank
         }
     }
 

@@ -247,21 +247,51 @@ impl SlotTable {
         self.len * PRE_GROW_DEN >= self.cap() * PRE_GROW_NUM
     }
 
-    /// Grows to 3/4 full if the table still [wants it](Self::wants_growth).
-    pub(crate) fn grow_early(&mut self) {
-        if self.wants_growth() {
-            self.grow_to(Self::grown_cap(self.len));
+    /// The capacity a background growth of this table would allocate, if
+    /// it still [wants growth](Self::wants_growth): 3/4 full now.
+    pub(crate) fn early_growth_cap(&self) -> Option<usize> {
+        self.wants_growth().then(|| Self::grown_cap(self.len))
+    }
+
+    /// Empty slots for a table of `cap`, written through so that its pages
+    /// are in memory: the grower allocates them before it takes the shard
+    /// lock (see [`grow_early`](Self::grow_early)).
+    pub(crate) fn blank(cap: usize) -> Vec<Slot> {
+        vec![Slot::EMPTY; cap.max(MIN_CAPACITY)]
+    }
+
+    /// Grows into `blank` (empty slots from [`blank`](Self::blank)) if the
+    /// table still [wants growth](Self::wants_growth); into a fresh
+    /// allocation instead if `blank` would leave it more than 3/4 full.
+    /// Returns the allocation no longer used, for the caller to free
+    /// after it let go of the shard lock.
+    pub(crate) fn grow_early(&mut self, blank: Vec<Slot>) -> Vec<Slot> {
+        if !self.wants_growth() {
+            return blank;
         }
+        let cap = Self::grown_cap(self.len);
+        // Inserts while the grower allocated may have outgrown `blank`.
+        let blank = if blank.len() >= cap {
+            blank
+        } else {
+            Self::blank(cap)
+        };
+        debug_assert!(blank.iter().all(Slot::is_empty));
+        self.move_into(blank)
+    }
+
+    /// Moves every slot into `blank` (all empty, large enough) and returns
+    /// the old allocation.
+    fn move_into(&mut self, blank: Vec<Slot>) -> Vec<Slot> {
+        let old = std::mem::replace(&mut self.slots, blank);
+        for s in old.iter().filter(|s| !s.is_empty()) {
+            self.place(*s);
+        }
+        old
     }
 
     fn grow_to(&mut self, new_cap: usize) {
-        let old = std::mem::replace(
-            &mut self.slots,
-            vec![Slot::EMPTY; new_cap.max(MIN_CAPACITY)],
-        );
-        for s in old.into_iter().filter(|s| !s.is_empty()) {
-            self.place(s);
-        }
+        self.move_into(Self::blank(new_cap));
     }
 }
 
@@ -375,22 +405,57 @@ mod tests {
         }
     }
 
-    #[test]
-    fn early_growth_starts_at_88_percent_and_keeps_every_key() {
+    /// A table of 1,000 keys or more that just started to want growth, and
+    /// the number of keys in it (`key(0)` up).
+    fn filled_to_early_growth() -> (SlotTable, u64) {
         let mut t = SlotTable::default();
         let mut i = 0;
         while t.len() < 1_000 || !t.wants_growth() {
             t.insert_new(Slot::new(key(i), SlotState::Inserted, 0, i));
             i += 1;
         }
+        (t, i)
+    }
+
+    #[test]
+    fn early_growth_starts_at_88_percent_and_keeps_every_key() {
+        let (mut t, i) = filled_to_early_growth();
         let (cap, len) = (t.cap(), t.len());
         assert!(len * 25 >= cap * 22 && (len - 1) * 25 < cap * 22);
-        t.grow_early();
+        let blank = SlotTable::blank(t.early_growth_cap().unwrap());
+        let old = t.grow_early(blank);
+        assert_eq!(old.len(), cap, "the old slots come back to be freed");
         let grown = t.cap();
         assert_eq!(grown, (len * 4).div_ceil(3), "3/4 full after growing");
         assert!(!t.wants_growth());
-        t.grow_early();
+        assert_eq!(t.early_growth_cap(), None);
+        let unused = t.grow_early(SlotTable::blank(grown * 2));
+        assert_eq!(
+            unused.len(),
+            grown * 2,
+            "a table that no longer wants growth hands the blank back"
+        );
         assert_eq!(t.cap(), grown, "grows only while it wants to");
+        for k in 0..i {
+            assert_eq!(t.get(key(k)).map(|s| s.row(1 << 20)), Some(k));
+        }
+    }
+
+    #[test]
+    fn early_growth_allocates_anew_when_inserts_outgrew_the_blank() {
+        let (mut t, mut i) = filled_to_early_growth();
+        // The grower sized its blank, then more keys came in before it
+        // took the lock again.
+        let blank = SlotTable::blank(t.early_growth_cap().unwrap());
+        let (sized_for, cap_before) = (blank.len(), t.cap());
+        for _ in 0..20 {
+            t.insert_new(Slot::new(key(i), SlotState::Inserted, 0, i));
+            i += 1;
+        }
+        let handed_back = t.grow_early(blank);
+        assert_eq!(t.cap(), (t.len() * 4).div_ceil(3), "3/4 full after growing");
+        assert!(t.cap() > sized_for);
+        assert_eq!(handed_back.len(), cap_before, "the old slots come back");
         for k in 0..i {
             assert_eq!(t.get(key(k)).map(|s| s.row(1 << 20)), Some(k));
         }
@@ -403,8 +468,8 @@ mod tests {
             let mut t = SlotTable::default();
             for i in 0..100_000 {
                 t.insert_new(Slot::new(key(i), SlotState::Inserted, 0, i));
-                if background && t.wants_growth() {
-                    t.grow_early();
+                if background && let Some(cap) = t.early_growth_cap() {
+                    t.grow_early(SlotTable::blank(cap));
                 }
                 if i > 1_000 {
                     let load = (t.len() * 1000 / t.cap()) as u32;
