@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests: storage backends that fail or
-//! crash on purpose.
+//! crash on purpose, and (`model`) the model of the store's semantics that
+//! `tests/model.rs` and the `ops` fuzz target drive.
 #![allow(dead_code)]
+
+pub mod model;
 
 use std::io;
 use std::sync::Arc;

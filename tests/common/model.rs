@@ -1,0 +1,745 @@
+//! The model of the store's semantics that `tests/model.rs` (proptest) and
+//! `fuzz/fuzz_targets/ops.rs` (libFuzzer) both drive: operation sequences run
+//! against the store and against a plain `HashMap` of what every key should
+//! answer, across clean reopens and crashes. Any disagreement is an error.
+//!
+//! Time moves only through a `ManualClock`. Crashes reopen the bytes a power
+//! cut would leave (`CrashBackend::crash_image`): under
+//! `Durability::Immediate` every acknowledged write survives; claims held at
+//! the crash stay in progress until their lease lapses, and their handles are
+//! dead. The one write that is not acknowledged is the release of a dropped
+//! claim: until a later write is acknowledged, a crash may keep or lose it,
+//! and the model accepts either.
+//!
+//! Eviction runs only when an operation asks for it (`Evict`, and after
+//! every multi-day clock step, as the store requires a pass at least every
+//! 2^22 buckets); it must change no answer.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dedupkv::{Begin, Claim, Error, Failure, Fingerprint, Key, ManualClock, Record, State, Store};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+use super::CrashBackend;
+
+pub const T0: u64 = 1_700_000_000_000;
+const SCOPES: usize = 2;
+/// Ids per scope: key `k < SCOPES * IDS` is id `k % IDS` in scope `k / IDS`.
+pub const IDS: usize = 8;
+/// Keys whose scope/id splits collide if the key hash did not keep the
+/// two parts apart, empty parts, and bytes that are not UTF-8.
+const ODD_KEYS: [(&[u8], &[u8]); 8] = [
+    (b"a", b"bc"),
+    (b"ab", b"c"),
+    (b"a", b"b"),
+    (b"b", b"a"),
+    (b"", b"ab"),
+    (b"ab", b""),
+    (b"x", b"\xff\x00"),
+    (b"x", b""),
+];
+/// The key pool: keys are numbered `0..KEYS`.
+pub const KEYS: usize = SCOPES * IDS + ODD_KEYS.len();
+/// Request fingerprints are numbered `0..FINGERPRINTS` (see [`fingerprint`]).
+pub const FINGERPRINTS: usize = 3;
+/// (lease, retention, bucket granularity) in ms; the third has
+/// retention == lease: a claim expires exactly at its lease end.
+pub const PRESETS: [(u64, u64, u64); 4] = [
+    (30_000, 3_600_000, 60_000),
+    (30_000, 120_000, 60_000),
+    (30_000, 30_000, 10_000),
+    (5_000, 20_000, 1_000),
+];
+
+pub type TestResult<T = ()> = Result<T, TestCaseError>;
+
+pub fn key(k: usize) -> Key<'static> {
+    match k.checked_sub(SCOPES * IDS) {
+        None => Key::owned(
+            format!("s{}", k / IDS).into_bytes(),
+            format!("k{}", k % IDS).into_bytes(),
+        ),
+        Some(odd) => {
+            let (scope, id) = ODD_KEYS[odd];
+            Key::new(scope, id)
+        }
+    }
+}
+
+/// Fingerprint `f`: none, an ordinary one, and the largest value.
+pub fn fingerprint(f: usize) -> Fingerprint {
+    match f % FINGERPRINTS {
+        0 => Fingerprint::NONE,
+        1 => Fingerprint::of("params-1"),
+        _ => Fingerprint(u128::MAX),
+    }
+}
+
+fn at(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+pub fn check<T>(r: dedupkv::Result<T>, what: &str) -> TestResult<T> {
+    r.map_err(|e| TestCaseError::fail(format!("{what}: unexpected error: {e}")))
+}
+
+// ---------------------------------------------------------------- settings
+
+/// Store settings for one case, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub lease: u64,
+    pub retention: u64,
+    pub granularity: u64,
+    /// A real file (a crash then becomes a clean reopen) or a `CrashBackend`.
+    pub file: bool,
+}
+
+impl Settings {
+    /// Preset `i` of [`PRESETS`] (modulo their number), on a real file or
+    /// on a `CrashBackend`.
+    pub fn preset(i: usize, file: bool) -> Settings {
+        let (lease, retention, granularity) = PRESETS[i % PRESETS.len()];
+        Settings {
+            lease,
+            retention,
+            granularity,
+            file,
+        }
+    }
+}
+
+// --------------------------------------------------------------------- ops
+
+/// How far to move the clock.
+#[derive(Debug, Clone, Copy)]
+pub enum Step {
+    Millis(u64),
+    /// Whole days (up to 40: eviction must run at least every 2^22
+    /// buckets, 48 days at 1 s buckets), then an eviction pass, as the
+    /// background evictor would run.
+    Days(u64),
+    /// The lease plus this many ms (straddles the lease end).
+    NearLease(i64),
+    /// The retention plus this many ms.
+    NearRetention(i64),
+    /// To this many buckets ahead, plus this many ms around the boundary.
+    BucketEdge(u64, i64),
+}
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    Insert(usize),
+    InsertBatch(Vec<usize>),
+    Begin(usize, usize),
+    /// Claim operations pick the held claim `n` places from the newest.
+    Complete(usize, u8),
+    FailRetryable(usize),
+    FailPermanent(usize, u8),
+    Renew(usize),
+    DropClaim(usize),
+    Get(usize),
+    Advance(Step),
+    /// `Store::evict_expired`: must change no answer.
+    Evict,
+    Flush,
+    Reopen,
+    Crash,
+}
+
+fn outcome(o: u8) -> Vec<u8> {
+    vec![b'o'; usize::from(o)]
+}
+
+fn payload(o: u8) -> Vec<u8> {
+    vec![b'f'; usize::from(o) + 1]
+}
+
+// ------------------------------------------------------------------- model
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Inserted,
+    Claimed,
+    Released,
+    Completed,
+    Failed,
+}
+
+/// The latest record of a key, as the model expects `get` to report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MRec {
+    kind: Kind,
+    fp: Fingerprint,
+    attempt: u32,
+    token: u64,
+    first_at: u64,
+    at: u64,
+    expires: u64,
+    bucket: u64,
+    lease_until: u64,
+    outcome: Vec<u8>,
+}
+
+impl MRec {
+    fn inserted(now: u64) -> MRec {
+        MRec {
+            kind: Kind::Inserted,
+            fp: Fingerprint::NONE,
+            attempt: 0,
+            token: 0,
+            first_at: now,
+            at: now,
+            expires: 0,
+            bucket: 0,
+            lease_until: 0,
+            outcome: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Model {
+    s: Settings,
+    keys: HashMap<usize, MRec>,
+}
+
+impl Model {
+    fn live(&self, k: usize, now: u64) -> Option<&MRec> {
+        self.keys
+            .get(&k)
+            .filter(|r| now / self.s.granularity <= r.bucket)
+    }
+
+    /// Stores `rec` as the key's latest record, written at `now` with the
+    /// natural expiry `expires`; its bucket never moves before `prev`.
+    fn write(&mut self, k: usize, mut rec: MRec, now: u64, expires: u64, prev: Option<u64>) {
+        let g = self.s.granularity;
+        rec.at = now;
+        rec.expires = expires;
+        rec.bucket = expires / g;
+        if let Some(pb) = prev
+            && pb > rec.bucket
+        {
+            rec.bucket = pb;
+            rec.expires = rec.expires.max(pb * g);
+        }
+        self.keys.insert(k, rec);
+    }
+
+    /// The highest token of any live key: fresh tokens after a reopen must
+    /// be above it.
+    fn token_floor(&self, now: u64) -> u64 {
+        (0..KEYS)
+            .filter_map(|k| self.live(k, now))
+            .map(|r| r.token)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+fn check_record(k: usize, got: &Record, want: &MRec) -> TestResult {
+    let state = match want.kind {
+        Kind::Inserted => State::Inserted,
+        Kind::Claimed => State::InProgress,
+        Kind::Released => State::Retryable,
+        Kind::Completed => State::Completed,
+        Kind::Failed => State::Failed,
+    };
+    let finished = matches!(want.kind, Kind::Completed | Kind::Failed);
+    prop_assert_eq!(got.key(), &key(k));
+    prop_assert_eq!(got.state(), state, "key {} want {:?}", k, want);
+    prop_assert_eq!(got.attempts(), want.attempt, "attempts of key {}", k);
+    prop_assert_eq!(got.token(), want.token, "token of key {}", k);
+    prop_assert_eq!(
+        got.first_seen_at(),
+        at(want.first_at),
+        "first_seen of {}",
+        k
+    );
+    prop_assert_eq!(got.updated_at(), at(want.at), "updated of key {}", k);
+    prop_assert_eq!(got.expires_at(), at(want.expires), "expires of key {}", k);
+    prop_assert_eq!(
+        got.lease_expires_at(),
+        (want.kind == Kind::Claimed).then(|| at(want.lease_until)),
+        "lease of key {}",
+        k
+    );
+    prop_assert_eq!(
+        got.fingerprint(),
+        (want.kind != Kind::Inserted).then_some(want.fp),
+        "fingerprint of key {}",
+        k
+    );
+    prop_assert_eq!(
+        got.outcome(),
+        finished.then_some(want.outcome.as_slice()),
+        "outcome of key {}",
+        k
+    );
+    prop_assert_eq!(got.is_failure(), want.kind == Kind::Failed);
+    Ok(())
+}
+
+// ----------------------------------------------------------------- harness
+
+/// A claim handle the test holds, and what the model knows about it.
+struct Held {
+    claim: Claim,
+    key: usize,
+    token: u64,
+    /// The store generation (reopen count) that issued it.
+    generation: u32,
+}
+
+enum Medium {
+    File(tempfile::TempDir),
+    Crash(CrashBackend),
+}
+
+struct Harness {
+    clock: ManualClock,
+    medium: Medium,
+    store: Option<Store>,
+    generation: u32,
+    model: Model,
+    held: Vec<Held>,
+    /// Tokens issued from now on must be above this.
+    token_floor: u64,
+    /// Keys whose latest record is the release of a dropped claim that may
+    /// not be durable yet, with the record a crash would fall back to.
+    unsettled: HashMap<usize, MRec>,
+}
+
+impl Harness {
+    fn new(s: Settings) -> TestResult<Harness> {
+        let medium = if s.file {
+            Medium::File(tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?)
+        } else {
+            Medium::Crash(CrashBackend::new())
+        };
+        let mut h = Harness {
+            clock: ManualClock::new(T0),
+            medium,
+            store: None,
+            generation: 0,
+            model: Model {
+                s,
+                keys: HashMap::new(),
+            },
+            held: Vec::new(),
+            token_floor: 0,
+            unsettled: HashMap::new(),
+        };
+        h.open(None)?;
+        Ok(h)
+    }
+
+    fn now(&self) -> u64 {
+        dedupkv::Clock::now_millis(&self.clock)
+    }
+
+    fn store(&self) -> &Store {
+        self.store.as_ref().expect("store is open")
+    }
+
+    fn open(&mut self, image: Option<CrashBackend>) -> TestResult {
+        let s = self.model.s;
+        let builder = Store::builder()
+            .clock(self.clock.clone())
+            .shards(4)
+            // Eviction runs only when the ops say so, so a case replays
+            // exactly.
+            .background_eviction(false)
+            .lease(Duration::from_millis(s.lease))
+            .retention(Duration::from_millis(s.retention))
+            .bucket_granularity(Duration::from_millis(s.granularity))
+            // Small slices: evictions delete most tables a few rows per
+            // commit, so crash images land part-way through one.
+            .evict_slice_bytes(64);
+        let store = match (&mut self.medium, image) {
+            (Medium::File(dir), _) => builder.open(dir.path().join("model.redb")),
+            (Medium::Crash(backend), Some(image)) => {
+                *backend = image;
+                builder.open_with_backend(backend.clone())
+            }
+            (Medium::Crash(backend), None) => builder.open_with_backend(backend.clone()),
+        };
+        self.store = Some(check(store, "open")?);
+        self.generation += 1;
+        self.token_floor = self.model.token_floor(self.now());
+        Ok(())
+    }
+
+    /// A write was acknowledged: every earlier record is durable too.
+    fn settled(&mut self) {
+        self.unsettled.clear();
+    }
+
+    fn apply(&mut self, op: &Op) -> TestResult {
+        match op {
+            Op::Insert(k) => self.insert(*k),
+            Op::InsertBatch(ks) => self.insert_batch(ks),
+            Op::Begin(k, f) => self.begin(*k, *f),
+            Op::Complete(..) | Op::FailRetryable(_) | Op::FailPermanent(..) => self.finish(op),
+            Op::Renew(c) => self.renew(*c),
+            Op::DropClaim(c) => {
+                self.drop_claim(*c);
+                Ok(())
+            }
+            Op::Get(k) => self.get(*k),
+            Op::Advance(step) => self.advance(*step),
+            Op::Evict => {
+                check(self.store().evict_expired(), "evict_expired")?;
+                Ok(())
+            }
+            Op::Flush => {
+                check(self.store().flush(), "flush")?;
+                self.settled();
+                Ok(())
+            }
+            Op::Reopen => self.reopen(),
+            Op::Crash => self.crash(),
+        }
+    }
+
+    fn insert(&mut self, k: usize) -> TestResult {
+        let now = self.now();
+        let got = check(self.store().insert_if_absent(&key(k)), "insert_if_absent")?;
+        let want = self.model.live(k, now).is_none();
+        prop_assert_eq!(got, want, "insert_if_absent of key {}", k);
+        if want {
+            let expires = now + self.model.s.retention;
+            self.model.write(k, MRec::inserted(now), now, expires, None);
+            self.settled();
+        }
+        Ok(())
+    }
+
+    fn insert_batch(&mut self, ks: &[usize]) -> TestResult {
+        let now = self.now();
+        let keys: Vec<Key<'static>> = ks.iter().map(|&k| key(k)).collect();
+        let got = check(self.store().insert_batch(&keys), "insert_batch")?;
+        let mut want = Vec::with_capacity(ks.len());
+        for &k in ks {
+            let new = self.model.live(k, now).is_none();
+            if new {
+                let expires = now + self.model.s.retention;
+                self.model.write(k, MRec::inserted(now), now, expires, None);
+            }
+            want.push(new);
+        }
+        prop_assert_eq!(&got, &want, "insert_batch of keys {:?}", ks);
+        if want.contains(&true) {
+            self.settled();
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self, k: usize, f: usize) -> TestResult {
+        let now = self.now();
+        let fp = fingerprint(f);
+        let got = self.store().begin(&key(k), fp);
+        let prev = self.model.live(k, now).cloned();
+        let (attempt, first_at, prev_bucket) = match &prev {
+            None => (1, now, None),
+            Some(r) if r.kind == Kind::Inserted => {
+                let Ok(Begin::Completed(rec)) = &got else {
+                    return Err(TestCaseError::fail(format!(
+                        "begin on inserted key {k}: want Completed, got {got:?}"
+                    )));
+                };
+                return check_record(k, rec, r);
+            }
+            Some(r) if r.fp != fp => {
+                let Err(Error::FingerprintMismatch {
+                    recorded,
+                    requested,
+                    ..
+                }) = &got
+                else {
+                    return Err(TestCaseError::fail(format!(
+                        "begin on key {k} with another fingerprint: got {got:?}"
+                    )));
+                };
+                prop_assert_eq!(*recorded, r.fp);
+                prop_assert_eq!(*requested, fp);
+                return Ok(());
+            }
+            Some(r) if matches!(r.kind, Kind::Completed | Kind::Failed) => {
+                let Ok(Begin::Completed(rec)) = &got else {
+                    return Err(TestCaseError::fail(format!(
+                        "begin on finished key {k}: want Completed, got {got:?}"
+                    )));
+                };
+                return check_record(k, rec, r);
+            }
+            Some(r) if r.kind == Kind::Claimed && now < r.lease_until => {
+                let Ok(Begin::InProgress(info)) = &got else {
+                    return Err(TestCaseError::fail(format!(
+                        "begin on claimed key {k}: want InProgress, got {got:?}"
+                    )));
+                };
+                prop_assert_eq!(info.attempt(), r.attempt);
+                prop_assert_eq!(info.lease_expires_at(), at(r.lease_until));
+                prop_assert_eq!(info.first_seen_at(), at(r.first_at));
+                return Ok(());
+            }
+            // Released, or claimed with a lapsed lease: a new attempt.
+            Some(r) => (r.attempt + 1, r.first_at, Some(r.bucket)),
+        };
+        let Ok(Begin::Started(claim)) = got else {
+            return Err(TestCaseError::fail(format!(
+                "begin on key {k} (model {prev:?}): want Started, got {got:?}"
+            )));
+        };
+        let lease_until = now + self.model.s.lease;
+        prop_assert_eq!(claim.key(), &key(k));
+        prop_assert_eq!(claim.attempt(), attempt);
+        prop_assert_eq!(claim.lease_expires_at(), at(lease_until));
+        prop_assert!(
+            claim.token() > self.token_floor,
+            "token {} not above {}",
+            claim.token(),
+            self.token_floor
+        );
+        self.token_floor = claim.token();
+        let rec = MRec {
+            kind: Kind::Claimed,
+            fp,
+            attempt,
+            token: claim.token(),
+            first_at,
+            lease_until,
+            ..MRec::inserted(now)
+        };
+        let expires = (now + self.model.s.retention).max(lease_until);
+        self.model.write(k, rec, now, expires, prev_bucket);
+        self.held.push(Held {
+            key: k,
+            token: claim.token(),
+            generation: self.generation,
+            claim,
+        });
+        self.settled();
+        Ok(())
+    }
+
+    fn pick(&self, n: usize) -> Option<usize> {
+        (!self.held.is_empty()).then(|| self.held.len() - 1 - n % self.held.len())
+    }
+
+    /// The model record of the key a held claim is for, if that claim is
+    /// still the key's active claim.
+    fn active(&self, i: usize) -> Option<MRec> {
+        let h = &self.held[i];
+        if h.generation != self.generation {
+            return None; // issued by a store that was closed or crashed
+        }
+        self.model
+            .live(h.key, self.now())
+            .filter(|r| r.kind == Kind::Claimed && r.token == h.token)
+            .cloned()
+    }
+
+    fn finish(&mut self, op: &Op) -> TestResult {
+        let (Op::Complete(n, _) | Op::FailRetryable(n) | Op::FailPermanent(n, _)) = op else {
+            unreachable!("not a finishing op")
+        };
+        let Some(i) = self.pick(*n) else {
+            return Ok(());
+        };
+        let now = self.now();
+        let (store, claim) = (self.store(), &self.held[i].claim);
+        let (got, kind, bytes) = match op {
+            Op::Complete(_, o) => (
+                store.complete(claim, &outcome(*o)),
+                Kind::Completed,
+                outcome(*o),
+            ),
+            Op::FailPermanent(_, o) => (
+                store.fail(claim, Failure::Permanent(&payload(*o))),
+                Kind::Failed,
+                payload(*o),
+            ),
+            _ => (
+                store.fail(claim, Failure::Retryable),
+                Kind::Released,
+                Vec::new(),
+            ),
+        };
+        let k = self.held[i].key;
+        let Some(prev) = self.active(i) else {
+            prop_assert!(
+                matches!(got, Err(Error::ClaimLost { .. })),
+                "{:?} with a stale claim on key {}: got {:?}",
+                op,
+                k,
+                got
+            );
+            return Ok(());
+        };
+        check(got, "complete/fail")?;
+        let rec = MRec {
+            kind,
+            outcome: bytes,
+            ..prev.clone()
+        };
+        let expires = now + self.model.s.retention;
+        self.model.write(k, rec, now, expires, Some(prev.bucket));
+        self.settled();
+        Ok(())
+    }
+
+    fn renew(&mut self, n: usize) -> TestResult {
+        let Some(i) = self.pick(n) else {
+            return Ok(());
+        };
+        let now = self.now();
+        let got = self.store().renew(&self.held[i].claim);
+        let k = self.held[i].key;
+        let Some(prev) = self.active(i) else {
+            prop_assert!(
+                matches!(got, Err(Error::ClaimLost { .. })),
+                "renew with a stale claim on key {}: got {:?}",
+                k,
+                got
+            );
+            return Ok(());
+        };
+        let until = check(got, "renew")?;
+        let lease_until = now + self.model.s.lease;
+        prop_assert_eq!(until, at(lease_until));
+        prop_assert_eq!(self.held[i].claim.lease_expires_at(), at(lease_until));
+        let rec = MRec {
+            lease_until,
+            ..prev.clone()
+        };
+        let expires = (now + self.model.s.retention).max(lease_until);
+        self.model.write(k, rec, now, expires, Some(prev.bucket));
+        self.settled();
+        Ok(())
+    }
+
+    /// Dropping an unfinished, active claim releases the key (without
+    /// waiting for the record to be durable).
+    fn drop_claim(&mut self, n: usize) {
+        let Some(i) = self.pick(n) else { return };
+        let now = self.now();
+        let prev = self.active(i);
+        let held = self.held.remove(i);
+        drop(held.claim);
+        if let Some(prev) = prev {
+            let rec = MRec {
+                kind: Kind::Released,
+                ..prev.clone()
+            };
+            let expires = now + self.model.s.retention;
+            self.model
+                .write(held.key, rec, now, expires, Some(prev.bucket));
+            self.unsettled.entry(held.key).or_insert(prev);
+        }
+    }
+
+    fn get(&mut self, k: usize) -> TestResult {
+        let got = check(self.store().get(&key(k)), "get")?;
+        match (got, self.model.live(k, self.now())) {
+            (None, None) => Ok(()),
+            (Some(rec), Some(want)) => check_record(k, &rec, want),
+            (got, want) => Err(TestCaseError::fail(format!(
+                "get of key {k}: store {got:?}, model {want:?}"
+            ))),
+        }
+    }
+
+    fn advance(&mut self, step: Step) -> TestResult {
+        let s = self.model.s;
+        let now = self.now();
+        let by = match step {
+            Step::Millis(ms) => ms,
+            Step::Days(d) => d * 86_400_000,
+            Step::NearLease(d) => s.lease.saturating_add_signed(d),
+            Step::NearRetention(d) => s.retention.saturating_add_signed(d),
+            Step::BucketEdge(n, d) => ((now / s.granularity + n) * s.granularity)
+                .saturating_add_signed(d)
+                .saturating_sub(now),
+        };
+        self.clock.advance(Duration::from_millis(by));
+        if matches!(step, Step::Days(_)) {
+            check(self.store().evict_expired(), "evict_expired")?;
+        }
+        Ok(())
+    }
+
+    /// Closes the store cleanly (everything acknowledged or not is
+    /// committed) and opens it again. Held claims become dead handles.
+    fn reopen(&mut self) -> TestResult {
+        self.store = None;
+        self.settled();
+        self.open(None)?;
+        self.check_all()
+    }
+
+    /// Reopens from what a power cut would leave.
+    fn crash(&mut self) -> TestResult {
+        let image = match &self.medium {
+            Medium::Crash(backend) => backend.crash_image(),
+            Medium::File(_) => return self.reopen(),
+        };
+        self.store = None;
+        self.open(Some(image))?;
+        // A dropped claim's release that was not yet durable may be lost:
+        // accept either record, and go on from the one the store has.
+        let unsettled = std::mem::take(&mut self.unsettled);
+        for (k, fallback) in unsettled {
+            let got = check(self.store().get(&key(k)), "get")?;
+            let now = self.now();
+            let released = self.model.live(k, now).cloned();
+            let fallback = Some(fallback).filter(|r| now / self.model.s.granularity <= r.bucket);
+            let matches = |want: &Option<MRec>| match (&got, want) {
+                (None, None) => true,
+                (Some(rec), Some(want)) => check_record(k, rec, want).is_ok(),
+                _ => false,
+            };
+            if !matches(&released) {
+                prop_assert!(
+                    matches(&fallback),
+                    "after a crash key {} is {:?}; model {:?} or {:?}",
+                    k,
+                    got,
+                    released,
+                    fallback
+                );
+                match fallback {
+                    Some(f) => self.model.keys.insert(k, f),
+                    None => self.model.keys.remove(&k),
+                };
+            }
+        }
+        self.token_floor = self.model.token_floor(self.now());
+        self.check_all()
+    }
+
+    /// Every key of the pool answers `get` as the model says.
+    fn check_all(&mut self) -> TestResult {
+        for k in 0..KEYS {
+            self.get(k)?;
+        }
+        Ok(())
+    }
+}
+
+pub fn run(s: Settings, ops: &[Op]) -> TestResult {
+    let mut h = Harness::new(s)?;
+    for op in ops {
+        h.apply(op)?;
+    }
+    h.check_all()?;
+    // Claims still held are released (or, if dead, dropped) before the
+    // store closes.
+    h.held.clear();
+    h.store = None;
+    Ok(())
+}
