@@ -12,26 +12,17 @@ fn ids() -> Vec<String> {
     (0..KEYS).map(|i| format!("evt-{i:05}")).collect()
 }
 
-/// Runs `op` for every key on every thread (each thread in its own order)
-/// and returns, per key, how many threads won it.
-fn race(store: &Store, op: impl Fn(&Store, &Key<'_>) -> Result<bool> + Sync) -> Vec<usize> {
-    let ids = ids();
-    let barrier = Barrier::new(THREADS);
-    let wins: Vec<Vec<usize>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..THREADS)
+/// Runs `work(t)` on `threads` scoped threads, started together, and
+/// returns each thread's result in thread order.
+fn on_threads<T: Send>(threads: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let (ids, barrier, op) = (&ids, &barrier, &op);
+                let (barrier, work) = (&barrier, &work);
                 s.spawn(move || {
                     barrier.wait();
-                    let mut won = Vec::new();
-                    for j in 0..KEYS {
-                        // Threads walk the keys at different offsets and strides.
-                        let i = (j * (2 * t + 1) + t * 1_237) % KEYS;
-                        if op(store, &Key::new("race", &ids[i])).expect("op") {
-                            won.push(i);
-                        }
-                    }
-                    won
+                    work(t)
                 })
             })
             .collect();
@@ -39,6 +30,23 @@ fn race(store: &Store, op: impl Fn(&Store, &Key<'_>) -> Result<bool> + Sync) -> 
             .into_iter()
             .map(|h| h.join().expect("thread"))
             .collect()
+    })
+}
+
+/// Runs `op` for every key on every thread (each thread in its own order)
+/// and returns, per key, how many threads won it.
+fn race(store: &Store, op: impl Fn(&Store, &Key<'_>) -> Result<bool> + Sync) -> Vec<usize> {
+    let ids = ids();
+    let wins = on_threads(THREADS, |t| {
+        let mut won = Vec::new();
+        for j in 0..KEYS {
+            // Threads walk the keys at different offsets and strides.
+            let i = (j * (2 * t + 1) + t * 1_237) % KEYS;
+            if op(store, &Key::new("race", &ids[i])).expect("op") {
+                won.push(i);
+            }
+        }
+        won
     });
     let mut per_key = vec![0; KEYS];
     for i in wins.into_iter().flatten() {
@@ -101,29 +109,18 @@ fn insert_batch_from_many_threads_has_one_winner_per_key() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path().join("s.redb"))?;
     let ids = ids();
-    let wins: Vec<usize> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..4)
-            .map(|t| {
-                let (ids, store) = (&ids, &store);
-                s.spawn(move || {
-                    let mut won = 0;
-                    for chunk in ids.chunks(250).cycle().skip(t * 7).take(ids.len() / 250) {
-                        let keys: Vec<Key<'_>> = chunk.iter().map(|i| Key::new("b", i)).collect();
-                        won += store
-                            .insert_batch(&keys)
-                            .expect("batch")
-                            .iter()
-                            .filter(|b| **b)
-                            .count();
-                    }
-                    won
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("thread"))
-            .collect()
+    let wins = on_threads(4, |t| {
+        let mut won = 0;
+        for chunk in ids.chunks(250).cycle().skip(t * 7).take(ids.len() / 250) {
+            let keys: Vec<Key<'_>> = chunk.iter().map(|i| Key::new("b", i)).collect();
+            won += store
+                .insert_batch(&keys)
+                .expect("batch")
+                .iter()
+                .filter(|b| **b)
+                .count();
+        }
+        won
     });
     assert_eq!(wins.iter().sum::<usize>(), KEYS);
     assert_eq!(store.stats().keys, KEYS as u64);
