@@ -289,7 +289,10 @@ impl SlotTable {
     }
 
     /// Moves every slot into `blank` (all empty, large enough) and returns
-    /// the old allocation.
+    /// the old allocation. (Placing each slot right after the one before,
+    /// as home order allows, instead of walking its run was 25 % faster on
+    /// a 470k-key table, 4.5 ms against 6.2, and changed no end-to-end
+    /// figure: the move is bound by memory traffic, so it stays simple.)
     fn move_into(&mut self, blank: Vec<Slot>) -> Vec<Slot> {
         let old = std::mem::replace(&mut self.slots, blank);
         for s in old.iter().filter(|s| !s.is_empty()) {
@@ -356,6 +359,65 @@ mod tests {
                 prop_assert_eq!(got, model.get(&k).copied());
             }
             prop_assert!(t.len() * MAX_LOAD_DEN <= t.cap() * MAX_LOAD_NUM);
+            assert_robin_hood(&t);
+        }
+
+        #[test]
+        fn growth_keeps_the_order_and_every_key(
+            los in proptest::collection::vec(any::<u64>(), 1..400),
+            extra in 1usize..400,
+        ) {
+            // Keys bunched into few homes, some at the very end (their runs
+            // wrap), in random order: growth must keep the Robin Hood order
+            // through shared homes and wrapped runs.
+            let mut t = SlotTable::default();
+            let hashes: Vec<KeyHash> = los
+                .iter()
+                .enumerate()
+                .map(|(i, &lo)| KeyHash {
+                    hi: i as u64,
+                    lo: if lo % 3 == 0 { u64::MAX - (lo >> 56) } else { lo & !((1 << 58) - 1) | lo >> 60 },
+                })
+                .collect();
+            for h in &hashes {
+                if t.get(*h).is_none() {
+                    t.insert_new(Slot::new(*h, SlotState::Inserted, 0, 1));
+                }
+            }
+            let len = t.len();
+            t.grow_to(t.cap() + extra);
+            assert_robin_hood(&t);
+            prop_assert_eq!(t.len(), len);
+            for h in &hashes {
+                prop_assert!(t.get(*h).is_some());
+            }
+        }
+    }
+
+    /// The Robin Hood order of the module docs (a slot away from its home
+    /// follows an occupied slot at most one closer to its own home), and
+    /// every key found where it is.
+    fn assert_robin_hood(t: &SlotTable) {
+        let cap = t.cap();
+        for p in 0..cap {
+            let s = t.slots[p];
+            if s.is_empty() {
+                continue;
+            }
+            let d = t.dist(p, s.lo);
+            if d > 0 {
+                let q = (p + cap - 1) % cap;
+                let prev = t.slots[q];
+                assert!(
+                    !prev.is_empty(),
+                    "slot {p}, {d} from home, follows an empty slot"
+                );
+                assert!(
+                    t.dist(q, prev.lo) + 1 >= d,
+                    "slot {p} breaks the Robin Hood order"
+                );
+            }
+            assert_eq!(t.find(KeyHash { hi: s.hi, lo: s.lo }), Some(p));
         }
     }
 
