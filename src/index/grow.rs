@@ -102,8 +102,10 @@ impl Grower {
 /// alone.
 fn grow(index: &super::ShardedIndex, i: usize) {
     let Some(cap) = index.lock_shard(i).queued_growth_cap() else {
-        // Grown by an insert meanwhile (or emptied): nothing asked of us.
-        index.lock_shard(i).grow_if_queued(Vec::new());
+        // Grown by an insert meanwhile (or emptied): nothing to allocate,
+        // but the request is cleared so that the shard can ask again.
+        let unused = index.lock_shard(i).grow_if_queued(Vec::new());
+        drop(unused);
         return;
     };
     let blank = super::table::SlotTable::blank(cap);
