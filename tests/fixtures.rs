@@ -73,6 +73,28 @@ fn write_fixtures() -> Result<()> {
     Ok(())
 }
 
+/// The keys of `v1-runs.redb`: a batch of 300 16-byte ids in one scope
+/// (one run), then three single inserts.
+fn run_ids() -> Vec<String> {
+    (0..300).map(|i| format!("batch-id-{i:07}")).collect()
+}
+
+#[test]
+#[ignore = "regenerates tests/fixtures/v1-runs.redb; run on purpose after a deliberate format change"]
+fn write_runs_fixture() -> Result<()> {
+    let clock = ManualClock::new(T0);
+    let path = fixture("v1-runs.redb");
+    let _ = std::fs::remove_file(&path);
+    let store = builder(&clock).open(&path)?;
+    let ids = run_ids();
+    let keys: Vec<Key<'_>> = ids.iter().map(|id| Key::new("shop", id)).collect();
+    assert!(store.insert_batch(&keys)?.iter().all(|&new| new));
+    for id in ["a", "b", "c"] {
+        store.insert_if_absent(&Key::new("other", id))?;
+    }
+    Ok(())
+}
+
 /// The fuzzers' seed file (`fuzz/seed/store.redb`, see `fuzz/README.md`):
 /// regenerate it with the fixtures when the format changes.
 #[test]
@@ -163,4 +185,26 @@ fn a_corrupt_row_in_a_committed_file_is_reported() {
     let clock = ManualClock::new(T0 + 60_000);
     let err = builder(&clock).open(&path).expect_err("corrupt");
     assert!(matches!(err, Error::Corrupt(_)), "{err}");
+}
+
+#[test]
+fn a_file_with_a_run_of_inserts_reads_back_every_key() -> Result<()> {
+    let (_dir, path) = copy("v1-runs.redb");
+    // The ids lie back to back: a run, not 300 records of their own.
+    let bytes = std::fs::read(&path).expect("read");
+    let at = find(&bytes, b"batch-id-").expect("the ids are in the file");
+    assert_eq!(&bytes[at + 16..at + 25], b"batch-id-");
+    let clock = ManualClock::new(T0 + 60_000);
+    let store = builder(&clock).open(&path)?;
+    let ids = run_ids();
+    let keys: Vec<Key<'_>> = ids.iter().map(|id| Key::new("shop", id)).collect();
+    assert_eq!(store.stats().keys, 303);
+    assert!(store.insert_batch(&keys)?.iter().all(|&new| !new));
+    let rec = store.get(&keys[299])?.expect("the run's last key");
+    assert_eq!((rec.key(), rec.state()), (&keys[299], State::Inserted));
+    for id in ["a", "b", "c"] {
+        assert!(!store.insert_if_absent(&Key::new("other", id))?);
+    }
+    assert!(store.insert_if_absent(&Key::new("shop", "batch-id-0000300"))?);
+    Ok(())
 }
