@@ -843,6 +843,25 @@ mod tests {
     }
 
     #[test]
+    fn a_run_past_its_count_continues_in_a_new_one() -> Result<()> {
+        let (row, ids) = batch_row(70_000);
+        assert_eq!(
+            u32::from_le_bytes(row[2..6].try_into().unwrap()),
+            2,
+            "65,535 ids, then the rest"
+        );
+        let back: Vec<_> = read_row(&row)?.collect::<Result<_>>()?;
+        assert_eq!(back.len(), 70_000);
+        assert!(
+            back.iter()
+                .zip(&ids)
+                .enumerate()
+                .all(|(i, (r, id))| r.idx == i as u32 && r.id == id)
+        );
+        Ok(())
+    }
+
+    #[test]
     fn a_lone_plain_insert_is_not_a_run() {
         let (one, _) = batch_row(1);
         let (two, _) = batch_row(2);
