@@ -479,3 +479,62 @@ fn compaction_gives_space_back_after_the_store_shrinks() -> Result<()> {
     assert!(!store.insert_if_absent(&Key::new("t", "after"))?);
     Ok(())
 }
+
+fn keys_in_t(ids: &[String]) -> Vec<Key<'_>> {
+    ids.iter().map(|id| Key::new("t", id)).collect()
+}
+
+/// One commit whose records go to two bucket tables, each holding runs of
+/// plain inserts (consecutive inserts with one time, scope and id length)
+/// broken by the other table's records: recovery merges the tables' rows
+/// by record index and must get every key and its expiry back.
+#[test]
+fn one_commit_with_runs_in_two_bucket_tables_reopens_whole() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let open = || {
+        builder(&clock)
+            .durability(dedupkv::Durability::Deferred {
+                max_delay: Duration::from_secs(3_600),
+            })
+            .open(&path)
+    };
+    let short: Vec<String> = (0..9).map(|i| format!("short-{i:02}")).collect();
+    let long: Vec<String> = (0..4).map(|i| format!("long-{i:03}")).collect();
+    {
+        let store = open()?;
+        let before = store.stats().commits;
+        store.insert_batch(&keys_in_t(&short[..5]))?;
+        for k in keys_in_t(&long) {
+            store.insert_if_absent_for(&k, 60 * MIN)?;
+        }
+        store.insert_batch(&keys_in_t(&short[5..8]))?;
+        store.insert_if_absent(&keys_in_t(&short[8..])[0])?;
+        store.flush()?;
+        assert_eq!(store.stats().commits - before, 1, "all in one commit");
+    }
+    // Both tables hold runs: ids back to back, not records of their own.
+    let bytes = std::fs::read(&path).expect("read");
+    for prefix in [&b"short-"[..], b"long-"] {
+        let at = bytes
+            .windows(prefix.len())
+            .position(|w| w == prefix)
+            .expect("ids in the file");
+        assert_eq!(&bytes[at + 8..at + 8 + prefix.len()], prefix);
+    }
+    let store = open()?;
+    assert_eq!(store.stats().keys, 13);
+    for (ids, retention) in [(&short, 10 * MIN), (&long, 60 * MIN)] {
+        for k in keys_in_t(ids) {
+            let rec = store.get(&k)?.expect("recovered");
+            let expires = rec
+                .expires_at()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            assert_eq!(expires, Duration::from_millis(T0) + retention, "{k:?}");
+        }
+        assert!(store.insert_batch(&keys_in_t(ids))?.iter().all(|&new| !new));
+    }
+    Ok(())
+}

@@ -27,7 +27,9 @@
 //!
 //! A run (tag 9) holds `n` ≥ 2 plain inserts that follow each other with
 //! consecutive indexes, the same times and scope, and ids of one length:
-//! one header, the count, the ids. The row's `count` counts it once. A
+//! one header, the count, the ids. The row's `count` counts it once, and
+//! the record after it is encoded against its last insert. Empty ids never
+//! form a run, so every record takes at least a byte of its row. A
 //! batch of 1,000 16-byte ids is then about 16,000 bytes, which fits one
 //! 16 KiB redb page, where 22,000 bytes took a 32 KiB one.
 //!
@@ -37,8 +39,9 @@
 //! `idx` orders the records of one commit across all bucket tables (the same
 //! row number can appear in several tables). Times are milliseconds since the
 //! Unix epoch. Every length is checked against the row before it is used, so
-//! decoding arbitrary bytes returns an error, never panics, and never
-//! allocates more than the input.
+//! decoding arbitrary bytes returns an error, never panics, never
+//! allocates more than the input, and never yields more records than the
+//! row has bytes.
 
 use crate::{Error, Result};
 
@@ -284,6 +287,9 @@ impl RowWriter {
             && rec.at == self.prev.at
             && rec.expires == self.prev.expires
             && rec.id.len() == tail.id_len
+            // Empty ids stay records of their own: a run of them would be
+            // records without bytes, which a reader could not bound.
+            && tail.id_len > 0
             && tail.ids < u16::MAX
             && self.buf.get(start..start + len) == Some(rec.scope);
         if !follows {
@@ -373,6 +379,7 @@ impl<'a> Iterator for RowReader<'a> {
         let rec = self.cur.record();
         if rec.is_err() {
             self.left = 0;
+            self.cur.run = None;
             self.cur.pos = self.cur.buf.len();
         }
         Some(rec)
@@ -509,21 +516,28 @@ impl<'a> Cursor<'a> {
         };
         self.prev_scope = Some(scope);
         let id_len = self.len()?;
-        if run {
+        // Every record, runs included, takes at least one byte of its own:
+        // a row cannot decode to more records than it has bytes.
+        let run_ids = if run {
             let ids = u16::from_le_bytes(self.array()?);
             let fits = usize::from(ids)
                 .checked_mul(id_len)
                 .is_some_and(|n| n <= self.buf.len() - self.pos);
-            if ids < 2 || !fits {
+            if ids < 2 || id_len == 0 || !fits {
                 return Err(corrupt(
-                    "run of fewer than two ids, or past the end of its row",
+                    "run of fewer than two ids, of empty ids, or past the end of its row",
                 ));
             }
-            self.run = Some((ids - 1, id_len));
-        }
+            ids
+        } else {
+            0
+        };
         let id = self.take(id_len)?;
         if scope.len() > usize::from(u16::MAX) || id.len() > usize::from(u16::MAX) {
             return Err(corrupt("scope or id longer than 65,535 bytes"));
+        }
+        if run_ids > 0 {
+            self.run = Some((run_ids - 1, id_len));
         }
         let mut rec = RecordRef {
             kind,
@@ -828,6 +842,7 @@ mod tests {
         RecordRef {
             attempt: 0,
             token: 0,
+            first_at: 10, // `at`, as a plain insert decodes
             lease_until: 0,
             params: 0,
             outcome_tag: 0,
@@ -859,6 +874,70 @@ mod tests {
                 .all(|(i, (r, id))| r.idx == i as u32 && r.id == id)
         );
         Ok(())
+    }
+
+    #[test]
+    fn empty_ids_never_form_a_run() -> Result<()> {
+        let mut w = RowWriter::new();
+        let recs: Vec<_> = (0..3)
+            .map(|i| RecordRef {
+                idx: i,
+                ..plain(b"")
+            })
+            .collect();
+        for r in &recs {
+            w.push(r);
+        }
+        let row = w.finish();
+        assert_eq!(u32::from_le_bytes(row[2..6].try_into().unwrap()), 3);
+        assert_eq!(read_row(&row)?.collect::<Result<Vec<_>>>()?, recs);
+        Ok(())
+    }
+
+    /// A row of one hand-made run record: `scope`, ids of `id_len`, a count
+    /// of `ids`, then `tail` bytes.
+    fn run_row(scope: &[u8], id_len: u8, ids: u16, tail: &[u8]) -> Vec<u8> {
+        let mut row = vec![ROW_VERSION, 0, 1, 0, 0, 0, RUN, 0, 0, 0];
+        put_varint(&mut row, scope.len() as u64 + 1);
+        row.extend_from_slice(scope);
+        row.extend_from_slice(&[id_len]);
+        row.extend_from_slice(&ids.to_le_bytes());
+        row.extend_from_slice(tail);
+        sealed(row)
+    }
+
+    #[test]
+    fn a_run_of_empty_ids_is_corrupt() {
+        // Eight bytes that would otherwise decode to 65,535 records.
+        let row = run_row(b"", 0, u16::MAX, b"");
+        let items: Vec<_> = read_row(&row).expect("header").collect();
+        assert_eq!(items.len(), 1);
+        assert!(matches!(&items[0], Err(Error::Corrupt(_))), "{items:?}");
+    }
+
+    #[test]
+    fn an_error_ends_the_records_even_inside_a_run() {
+        // A scope past the 65,535-byte limit, found after the count.
+        let row = run_row(&vec![b's'; 70_000], 1, 3, b"abc");
+        let items: Vec<_> = read_row(&row).expect("header").collect();
+        assert_eq!(items.len(), 1, "nothing after the error");
+        assert!(matches!(&items[0], Err(Error::Corrupt(_))));
+    }
+
+    #[test]
+    fn resealed_damage_to_a_run_never_multiplies_records() {
+        let (row, _) = batch_row(3);
+        let body = &row[..row.len() - TRAILER];
+        for i in HEADER..body.len() {
+            for mask in [0x01, 0x80, 0xff] {
+                let mut bad = body.to_vec();
+                bad[i] ^= mask;
+                let bad = sealed(bad);
+                if let Ok(records) = read_row(&bad) {
+                    assert!(records.count() <= bad.len(), "byte {i} ^ {mask:#x}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -915,7 +994,8 @@ mod tests {
     fn damaged_runs_are_corrupt_not_panics() {
         let (row, _) = batch_row(3);
         let count = HEADER + 1 + 1 + 6 + 6 + 1 + b"tenant".len() + 1;
-        for ids in [0u16, 1, 4, u16::MAX] {
+        // 2 leaves a third id as trailing bytes; 4 runs past the row.
+        for ids in [0u16, 1, 2, 4, u16::MAX] {
             let mut bad = row[..row.len() - TRAILER].to_vec();
             bad[count..count + 2].copy_from_slice(&ids.to_le_bytes());
             let sum = xxhash_rust::xxh3::xxh3_64(&bad);
