@@ -101,14 +101,11 @@ impl Grower {
 /// the old one freed after, so inserts into the shard wait for the move
 /// alone.
 fn grow(index: &super::ShardedIndex, i: usize) {
-    let Some(cap) = index.lock_shard(i).queued_growth_cap() else {
-        // Grown by an insert meanwhile (or emptied): nothing to allocate,
-        // but the request is cleared so that the shard can ask again.
-        let unused = index.lock_shard(i).grow_if_queued(Vec::new());
-        drop(unused);
-        return;
-    };
-    let blank = super::table::SlotTable::blank(cap);
+    // No capacity: grown by an insert meanwhile (or emptied). The second
+    // lock still clears the request, so that the shard can ask again.
+    // Its own statement: the guard is gone before the allocation.
+    let cap = index.lock_shard(i).queued_growth_cap();
+    let blank = cap.map_or_else(Vec::new, super::table::SlotTable::blank);
     let old = index.lock_shard(i).grow_if_queued(blank);
     drop(old);
 }

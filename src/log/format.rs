@@ -135,6 +135,34 @@ pub(crate) struct RecordRef<'a> {
     pub outcome: &'a [u8],
 }
 
+impl<'a> RecordRef<'a> {
+    /// A record with its header fields only, its body empty (what a plain
+    /// insert decodes to; the decoder fills in any other body).
+    fn bare(
+        kind: Kind,
+        idx: u32,
+        (at, expires): (u64, u64),
+        scope: &'a [u8],
+        id: &'a [u8],
+    ) -> Self {
+        RecordRef {
+            kind,
+            idx,
+            at,
+            expires,
+            scope,
+            id,
+            attempt: 0,
+            token: 0,
+            first_at: at,
+            lease_until: 0,
+            params: 0,
+            outcome_tag: 0,
+            outcome: &[],
+        }
+    }
+}
+
 /// Appends `v` as a LEB128 varint (7 bits a byte, low first).
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
@@ -222,13 +250,13 @@ impl RowWriter {
             return;
         }
         let kind_pos = self.buf.len();
+        let repeats_scope = self.repeats_scope(rec.scope);
         let out = &mut self.buf;
         out.push(rec.kind as u8);
         put_varint(out, u64::from(rec.idx).wrapping_sub(self.prev.next_idx));
         put_delta(out, rec.at, self.prev.at);
         put_delta(out, rec.expires, self.prev.expires);
-        let (start, len) = self.prev_scope;
-        if len == rec.scope.len() && out.get(start..start + len) == Some(rec.scope) {
+        if repeats_scope {
             put_varint(out, 0);
         } else {
             put_varint(out, rec.scope.len() as u64 + 1);
@@ -278,10 +306,9 @@ impl RowWriter {
     /// scope and id length; the first such insert turns the plain insert
     /// into a run of two. Returns whether it did.
     fn extend_run(&mut self, rec: &RecordRef<'_>) -> bool {
-        let Some(tail) = &mut self.tail else {
+        let Some(mut tail) = self.tail else {
             return false;
         };
-        let (start, len) = self.prev_scope;
         let follows = rec.kind == Kind::Insert
             && u64::from(rec.idx) == self.prev.next_idx
             && rec.at == self.prev.at
@@ -291,7 +318,7 @@ impl RowWriter {
             // records without bytes, which a reader could not bound.
             && tail.id_len > 0
             && tail.ids < u16::MAX
-            && self.buf.get(start..start + len) == Some(rec.scope);
+            && self.repeats_scope(rec.scope);
         if !follows {
             return false;
         }
@@ -303,8 +330,15 @@ impl RowWriter {
         let count = tail.id_pos;
         self.buf[count..count + 2].copy_from_slice(&tail.ids.to_le_bytes());
         self.buf.extend_from_slice(rec.id);
+        self.tail = Some(tail);
         self.prev.next_idx += 1;
         true
+    }
+
+    /// Whether `scope` is the previous record's.
+    fn repeats_scope(&self, scope: &[u8]) -> bool {
+        let (start, len) = self.prev_scope;
+        self.buf.get(start..start.saturating_add(len)) == Some(scope)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -475,21 +509,13 @@ impl<'a> Cursor<'a> {
             .prev_scope
             .ok_or_else(|| corrupt("run without a scope"))?;
         self.prev.next_idx += 1;
-        Ok(RecordRef {
-            kind: Kind::Insert,
+        Ok(RecordRef::bare(
+            Kind::Insert,
             idx,
-            at: self.prev.at,
-            expires: self.prev.expires,
+            (self.prev.at, self.prev.expires),
             scope,
             id,
-            attempt: 0,
-            token: 0,
-            first_at: self.prev.at,
-            lease_until: 0,
-            params: 0,
-            outcome_tag: 0,
-            outcome: &[],
-        })
+        ))
     }
 
     fn record(&mut self) -> Result<RecordRef<'a>> {
@@ -539,21 +565,7 @@ impl<'a> Cursor<'a> {
         if run_ids > 0 {
             self.run = Some((run_ids - 1, id_len));
         }
-        let mut rec = RecordRef {
-            kind,
-            idx,
-            at,
-            expires,
-            scope,
-            id,
-            attempt: 0,
-            token: 0,
-            first_at: at,
-            lease_until: 0,
-            params: 0,
-            outcome_tag: 0,
-            outcome: &[],
-        };
+        let mut rec = RecordRef::bare(kind, idx, (at, expires), scope, id);
         match kind.body() {
             Body::Empty => {}
             Body::Claim => {
