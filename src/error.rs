@@ -43,6 +43,16 @@ pub enum Error {
         /// The configured limit in bytes.
         limit: usize,
     },
+    /// An argument is not one the call accepts (an empty key part, a
+    /// reserved value, a request too large for one commit); the message
+    /// says which and why. Nothing was recorded; the store is unaffected.
+    #[error("invalid input: {what} {reason}")]
+    InvalidArgument {
+        /// Which argument (`"id"`, `"scope"`, `"version"`, `"seq"`, `"batch"`).
+        what: &'static str,
+        /// What is wrong with it, for people.
+        reason: String,
+    },
     /// A builder setting is out of range or contradicts the existing file.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
