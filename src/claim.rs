@@ -152,6 +152,8 @@ pub struct Claim {
     pub(crate) token: u64,
     pub(crate) lease_until: AtomicU64,
     pub(crate) finished: AtomicBool,
+    /// This attempt took over one that never answered.
+    pub(crate) interrupted: bool,
 }
 
 impl Claim {
@@ -176,6 +178,35 @@ impl Claim {
     /// See [`Claim`].
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// Whether this attempt took over an earlier one that never answered:
+    /// its process died (a claim left by an earlier process is taken over
+    /// as soon as the store is reopened) or its lease lapsed. That attempt
+    /// may have performed its side effect before it stopped: before
+    /// repeating an external call, ask the system it called (look the
+    /// operation up by its idempotency key) and complete with what it says.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("s.redb");
+    /// let key = Key::new("shop-42", "ship-order-7");
+    /// {
+    ///     let store = Store::open(&path)?;
+    ///     let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    ///     std::mem::forget(claim); // the process dies mid-attempt
+    /// }
+    /// let store = Store::open(&path)?; // restarted: no need to wait out the lease
+    /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(claim.attempt(), 2);
+    /// assert!(claim.interrupted()); // reconcile before calling out again
+    /// # store.complete(&claim, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn interrupted(&self) -> bool {
+        self.interrupted
     }
 
     /// The fencing token: unique per attempt, increasing across the store.

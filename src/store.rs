@@ -56,6 +56,10 @@ pub(crate) struct Inner {
     clock: Arc<dyn Clock>,
     pub(crate) cfg: Config,
     tokens: AtomicU64,
+    /// The first token of this run: a claim with a lower token was made by
+    /// an earlier process, which is gone (a store file is held by one
+    /// process at a time), so nobody will finish it.
+    run_first_token: u64,
     /// Tokens below this are reserved by the persisted floor.
     token_limit: AtomicU64,
     /// The latest bucket `bucket_of` computed.
@@ -215,6 +219,7 @@ impl Store {
             clock,
             cfg,
             tokens: AtomicU64::new(first_token),
+            run_first_token: first_token,
             token_limit: AtomicU64::new(first_token + TOKEN_BLOCK),
             cur_bucket: AtomicU64::new(0),
             closed_bucket: AtomicU64::new(0),
@@ -447,10 +452,10 @@ impl Store {
         let (h, now, nb) = inner.write_start(key)?;
         let mut shard = inner.index.lock(h);
         let slot = Inner::live(&shard, h, nb);
-        let (attempt, first_at, prev_bucket) = match slot {
+        let (attempt, first_at, prev_bucket, interrupted) = match slot {
             None => {
                 shard.remove(h);
-                (1, now, None)
+                (1, now, None, false)
             }
             Some(s) => {
                 let bucket = s.bucket(nb);
@@ -466,7 +471,11 @@ impl Store {
                             shard.counters.conflicts += 1;
                             return Err(mismatch(key, Fingerprint(p.params), fingerprint));
                         }
-                        if s.state() == SlotState::Claimed && now < p.lease_until {
+                        // A claim of an earlier process is taken over at
+                        // once: its holder is gone, and waiting out its
+                        // lease only stalls the restarted consumer.
+                        let orphaned = p.token < inner.run_first_token;
+                        if s.state() == SlotState::Claimed && now < p.lease_until && !orphaned {
                             let row = s.row(inner.log.open_row());
                             shard.counters.in_progress += 1;
                             drop(shard);
@@ -477,10 +486,16 @@ impl Store {
                                 first_at: p.first_at,
                             })));
                         }
-                        if s.state() == SlotState::Claimed {
+                        let interrupted = s.state() == SlotState::Claimed;
+                        if interrupted {
                             shard.counters.takeovers += 1;
                         }
-                        (p.attempt.saturating_add(1), p.first_at, Some(bucket))
+                        (
+                            p.attempt.saturating_add(1),
+                            p.first_at,
+                            Some(bucket),
+                            interrupted,
+                        )
                     }
                 }
             }
@@ -527,6 +542,7 @@ impl Store {
             token,
             lease_until: AtomicU64::new(lease_until),
             finished: AtomicBool::new(false),
+            interrupted,
         })))
     }
 

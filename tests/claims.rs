@@ -177,14 +177,10 @@ fn outcomes_and_claims_survive_reopen() -> Result<()> {
     let c = started(store.begin(&Key::new("t", "retry"), fp)?);
     assert_eq!(c.attempt(), 2);
     store.complete(&c, b"")?;
-    // The crashed worker's claim stays in progress until its lease lapses.
-    assert!(matches!(
-        store.begin(&Key::new("t", "running"), fp)?,
-        Begin::InProgress(_)
-    ));
-    clock.advance(Duration::from_secs(31));
+    // The crashed worker's claim is taken over at once: its process is gone.
     let c = started(store.begin(&Key::new("t", "running"), fp)?);
     assert_eq!(c.attempt(), 2);
+    assert!(c.interrupted());
     store.complete(&c, b"")?;
     assert!(!store.insert_if_absent(&Key::new("t", "plain"))?);
     assert!(
@@ -306,5 +302,71 @@ fn typed_outcomes_round_trip() -> Result<()> {
         rec.outcome_as::<Vec<String>>(),
         Err(Error::Codec(_))
     ));
+    Ok(())
+}
+
+#[test]
+fn a_claim_left_by_an_earlier_process_is_taken_over_at_once_and_says_so() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let key = Key::new("t", "orphan");
+    let fp = Fingerprint::of("params");
+    let first_token = {
+        let store = open(&dir, &clock)?;
+        let c = started(store.begin(&key, fp)?);
+        assert!(!c.interrupted(), "a first attempt interrupted nothing");
+        let token = c.token();
+        // The process dies holding the claim: no release is written.
+        std::mem::forget(c);
+        token
+    };
+    // Reopened at once, long before the 30 s lease lapses.
+    let store = open(&dir, &clock)?;
+    let c = started(store.begin(&key, fp)?);
+    assert_eq!(c.attempt(), 2);
+    assert!(
+        c.interrupted(),
+        "the caller must learn that attempt 1 may have acted"
+    );
+    assert!(c.token() > first_token);
+    assert_eq!(store.stats().takeovers, 1);
+    // The takeover's own claim is a live claim of this process: it waits out
+    // its lease as before (a worker may just be slow).
+    let Begin::InProgress(info) = store.begin(&key, fp)? else {
+        panic!("a claim of this process must be InProgress while its lease runs")
+    };
+    assert_eq!(info.attempt(), 2);
+    store.complete(&c, b"done")?;
+    Ok(())
+}
+
+#[test]
+fn interrupted_tells_a_lapsed_lease_from_a_released_retry() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let fp = Fingerprint::NONE;
+
+    let released = Key::new("t", "released");
+    let c = started(store.begin(&released, fp)?);
+    store.fail(&c, Failure::Retryable)?;
+    let retry = started(store.begin(&released, fp)?);
+    assert_eq!(retry.attempt(), 2);
+    assert!(
+        !retry.interrupted(),
+        "a retryable failure answered: nothing was interrupted"
+    );
+
+    let lapsed = Key::new("t", "lapsed");
+    let zombie = started(store.begin(&lapsed, fp)?);
+    clock.advance(Duration::from_secs(31));
+    let next = started(store.begin(&lapsed, fp)?);
+    assert!(next.interrupted(), "the lease lapsed without an answer");
+    assert!(matches!(
+        store.complete(&zombie, b"late"),
+        Err(Error::ClaimLost { .. })
+    ));
+    store.complete(&next, b"ok")?;
+    store.complete(&retry, b"ok")?;
     Ok(())
 }

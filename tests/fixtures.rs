@@ -158,9 +158,11 @@ fn a_version_1_file_reads_back_everything() -> Result<()> {
         (rec.state(), rec.outcome()),
         (State::Failed, Some(&b"declined"[..]))
     );
+    // The claim left in progress by the process that wrote the fixture is
+    // taken over at once, inside its lease: that process is gone.
     assert!(matches!(
         store.begin(&Key::new("shop", "running"), Fingerprint::NONE)?,
-        Begin::InProgress(_)
+        Begin::Started(c) if c.attempt() == 2 && c.interrupted()
     ));
     assert_eq!(
         store.advance(&Key::new("shop", "order-1"), 7)?,
@@ -170,12 +172,6 @@ fn a_version_1_file_reads_back_everything() -> Result<()> {
         panic!("2 unblocks the parked 3")
     };
     assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [2, 3]);
-    // The lease of the claim in progress lapses as usual.
-    clock.advance(Duration::from_secs(31));
-    assert!(matches!(
-        store.begin(&Key::new("shop", "running"), Fingerprint::NONE)?,
-        Begin::Started(c) if c.attempt() == 2
-    ));
     Ok(())
 }
 

@@ -410,15 +410,24 @@ fn a_claim_kept_by_early_eviction_survives_a_reopen() -> Result<()> {
     std::mem::forget(claim);
     drop(store);
 
-    // The lease (9 min) is still alive: the claim must still hold the key
-    // after a restart, or a second worker would run the operation again.
+    // The claim's record must survive the restart, or the operation would
+    // start over as attempt 1 with nobody told that attempt 1 may have
+    // acted. Its process is gone, so the next begin takes it over at once.
     let store = open()?;
-    let Begin::InProgress(info) = store.begin(&held, Fingerprint::NONE)? else {
-        panic!("the live claim was lost with its early-evicted bucket")
+    let Begin::Started(c) = store.begin(&held, Fingerprint::NONE)? else {
+        panic!("the claim of a process that is gone is taken over")
     };
-    assert_eq!(info.attempt(), 1);
     assert_eq!(
-        info.first_seen_at(),
+        (c.attempt(), c.interrupted()),
+        (2, true),
+        "the live claim was lost with its early-evicted bucket"
+    );
+    store.complete(&c, b"")?;
+    let Begin::Completed(rec) = store.begin(&held, Fingerprint::NONE)? else {
+        panic!("completed")
+    };
+    assert_eq!(
+        rec.first_seen_at(),
         std::time::UNIX_EPOCH + Duration::from_millis(T0)
     );
     Ok(())

@@ -6,8 +6,8 @@
 //! Time moves only through a `ManualClock`. Crashes reopen the bytes a power
 //! cut would leave (`CrashBackend::crash_image`): under
 //! `Durability::Immediate` every acknowledged write survives; claims held at
-//! the crash stay in progress until their lease lapses, and their handles are
-//! dead. The one write that is not acknowledged is the release of a dropped
+//! the crash (or a reopen) are taken over by the next `begin` at once, and
+//! their handles are dead. The one write that is not acknowledged is the release of a dropped
 //! claim: until a later write is acknowledged, a crash may keep or lose it,
 //! and the model accepts either.
 //!
@@ -308,6 +308,9 @@ struct Harness {
     held: Vec<Held>,
     /// Tokens issued from now on must be above this.
     token_floor: u64,
+    /// Claims with tokens up to this were made before the last reopen: their
+    /// holder is gone, and `begin` takes them over at once.
+    run_floor: u64,
     /// Keys whose latest record is the release of a dropped claim that may
     /// not be durable yet, with the record a crash would fall back to.
     unsettled: HashMap<usize, MRec>,
@@ -331,6 +334,7 @@ impl Harness {
             },
             held: Vec::new(),
             token_floor: 0,
+            run_floor: 0,
             unsettled: HashMap::new(),
         };
         h.open(None)?;
@@ -369,7 +373,9 @@ impl Harness {
         };
         self.store = Some(check(store, "open")?);
         self.generation += 1;
-        self.token_floor = self.model.token_floor(self.now());
+        self.token_floor = self.model.token_floor(self.now()).max(self.token_floor);
+        // Every claim made so far belongs to a process that is gone.
+        self.run_floor = self.token_floor;
         Ok(())
     }
 
@@ -476,7 +482,9 @@ impl Harness {
                 };
                 return check_record(k, rec, r);
             }
-            Some(r) if r.kind == Kind::Claimed && now < r.lease_until => {
+            Some(r)
+                if r.kind == Kind::Claimed && now < r.lease_until && r.token > self.run_floor =>
+            {
                 let Ok(Begin::InProgress(info)) = &got else {
                     return Err(TestCaseError::fail(format!(
                         "begin on claimed key {k}: want InProgress, got {got:?}"
@@ -487,9 +495,11 @@ impl Harness {
                 prop_assert_eq!(info.first_seen_at(), at(r.first_at));
                 return Ok(());
             }
-            // Released, or claimed with a lapsed lease: a new attempt.
+            // Released, or claimed with a lapsed lease or by a process
+            // that is gone: a new attempt.
             Some(r) => (r.attempt + 1, r.first_at, Some(r.bucket)),
         };
+        let interrupted = prev.as_ref().is_some_and(|r| r.kind == Kind::Claimed);
         let Ok(Begin::Started(claim)) = got else {
             return Err(TestCaseError::fail(format!(
                 "begin on key {k} (model {prev:?}): want Started, got {got:?}"
@@ -498,6 +508,7 @@ impl Harness {
         let lease_until = now + self.model.s.lease;
         prop_assert_eq!(claim.key(), &key(k));
         prop_assert_eq!(claim.attempt(), attempt);
+        prop_assert_eq!(claim.interrupted(), interrupted, "interrupted, key {}", k);
         prop_assert_eq!(claim.lease_expires_at(), at(lease_until));
         prop_assert!(
             claim.token() > self.token_floor,
