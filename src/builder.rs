@@ -12,6 +12,9 @@ use crate::{Durability, Error, KeyHashing, Result, Store};
 /// Hard caps imposed by the record format.
 pub(crate) const FORMAT_MAX_KEY_PART: usize = u16::MAX as usize;
 pub(crate) const FORMAT_MAX_OUTCOME: usize = 64 << 20;
+/// The largest one record can encode to: both key parts and an outcome at
+/// the format's limits, plus its fixed fields.
+pub(crate) const FORMAT_MAX_RECORD: usize = 2 * FORMAT_MAX_KEY_PART + FORMAT_MAX_OUTCOME + 128;
 
 /// Settings the store reads on every call.
 #[derive(Debug, Clone)]
@@ -38,6 +41,9 @@ pub(crate) struct Config {
     pub max_hold_ms: u64,
     pub compact_when_free: Option<f64>,
     pub evict_slice_bytes: usize,
+    pub max_batch_bytes: usize,
+    /// Where the log closes a row and opens the next (tests lower it).
+    pub row_split_bytes: usize,
 }
 
 /// Settings for [`Store`], made by [`Store::builder`].
@@ -86,6 +92,8 @@ impl Default for StoreBuilder {
                 max_hold_ms: 5 * 60_000,
                 compact_when_free: Some(0.5),
                 evict_slice_bytes: 1 << 20,
+                max_batch_bytes: 256 << 20,
+                row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
             },
             clock: Arc::new(SystemClock),
         }
@@ -389,6 +397,42 @@ impl StoreBuilder {
         self
     }
 
+    /// The most log one batch call (`insert_batch`, `begin_batch`,
+    /// `complete_batch`) may write, in bytes, counted as its keys and
+    /// outcomes plus 32 bytes per key. A larger call fails with
+    /// [`Error::InvalidInput`] (`what: "batch"`) before anything is
+    /// recorded, and every other caller goes on; split it. It bounds the
+    /// memory one call holds until its commit. Default: 256 MiB (about
+    /// 3 million 64-byte keys).
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for 0.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Error, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::builder().max_batch_bytes(1 << 10).open(dir.path().join("s.redb"))?;
+    /// let ids: Vec<String> = (0..100).map(|i| format!("evt-{i}")).collect();
+    /// let keys: Vec<Key<'_>> = ids.iter().map(|id| Key::new("t", id)).collect();
+    /// assert!(matches!(store.insert_batch(&keys), Err(Error::InvalidInput { what: "batch", .. })));
+    /// assert_eq!(store.insert_batch(&keys[..10])?, vec![true; 10]);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn max_batch_bytes(mut self, bytes: usize) -> Self {
+        self.cfg.max_batch_bytes = bytes;
+        self
+    }
+
+    /// Where the log closes a row and starts the next, in bytes (at most,
+    /// and by default, 256 MiB). Not part of the API: tests lower it to
+    /// drive commits of several rows.
+    #[doc(hidden)]
+    pub fn row_split_bytes(mut self, bytes: usize) -> Self {
+        self.cfg.row_split_bytes = bytes;
+        self
+    }
+
     /// The most log one eviction commit deletes, in bytes. A bucket's table
     /// is deleted a slice of rows per commit, oldest first, each slice
     /// about this size, before the table itself is dropped: redb frees a
@@ -488,6 +532,9 @@ impl StoreBuilder {
             && !(0.0..1.0).contains(&f)
         {
             return bad(format!("compact_when_free must be in 0.0..1.0, not {f}"));
+        }
+        if c.max_batch_bytes == 0 {
+            return bad("max_batch_bytes must be at least 1".into());
         }
         if c.evict_slice_bytes == 0 {
             return bad("evict_slice_bytes must be at least 1".into());

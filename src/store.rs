@@ -209,6 +209,7 @@ impl Store {
             first_token + TOKEN_BLOCK,
             cfg.durability,
             cfg.quick_repair,
+            cfg.row_split_bytes,
         )?;
         let background = cfg.background_eviction;
         let tick = std::time::Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));
@@ -352,9 +353,10 @@ impl Store {
     /// ```
     pub fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
         let inner = &*self.inner;
-        for k in keys {
-            inner.check_key(k)?;
-        }
+        inner.check_batch(
+            keys.iter()
+                .map(|k| inner.check_key(k).map(|()| key_bytes(k))),
+        )?;
         inner.log.check()?;
         let now = inner.now();
         let nb = inner.bucket_of(now);
@@ -935,6 +937,17 @@ impl Inner {
         check_len("id", key.id().len(), self.cfg.max_id)
     }
 
+    /// Checks every item of a batch call (each gives its log bytes, or its
+    /// error) and fails for a call over `max_batch_bytes`, before anything
+    /// is recorded.
+    pub(crate) fn check_batch(&self, items: impl Iterator<Item = Result<usize>>) -> Result<()> {
+        let mut total = 0usize;
+        for bytes in items {
+            total = total.saturating_add(bytes?);
+        }
+        check_len("batch", total, self.cfg.max_batch_bytes)
+    }
+
     /// Fails for a payload over `max_outcome_len`.
     pub(crate) fn check_payload(&self, payload: &[u8]) -> Result<()> {
         check_len("payload", payload.len(), self.cfg.max_outcome)
@@ -1264,6 +1277,11 @@ impl Inner {
             show_key(key.scope(), key.id())
         ))
     }
+}
+
+/// What a key costs a batch call's log, as `max_batch_bytes` counts it.
+fn key_bytes(key: &Key<'_>) -> usize {
+    key.scope().len() + key.id().len() + 32
 }
 
 fn check_len(what: &'static str, len: usize, limit: usize) -> Result<()> {

@@ -32,9 +32,30 @@ const DEFERRED_FLUSH_BYTES: usize = 4 << 20;
 /// pending than the previous commit carried (Immediate mode only).
 const GATHER: Duration = Duration::from_micros(500);
 
-/// Records appended since the last commit, all destined for row `row`.
+/// A row is closed and the next one opened once it holds this many bytes,
+/// so no row reaches redb's limit for one value (3 GiB), however many
+/// callers share a commit: a row is at most this plus one record.
+pub(crate) const ROW_SPLIT_BYTES: usize = 256 << 20;
+const _: () = assert!(
+    ROW_SPLIT_BYTES + crate::builder::FORMAT_MAX_RECORD < 3 << 30,
+    "a row could pass redb's value limit"
+);
+
+/// Records appended since the last commit: rows `first_row..=row`, all
+/// but the last closed (see [`ROW_SPLIT_BYTES`]); new records go to `row`.
 pub(crate) struct Batch {
     row: u64,
+    /// The first row of this batch (`row` unless a row was closed).
+    first_row: u64,
+    /// Bytes in the parts of `row`.
+    row_bytes: usize,
+    /// Close `row` once it holds this many bytes (`ROW_SPLIT_BYTES`, less
+    /// in tests).
+    split_at: usize,
+    /// Closed rows, each with its parts per bucket.
+    closed: Vec<(u64, Vec<(u64, RowWriter)>)>,
+    /// Mirror of `row`, readable without the batch lock.
+    open_row: Arc<AtomicU64>,
     /// Records in the batch (the next record's `idx`).
     next_idx: u32,
     bytes: usize,
@@ -49,8 +70,27 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
+    /// An empty batch whose records go to `row`.
+    fn new(row: u64, split_at: usize, open_row: &Arc<AtomicU64>) -> Batch {
+        Batch {
+            row,
+            first_row: row,
+            row_bytes: 0,
+            split_at,
+            closed: Vec::new(),
+            open_row: Arc::clone(open_row),
+            next_idx: 0,
+            bytes: 0,
+            parts: Vec::new(),
+            drop_buckets: Vec::new(),
+            trims: Vec::new(),
+            token_floor: None,
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.parts.is_empty()
+            && self.closed.is_empty()
             && self.drop_buckets.is_empty()
             && self.trims.is_empty()
             && self.token_floor.is_none()
@@ -65,6 +105,13 @@ impl Batch {
     /// Appends a record to the part for `bucket`; returns the row number.
     /// The caller holds the key's shard lock.
     pub(crate) fn push(&mut self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
+        if self.row_bytes >= self.split_at {
+            let parts = std::mem::take(&mut self.parts);
+            self.closed.push((self.row, parts));
+            self.row += 1;
+            self.row_bytes = 0;
+            self.open_row.store(self.row, Ordering::Release);
+        }
         rec.idx = self.next_idx;
         self.next_idx += 1;
         let part = if let Some(i) = self.parts.iter().position(|(b, _)| *b == bucket) {
@@ -77,6 +124,7 @@ impl Batch {
         let before = part.len();
         part.push(rec);
         self.bytes += part.len() - before;
+        self.row_bytes += part.len() - before;
         self.row
     }
 }
@@ -108,8 +156,9 @@ struct Shared {
     stop: AtomicBool,
     kick: Sender<()>,
     commits: AtomicU64,
-    /// Mirror of `batch.row`, readable without the batch lock.
-    open_row: AtomicU64,
+    /// Mirror of `batch.row`, readable without the batch lock (the batch
+    /// moves it when it closes a row).
+    open_row: Arc<AtomicU64>,
     /// The newest durable row.
     durable_row: AtomicU64,
     /// Callers of row `r` sleep on `woke[r % 2]`, and the commit of row `r`
@@ -153,20 +202,17 @@ impl Log {
         token_floor: u64,
         durability: Durability,
         quick_repair: bool,
+        split_at: usize,
     ) -> Result<Log> {
         let (kick, kicked) = bounded(1);
+        let open_row = Arc::new(AtomicU64::new(last_row + 1));
+        let mut first = Batch::new(last_row + 1, split_at.min(ROW_SPLIT_BYTES), &open_row);
+        first.drop_buckets = expired;
+        first.token_floor = Some(token_floor);
         let shared = Arc::new(Shared {
             db: RwLock::new(Some(db)),
             panicked: AtomicBool::new(false),
-            batch: Mutex::new(Batch {
-                row: last_row + 1,
-                next_idx: 0,
-                bytes: 0,
-                parts: Vec::new(),
-                drop_buckets: expired,
-                trims: Vec::new(),
-                token_floor: Some(token_floor),
-            }),
+            batch: Mutex::new(first),
             poison: Mutex::new(None),
             woke: Default::default(),
             callers: Default::default(),
@@ -175,7 +221,7 @@ impl Log {
             stop: AtomicBool::new(false),
             kick,
             commits: AtomicU64::new(0),
-            open_row: AtomicU64::new(last_row + 1),
+            open_row,
             durable_row: AtomicU64::new(last_row),
             quick_repair,
             buckets: Mutex::new(buckets),
@@ -425,22 +471,21 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
         if b.is_empty() {
             return Committed::Nothing;
         }
-        let next = Batch {
-            row: b.row + 1,
-            next_idx: 0,
-            bytes: 0,
-            parts: Vec::with_capacity(b.parts.len()),
-            drop_buckets: Vec::new(),
-            trims: Vec::new(),
-            token_floor: None,
-        };
+        let mut next = Batch::new(b.row + 1, b.split_at, &s.open_row);
+        next.parts.reserve(b.parts.len());
         s.open_row.store(next.row, Ordering::Release);
         std::mem::replace(&mut *b, next)
     };
-    let row = batch.row;
+    let (first_row, row) = (batch.first_row, batch.row);
     lead.last_records = batch.next_idx;
     let dropped = batch.drop_buckets.clone();
-    let written: Vec<u64> = batch.parts.iter().map(|(b, _)| *b).collect();
+    let written: Vec<u64> = batch
+        .closed
+        .iter()
+        .flat_map(|(_, parts)| parts)
+        .chain(&batch.parts)
+        .map(|(b, _)| *b)
+        .collect();
     // A panic inside the storage engine must poison the store, not leave
     // every waiter blocked forever.
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(s, batch)))
@@ -464,6 +509,13 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
             let parity = (row % 2) as usize;
             lead.last_callers = s.callers[parity].swap(0, Ordering::Relaxed);
             s.woke[parity].wake_all();
+            if first_row < row {
+                // A batch of several rows has callers of both parities (and
+                // may wake some of the open row early: they wait again).
+                let other = 1 - parity;
+                lead.last_callers += s.callers[other].swap(0, Ordering::Relaxed);
+                s.woke[other].wake_all();
+            }
             Committed::Row
         }
         Err(e) => {
@@ -526,10 +578,13 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
         let mut table = txn.open_table(log_table(&name))?;
         table.retain_in(rows, |_, _| false)?;
     }
-    for (bucket, part) in batch.parts {
-        let name = table_name(bucket);
-        let mut table = txn.open_table(log_table(&name))?;
-        table.insert(batch.row, part.finish().as_slice())?;
+    let last = (batch.row, batch.parts);
+    for (row, parts) in batch.closed.into_iter().chain(std::iter::once(last)) {
+        for (bucket, part) in parts {
+            let name = table_name(bucket);
+            let mut table = txn.open_table(log_table(&name))?;
+            table.insert(row, part.finish().as_slice())?;
+        }
     }
     txn.commit()?;
     Ok(())

@@ -360,6 +360,9 @@ impl Harness {
             .lease(Duration::from_millis(s.lease))
             .retention(Duration::from_millis(s.retention))
             .bucket_granularity(Duration::from_millis(s.granularity))
+            // Rows of a few records: commits of several rows (as a huge
+            // batch makes) meet every operation and crash image.
+            .row_split_bytes(96)
             // Small slices: evictions delete most tables a few rows per
             // commit, so crash images land part-way through one.
             .evict_slice_bytes(64);
