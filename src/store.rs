@@ -168,13 +168,7 @@ impl Store {
                 cfg.granularity_ms
             )));
         }
-        let index = ShardedIndex::new(cfg.shards);
-        if cfg.expected_keys > 0 {
-            let per = cfg.expected_keys.div_ceil(cfg.shards);
-            for i in 0..cfg.shards {
-                index.lock_shard(i).reserve(per);
-            }
-        }
+        let index = ShardedIndex::with_capacity(cfg.shards, cfg.expected_keys);
         let now_bucket = clock.now_millis() / cfg.granularity_ms;
         let mut max_token = 0;
         let replayed = crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec| {
@@ -207,9 +201,11 @@ impl Store {
             replayed.live.iter().copied().collect(),
             replayed.expired,
             first_token + TOKEN_BLOCK,
-            cfg.durability,
-            cfg.quick_repair,
-            cfg.row_split_bytes,
+            crate::log::commit::LogSettings {
+                durability: cfg.durability,
+                quick_repair: cfg.quick_repair,
+                split_at: cfg.row_split_bytes,
+            },
         )?;
         let background = cfg.background_eviction;
         let tick = std::time::Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));

@@ -251,6 +251,18 @@ impl ShardedIndex {
         }
     }
 
+    /// [`new`](Self::new), with room for `keys` keys spread evenly.
+    pub(crate) fn with_capacity(shards: usize, keys: usize) -> Self {
+        let index = Self::new(shards);
+        if keys > 0 {
+            let per = keys.div_ceil(shards);
+            for i in 0..shards {
+                index.lock_shard(i).reserve(per);
+            }
+        }
+        index
+    }
+
     /// The queue the shards ask for growth on (see [`Grower`]).
     pub(crate) fn grow_queue(&self) -> Arc<GrowQueue> {
         Arc::clone(&self.grow)

@@ -178,6 +178,16 @@ struct Shared {
     buckets: Mutex<BTreeSet<u64>>,
 }
 
+/// How the log commits.
+#[derive(Clone, Copy)]
+pub(crate) struct LogSettings {
+    pub durability: Durability,
+    /// redb's quick repair: one more sync per commit, fast reopen.
+    pub quick_repair: bool,
+    /// Where a row is closed (see [`ROW_SPLIT_BYTES`]).
+    pub split_at: usize,
+}
+
 /// The log: append under a shard lock, then wait for durability.
 pub(crate) struct Log {
     shared: Arc<Shared>,
@@ -200,10 +210,13 @@ impl Log {
         buckets: BTreeSet<u64>,
         expired: Vec<u64>,
         token_floor: u64,
-        durability: Durability,
-        quick_repair: bool,
-        split_at: usize,
+        settings: LogSettings,
     ) -> Result<Log> {
+        let LogSettings {
+            durability,
+            quick_repair,
+            split_at,
+        } = settings;
         let (kick, kicked) = bounded(1);
         let open_row = Arc::new(AtomicU64::new(last_row + 1));
         let mut first = Batch::new(last_row + 1, split_at.min(ROW_SPLIT_BYTES), &open_row);
