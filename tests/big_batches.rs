@@ -11,7 +11,7 @@ fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i:06}")).collect()
 }
 
-fn keys<'a>(ids: &'a [String]) -> Vec<Key<'a>> {
+fn keys(ids: &[String]) -> Vec<Key<'_>> {
     ids.iter().map(|id| Key::new("t", id)).collect()
 }
 
