@@ -436,16 +436,150 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
+        let mut waits = Waits::default();
+        let answer = self.begin_waiting(key, fingerprint, &mut waits)?;
+        waits.settle(&self.inner)?;
+        Ok(answer)
+    }
+
+    /// Begins every `(key, fingerprint)` in one go: the claims of the new
+    /// keys are recorded in one durable commit (usually; never more than a
+    /// few), and the answer at index `i` is what [`begin`](Self::begin)
+    /// would have said for item `i`. A key repeated within the batch is
+    /// `Started` at its first position and `InProgress` after.
+    ///
+    /// With [`complete_batch`](Self::complete_batch) this gives a batch
+    /// consumer exactly-once effects at two commits per batch: record
+    /// first (`begin_batch`), handle each `Started` item, then record the
+    /// outcomes (`complete_batch`), then acknowledge upstream. A crash
+    /// between the two leaves the claims in progress; the restarted
+    /// consumer's `begin_batch` takes them over at once, each marked
+    /// [`interrupted`](Claim::interrupted) so the handler reconciles
+    /// before acting again. (`insert_batch` then handle is at-most-once: a
+    /// crash after the insert loses the events it had not handled.)
+    ///
+    /// Every key is validated, and the call's size checked against
+    /// `max_batch_bytes`, before any is recorded.
+    ///
+    /// # Errors
+    /// The call fails as a whole for an invalid key or a call over
+    /// `max_batch_bytes` ([`Error::InvalidInput`],
+    /// [`Error::InvalidArgument`]), and for a failed commit
+    /// ([`Error::Poisoned`], [`Error::Storage`]). An item whose key was
+    /// begun with another fingerprint gets its own
+    /// [`Error::FingerprintMismatch`] in the returned list.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let ids = ["evt-1", "evt-2", "evt-1"];
+    /// let items: Vec<_> = ids.iter().map(|id| (Key::new("orders", id), Fingerprint::NONE)).collect();
+    /// let mut claims = Vec::new();
+    /// for answer in store.begin_batch(&items)? {
+    ///     match answer? {
+    ///         Begin::Started(claim) => claims.push(claim), // handle it
+    ///         Begin::Completed(_) | Begin::InProgress(_) => {} // done, or someone has it
+    ///     }
+    /// }
+    /// assert_eq!(claims.len(), 2);
+    /// let done: Vec<_> = claims.iter().map(|c| (c, &b"ok"[..])).collect();
+    /// for r in store.complete_batch(&done)? {
+    ///     r?; // a claim taken over meanwhile says ClaimLost here
+    /// }
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Vec<Result<Begin>>> {
+        let inner = &*self.inner;
+        inner.check_batch(
+            items
+                .iter()
+                .map(|(k, _)| inner.check_key(k).map(|()| key_bytes(k) + CLAIM_BYTES)),
+        )?;
+        inner.log.check()?;
+        let mut waits = Waits::default();
+        let mut out = Vec::with_capacity(items.len());
+        for (key, fingerprint) in items {
+            match self.begin_waiting(key, *fingerprint, &mut waits) {
+                Ok(answer) => out.push(Ok(answer)),
+                Err(e @ Error::FingerprintMismatch { .. }) => out.push(Err(e)),
+                Err(e) => return Err(e),
+            }
+        }
+        waits.settle(inner)?;
+        Ok(out)
+    }
+
+    /// Completes many claims, each with its outcome, in one durable commit
+    /// (usually); the result at index `i` is that of item `i`. See
+    /// [`begin_batch`](Self::begin_batch) for the pattern.
+    ///
+    /// # Errors
+    /// The call fails as a whole for one over `max_batch_bytes`
+    /// ([`Error::InvalidInput`]) and for a failed commit
+    /// ([`Error::Poisoned`], [`Error::Storage`]): then treat every item as
+    /// not completed and `begin` the keys again to see. An item whose claim
+    /// is no longer the key's active one gets its own [`Error::ClaimLost`],
+    /// and one whose outcome is over `max_outcome_len` its own
+    /// [`Error::InvalidInput`], in the returned list.
+    ///
+    /// # Examples
+    /// See [`begin_batch`](Self::begin_batch).
+    pub fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
+        let inner = &*self.inner;
+        inner.check_batch(
+            items
+                .iter()
+                .map(|(c, outcome)| Ok(key_bytes(c.key()) + CLAIM_BYTES + outcome.len())),
+        )?;
+        let mut last = 0;
+        let mut out = Vec::with_capacity(items.len());
+        for (claim, outcome) in items {
+            match inner.finish(
+                claim,
+                Kind::Complete,
+                TAG_RAW,
+                outcome,
+                inner.cfg.retention_ms,
+            ) {
+                Ok(row) => {
+                    last = last.max(row);
+                    out.push(Ok(()));
+                }
+                Err(e @ (Error::ClaimLost { .. } | Error::InvalidInput { .. })) => out.push(Err(e)),
+                Err(e) => return Err(e),
+            }
+        }
+        if last > 0 {
+            inner.log.settle(last)?;
+        }
+        Ok(out)
+    }
+
+    /// [`begin`](Self::begin) without waiting for durability: the rows its
+    /// answer waits for go into `waits`.
+    fn begin_waiting(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        waits: &mut Waits,
+    ) -> Result<Begin> {
         loop {
             // `None`: the key's record was evicted between the lookup and
             // the read (it just expired); look again.
-            if let Some(answer) = self.begin_once(key, fingerprint)? {
+            if let Some(answer) = self.begin_once(key, fingerprint, waits)? {
                 return Ok(answer);
             }
         }
     }
 
-    fn begin_once(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Option<Begin>> {
+    fn begin_once(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        waits: &mut Waits,
+    ) -> Result<Option<Begin>> {
         let inner = &*self.inner;
         let (h, now, nb) = inner.write_start(key)?;
         let mut shard = inner.index.lock(h);
@@ -477,7 +611,7 @@ impl Store {
                             let row = s.row(inner.log.open_row());
                             shard.counters.in_progress += 1;
                             drop(shard);
-                            inner.settle_seen(row)?;
+                            waits.seen = waits.seen.max(row);
                             return Ok(Some(Begin::InProgress(InProgress {
                                 attempt: p.attempt,
                                 lease_until: p.lease_until,
@@ -531,7 +665,7 @@ impl Store {
         shard.set_pending(p);
         shard.counters.started += 1;
         drop(shard);
-        inner.log.settle(row)?;
+        waits.new = waits.new.max(row);
         Ok(Some(Begin::Started(Claim {
             inner: Arc::downgrade(&self.inner),
             key: key.clone().into_owned(),
@@ -834,6 +968,28 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         shard.set_pending(pending);
     } else {
         shard.remove_pending(h);
+    }
+}
+
+/// What a claim's record adds to a batch call's log, besides its key.
+const CLAIM_BYTES: usize = 48;
+
+/// The log rows a call's answers rest on: `new`, its own records (made
+/// durable as the durability mode requires); `seen`, records written
+/// before that its answers were read from (durable before it answers, in
+/// `Immediate` mode).
+#[derive(Default)]
+struct Waits {
+    new: u64,
+    seen: u64,
+}
+
+impl Waits {
+    fn settle(&self, inner: &Inner) -> Result<()> {
+        if self.new > 0 {
+            inner.log.settle(self.new)?;
+        }
+        inner.settle_seen(self.seen)
     }
 }
 
