@@ -19,8 +19,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// assert_eq!(clock.now_millis(), 3_000);
 /// ```
 pub trait Clock: Debug + Send + Sync + 'static {
-    /// Milliseconds since the Unix epoch. Should not go backwards; if it
-    /// does, leases and expiry are judged against the earlier reading.
+    /// Milliseconds since the Unix epoch.
+    ///
+    /// The store's time never goes backwards: it is the highest reading it
+    /// has used, kept across reopen (at least the latest time it recorded).
+    /// While the clock reads earlier than that (stepped back, or at 1970
+    /// on a machine without a real-time clock), the store holds its time
+    /// there, so nothing is forgotten, no lease lapses and no key expires
+    /// until the clock catches up; [`Stats::clock_behind`](crate::Stats)
+    /// counts such readings and a `tracing` warning marks the episode. A
+    /// reading past 9999-12-31 is taken as that date. A clock that jumps
+    /// far forward by mistake therefore expires keys early, and the store
+    /// keeps that time: keep the clock right (NTP slews, it does not step).
     fn now_millis(&self) -> u64;
 }
 

@@ -326,8 +326,8 @@ impl Store {
     fn entity_write_start(&self, entity: &Key<'_>) -> Result<(KeyHash, u64, u64)> {
         let h = self.entity_hash(entity)?;
         self.inner.log.check()?;
-        let now = self.inner.now();
-        Ok((h, now, self.inner.bucket_of(now)))
+        let (now, nb) = self.inner.time()?;
+        Ok((h, now, nb))
     }
 
     /// Compares `version` with the entity's recorded version and advances
@@ -400,8 +400,7 @@ impl Store {
         let he = inner.hasher.hash(event.scope(), event.id());
         let hn = self.entity_hash(entity)?;
         inner.log.check()?;
-        let now = inner.now();
-        let nb = inner.bucket_of(now);
+        let (now, nb) = inner.time()?;
         let (sa, sb) = (inner.index.shard_of(he), inner.index.shard_of(hn));
         let (answer, row) = if sa == sb {
             let mut shard = inner.index.lock_shard(sa);
@@ -539,7 +538,7 @@ impl Store {
     pub fn held(&self, entity: &Key<'_>) -> Result<Vec<Held>> {
         let inner = &*self.inner;
         let h = self.entity_hash(entity)?;
-        let nb = inner.bucket_of(inner.now());
+        let (_, nb) = inner.time()?;
         let shard = inner.index.lock(h);
         let Some(e) = shard.entity(h, nb) else {
             return Ok(Vec::new());

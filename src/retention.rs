@@ -80,7 +80,7 @@ impl Inner {
         let mut victims = Vec::new();
         let mut slices = Vec::new();
         for &b in buckets.iter().filter(|b| **b < nb) {
-            out.keys += self.evict_index(b, nb, now, false, &mut slices)?;
+            out.keys += self.evict_index(b, now, false, &mut slices)?;
             victims.push(b);
         }
         if let Some(max) = self.cfg.max_keys {
@@ -99,7 +99,7 @@ impl Inner {
                 self.closed_bucket
                     .fetch_max(b, crate::sync::Ordering::SeqCst);
                 self.log.flush()?;
-                let removed = self.evict_index(b, nb, now, true, &mut slices)?;
+                let removed = self.evict_index(b, now, true, &mut slices)?;
                 keys = keys.saturating_sub(removed);
                 out.keys += removed;
                 out.early_buckets += 1;
@@ -117,6 +117,8 @@ impl Inner {
             }
         }
         out.buckets = victims.len();
+        self.evicted_through
+            .fetch_max(nb, crate::sync::Ordering::Relaxed);
         self.counters
             .evicted_keys
             .fetch_add(out.keys, crate::sync::Ordering::Relaxed);
@@ -137,7 +139,6 @@ impl Inner {
     fn evict_index(
         &self,
         b: u64,
-        nb: u64,
         now: u64,
         early: bool,
         slices: &mut Vec<(u64, std::ops::RangeInclusive<u64>)>,
@@ -171,7 +172,9 @@ impl Inner {
                 let Some(slot) = shard.get(h).copied() else {
                     continue;
                 };
-                if slot.bucket(nb) != b {
+                // Widened against `b` itself: exact however far the time
+                // jumped since the slot was written (see `Inner::time`).
+                if slot.bucket(b) != b {
                     continue;
                 }
                 if early

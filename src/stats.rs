@@ -94,6 +94,12 @@ pub struct Stats {
     /// Buckets evicted before they expired, to stay under `max_keys`. Each
     /// one shrinks the dedup window: page on it.
     pub early_evicted_buckets: u64,
+    /// Clock readings more than a second behind the store's time (the
+    /// highest time it has recorded, kept across reopen). While the clock
+    /// is behind, the store's time stands still at that mark: leases do
+    /// not lapse and keys do not expire until the clock catches up. A
+    /// `tracing` warning says when it starts and ends.
+    pub clock_behind: u64,
     /// Entity versions applied by `advance` / `apply_event`.
     pub versions_applied: u64,
     /// Updates answered stale.

@@ -64,6 +64,16 @@ pub(crate) struct Inner {
     token_limit: AtomicU64,
     /// The latest bucket `bucket_of` computed.
     cur_bucket: AtomicU64,
+    /// The store's time: the highest clock reading it has used (at open,
+    /// at least the latest time it recorded). Only grows.
+    time: AtomicU64,
+    /// The clock was last seen behind `time` (by more than the slack).
+    clock_behind: AtomicBool,
+    /// The current bucket at the last complete eviction pass (at open: at
+    /// replay): no slot points at an earlier bucket. Slots keep 24 bits
+    /// of their bucket, so a clock that jumps far past this must evict
+    /// before any slot is read (see [`Inner::time`]).
+    pub(crate) evicted_through: AtomicU64,
     /// No record is written into this bucket or an earlier one: an early
     /// eviction closes its victims here before it reads them (see
     /// [`Inner::writable_bucket`]). Only grows.
@@ -84,6 +94,7 @@ pub(crate) struct Inner {
 pub(crate) struct StoreCounters {
     pub early_buckets: AtomicU64,
     pub evicted_keys: AtomicU64,
+    pub clock_behind: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -169,9 +180,11 @@ impl Store {
             )));
         }
         let index = ShardedIndex::with_capacity(cfg.shards, cfg.expected_keys);
-        let now_bucket = clock.now_millis() / cfg.granularity_ms;
+        let now_bucket = clock.now_millis().min(MAX_TIME) / cfg.granularity_ms;
         let mut max_token = 0;
+        let mut time_floor = 0;
         let replayed = crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec| {
+            time_floor = time_floor.max(rec.at);
             if rec.kind.is_entity() {
                 let h = meta.hasher.hash_entity(rec.scope, rec.id);
                 crate::order::apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
@@ -208,7 +221,7 @@ impl Store {
             },
         )?;
         let background = cfg.background_eviction;
-        let tick = std::time::Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));
+        let tick = Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));
         let inner = Arc::new(Inner {
             index,
             log,
@@ -219,12 +232,21 @@ impl Store {
             run_first_token: first_token,
             token_limit: AtomicU64::new(first_token + TOKEN_BLOCK),
             cur_bucket: AtomicU64::new(0),
+            time: AtomicU64::new(time_floor),
+            clock_behind: AtomicBool::new(false),
+            evicted_through: AtomicU64::new(now_bucket),
             closed_bucket: AtomicU64::new(0),
             evicting: crate::sync::Mutex::new(()),
             compact_due: crate::sync::AtomicBool::new(true),
             counters: StoreCounters::default(),
             path,
         });
+        Self::start_threads(inner, background, tick)
+    }
+
+    /// Starts the background threads of a store that is open: the evictor
+    /// (if on) and the grower.
+    fn start_threads(inner: Arc<Inner>, background: bool, tick: Duration) -> Result<Store> {
         let evictor = if background {
             Some(Arc::new(Evictor::start(Arc::downgrade(&inner), tick)?))
         } else {
@@ -354,8 +376,7 @@ impl Store {
                 .map(|k| inner.check_key(k).map(|()| key_bytes(k))),
         )?;
         inner.log.check()?;
-        let now = inner.now();
-        let nb = inner.bucket_of(now);
+        let (now, nb) = inner.time()?;
         let order = inner.by_shard(keys);
         let mut out = vec![false; keys.len()];
         let mut wait_new = 0;
@@ -806,8 +827,7 @@ impl Store {
     pub fn renew(&self, claim: &Claim) -> Result<SystemTime> {
         let inner = &*self.inner;
         inner.log.check()?;
-        let now = inner.now();
-        let nb = inner.bucket_of(now);
+        let (now, nb) = inner.time()?;
         inner.check_owner(claim)?;
         let h = claim.hash;
         let mut shard = inner.index.lock(h);
@@ -846,7 +866,7 @@ impl Store {
         let inner = &*self.inner;
         inner.check_key(key)?;
         let h = inner.hash(key);
-        let nb = inner.bucket_of(inner.now());
+        let (_, nb) = inner.time()?;
         let shard = inner.index.lock(h);
         let Some(s) = Inner::live(&shard, h, nb) else {
             return Ok(None);
@@ -940,6 +960,7 @@ impl Store {
         s.held_now = held as u64;
         s.evicted_keys = inner.counters.evicted_keys.load(Ordering::Relaxed);
         s.early_evicted_buckets = inner.counters.early_buckets.load(Ordering::Relaxed);
+        s.clock_behind = inner.counters.clock_behind.load(Ordering::Relaxed);
         s
     }
 }
@@ -993,6 +1014,22 @@ impl Waits {
     }
 }
 
+/// The latest time the store uses: 9999-12-31T23:59:59.999Z. A clock
+/// reading past it (a broken clock, a test's `u64::MAX`) is held there, so
+/// a lease or retention added to it never saturates into "forever ago".
+pub(crate) const MAX_TIME: u64 = 253_402_300_799_999;
+
+/// How far the clock may read behind the store's time before it counts
+/// as behind (callers racing across a millisecond always differ a little).
+const CLOCK_SLACK_MS: u64 = 1_000;
+
+/// How far the current bucket may move past the last eviction before a
+/// call evicts first. Slots widen their bucket exactly within 2^23 of the
+/// bucket they are compared with, and live slots reach up to
+/// [`MAX_BUCKET_SPAN`](crate::index::MAX_BUCKET_SPAN) (2^22) ahead: 2^21
+/// behind keeps every comparison inside that.
+const FORCE_EVICT_SPAN: u64 = crate::index::MAX_BUCKET_SPAN / 2;
+
 /// Fencing tokens reserved per persisted floor.
 const TOKEN_BLOCK: u64 = 1 << 20;
 
@@ -1005,8 +1042,61 @@ fn mismatch(key: &Key<'_>, recorded: Fingerprint, requested: Fingerprint) -> Err
 }
 
 impl Inner {
+    /// The store's time: the clock's reading, never earlier than a time
+    /// the store has already used or recorded, never past [`MAX_TIME`].
     pub(crate) fn now(&self) -> u64 {
-        self.clock.now_millis()
+        let reading = self.clock.now_millis().min(MAX_TIME);
+        let time = self.time.load(Ordering::Relaxed);
+        if reading > time {
+            // Another caller may have moved it further meanwhile.
+            let time = self.time.fetch_max(reading, Ordering::Relaxed).max(reading);
+            if self.clock_behind.load(Ordering::Relaxed) {
+                self.clock_caught_up();
+            }
+            return time;
+        }
+        if time - reading > CLOCK_SLACK_MS {
+            self.clock_is_behind(reading, time);
+        }
+        time
+    }
+
+    #[cold]
+    fn clock_is_behind(&self, reading: u64, time: u64) {
+        self.counters.clock_behind.fetch_add(1, Ordering::Relaxed);
+        if !self.clock_behind.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                clock_ms = reading,
+                store_ms = time,
+                behind_ms = time - reading,
+                "dedupkv: the clock reads earlier than the store's time; the store's time \
+                 stands still (no lease lapses, no key expires) until the clock catches up"
+            );
+        }
+    }
+
+    #[cold]
+    fn clock_caught_up(&self) {
+        if self.clock_behind.swap(false, Ordering::Relaxed) {
+            tracing::warn!("dedupkv: the clock caught up with the store's time");
+        }
+    }
+
+    /// The store's time and its bucket, for a call about to read or write
+    /// slots. If the time has moved so far past the last eviction that a
+    /// slot's 24 bucket bits could wrap, evicts first (under no lock).
+    pub(crate) fn time(&self) -> Result<(u64, u64)> {
+        let now = self.now();
+        let nb = self.bucket_of(now);
+        if nb
+            >= self
+                .evicted_through
+                .load(Ordering::Relaxed)
+                .saturating_add(FORCE_EVICT_SPAN)
+        {
+            self.evict()?;
+        }
+        Ok((now, nb))
     }
 
     /// The bucket of a time. The current bucket and its start are cached, so
@@ -1080,8 +1170,8 @@ impl Inner {
     fn write_start(&self, key: &Key<'_>) -> Result<(KeyHash, u64, u64)> {
         self.check_key(key)?;
         self.log.check()?;
-        let now = self.now();
-        Ok((self.hash(key), now, self.bucket_of(now)))
+        let (now, nb) = self.time()?;
+        Ok((self.hash(key), now, nb))
     }
 
     pub(crate) fn check_key(&self, key: &Key<'_>) -> Result<()> {
@@ -1311,8 +1401,7 @@ impl Inner {
                 reason: "this claim was already finished",
             });
         }
-        let now = self.now();
-        let nb = self.bucket_of(now);
+        let (now, nb) = self.time()?;
         let h = claim.hash;
         let mut shard = self.index.lock(h);
         let (p, bucket) = Self::active(&mut shard, claim, nb)?;

@@ -1,0 +1,133 @@
+//! The store's time never goes back: a clock stepped back (or reading 1970
+//! on a machine without a real-time clock) forgets nothing, before and
+//! after a reopen; a clock that jumps far forward expires what it should;
+//! a clock at `u64::MAX` breaks nothing.
+
+use std::time::Duration;
+
+use dedupkv::{Begin, Fingerprint, Key, ManualClock, Result, Store};
+
+const T0: u64 = 1_700_000_000_000;
+const MIN: u64 = 60_000;
+
+fn builder(clock: &ManualClock) -> dedupkv::StoreBuilder {
+    Store::builder()
+        .clock(clock.clone())
+        .background_eviction(false)
+        .lease(Duration::from_secs(30))
+        .retention(Duration::from_secs(3_600))
+}
+
+fn completed(store: &Store, key: &Key<'_>) -> Result<bool> {
+    Ok(matches!(
+        store.begin(key, Fingerprint::NONE)?,
+        Begin::Completed(_)
+    ))
+}
+
+#[test]
+fn a_clock_stepped_back_to_1970_forgets_nothing_before_or_after_reopen() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let seen = Key::new("t", "seen");
+    let done = Key::new("t", "done");
+    let held = Key::new("t", "held");
+    {
+        let store = builder(&clock).open(&path)?;
+        assert!(store.insert_if_absent(&seen)?);
+        let Begin::Started(c) = store.begin(&done, Fingerprint::NONE)? else {
+            panic!("new")
+        };
+        store.complete(&c, b"ok")?;
+        let Begin::Started(h) = store.begin(&held, Fingerprint::NONE)? else {
+            panic!("new")
+        };
+        for back in [1, 30 * MIN, T0 / 2, T0] {
+            clock.set(T0 - back);
+            assert!(!store.insert_if_absent(&seen)?, "clock {back} ms back");
+            assert!(completed(&store, &done)?, "clock {back} ms back");
+            assert!(
+                matches!(store.begin(&held, Fingerprint::NONE)?, Begin::InProgress(_)),
+                "a lease does not lapse while the clock is behind"
+            );
+        }
+        assert!(store.stats().clock_behind > 0);
+        store.complete(&h, b"")?;
+    }
+    // Reopened with the clock still at 1970.
+    clock.set(0);
+    let store = builder(&clock).open(&path)?;
+    assert!(!store.insert_if_absent(&seen)?);
+    assert!(completed(&store, &done)?);
+    assert!(completed(&store, &held)?);
+    // Once the clock is right again, time goes on from there as usual.
+    clock.set(T0 + 61 * MIN);
+    store.evict_expired()?;
+    assert!(store.insert_if_absent(&seen)?, "expired after its hour");
+    Ok(())
+}
+
+#[test]
+fn a_forward_jump_of_2_pow_24_buckets_without_eviction_expires_every_key() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock).open(dir.path().join("s.redb"))?;
+    let seen = Key::new("t", "seen");
+    let done = Key::new("t", "done");
+    assert!(store.insert_if_absent(&seen)?);
+    let Begin::Started(c) = store.begin(&done, Fingerprint::NONE)? else {
+        panic!("new")
+    };
+    store.complete(&c, b"ok")?;
+    // The same low 24 bucket bits as now, 2^24 minutes later; and a few
+    // jumps around it.
+    for jump in [1u64 << 24, (1 << 24) + 1, 1 << 23, 1 << 22, (1 << 21) + 3] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c2 = ManualClock::new(T0);
+        let s2 = builder(&c2).open(dir.path().join("s.redb"))?;
+        assert!(s2.insert_if_absent(&seen)?);
+        c2.set(T0 + jump * MIN);
+        assert!(
+            s2.insert_if_absent(&seen)?,
+            "jump of {jump} buckets: expired"
+        );
+        assert!(!s2.insert_if_absent(&seen)?);
+    }
+    clock.set(T0 + (1 << 24) * MIN);
+    assert!(store.insert_if_absent(&seen)?);
+    assert!(matches!(
+        store.begin(&done, Fingerprint::NONE)?,
+        Begin::Started(_)
+    ));
+    // Nothing expired is left behind for eviction to miss.
+    store.evict_expired()?;
+    assert_eq!(store.stats().keys, 2, "only the two new records");
+    Ok(())
+}
+
+#[test]
+fn a_clock_at_u64_max_never_gives_two_started() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(u64::MAX);
+    let key = Key::new("t", "op");
+    {
+        let store = builder(&clock).open(&path)?;
+        let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else {
+            panic!("new")
+        };
+        assert!(matches!(
+            store.begin(&key, Fingerprint::NONE)?,
+            Begin::InProgress(_)
+        ));
+        assert!(store.insert_if_absent(&Key::new("t", "evt"))?);
+        assert!(!store.insert_if_absent(&Key::new("t", "evt"))?);
+        store.complete(&c, b"once")?;
+        assert!(completed(&store, &key)?);
+    }
+    let store = builder(&clock).open(&path)?;
+    assert!(completed(&store, &key)?);
+    assert!(!store.insert_if_absent(&Key::new("t", "evt"))?);
+    Ok(())
+}
