@@ -185,7 +185,7 @@ impl Inner {
                     // into the open batch, it is committed no later than
                     // this bucket's deletion (like an entity's core record).
                     let mut batch = self.log.batch()?;
-                    let mut carried = self.claim_record(rec.scope, rec.id, &p, now);
+                    let mut carried = Self::claim_record(rec.scope, rec.id, &p, now);
                     self.append(
                         &mut shard,
                         &mut batch,

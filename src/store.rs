@@ -26,7 +26,9 @@ use crate::log::{FileMeta, Location, Log, commit::Batch, open_database};
 use crate::retention::{Eviction, Evictor};
 use crate::stats::Stats;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
-use crate::{Durability, Error, Fingerprint, Key, Record, Result, State, StoreBuilder};
+use crate::{
+    BeginOptions, Durability, Error, Fingerprint, Key, Record, Result, State, StoreBuilder,
+};
 
 /// An embedded deduplication and idempotency store.
 ///
@@ -457,8 +459,30 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
+        self.begin_with(key, fingerprint, &BeginOptions::new())
+    }
+
+    /// [`begin`](Self::begin) with this operation's own lease and
+    /// retention (see [`BeginOptions`]). The claim keeps its lease for
+    /// [`renew`](Self::renew), and its completion or failure keeps the key
+    /// for the operation's retention.
+    ///
+    /// # Errors
+    /// As `begin`, and [`Error::InvalidArgument`] for a lease of 0 or a
+    /// lease or retention spanning 2^22 buckets or more, or a retention
+    /// shorter than the store's `max_retry_window`.
+    ///
+    /// # Examples
+    /// See [`BeginOptions`].
+    pub fn begin_with(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+    ) -> Result<Begin> {
+        let op = self.inner.op(options)?;
         let mut waits = Waits::default();
-        let answer = self.begin_waiting(key, fingerprint, &mut waits)?;
+        let answer = self.begin_waiting(key, fingerprint, op, &mut waits)?;
         waits.settle(&self.inner)?;
         Ok(answer)
     }
@@ -519,10 +543,11 @@ impl Store {
                 .map(|(k, _)| inner.check_key(k).map(|()| key_bytes(k) + CLAIM_BYTES)),
         )?;
         inner.log.check()?;
+        let op = inner.op(&BeginOptions::new())?;
         let mut waits = Waits::default();
         let mut out = Vec::with_capacity(items.len());
         for (key, fingerprint) in items {
-            match self.begin_waiting(key, *fingerprint, &mut waits) {
+            match self.begin_waiting(key, *fingerprint, op, &mut waits) {
                 Ok(answer) => out.push(Ok(answer)),
                 Err(e @ Error::FingerprintMismatch { .. }) => out.push(Err(e)),
                 Err(e) => return Err(e),
@@ -557,13 +582,7 @@ impl Store {
         let mut last = 0;
         let mut out = Vec::with_capacity(items.len());
         for (claim, outcome) in items {
-            match inner.finish(
-                claim,
-                Kind::Complete,
-                TAG_RAW,
-                outcome,
-                inner.cfg.retention_ms,
-            ) {
+            match inner.finish(claim, Kind::Complete, TAG_RAW, outcome, None) {
                 Ok(row) => {
                     last = last.max(row);
                     out.push(Ok(()));
@@ -584,12 +603,13 @@ impl Store {
         &self,
         key: &Key<'_>,
         fingerprint: Fingerprint,
+        op: Op,
         waits: &mut Waits,
     ) -> Result<Begin> {
         loop {
             // `None`: the key's record was evicted between the lookup and
             // the read (it just expired); look again.
-            if let Some(answer) = self.begin_once(key, fingerprint, waits)? {
+            if let Some(answer) = self.begin_once(key, fingerprint, op, waits)? {
                 return Ok(answer);
             }
         }
@@ -599,6 +619,7 @@ impl Store {
         &self,
         key: &Key<'_>,
         fingerprint: Fingerprint,
+        op: Op,
         waits: &mut Waits,
     ) -> Result<Option<Begin>> {
         let inner = &*self.inner;
@@ -654,7 +675,7 @@ impl Store {
             }
         };
         let token = inner.tokens.fetch_add(1, Ordering::Relaxed);
-        let lease_until = now.saturating_add(inner.cfg.lease_ms);
+        let lease_until = now.saturating_add(op.lease_ms);
         let p = Pending {
             hash: h,
             attempt,
@@ -662,8 +683,10 @@ impl Store {
             first_at,
             lease_until,
             params: fingerprint.0,
+            lease_ms: op.lease_ms,
+            retention_ms: op.retention_ms,
         };
-        let mut rec = inner.claim_record(key.scope(), key.id(), &p, now);
+        let mut rec = Inner::claim_record(key.scope(), key.id(), &p, now);
         let row = {
             let mut batch = inner.log.batch()?;
             // Tokens are reserved in blocks: the first token at or past the
@@ -712,13 +735,7 @@ impl Store {
     /// See [`begin`](Self::begin).
     pub fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
         self.inner
-            .finish(
-                claim,
-                Kind::Complete,
-                TAG_RAW,
-                outcome,
-                self.inner.cfg.retention_ms,
-            )
+            .finish(claim, Kind::Complete, TAG_RAW, outcome, None)
             .and_then(|row| self.inner.log.settle(row))
     }
 
@@ -743,7 +760,7 @@ impl Store {
     pub fn complete_for(&self, claim: &Claim, outcome: &[u8], retention: Duration) -> Result<()> {
         let retention_ms = self.inner.check_retention(retention)?;
         self.inner
-            .finish(claim, Kind::Complete, TAG_RAW, outcome, retention_ms)
+            .finish(claim, Kind::Complete, TAG_RAW, outcome, Some(retention_ms))
             .and_then(|row| self.inner.log.settle(row))
     }
 
@@ -763,13 +780,7 @@ impl Store {
     ) -> Result<()> {
         let bytes = crate::codec::to_bytes(outcome)?;
         self.inner
-            .finish(
-                claim,
-                Kind::Complete,
-                TAG_POSTCARD,
-                &bytes,
-                self.inner.cfg.retention_ms,
-            )
+            .finish(claim, Kind::Complete, TAG_POSTCARD, &bytes, None)
             .and_then(|row| self.inner.log.settle(row))
     }
 
@@ -784,20 +795,10 @@ impl Store {
     /// See [`Failure`].
     pub fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
         let res = match failure {
-            Failure::Retryable => self.inner.finish(
-                claim,
-                Kind::Release,
-                TAG_RAW,
-                &[],
-                self.inner.cfg.retention_ms,
-            ),
-            Failure::Permanent(payload) => self.inner.finish(
-                claim,
-                Kind::Fail,
-                TAG_RAW,
-                payload,
-                self.inner.cfg.retention_ms,
-            ),
+            Failure::Retryable => self.inner.finish(claim, Kind::Release, TAG_RAW, &[], None),
+            Failure::Permanent(payload) => {
+                self.inner.finish(claim, Kind::Fail, TAG_RAW, payload, None)
+            }
         };
         res.and_then(|row| self.inner.log.settle(row))
     }
@@ -825,6 +826,36 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn renew(&self, claim: &Claim) -> Result<SystemTime> {
+        self.renew_by(claim, None)
+    }
+
+    /// [`renew`](Self::renew) to now + `by`, instead of now + the claim's
+    /// lease; `by` becomes the claim's lease for later renewals.
+    ///
+    /// # Errors
+    /// As `renew`, and [`Error::InvalidArgument`] for 0 or a span of 2^22
+    /// buckets or more.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, ManualClock, Store};
+    /// # use std::time::{Duration, UNIX_EPOCH};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(claim) = store.begin(&Key::new("t", "export"), Fingerprint::NONE)? else { unreachable!() };
+    /// // The export turned out large: hold the key for 10 more minutes.
+    /// let until = store.renew_for(&claim, Duration::from_secs(600))?;
+    /// assert_eq!(until, UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + 600_000));
+    /// # store.complete(&claim, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn renew_for(&self, claim: &Claim, by: Duration) -> Result<SystemTime> {
+        let lease_ms = self.inner.check_lease(by)?;
+        self.renew_by(claim, Some(lease_ms))
+    }
+
+    fn renew_by(&self, claim: &Claim, lease_ms: Option<u64>) -> Result<SystemTime> {
         let inner = &*self.inner;
         inner.log.check()?;
         let (now, nb) = inner.time()?;
@@ -832,9 +863,14 @@ impl Store {
         let h = claim.hash;
         let mut shard = inner.index.lock(h);
         let (p, bucket) = Inner::active(&mut shard, claim, nb)?;
-        let lease_until = now.saturating_add(inner.cfg.lease_ms);
-        let p = Pending { lease_until, ..p };
-        let mut rec = inner.claim_record(claim.key.scope(), claim.key.id(), &p, now);
+        let lease_ms = lease_ms.unwrap_or(p.lease_ms);
+        let lease_until = now.saturating_add(lease_ms);
+        let p = Pending {
+            lease_until,
+            lease_ms,
+            ..p
+        };
+        let mut rec = Inner::claim_record(claim.key.scope(), claim.key.id(), &p, now);
         let row = {
             let mut batch = inner.log.batch()?;
             inner.append(
@@ -974,6 +1010,10 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         first_at: rec.first_at,
         lease_until: rec.lease_until,
         params: rec.params,
+        // Not recorded as such, and never read: a recovered claim belongs
+        // to a process that is gone, and the next attempt brings its own.
+        lease_ms: rec.lease_until.saturating_sub(rec.at).max(1),
+        retention_ms: rec.expires.saturating_sub(rec.at),
     };
     let state = match rec.kind {
         Kind::Insert => SlotState::Inserted,
@@ -990,6 +1030,13 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
     } else {
         shard.remove_pending(h);
     }
+}
+
+/// The lease and retention of one operation, in ms.
+#[derive(Clone, Copy)]
+struct Op {
+    lease_ms: u64,
+    retention_ms: u64,
 }
 
 /// What a claim's record adds to a batch call's log, besides its key.
@@ -1117,10 +1164,6 @@ impl Inner {
         b
     }
 
-    fn expiry(&self, now: u64) -> u64 {
-        now.saturating_add(self.cfg.retention_ms)
-    }
-
     fn hash(&self, key: &Key<'_>) -> KeyHash {
         self.hasher.hash(key.scope(), key.id())
     }
@@ -1160,6 +1203,54 @@ impl Inner {
                 crate::index::MAX_BUCKET_SPAN - 1,
                 self.cfg.granularity_ms
             )));
+        }
+        if let Some(window) = self.cfg.max_retry_window_ms
+            && ms < window
+        {
+            return Err(Error::InvalidArgument {
+                what: "retention",
+                reason: format!(
+                    "of {ms} ms is shorter than the store's max retry window ({window} ms): \
+                     a redelivery after it would be handled twice"
+                ),
+            });
+        }
+        Ok(ms)
+    }
+
+    /// The lease and retention of an operation begun with `options`.
+    fn op(&self, options: &BeginOptions) -> Result<Op> {
+        Ok(Op {
+            lease_ms: match options.lease {
+                Some(d) => self.check_lease(d)?,
+                None => self.cfg.lease_ms,
+            },
+            retention_ms: match options.retention {
+                Some(d) => self.check_retention(d)?,
+                None => self.cfg.retention_ms,
+            },
+        })
+    }
+
+    /// A per-call lease in ms: at least 1 ms, and short enough that a
+    /// claim's record stays within the buckets a slot can represent.
+    fn check_lease(&self, lease: Duration) -> Result<u64> {
+        let ms = crate::clock::millis(lease);
+        if ms == 0 {
+            return Err(Error::InvalidArgument {
+                what: "lease",
+                reason: "is 0; a claim's lease must be at least 1 ms".into(),
+            });
+        }
+        if ms / self.cfg.granularity_ms >= crate::index::MAX_BUCKET_SPAN {
+            return Err(Error::InvalidArgument {
+                what: "lease",
+                reason: format!(
+                    "of {ms} ms spans more than {} buckets of {} ms",
+                    crate::index::MAX_BUCKET_SPAN - 1,
+                    self.cfg.granularity_ms
+                ),
+            });
         }
         Ok(ms)
     }
@@ -1229,7 +1320,6 @@ impl Inner {
     /// `begin`, by `renew`, and by eviction carrying a live claim out of a
     /// bucket it deletes.
     pub(crate) fn claim_record<'k>(
-        &self,
         scope: &'k [u8],
         id: &'k [u8],
         p: &Pending,
@@ -1239,7 +1329,7 @@ impl Inner {
             kind: Kind::Claim,
             idx: 0,
             at: now,
-            expires: self.expiry(now).max(p.lease_until),
+            expires: now.saturating_add(p.retention_ms).max(p.lease_until),
             scope,
             id,
             attempt: p.attempt,
@@ -1388,7 +1478,7 @@ impl Inner {
         kind: Kind,
         tag: u8,
         outcome: &[u8],
-        retention_ms: u64,
+        retention_ms: Option<u64>,
     ) -> Result<u64> {
         check_len("outcome", outcome.len(), self.cfg.max_outcome)?;
         self.log.check()?;
@@ -1409,7 +1499,7 @@ impl Inner {
             kind,
             idx: 0,
             at: now,
-            expires: now.saturating_add(retention_ms),
+            expires: now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
             scope: claim.key.scope(),
             id: claim.key.id(),
             attempt: p.attempt,
@@ -1454,7 +1544,7 @@ impl Inner {
     /// record is lost in a crash, the lease lapses instead.
     pub(crate) fn release_dropped(&self, claim: &Claim) {
         claim.finished.store(false, Ordering::Release);
-        match self.finish(claim, Kind::Release, TAG_RAW, &[], self.cfg.retention_ms) {
+        match self.finish(claim, Kind::Release, TAG_RAW, &[], None) {
             Ok(_) => self.log.kick(),
             Err(e) => tracing::debug!(key = %claim.key, error = %e, "dropped claim not released"),
         }

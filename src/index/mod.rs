@@ -32,6 +32,11 @@ pub(crate) struct Pending {
     pub first_at: u64,
     pub lease_until: u64,
     pub params: u128,
+    /// The claim's lease (what a renewal extends it by), in ms.
+    pub lease_ms: u64,
+    /// The operation's retention, in ms: its records expire this long
+    /// after they are written.
+    pub retention_ms: u64,
 }
 
 /// One shard: the slot table and the pending-claim details.
@@ -353,6 +358,8 @@ mod tests {
             first_at: 0,
             lease_until: 5,
             params: 0,
+            lease_ms: 5,
+            retention_ms: 10,
         });
         assert_eq!(s.get(h).map(Slot::state), Some(SlotState::Claimed));
         assert_eq!(s.pending(h).map(|p| p.token), Some(9));
