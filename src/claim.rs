@@ -111,8 +111,32 @@ impl InProgress {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Failure<'a> {
-    /// Free the key for another attempt; the attempt is counted.
+    /// Free the key for another attempt of the same request; the attempt
+    /// is counted. The next `begin` must bring the same fingerprint (or
+    /// get [`FingerprintMismatch`](crate::Error::FingerprintMismatch)):
+    /// this is the default because a retry is the same operation, and a
+    /// different request under one key is usually a bug the mismatch
+    /// catches.
     Retryable,
+    /// Free the key for another attempt with any request: the next
+    /// `begin` may bring a corrected request (another fingerprint), which
+    /// is recorded from then on. The attempt count and first-attempt time
+    /// are kept (the peer libraries delete the record instead, losing both).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "charge-7");
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::of("card 4242, expired"))? else { unreachable!() };
+    /// store.fail(&c, Failure::RetryableAnyRequest)?; // "card expired": the client fixes the request
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::of("card 5555"))? else { unreachable!() };
+    /// assert_eq!(c.attempt(), 2);
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    RetryableAnyRequest,
     /// Record a terminal failure with this payload; every later `begin`
     /// replays it as [`Begin::Completed`] with a [`Failed`](crate::State::Failed) record.
     Permanent(&'a [u8]),

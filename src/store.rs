@@ -21,7 +21,7 @@ use crate::codec::{TAG_POSTCARD, TAG_RAW};
 use crate::error::show_key;
 use crate::index::{Pending, Probe, Shard, ShardedIndex, Slot, SlotState};
 use crate::key::{KeyHash, KeyHasher};
-use crate::log::format::{Kind, RecordRef, read_row};
+use crate::log::format::{Kind, RELEASE_ANY_REQUEST, RecordRef, read_row};
 use crate::log::{FileMeta, Location, Log, commit::Batch, open_database};
 use crate::retention::{Eviction, Evictor};
 use crate::stats::Stats;
@@ -641,7 +641,8 @@ impl Store {
                     }
                     SlotState::Claimed | SlotState::Released => {
                         let p = *shard.pending(h).ok_or_else(|| Inner::lost_details(key))?;
-                        if p.params != fingerprint.0 {
+                        let freed = s.state() == SlotState::Released && p.any_request;
+                        if p.params != fingerprint.0 && !freed {
                             shard.counters.conflicts += 1;
                             return Err(mismatch(key, Fingerprint(p.params), fingerprint));
                         }
@@ -685,6 +686,7 @@ impl Store {
             params: fingerprint.0,
             lease_ms: op.lease_ms,
             retention_ms: op.retention_ms,
+            any_request: false,
         };
         let mut rec = Inner::claim_record(key.scope(), key.id(), &p, now);
         let row = {
@@ -796,6 +798,10 @@ impl Store {
     pub fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
         let res = match failure {
             Failure::Retryable => self.inner.finish(claim, Kind::Release, TAG_RAW, &[], None),
+            Failure::RetryableAnyRequest => {
+                self.inner
+                    .finish(claim, Kind::Release, RELEASE_ANY_REQUEST, &[], None)
+            }
             Failure::Permanent(payload) => {
                 self.inner.finish(claim, Kind::Fail, TAG_RAW, payload, None)
             }
@@ -1014,6 +1020,7 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         // to a process that is gone, and the next attempt brings its own.
         lease_ms: rec.lease_until.saturating_sub(rec.at).max(1),
         retention_ms: rec.expires.saturating_sub(rec.at),
+        any_request: rec.kind == Kind::Release && rec.outcome_tag == RELEASE_ANY_REQUEST,
     };
     let state = match rec.kind {
         Kind::Insert => SlotState::Inserted,
@@ -1523,6 +1530,7 @@ impl Inner {
             SlotState::Released => {
                 shard.set_pending(Pending {
                     lease_until: 0,
+                    any_request: tag == RELEASE_ANY_REQUEST,
                     ..p
                 });
                 shard.counters.released += 1;

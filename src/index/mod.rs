@@ -37,6 +37,9 @@ pub(crate) struct Pending {
     /// The operation's retention, in ms: its records expire this long
     /// after they are written.
     pub retention_ms: u64,
+    /// Released for a retry with any request: the next attempt may bring
+    /// another fingerprint.
+    pub any_request: bool,
 }
 
 /// One shard: the slot table and the pending-claim details.
@@ -360,6 +363,7 @@ mod tests {
             params: 0,
             lease_ms: 5,
             retention_ms: 10,
+            any_request: false,
         });
         assert_eq!(s.get(h).map(Slot::state), Some(SlotState::Claimed));
         assert_eq!(s.pending(h).map(|p| p.token), Some(9));

@@ -80,6 +80,11 @@ pub(crate) enum Kind {
     Hold = 8,
 }
 
+/// The `outcome_tag` of a `Release` record that frees the key for any
+/// request (`Failure::RetryableAnyRequest`); 0 keeps the fingerprint.
+/// Release records carry no outcome, so the tag is free for this.
+pub(crate) const RELEASE_ANY_REQUEST: u8 = 1;
+
 /// The shape of a record's body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Body {

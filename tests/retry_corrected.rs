@@ -1,0 +1,63 @@
+//! A retry with a corrected request: `Failure::RetryableAnyRequest` frees
+//! the key's fingerprint for the next attempt; `Failure::Retryable` keeps it.
+
+use dedupkv::{Begin, Claim, Error, Failure, Fingerprint, Key, Result, Store};
+
+fn started(b: Begin) -> Claim {
+    match b {
+        Begin::Started(c) => c,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_retryable_failure_keeps_the_fingerprint_by_default() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path().join("s.redb"))?;
+    let key = Key::new("t", "charge");
+    let c = started(store.begin(&key, Fingerprint::of("v1"))?);
+    store.fail(&c, Failure::Retryable)?;
+    assert!(matches!(
+        store.begin(&key, Fingerprint::of("v2")),
+        Err(Error::FingerprintMismatch { .. })
+    ));
+    let c = started(store.begin(&key, Fingerprint::of("v1"))?);
+    assert_eq!(c.attempt(), 2);
+    store.complete(&c, b"")?;
+    Ok(())
+}
+
+#[test]
+fn retryable_any_request_lets_a_corrected_request_retry_and_survives_reopen() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let key = Key::new("t", "charge");
+    {
+        let store = Store::open(&path)?;
+        let c = started(store.begin(&key, Fingerprint::of("expired card"))?);
+        store.fail(&c, Failure::RetryableAnyRequest)?;
+    }
+    let store = Store::open(&path)?;
+    let c = started(store.begin(&key, Fingerprint::of("new card"))?);
+    assert_eq!(c.attempt(), 2, "the attempt count is kept");
+    // The corrected request is the key's fingerprint from now on.
+    assert!(matches!(
+        store.begin(&key, Fingerprint::of("expired card")),
+        Err(Error::FingerprintMismatch { .. })
+    ));
+    store.fail(&c, Failure::Retryable)?;
+    assert!(matches!(
+        store.begin(&key, Fingerprint::of("expired card")),
+        Err(Error::FingerprintMismatch { .. })
+    ));
+    let c = started(store.begin(&key, Fingerprint::of("new card"))?);
+    store.complete(&c, b"ch_1")?;
+    let Begin::Completed(rec) = store.begin(&key, Fingerprint::of("new card"))? else {
+        panic!("completed")
+    };
+    assert_eq!(
+        (rec.attempts(), rec.fingerprint()),
+        (3, Some(Fingerprint::of("new card")))
+    );
+    Ok(())
+}
