@@ -93,6 +93,22 @@ impl InProgress {
     }
 }
 
+/// The answer of [`Store::forget`](crate::Store::forget).
+///
+/// # Examples
+/// See [`Store::forget`](crate::Store::forget).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Forget {
+    /// The key's record is replaced by a forget record: this is what was
+    /// forgotten.
+    Forgotten(Record),
+    /// The key is not recorded (or expired, or was forgotten already).
+    NotFound,
+    /// A live attempt holds the key: nothing was forgotten.
+    InProgress(InProgress),
+}
+
 /// How an attempt failed, for [`Store::fail`](crate::Store::fail).
 ///
 /// # Examples

@@ -51,7 +51,7 @@ mod store;
 mod sync;
 
 pub use builder::StoreBuilder;
-pub use claim::{Begin, Claim, Failure, InProgress};
+pub use claim::{Begin, Claim, Failure, Forget, InProgress};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use durability::Durability;
 pub use error::{Error, Result};

@@ -34,6 +34,11 @@ pub enum State {
     Completed,
     /// Failed permanently; the failure payload is stored and replayed.
     Failed,
+    /// Forgotten on purpose with [`forget`](crate::Store::forget): the key
+    /// is absent to every call, and `get` shows when it was forgotten (its
+    /// attempts and fingerprint are those of the record it replaced) until
+    /// this record expires.
+    Forgotten,
 }
 
 /// Everything recorded about one key: what a person needs during an incident,
@@ -78,6 +83,7 @@ impl Record {
             Kind::Release => State::Retryable,
             Kind::Complete => State::Completed,
             Kind::Fail => State::Failed,
+            Kind::Forget => State::Forgotten,
         };
         let finished = matches!(rec.kind, Kind::Complete | Kind::Fail);
         Record {

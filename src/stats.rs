@@ -41,6 +41,7 @@ counters!(
     seq_parked,
     seq_duplicates,
     seq_held,
+    forgotten,
 );
 
 /// A snapshot of a store's counters and sizes, taken shard by shard.
@@ -100,6 +101,8 @@ pub struct Stats {
     /// not lapse and keys do not expire until the clock catches up. A
     /// `tracing` warning says when it starts and ends.
     pub clock_behind: u64,
+    /// Keys forgotten on purpose with [`forget`](crate::Store::forget).
+    pub forgotten: u64,
     /// Entity versions applied by `advance` / `apply_event`.
     pub versions_applied: u64,
     /// Updates answered stale.

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use crate::builder::Config;
-use crate::claim::{Begin, Claim, Failure, InProgress};
+use crate::claim::{Begin, Claim, Failure, Forget, InProgress};
 use crate::clock::{Clock, to_system_time};
 use crate::codec::{TAG_POSTCARD, TAG_RAW};
 use crate::error::show_key;
@@ -634,6 +634,8 @@ impl Store {
             Some(s) => {
                 let bucket = s.bucket(nb);
                 match s.state() {
+                    // (`live` answers no forgotten key.)
+                    SlotState::Forgotten => (1, now, Some(bucket), false),
                     SlotState::Inserted | SlotState::Completed | SlotState::Failed => {
                         let row = s.row(inner.log.open_row());
                         drop(shard);
@@ -910,12 +912,118 @@ impl Store {
         let h = inner.hash(key);
         let (_, nb) = inner.time()?;
         let shard = inner.index.lock(h);
-        let Some(s) = Inner::live(&shard, h, nb) else {
+        let Some(s) = Inner::recorded_at(&shard, shard.probe(h), nb) else {
             return Ok(None);
         };
         let (bucket, row) = (s.bucket(nb), s.row(inner.log.open_row()));
         drop(shard);
         inner.load(key, bucket, row)
+    }
+
+    /// Forgets a key on purpose: a durable record that makes it absent, so
+    /// the next `insert_if_absent` is new and the next `begin` starts a new
+    /// operation (attempt 1, a new provider key). For an operator clearing
+    /// a bad outcome, or a caller reprocessing on purpose.
+    ///
+    /// A claim in progress is never removed: a key claimed by a live
+    /// attempt answers [`Forget::InProgress`] (fail or complete it first; a
+    /// claim whose lease lapsed, or whose process is gone, can be
+    /// forgotten). The forget record stays, for audit, for the store's
+    /// retention: [`get`](Self::get) shows it as [`State::Forgotten`] with
+    /// the attempts and fingerprint of what it replaced, and
+    /// [`Stats::forgotten`] counts them.
+    ///
+    /// # Concurrent calls on the same key
+    /// Decided under the key's shard lock like every write: a `begin`
+    /// racing a `forget` either sees the old record or starts anew.
+    ///
+    /// # Errors
+    /// As [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Begin, Fingerprint, Forget, Key, State, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "report-7");
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.complete(&c, b"a bad report")?;
+    /// let Forget::Forgotten(old) = store.forget(&key)? else { unreachable!() };
+    /// assert_eq!(old.outcome(), Some(&b"a bad report"[..]));
+    /// assert_eq!(store.get(&key)?.map(|r| r.state()), Some(State::Forgotten));
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(c.attempt(), 1); // a new operation
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn forget(&self, key: &Key<'_>) -> Result<Forget> {
+        let inner = &*self.inner;
+        loop {
+            let (h, now, nb) = inner.write_start(key)?;
+            let shard = inner.index.lock(h);
+            let Some(s) = Inner::live(&shard, h, nb) else {
+                return Ok(Forget::NotFound);
+            };
+            if s.state() == SlotState::Claimed
+                && let Some(p) = shard.pending(h)
+                && now < p.lease_until
+                && p.token >= inner.run_first_token
+            {
+                let p = *p;
+                let row = s.row(inner.log.open_row());
+                drop(shard);
+                inner.settle_seen(row)?;
+                return Ok(Forget::InProgress(InProgress {
+                    attempt: p.attempt,
+                    lease_until: p.lease_until,
+                    first_at: p.first_at,
+                }));
+            }
+            let (bucket, row) = (s.bucket(nb), s.row(inner.log.open_row()));
+            drop(shard);
+            // What is forgotten, for the caller's audit (read outside the
+            // lock; the decision below re-checks the slot).
+            let Some(old) = inner.load(key, bucket, row)? else {
+                continue; // evicted meanwhile: look again
+            };
+            let mut shard = inner.index.lock(h);
+            if Inner::live(&shard, h, nb)
+                .is_none_or(|s2| s2.row(row) != row || s2.bucket(bucket) != bucket)
+            {
+                continue; // written meanwhile: decide again
+            }
+            let mut rec = RecordRef {
+                kind: Kind::Forget,
+                idx: 0,
+                at: now,
+                expires: now.saturating_add(inner.cfg.retention_ms),
+                scope: key.scope(),
+                id: key.id(),
+                attempt: old.attempts,
+                token: old.token,
+                first_at: old.first_seen,
+                lease_until: 0,
+                params: old.fingerprint.map_or(0, |f| f.0),
+                outcome_tag: TAG_RAW,
+                outcome: &[],
+            };
+            let row = {
+                let mut batch = inner.log.batch()?;
+                inner.append(
+                    &mut shard,
+                    &mut batch,
+                    h,
+                    SlotState::Forgotten,
+                    Some(bucket),
+                    &mut rec,
+                )
+            };
+            shard.remove_pending(h);
+            shard.counters.forgotten += 1;
+            drop(shard);
+            inner.log.settle(row)?;
+            return Ok(Forget::Forgotten(old));
+        }
     }
 
     /// Commits everything acknowledged so far and waits for it (useful in
@@ -1028,6 +1136,7 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         Kind::Release => SlotState::Released,
         Kind::Complete => SlotState::Completed,
         Kind::Fail => SlotState::Failed,
+        Kind::Forget => SlotState::Forgotten,
         // Entity records are applied by `order::apply_entity_record`.
         Kind::Entity | Kind::Park | Kind::Hold => return,
     };
@@ -1308,13 +1417,19 @@ impl Inner {
         self.append(shard, batch, h, SlotState::Inserted, None, &mut rec)
     }
 
-    /// The key's slot if it has one that has not expired.
+    /// The key's slot if the key is present: recorded, not expired, not
+    /// forgotten.
     pub(crate) fn live(shard: &Shard, h: KeyHash, now_bucket: u64) -> Option<Slot> {
         Self::live_at(shard, shard.probe(h), now_bucket)
     }
 
     /// [`live`](Self::live) from a probe of the key.
     fn live_at(shard: &Shard, probe: Probe, now_bucket: u64) -> Option<Slot> {
+        Self::recorded_at(shard, probe, now_bucket).filter(|s| s.state() != SlotState::Forgotten)
+    }
+
+    /// The key's slot if its latest record has not expired, forgotten or not.
+    fn recorded_at(shard: &Shard, probe: Probe, now_bucket: u64) -> Option<Slot> {
         shard.slot(probe).copied().filter(|s| {
             let b = s.bucket(now_bucket);
             // No live record is further out than the longest retention; a
@@ -1466,6 +1581,7 @@ impl Inner {
                 SlotState::Completed => "the key was already completed",
                 SlotState::Failed => "the key already failed permanently",
                 SlotState::Inserted => "the key was recorded by insert_if_absent",
+                SlotState::Forgotten => "the key was forgotten",
             },
         };
         shard.counters.fenced += 1;

@@ -26,6 +26,8 @@ pub(crate) enum SlotState {
     Released = 3,
     Completed = 4,
     Failed = 5,
+    /// Forgotten on purpose: absent to every call but `get`.
+    Forgotten = 6,
 }
 
 impl SlotState {
@@ -35,6 +37,7 @@ impl SlotState {
             2 => SlotState::Claimed,
             3 => SlotState::Released,
             4 => SlotState::Completed,
+            6 => SlotState::Forgotten,
             _ => SlotState::Failed,
         }
     }

@@ -78,6 +78,10 @@ pub(crate) enum Kind {
     /// A parked event went to the holding area (`value` = seq, `aux` = the
     /// missing predecessor, `aux2` = since when, payload).
     Hold = 8,
+    /// The key was forgotten on purpose (`Store::forget`): absent from
+    /// now on, the record kept for audit until it expires. Its claim
+    /// fields are those of the record it replaced. (Tag 9 is a run.)
+    Forget = 10,
 }
 
 /// The `outcome_tag` of a `Release` record that frees the key for any
@@ -104,6 +108,7 @@ impl Kind {
             6 => Kind::Entity,
             7 => Kind::Park,
             8 => Kind::Hold,
+            10 => Kind::Forget,
             _ => return None,
         })
     }
@@ -111,7 +116,7 @@ impl Kind {
     pub(crate) fn body(self) -> Body {
         match self {
             Kind::Insert => Body::Empty,
-            Kind::Claim | Kind::Complete | Kind::Fail | Kind::Release => Body::Claim,
+            Kind::Claim | Kind::Complete | Kind::Fail | Kind::Release | Kind::Forget => Body::Claim,
             Kind::Entity | Kind::Park | Kind::Hold => Body::Entity,
         }
     }
@@ -608,7 +613,7 @@ fn corrupt(what: &str) -> Error {
 mod tests {
     use super::*;
 
-    const ALL_KINDS: [Kind; 8] = [
+    const ALL_KINDS: [Kind; 9] = [
         Kind::Insert,
         Kind::Claim,
         Kind::Complete,
@@ -617,6 +622,7 @@ mod tests {
         Kind::Entity,
         Kind::Park,
         Kind::Hold,
+        Kind::Forget,
     ];
 
     fn sample(kind: Kind, idx: u32, outcome: &[u8]) -> RecordRef<'_> {

@@ -1,0 +1,93 @@
+//! Forgetting a key: durable, fenced against a live claim, visible to an
+//! audit through `get` and `Stats::forgotten`.
+
+use std::time::Duration;
+
+use dedupkv::{Begin, Claim, Fingerprint, Forget, Key, ManualClock, Result, State, Store};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn open(path: &std::path::Path, clock: &ManualClock) -> Result<Store> {
+    Store::builder()
+        .clock(clock.clone())
+        .background_eviction(false)
+        .lease(Duration::from_secs(30))
+        .retention(Duration::from_secs(3_600))
+        .open(path)
+}
+
+fn started(b: Begin) -> Claim {
+    match b {
+        Begin::Started(c) => c,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_forgotten_key_is_absent_after_reopen_and_its_forgetting_is_on_record() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let done = Key::new("t", "done");
+    let failed = Key::new("t", "failed");
+    let seen = Key::new("t", "seen");
+    let fp = Fingerprint::of("p");
+    {
+        let store = open(&path, &clock)?;
+        let c = started(store.begin(&done, fp)?);
+        store.complete(&c, b"bad outcome")?;
+        let c = started(store.begin(&failed, fp)?);
+        store.fail(&c, dedupkv::Failure::Permanent(b"declined"))?;
+        assert!(store.insert_if_absent(&seen)?);
+        clock.advance(Duration::from_secs(5));
+        for k in [&done, &failed, &seen] {
+            assert!(matches!(store.forget(k)?, Forget::Forgotten(_)), "{k}");
+        }
+        assert!(matches!(store.forget(&done)?, Forget::NotFound));
+        assert!(matches!(
+            store.forget(&Key::new("t", "never"))?,
+            Forget::NotFound
+        ));
+        assert_eq!(store.stats().forgotten, 3);
+    }
+    let store = open(&path, &clock)?;
+    let rec = store.get(&done)?.expect("the forget record, for audit");
+    assert_eq!(rec.state(), State::Forgotten);
+    assert_eq!(rec.attempts(), 1);
+    assert_eq!(rec.fingerprint(), Some(fp));
+    assert_eq!(
+        rec.updated_at(),
+        std::time::UNIX_EPOCH + Duration::from_millis(T0 + 5_000)
+    );
+    // Absent to every call: a new operation, a new key.
+    let c = started(store.begin(&done, Fingerprint::of("another request"))?);
+    assert_eq!((c.attempt(), c.interrupted()), (1, false));
+    store.complete(&c, b"good outcome")?;
+    assert!(store.insert_if_absent(&seen)?);
+    assert!(matches!(store.begin(&failed, fp)?, Begin::Started(_)));
+    Ok(())
+}
+
+#[test]
+fn forget_never_removes_a_claim_a_live_attempt_holds() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir.path().join("s.redb"), &clock)?;
+    let key = Key::new("t", "op");
+    let c = started(store.begin(&key, Fingerprint::NONE)?);
+    assert!(matches!(store.forget(&key)?, Forget::InProgress(i) if i.attempt() == 1));
+    assert!(matches!(
+        store.begin(&key, Fingerprint::NONE)?,
+        Begin::InProgress(_)
+    ));
+    // Its lease lapsed: the attempt no longer holds the key, and a zombie
+    // cannot complete what was forgotten.
+    clock.advance(Duration::from_secs(31));
+    assert!(matches!(store.forget(&key)?, Forget::Forgotten(r) if r.state() == State::InProgress));
+    assert!(matches!(
+        store.complete(&c, b"zombie"),
+        Err(dedupkv::Error::ClaimLost { .. })
+    ));
+    assert!(matches!(store.begin(&key, Fingerprint::NONE)?, Begin::Started(n) if n.attempt() == 1));
+    Ok(())
+}
