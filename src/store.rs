@@ -256,6 +256,7 @@ impl Store {
     /// winner's record is durable.
     ///
     /// # Errors
+    /// [`Error::InvalidArgument`] for an empty scope or id,
     /// [`Error::InvalidInput`] for a key over the limits,
     /// [`Error::Poisoned`] after a failed commit, [`Error::Storage`].
     ///
@@ -914,7 +915,18 @@ impl Inner {
         Ok((self.hash(key), now, self.bucket_of(now)))
     }
 
+    /// Fails for an empty scope or id (an empty id is a missing key: taken
+    /// as one, every event without an id would be a duplicate of the first)
+    /// and for parts over the limits.
     pub(crate) fn check_key(&self, key: &Key<'_>) -> Result<()> {
+        for (what, part) in [("scope", key.scope()), ("id", key.id())] {
+            if part.is_empty() {
+                return Err(Error::InvalidArgument {
+                    what,
+                    reason: "is empty; a key needs a non-empty scope and id".into(),
+                });
+            }
+        }
         check_len("scope", key.scope().len(), self.cfg.max_scope)?;
         check_len("id", key.id().len(), self.cfg.max_id)
     }
