@@ -111,13 +111,40 @@ fn a_different_fingerprint_is_rejected_naming_the_key() -> Result<()> {
     let claim = started(store.begin(&key, Fingerprint::of("100 EUR"))?);
     // While in progress...
     let err = store.begin(&key, Fingerprint::of("999 EUR")).unwrap_err();
-    assert!(matches!(&err, Error::FingerprintMismatch { key, .. } if key == "shop-42/pay-1"));
-    assert!(err.to_string().contains("shop-42/pay-1"));
+    assert!(
+        matches!(&err, Error::FingerprintMismatch { key, .. } if key == r#""shop-42"/"pay-1""#),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(r#""shop-42"/"pay-1""#), "{err}");
     store.complete(&claim, b"ok")?;
     // ...and once completed: never silently answered with the other request's result.
     let err = store.begin(&key, Fingerprint::of("999 EUR")).unwrap_err();
     assert!(matches!(err, Error::FingerprintMismatch { .. }));
     assert_eq!(store.stats().conflicts, 2);
+    Ok(())
+}
+
+/// `("a/b", "c")` and `("a", "b/c")` are two keys; their renderings in
+/// messages, `Display` and `Debug` must tell them apart too.
+#[test]
+fn keys_in_messages_tell_scope_from_id() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let (left, right) = (Key::new("a/b", "c"), Key::new("a", "b/c"));
+    assert_ne!(left.to_string(), right.to_string());
+    assert_ne!(format!("{left:?}"), format!("{right:?}"));
+    assert_eq!(left.to_string(), r#""a/b"/"c""#);
+    assert_eq!(format!("{right:?}"), r#"Key("a"/"b/c")"#);
+    let mut messages = Vec::new();
+    for key in [&left, &right] {
+        let _claim = started(store.begin(key, Fingerprint::of("one"))?);
+        let err = store.begin(key, Fingerprint::of("two")).unwrap_err();
+        assert!(matches!(err, Error::FingerprintMismatch { .. }), "{err}");
+        messages.push(err.to_string());
+    }
+    assert!(messages[0].contains(r#"key "a/b"/"c":"#), "{}", messages[0]);
+    assert!(messages[1].contains(r#"key "a"/"b/c":"#), "{}", messages[1]);
     Ok(())
 }
 
