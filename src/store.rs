@@ -827,6 +827,16 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
 /// Fencing tokens reserved per persisted floor.
 const TOKEN_BLOCK: u64 = 1 << 20;
 
+/// The error for a claim that is not (or no longer) the key's active one.
+fn lost(claim: &Claim, reason: &'static str) -> Error {
+    Error::ClaimLost {
+        key: claim.key.to_string(),
+        attempt: claim.attempt,
+        token: claim.token,
+        reason,
+    }
+}
+
 fn mismatch(key: &Key<'_>, recorded: Fingerprint, requested: Fingerprint) -> Error {
     Error::FingerprintMismatch {
         key: key.to_string(),
@@ -1087,12 +1097,14 @@ impl Inner {
         if std::ptr::eq(claim.inner.as_ptr(), self) {
             return Ok(());
         }
-        Err(Error::ClaimLost {
-            key: claim.key.to_string(),
-            attempt: claim.attempt,
-            token: claim.token,
-            reason: "the claim was made by another store",
-        })
+        Err(self.fenced(claim, "the claim was made by another store"))
+    }
+
+    /// Counts a refused `complete`, `fail` or `renew` in `Stats::fenced`
+    /// and returns its error. The caller does not hold the shard lock.
+    fn fenced(&self, claim: &Claim, reason: &'static str) -> Error {
+        self.index.lock(claim.hash).counters.fenced += 1;
+        lost(claim, reason)
     }
 
     /// The claim's pending details and slot bucket, if it is still the
@@ -1113,12 +1125,7 @@ impl Inner {
             },
         };
         shard.counters.fenced += 1;
-        Err(Error::ClaimLost {
-            key: claim.key.to_string(),
-            attempt: claim.attempt,
-            token: claim.token,
-            reason,
-        })
+        Err(lost(claim, reason))
     }
 
     /// Writes a Complete, Fail or Release record for an active claim;
@@ -1135,12 +1142,7 @@ impl Inner {
         self.log.check()?;
         self.check_owner(claim)?;
         if claim.finished.load(Ordering::Acquire) {
-            return Err(Error::ClaimLost {
-                key: claim.key.to_string(),
-                attempt: claim.attempt,
-                token: claim.token,
-                reason: "this claim was already finished",
-            });
+            return Err(self.fenced(claim, "this claim was already finished"));
         }
         let now = self.now();
         let nb = self.bucket_of(now);

@@ -102,6 +102,42 @@ fn a_lapsed_but_untaken_claim_may_still_complete() -> Result<()> {
     Ok(())
 }
 
+/// `Stats::fenced` counts every `complete`, `fail` or `renew` refused with
+/// `ClaimLost`: on a claim this store already finished, and on a claim of
+/// another store, as well as on one taken over.
+#[test]
+fn every_refused_finish_counts_as_fenced() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let claim = started(store.begin(&Key::new("t", "done"), Fingerprint::NONE)?);
+    store.complete(&claim, b"ok")?;
+    let refused = [
+        store.complete(&claim, b"again"),
+        store.fail(&claim, Failure::Retryable),
+        store.fail(&claim, Failure::Permanent(b"no")),
+        store.renew(&claim).map(|_| ()),
+    ];
+    for res in &refused {
+        assert!(matches!(res, Err(Error::ClaimLost { .. })), "{res:?}");
+    }
+    assert_eq!(store.stats().fenced, 4);
+
+    let other_dir = tempfile::tempdir().expect("tempdir");
+    let other = open(&other_dir, &clock)?;
+    let foreign = started(other.begin(&Key::new("t", "elsewhere"), Fingerprint::NONE)?);
+    let err = store.complete(&foreign, b"wrong store").unwrap_err();
+    assert!(matches!(err, Error::ClaimLost { .. }), "{err}");
+    assert!(matches!(
+        store.renew(&foreign),
+        Err(Error::ClaimLost { .. })
+    ));
+    assert_eq!(store.stats().fenced, 6);
+    assert_eq!(other.stats().fenced, 0);
+    other.complete(&foreign, b"right store")?;
+    Ok(())
+}
+
 #[test]
 fn a_different_fingerprint_is_rejected_naming_the_key() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
