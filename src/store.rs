@@ -526,6 +526,12 @@ impl Store {
             hash: h,
             attempt,
             token,
+            provider_key: crate::claim::provider_key(
+                &inner.hasher.secret(),
+                key.scope(),
+                key.id(),
+                first_at,
+            ),
             lease_until: AtomicU64::new(lease_until),
             finished: AtomicBool::new(false),
         })))
@@ -1250,7 +1256,7 @@ impl Inner {
         for rec in read_row(&bytes)? {
             let rec = rec?;
             if !rec.kind.is_entity() && rec.scope == key.scope() && rec.id == key.id() {
-                found = Some(Record::from_log(&rec));
+                found = Some(Record::from_log(&rec, &self.hasher.secret()));
             }
         }
         found.map(Some).ok_or_else(|| Self::lost_details(key))
