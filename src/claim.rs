@@ -190,6 +190,8 @@ pub struct Claim {
     pub(crate) hash: KeyHash,
     pub(crate) attempt: u32,
     pub(crate) token: u64,
+    /// See [`Claim::provider_key`]; fixed for the operation's life.
+    pub(crate) provider_key: u128,
     pub(crate) lease_until: AtomicU64,
     pub(crate) finished: AtomicBool,
     /// This attempt took over one that never answered.
@@ -251,12 +253,50 @@ impl Claim {
 
     /// The fencing token: unique per attempt, increasing across the store.
     /// Pass it to downstream systems that can reject writes from a stale
-    /// attempt.
+    /// attempt (a write carrying a smaller token than one already seen).
+    ///
+    /// It changes with every attempt, so it is **not** an idempotency key:
+    /// a provider that deduplicates on it acts once per attempt. Use
+    /// [`provider_key`](Self::provider_key) for that.
     ///
     /// # Examples
     /// See [`Record::token`].
     pub fn token(&self) -> u64 {
         self.token
+    }
+
+    /// The idempotency key to pass to external systems (a payment or
+    /// shipping provider's `Idempotency-Key`) for this operation: 32
+    /// lowercase hex digits.
+    ///
+    /// It is the same on every attempt of one operation — after a takeover
+    /// of a lapsed lease, a [`Failure::Retryable`] or a dropped claim, and
+    /// after the store is reopened — so a provider that deduplicates on it
+    /// acts once however often the work is retried. It differs between
+    /// scopes, between keys, between stores (it is keyed with the store's
+    /// persisted secret), and between two operations on one key (after the
+    /// first one's record expired). [`Record::provider_key`] reports it too.
+    ///
+    /// Use it as THE key for external calls; keep [`token`](Self::token)
+    /// for fencing.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "ship-order-7");
+    /// let Begin::Started(first) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// let idempotency_key = first.provider_key();
+    /// store.fail(&first, Failure::Retryable)?; // the provider timed out
+    /// let Begin::Started(retry) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_ne!(retry.token(), first.token());
+    /// assert_eq!(retry.provider_key(), idempotency_key); // the provider sees one request
+    /// # store.complete(&retry, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn provider_key(&self) -> String {
+        format!("{:032x}", self.provider_key)
     }
 
     /// When this claim's lease lapses (moved by [`Store::renew`](crate::Store::renew)).
@@ -278,9 +318,28 @@ impl fmt::Debug for Claim {
             .field("key", &self.key)
             .field("attempt", &self.attempt)
             .field("token", &self.token)
+            .field("provider_key", &self.provider_key())
             .field("lease_until", &self.lease_until())
             .finish_non_exhaustive()
     }
+}
+
+/// The provider key of the operation on (`scope`, `id`) first claimed at
+/// `first_at` (ms): SipHash-1-3-128 keyed with the store's persisted secret,
+/// over a domain tag, `len(scope)`, scope, id and `first_at`. `first_at`
+/// is carried from attempt to attempt (and in every claim record), so every
+/// attempt of one operation gets the same key; the fixed-size fields before
+/// and after the variable ones keep the framing unambiguous.
+pub(crate) fn provider_key(secret: &[u8; 16], scope: &[u8], id: &[u8], first_at: u64) -> u128 {
+    use siphasher::sip128::Hasher128;
+    use std::hash::Hasher;
+    let mut h = siphasher::sip128::SipHasher13::new_with_key(secret);
+    h.write(b"dedupkv provider key v1\0");
+    h.write(&(scope.len() as u64).to_le_bytes());
+    h.write(scope);
+    h.write(id);
+    h.write(&first_at.to_le_bytes());
+    h.finish128().as_u128()
 }
 
 impl Drop for Claim {

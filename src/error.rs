@@ -63,7 +63,8 @@ pub enum Error {
          this request has {requested}"
     )]
     FingerprintMismatch {
-        /// The key, rendered for people (`scope/id`, non-UTF-8 bytes escaped).
+        /// The key, rendered for people: `"scope"/"id"`, each part quoted,
+        /// quotes, backslashes and non-printable bytes escaped.
         key: String,
         /// The fingerprint stored with the key.
         recorded: crate::Fingerprint,
@@ -145,27 +146,32 @@ from_redb!(
     redb::CompactionError
 );
 
-/// Renders a key for error messages: `scope/id`, with non-printable bytes escaped.
+/// Renders a key for people: each part in double quotes, `"scope"/"id"`,
+/// with `"` and `\` escaped by a backslash, control characters as Rust
+/// escapes (`\n`, `\u{0}`) and bytes that are not UTF-8 as `\xff`. The
+/// quotes keep `("a/b", "c")` and `("a", "b/c")` apart; other text is
+/// printed as is, so ordinary keys stay readable.
 pub(crate) fn show_key(scope: &[u8], id: &[u8]) -> String {
-    struct Bytes<'a>(&'a [u8]);
-    impl fmt::Display for Bytes<'_> {
+    struct Quoted<'a>(&'a [u8]);
+    impl fmt::Display for Quoted<'_> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("\"")?;
             for chunk in self.0.utf8_chunks() {
                 for c in chunk.valid().chars() {
-                    if c.is_control() {
-                        write!(f, "{}", c.escape_default())?;
-                    } else {
-                        write!(f, "{c}")?;
+                    match c {
+                        '"' | '\\' => write!(f, "\\{c}")?,
+                        c if c.is_control() => write!(f, "{}", c.escape_default())?,
+                        c => write!(f, "{c}")?,
                     }
                 }
                 for b in chunk.invalid() {
                     write!(f, "\\x{b:02x}")?;
                 }
             }
-            Ok(())
+            f.write_str("\"")
         }
     }
-    format!("{}/{}", Bytes(scope), Bytes(id))
+    format!("{}/{}", Quoted(scope), Quoted(id))
 }
 
 #[cfg(test)]
@@ -173,8 +179,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn show_key_escapes_bytes() {
-        assert_eq!(show_key(b"t", b"a\x00\xff"), "t/a\\u{0}\\xff");
-        assert_eq!(show_key(b"shop", b"evt_1"), "shop/evt_1");
+    fn show_key_quotes_each_part_and_escapes_bytes() {
+        assert_eq!(show_key(b"shop", b"evt_1"), r#""shop"/"evt_1""#);
+        assert_eq!(show_key(b"t", b"a\x00\xff\n"), r#""t"/"a\u{0}\xff\n""#);
+        assert_eq!(show_key("café".as_bytes(), b"x"), r#""café"/"x""#);
+        // The separator never hides where one part ends.
+        assert_eq!(show_key(b"a/b", b"c"), r#""a/b"/"c""#);
+        assert_eq!(show_key(b"a", b"b/c"), r#""a"/"b/c""#);
+        // Nor can a quote or backslash inside a part fake one.
+        assert_eq!(show_key(br#"a"/"b"#, b"c"), r#""a\"/\"b"/"c""#);
+        assert_eq!(show_key(b"a", br#"b"/"c"#), r#""a"/"b\"/\"c""#);
+        assert_eq!(show_key(br"a\", b"c"), r#""a\\"/"c""#);
     }
 }

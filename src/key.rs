@@ -11,7 +11,9 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// An operation key: a scope (tenant, stream, source) and an id within it.
 ///
-/// The same id in two scopes is two keys. Both parts are arbitrary bytes.
+/// The same id in two scopes is two keys. Both parts are arbitrary bytes,
+/// and neither may be empty: every call that takes a key refuses an empty
+/// scope or id with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
 ///
 /// # Examples
 /// ```

@@ -346,8 +346,9 @@ impl Store {
     /// They are linearized: each sees the version left by the previous one.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a key over
-    /// the limits; [`Error::Poisoned`](crate::Error::Poisoned) after a
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// empty scope or id, [`Error::InvalidInput`](crate::Error::InvalidInput)
+    /// for a key over the limits; [`Error::Poisoned`](crate::Error::Poisoned) after a
     /// failed commit.
     ///
     /// # Examples
@@ -530,8 +531,9 @@ impl Store {
     /// The entity's events in the holding area, in sequence order.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a key over
-    /// the limits.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// empty scope or id, [`Error::InvalidInput`](crate::Error::InvalidInput)
+    /// for a key over the limits.
     ///
     /// # Examples
     /// See [`Held`].

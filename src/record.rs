@@ -70,12 +70,15 @@ pub struct Record {
     pub(crate) expires: u64,
     pub(crate) lease_until: Option<u64>,
     pub(crate) fingerprint: Option<Fingerprint>,
+    /// See [`Record::provider_key`]; `None` for an inserted key.
+    pub(crate) provider_key: Option<u128>,
     pub(crate) outcome_tag: u8,
     pub(crate) outcome: Option<Vec<u8>>,
 }
 
 impl Record {
-    pub(crate) fn from_log(rec: &RecordRef<'_>) -> Record {
+    /// The record of `rec`, for a store whose key-hash secret is `secret`.
+    pub(crate) fn from_log(rec: &RecordRef<'_>, secret: &[u8; 16]) -> Record {
         let state = match rec.kind {
             // Entity records never reach here: `load` skips them.
             Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold => State::Inserted,
@@ -96,6 +99,8 @@ impl Record {
             expires: rec.expires,
             lease_until: (rec.kind == Kind::Claim).then_some(rec.lease_until),
             fingerprint: (rec.kind != Kind::Insert).then_some(Fingerprint(rec.params)),
+            provider_key: (rec.kind != Kind::Insert)
+                .then(|| crate::claim::provider_key(secret, rec.scope, rec.id, rec.first_at)),
             outcome_tag: rec.outcome_tag,
             outcome: finished.then(|| rec.outcome.to_vec()),
         }
@@ -150,6 +155,27 @@ impl Record {
     /// ```
     pub fn token(&self) -> u64 {
         self.token
+    }
+
+    /// The provider key of the key's operation: the one
+    /// [`Claim::provider_key`](crate::Claim::provider_key) gave every
+    /// attempt of it. `None` for a key recorded by `insert_if_absent`,
+    /// which is no operation.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let key = Key::new("t", "e");
+    /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.complete(&claim, b"ok")?;
+    /// let rec = store.get(&key)?.expect("recorded");
+    /// assert_eq!(rec.provider_key(), Some(claim.provider_key()));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn provider_key(&self) -> Option<String> {
+        self.provider_key.map(|k| format!("{k:032x}"))
     }
 
     /// When the key was first recorded.

@@ -282,6 +282,7 @@ impl Store {
     /// winner's record is durable.
     ///
     /// # Errors
+    /// [`Error::InvalidArgument`] for an empty scope or id,
     /// [`Error::InvalidInput`] for a key over the limits,
     /// [`Error::Poisoned`] after a failed commit, [`Error::Storage`].
     ///
@@ -693,14 +694,7 @@ impl Store {
         let mut rec = Inner::claim_record(key.scope(), key.id(), &p, now);
         let row = {
             let mut batch = inner.log.batch()?;
-            // Tokens are reserved in blocks: the first token at or past the
-            // reserved limit persists a higher floor in this very commit, so
-            // no token is handed out (durably) before its reservation is.
-            if token >= inner.token_limit.load(Ordering::Acquire) {
-                let limit = token + TOKEN_BLOCK;
-                inner.token_limit.fetch_max(limit, Ordering::AcqRel);
-                batch.raise_token_floor(limit);
-            }
+            inner.reserve_token(&mut batch, token);
             inner.append(
                 &mut shard,
                 &mut batch,
@@ -720,6 +714,12 @@ impl Store {
             hash: h,
             attempt,
             token,
+            provider_key: crate::claim::provider_key(
+                &inner.hasher.secret(),
+                key.scope(),
+                key.id(),
+                first_at,
+            ),
             lease_until: AtomicU64::new(lease_until),
             finished: AtomicBool::new(false),
             interrupted,
@@ -1196,6 +1196,16 @@ const FORCE_EVICT_SPAN: u64 = crate::index::MAX_BUCKET_SPAN / 2;
 /// Fencing tokens reserved per persisted floor.
 const TOKEN_BLOCK: u64 = 1 << 20;
 
+/// The error for a claim that is not (or no longer) the key's active one.
+fn lost(claim: &Claim, reason: &'static str) -> Error {
+    Error::ClaimLost {
+        key: claim.key.to_string(),
+        attempt: claim.attempt,
+        token: claim.token,
+        reason,
+    }
+}
+
 fn mismatch(key: &Key<'_>, recorded: Fingerprint, requested: Fingerprint) -> Error {
     Error::FingerprintMismatch {
         key: key.to_string(),
@@ -1334,6 +1344,18 @@ impl Inner {
         Ok(ms)
     }
 
+    /// Tokens are reserved in blocks: the first token at or past the
+    /// reserved limit persists a higher floor in this very commit, so no
+    /// token is handed out (durably) before its reservation is. The caller
+    /// holds the batch lock.
+    fn reserve_token(&self, batch: &mut Batch, token: u64) {
+        if token >= self.token_limit.load(Ordering::Acquire) {
+            let limit = token + TOKEN_BLOCK;
+            self.token_limit.fetch_max(limit, Ordering::AcqRel);
+            batch.raise_token_floor(limit);
+        }
+    }
+
     /// The lease and retention of an operation begun with `options`.
     fn op(&self, options: &BeginOptions) -> Result<Op> {
         Ok(Op {
@@ -1381,7 +1403,18 @@ impl Inner {
         Ok((self.hash(key), now, nb))
     }
 
+    /// Fails for an empty scope or id (an empty id is a missing key: taken
+    /// as one, every event without an id would be a duplicate of the first)
+    /// and for parts over the limits.
     pub(crate) fn check_key(&self, key: &Key<'_>) -> Result<()> {
+        for (what, part) in [("scope", key.scope()), ("id", key.id())] {
+            if part.is_empty() {
+                return Err(Error::InvalidArgument {
+                    what,
+                    reason: "is empty; a key needs a non-empty scope and id".into(),
+                });
+            }
+        }
         check_len("scope", key.scope().len(), self.cfg.max_scope)?;
         check_len("id", key.id().len(), self.cfg.max_id)
     }
@@ -1558,12 +1591,14 @@ impl Inner {
         if std::ptr::eq(claim.inner.as_ptr(), self) {
             return Ok(());
         }
-        Err(Error::ClaimLost {
-            key: claim.key.to_string(),
-            attempt: claim.attempt,
-            token: claim.token,
-            reason: "the claim was made by another store",
-        })
+        Err(self.fenced(claim, "the claim was made by another store"))
+    }
+
+    /// Counts a refused `complete`, `fail` or `renew` in `Stats::fenced`
+    /// and returns its error. The caller does not hold the shard lock.
+    fn fenced(&self, claim: &Claim, reason: &'static str) -> Error {
+        self.index.lock(claim.hash).counters.fenced += 1;
+        lost(claim, reason)
     }
 
     /// The claim's pending details and slot bucket, if it is still the
@@ -1585,12 +1620,7 @@ impl Inner {
             },
         };
         shard.counters.fenced += 1;
-        Err(Error::ClaimLost {
-            key: claim.key.to_string(),
-            attempt: claim.attempt,
-            token: claim.token,
-            reason,
-        })
+        Err(lost(claim, reason))
     }
 
     /// Writes a Complete, Fail or Release record for an active claim;
@@ -1607,12 +1637,7 @@ impl Inner {
         self.log.check()?;
         self.check_owner(claim)?;
         if claim.finished.load(Ordering::Acquire) {
-            return Err(Error::ClaimLost {
-                key: claim.key.to_string(),
-                attempt: claim.attempt,
-                token: claim.token,
-                reason: "this claim was already finished",
-            });
+            return Err(self.fenced(claim, "this claim was already finished"));
         }
         let (now, nb) = self.time()?;
         let h = claim.hash;
@@ -1720,7 +1745,7 @@ impl Inner {
         for rec in read_row(&bytes)? {
             let rec = rec?;
             if !rec.kind.is_entity() && rec.scope == key.scope() && rec.id == key.id() {
-                found = Some(Record::from_log(&rec));
+                found = Some(Record::from_log(&rec, &self.hasher.secret()));
             }
         }
         found.map(Some).ok_or_else(|| Self::lost_details(key))

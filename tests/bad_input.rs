@@ -71,6 +71,50 @@ fn oversized_key_parts_and_outcomes_state_the_limit() -> Result<()> {
     Ok(())
 }
 
+/// `what` was refused as empty, and the message says so.
+fn is_empty_refusal(res: Result<impl std::fmt::Debug>, what: &str) -> bool {
+    match res {
+        Err(err @ Error::InvalidArgument { what: w, .. }) if w == what => {
+            err.to_string().contains("empty")
+        }
+        other => panic!("{what}: expected an empty-key refusal, got {other:?}"),
+    }
+}
+
+/// An empty id is a missing key: accepting it would take every event
+/// without an id for a duplicate of the first. Every call that takes a key
+/// refuses an empty id or scope, and records nothing.
+#[test]
+fn empty_key_parts_are_refused_by_every_call() -> Result<()> {
+    let dir = tmp();
+    let store = Store::open(dir.path().join("s.redb"))?;
+    let ok = Key::new("s", "ok");
+    for (what, key) in [("id", Key::new("s", "")), ("scope", Key::new("", "e"))] {
+        let k = &key;
+        assert!(is_empty_refusal(store.insert_if_absent(k), what));
+        assert!(is_empty_refusal(
+            store.insert_if_absent_for(k, Duration::from_secs(60)),
+            what
+        ));
+        assert!(is_empty_refusal(store.begin(k, Fingerprint::NONE), what));
+        assert!(is_empty_refusal(store.get(k), what));
+        assert!(is_empty_refusal(store.advance(k, 1), what));
+        assert!(is_empty_refusal(store.apply_event(k, &ok, 1), what));
+        assert!(is_empty_refusal(store.apply_event(&ok, k, 1), what));
+        assert!(is_empty_refusal(store.sequence(k, 1, b"p"), what));
+        assert!(is_empty_refusal(store.held(k), what));
+        assert!(is_empty_refusal(store.release_held(k), what));
+        // One empty key fails the whole batch before anything is recorded.
+        let batch = [Key::new("s", "b1"), key.clone(), Key::new("s", "b2")];
+        assert!(is_empty_refusal(store.insert_batch(&batch), what));
+    }
+    assert_eq!(store.stats().keys, 0, "nothing was recorded");
+    assert_eq!(store.stats().entities, 0, "nothing was recorded");
+    assert!(store.insert_batch(&[Key::new("s", "b1"), Key::new("s", "b2")])?[0]);
+    assert!(store.apply_event(&ok, &Key::new("s", "entity"), 1).is_ok());
+    Ok(())
+}
+
 #[test]
 fn bad_settings_are_refused_at_open() {
     let dir = tmp();

@@ -102,6 +102,42 @@ fn a_lapsed_but_untaken_claim_may_still_complete() -> Result<()> {
     Ok(())
 }
 
+/// `Stats::fenced` counts every `complete`, `fail` or `renew` refused with
+/// `ClaimLost`: on a claim this store already finished, and on a claim of
+/// another store, as well as on one taken over.
+#[test]
+fn every_refused_finish_counts_as_fenced() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let claim = started(store.begin(&Key::new("t", "done"), Fingerprint::NONE)?);
+    store.complete(&claim, b"ok")?;
+    let refused = [
+        store.complete(&claim, b"again"),
+        store.fail(&claim, Failure::Retryable),
+        store.fail(&claim, Failure::Permanent(b"no")),
+        store.renew(&claim).map(|_| ()),
+    ];
+    for res in &refused {
+        assert!(matches!(res, Err(Error::ClaimLost { .. })), "{res:?}");
+    }
+    assert_eq!(store.stats().fenced, 4);
+
+    let other_dir = tempfile::tempdir().expect("tempdir");
+    let other = open(&other_dir, &clock)?;
+    let foreign = started(other.begin(&Key::new("t", "elsewhere"), Fingerprint::NONE)?);
+    let err = store.complete(&foreign, b"wrong store").unwrap_err();
+    assert!(matches!(err, Error::ClaimLost { .. }), "{err}");
+    assert!(matches!(
+        store.renew(&foreign),
+        Err(Error::ClaimLost { .. })
+    ));
+    assert_eq!(store.stats().fenced, 6);
+    assert_eq!(other.stats().fenced, 0);
+    other.complete(&foreign, b"right store")?;
+    Ok(())
+}
+
 #[test]
 fn a_different_fingerprint_is_rejected_naming_the_key() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -111,13 +147,40 @@ fn a_different_fingerprint_is_rejected_naming_the_key() -> Result<()> {
     let claim = started(store.begin(&key, Fingerprint::of("100 EUR"))?);
     // While in progress...
     let err = store.begin(&key, Fingerprint::of("999 EUR")).unwrap_err();
-    assert!(matches!(&err, Error::FingerprintMismatch { key, .. } if key == "shop-42/pay-1"));
-    assert!(err.to_string().contains("shop-42/pay-1"));
+    assert!(
+        matches!(&err, Error::FingerprintMismatch { key, .. } if key == r#""shop-42"/"pay-1""#),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(r#""shop-42"/"pay-1""#), "{err}");
     store.complete(&claim, b"ok")?;
     // ...and once completed: never silently answered with the other request's result.
     let err = store.begin(&key, Fingerprint::of("999 EUR")).unwrap_err();
     assert!(matches!(err, Error::FingerprintMismatch { .. }));
     assert_eq!(store.stats().conflicts, 2);
+    Ok(())
+}
+
+/// `("a/b", "c")` and `("a", "b/c")` are two keys; their renderings in
+/// messages, `Display` and `Debug` must tell them apart too.
+#[test]
+fn keys_in_messages_tell_scope_from_id() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let (left, right) = (Key::new("a/b", "c"), Key::new("a", "b/c"));
+    assert_ne!(left.to_string(), right.to_string());
+    assert_ne!(format!("{left:?}"), format!("{right:?}"));
+    assert_eq!(left.to_string(), r#""a/b"/"c""#);
+    assert_eq!(format!("{right:?}"), r#"Key("a"/"b/c")"#);
+    let mut messages = Vec::new();
+    for key in [&left, &right] {
+        let _claim = started(store.begin(key, Fingerprint::of("one"))?);
+        let err = store.begin(key, Fingerprint::of("two")).unwrap_err();
+        assert!(matches!(err, Error::FingerprintMismatch { .. }), "{err}");
+        messages.push(err.to_string());
+    }
+    assert!(messages[0].contains(r#"key "a/b"/"c":"#), "{}", messages[0]);
+    assert!(messages[1].contains(r#"key "a"/"b/c":"#), "{}", messages[1]);
     Ok(())
 }
 
@@ -368,5 +431,94 @@ fn interrupted_tells_a_lapsed_lease_from_a_released_retry() -> Result<()> {
     ));
     store.complete(&next, b"ok")?;
     store.complete(&retry, b"ok")?;
+    Ok(())
+}
+
+/// The provider key of the operation on `key`, as its record reports it.
+fn recorded_provider_key(store: &Store, key: &Key<'_>) -> Result<String> {
+    let rec = store.get(key)?.expect("recorded");
+    Ok(rec
+        .provider_key()
+        .expect("a claimed key has a provider key"))
+}
+
+/// The key to hand an external provider is one per operation: every
+/// attempt of it (takeover after a lapsed lease, retry after a retryable
+/// failure or a dropped claim, after a reopen) passes the same one, while
+/// the fencing token changes with each attempt.
+#[test]
+fn the_provider_key_is_the_same_on_every_attempt_of_an_operation() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let key = Key::new("shop-42", "label-7");
+    let fp = Fingerprint::of("ship order 7");
+    let first;
+    {
+        let store = open(&dir, &clock)?;
+        let a1 = started(store.begin(&key, fp)?);
+        first = a1.provider_key();
+        assert_eq!(first.len(), 32, "{first}");
+        assert!(first.bytes().all(|b| b.is_ascii_hexdigit()), "{first}");
+        assert_eq!(recorded_provider_key(&store, &key)?, first);
+
+        clock.advance(Duration::from_secs(31)); // a1's lease lapses
+        let a2 = started(store.begin(&key, fp)?);
+        assert_eq!(a2.attempt(), 2);
+        assert_ne!(a2.token(), a1.token());
+        assert_eq!(a2.provider_key(), first, "takeover");
+
+        store.fail(&a2, Failure::Retryable)?;
+        assert_eq!(recorded_provider_key(&store, &key)?, first, "released");
+        let a3 = started(store.begin(&key, fp)?);
+        assert_eq!(a3.provider_key(), first, "retry");
+        drop(a3);
+        let a4 = started(store.begin(&key, fp)?);
+        assert_eq!(a4.provider_key(), first, "after a dropped claim");
+        std::mem::forget(a4); // the process dies holding it
+    }
+    let store = open(&dir, &clock)?;
+    assert_eq!(recorded_provider_key(&store, &key)?, first, "reopened");
+    clock.advance(Duration::from_secs(31));
+    let a5 = started(store.begin(&key, fp)?);
+    assert_eq!(a5.attempt(), 5);
+    assert_eq!(a5.provider_key(), first, "takeover after reopen");
+    store.complete(&a5, b"label L-1")?;
+    let Begin::Completed(rec) = store.begin(&key, fp)? else {
+        panic!("expected Completed")
+    };
+    assert_eq!(rec.provider_key().as_deref(), Some(first.as_str()));
+    Ok(())
+}
+
+/// Provider keys never collide between two operations: the same id in two
+/// scopes, the same key in two stores (even at the same instant), or a new
+/// operation on a key whose old record expired.
+#[test]
+fn provider_keys_differ_across_scopes_stores_and_operations() -> Result<()> {
+    let clock = ManualClock::new(T0);
+    let (d1, d2) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let (s1, s2) = (open(&d1, &clock)?, open(&d2, &clock)?);
+    let a = started(s1.begin(&Key::new("shop-1", "order-9"), Fingerprint::NONE)?);
+    let b = started(s1.begin(&Key::new("shop-2", "order-9"), Fingerprint::NONE)?);
+    let c = started(s2.begin(&Key::new("shop-1", "order-9"), Fingerprint::NONE)?);
+    assert_ne!(a.provider_key(), b.provider_key(), "scopes");
+    assert_ne!(a.provider_key(), c.provider_key(), "stores");
+    let old = a.provider_key();
+    s1.complete(&a, b"done")?;
+
+    // Past the retention (24 h by default) the key starts a new operation.
+    clock.advance(Duration::from_secs(3 * 86_400));
+    s1.evict_expired()?;
+    let again = started(s1.begin(&Key::new("shop-1", "order-9"), Fingerprint::NONE)?);
+    assert_eq!(again.attempt(), 1);
+    assert_ne!(again.provider_key(), old, "a new operation");
+
+    // An inserted key is no operation: it has no provider key.
+    s1.insert_if_absent(&Key::new("shop-1", "evt-1"))?;
+    let rec = s1.get(&Key::new("shop-1", "evt-1"))?.expect("recorded");
+    assert_eq!(rec.provider_key(), None);
     Ok(())
 }

@@ -237,6 +237,46 @@ fn a_crash_between_index_eviction_and_disk_deletion_loses_and_resurrects_nothing
     assert_holds_only(&store, &old, &live, "reopened")
 }
 
+/// Open deletes the expired tables in its own first commit and returns
+/// after it: a failure there fails the open (it does not hand back a store
+/// that is already poisoned), and a store it returns has nothing in flight.
+#[test]
+fn open_returns_after_its_first_commit_and_reports_its_failure() -> Result<()> {
+    let clock = ManualClock::new(T0);
+    let backend = FaultyBackend::new(u64::MAX);
+    let (old, live) = (ids(0, 50), ids(1, 50));
+    {
+        let store = builder(&clock).open_with_backend(backend.clone())?;
+        insert_each(&store, &old)?;
+        clock.advance(15 * MIN);
+        insert_each(&store, &live)?;
+    }
+    // Sweep the failure over the reopen's writes and syncs.
+    let mut refused = 0;
+    for fail_after in 0.. {
+        let faulty = backend.healthy();
+        faulty.arm(fail_after);
+        match builder(&clock).open_with_backend(faulty.clone()) {
+            Err(err) => {
+                assert_storage_fault(&err);
+                refused += 1;
+            }
+            Ok(store) => {
+                assert!(
+                    !faulty.tripped(),
+                    "open {fail_after} returned a failed store"
+                );
+                assert_eq!(store.stats().commits, 1, "open {fail_after}");
+                faulty.arm(u64::MAX);
+                assert_holds_only(&store, &old, &live, &format!("open {fail_after}"))?;
+                break;
+            }
+        }
+    }
+    assert!(refused > 0, "the sweep never reached the open's commit");
+    Ok(())
+}
+
 #[test]
 fn a_large_bucket_is_deleted_a_slice_per_commit() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -201,9 +201,10 @@ fn poisoned_error(s: &Shared) -> Error {
 }
 
 impl Log {
-    /// Starts the committer. `last_row` is the newest row already on disk;
-    /// the first commit deletes the `expired` bucket tables and persists the
-    /// fencing-token `token_floor`, before or with any record of this run.
+    /// Starts the committer. `last_row` is the newest row already on disk.
+    /// Returns after the first commit, which deletes the `expired` bucket
+    /// tables and persists the fencing-token `token_floor` before any record
+    /// of this run; its failure is the error.
     pub(crate) fn start(
         db: Database,
         last_row: u64,
@@ -246,12 +247,19 @@ impl Log {
         let s = Arc::clone(&shared);
         let committer = crate::sync::spawn("dedupkv-commit", move || run(&s, &kicked, wait))
             .map_err(|e| Error::Storage(redb::Error::Io(e)))?;
-        let _ = shared.kick.try_send(());
-        Ok(Log {
+        let log = Log {
             shared,
             durability,
             committer: Some(committer),
-        })
+        };
+        // The first commit is made here, not by the committer: open reports
+        // its failure, and returns with nothing in flight and no kick queued
+        // (a queued kick would commit the next caller's batch early).
+        let first = commit_pending(&log.shared, &mut log.shared.lead.lock());
+        if let Committed::Failed(e) = first {
+            return Err(e);
+        }
+        Ok(log)
     }
 
     pub(crate) fn db(&self) -> Result<MappedRwLockReadGuard<'_, Database>> {
@@ -461,7 +469,7 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
         match commit_pending(s, &mut s.lead.lock()) {
             Committed::Nothing if stopping => return,
             Committed::Nothing | Committed::Row => {}
-            Committed::Failed => return,
+            Committed::Failed(_) => return,
         }
     }
 }
@@ -470,14 +478,15 @@ fn run(s: &Shared, kicked: &Receiver<()>, wait: Option<Duration>) {
 enum Committed {
     Nothing,
     Row,
-    Failed,
+    /// The commit failed (or an earlier one had) and the log is poisoned.
+    Failed(Error),
 }
 
 /// Commits the open batch, if it has anything, then wakes its callers.
 /// The caller holds the commit lock (`lead`), so commits never overlap.
 fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
     if s.poisoned.load(Ordering::Acquire) {
-        return Committed::Failed;
+        return Committed::Failed(poisoned_error(s));
     }
     let batch = {
         let mut b = s.batch.lock();
@@ -538,7 +547,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
             for w in &s.woke {
                 w.wake_all();
             }
-            Committed::Failed
+            Committed::Failed(e)
         }
     }
 }

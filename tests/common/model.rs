@@ -29,16 +29,17 @@ const SCOPES: usize = 2;
 /// Ids per scope: key `k < SCOPES * IDS` is id `k % IDS` in scope `k / IDS`.
 pub const IDS: usize = 8;
 /// Keys whose scope/id splits collide if the key hash did not keep the
-/// two parts apart, empty parts, and bytes that are not UTF-8.
+/// two parts apart, NUL and quote bytes, and bytes that are not UTF-8.
+/// (Empty parts are refused; `tests/bad_input.rs` checks every call.)
 const ODD_KEYS: [(&[u8], &[u8]); 8] = [
     (b"a", b"bc"),
     (b"ab", b"c"),
     (b"a", b"b"),
     (b"b", b"a"),
-    (b"", b"ab"),
-    (b"ab", b""),
+    (b"\x00", b"ab"),
+    (b"ab", b"\x00"),
     (b"x", b"\xff\x00"),
-    (b"x", b""),
+    (b"x", b"\"/\\"),
 ];
 /// The key pool: keys are numbered `0..KEYS`.
 pub const KEYS: usize = SCOPES * IDS + ODD_KEYS.len();
