@@ -28,7 +28,7 @@ use crate::key::KeyHash;
 use crate::log::commit::Batch;
 use crate::log::format::{Kind, RecordRef};
 use crate::store::Inner;
-use crate::{Key, Result, Store};
+use crate::{Error, Key, Result, Store};
 
 /// The answer of [`Store::advance`].
 ///
@@ -315,6 +315,29 @@ impl Inner {
     }
 }
 
+/// Refuses `u64::MAX` as a version: the Entity record stores version + 1.
+fn check_version(version: u64) -> Result<()> {
+    if version == u64::MAX {
+        return Err(Error::InvalidArgument {
+            what: "version",
+            reason: "u64::MAX is reserved; versions run from 0 to u64::MAX - 1".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses sequence numbers outside `1..u64::MAX`: the sequencer starts at
+/// 1, and the number after the last one must be representable.
+fn check_seq(seq: u64) -> Result<()> {
+    if seq == 0 || seq == u64::MAX {
+        return Err(Error::InvalidArgument {
+            what: "seq",
+            reason: format!("{seq} is outside 1..=u64::MAX - 1 (sequences start at 1)"),
+        });
+    }
+    Ok(())
+}
+
 impl Store {
     fn entity_hash(&self, entity: &Key<'_>) -> Result<KeyHash> {
         self.inner.check_key(entity)?;
@@ -334,7 +357,8 @@ impl Store {
     /// it if newer — atomically (under the entity's shard lock) and durably
     /// (one commit) before answering.
     ///
-    /// Versions are any `u64` that grows with each change of the entity: a
+    /// Versions are any `u64` below `u64::MAX` that grows with each change
+    /// of the entity: a
     /// per-entity sequence or revision counter, an upstream `updated_at` in
     /// microseconds (ties between two updates in the same microsecond are
     /// then answered `Duplicate`), or a logical clock such as a Lamport
@@ -346,13 +370,14 @@ impl Store {
     /// They are linearized: each sees the version left by the previous one.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a key over
-    /// the limits; [`Error::Poisoned`](crate::Error::Poisoned) after a
-    /// failed commit.
+    /// [`Error::InvalidArgument`] for the version `u64::MAX` (reserved);
+    /// [`Error::InvalidInput`] for a key over the limits;
+    /// [`Error::Poisoned`] after a failed commit.
     ///
     /// # Examples
     /// See [`Advance`].
     pub fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
+        check_version(version)?;
         let inner = &*self.inner;
         let (h, now, nb) = self.entity_write_start(entity)?;
         let mut shard = inner.index.lock(h);
@@ -395,6 +420,7 @@ impl Store {
     /// # Examples
     /// See [`Update`].
     pub fn apply_event(&self, event: &Key<'_>, entity: &Key<'_>, version: u64) -> Result<Update> {
+        check_version(version)?;
         let inner = &*self.inner;
         inner.check_key(event)?;
         let he = inner.hasher.hash(event.scope(), event.id());
@@ -449,19 +475,22 @@ impl Store {
     ///   the reason "predecessor N missing since T"; they are never dropped.
     /// - An old or repeated event: [`Sequenced::Duplicate`].
     ///
-    /// A new entity expects 1. If an entity's state expired (no event for
+    /// Sequence numbers run from 1 to `u64::MAX - 1`. A new entity expects 1.
+    /// If an entity's state expired (no event for
     /// `entity_retention`), it starts again at 1: a later number waits, is
     /// held after `max_hold`, and [`release_held`](Self::release_held)
     /// accepts it as the new start.
     ///
     /// # Errors
-    /// As [`advance`](Self::advance), and
-    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a payload over
-    /// `max_outcome_len`.
+    /// [`Error::InvalidArgument`] for the sequence numbers 0 and
+    /// `u64::MAX` (they run from 1 to `u64::MAX - 1`);
+    /// [`Error::InvalidInput`] for a key over the limits or a payload over
+    /// `max_outcome_len`; [`Error::Poisoned`] after a failed commit.
     ///
     /// # Examples
     /// See [`Sequenced`].
     pub fn sequence(&self, entity: &Key<'_>, seq: u64, payload: &[u8]) -> Result<Sequenced> {
+        check_seq(seq)?;
         let inner = &*self.inner;
         inner.check_payload(payload)?;
         let (h, now, nb) = self.entity_write_start(entity)?;

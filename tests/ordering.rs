@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use dedupkv::{Advance, Key, ManualClock, Result, Sequenced, Store, StoreBuilder, Update};
+use dedupkv::{
+    Advance, Error, Key, ManualClock, Result, Sequenced, Store, StoreBuilder, Update,
+};
 use proptest::prelude::*;
 
 mod common;
@@ -323,5 +325,43 @@ fn racing_versions_of_one_entity_linearize() -> Result<()> {
     );
     assert_eq!(cur, Some(max));
     assert_eq!(store.advance(&e, max)?, Advance::Duplicate);
+    Ok(())
+}
+
+/// A version or sequence number the store cannot represent is refused at
+/// the call: `u64::MAX` read back as `u64::MAX - 1` after a reopen (the
+/// Entity record stores version + 1), so it was applied twice; a sequence
+/// number `u64::MAX` wrapped the sequencer; 0 was answered `Duplicate` and
+/// silently dropped.
+#[test]
+fn versions_and_sequence_numbers_outside_the_range_are_refused() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let (e, ev) = (Key::new("t", "e"), Key::new("t", "evt"));
+    let refused = |r: Result<_>, what: &str| {
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument { what: w, .. }) if *w == what),
+            "{r:?}"
+        );
+    };
+    {
+        let store = builder(&clock).open(&path)?;
+        refused(store.advance(&e, u64::MAX).map(drop), "version");
+        refused(store.apply_event(&ev, &e, u64::MAX).map(drop), "version");
+        refused(store.sequence(&e, u64::MAX, b"top").map(drop), "seq");
+        refused(store.sequence(&e, 0, b"zero").map(drop), "seq");
+        // The refused event key was not recorded either.
+        assert!(store.insert_if_absent(&ev)?);
+        assert_eq!(
+            store.advance(&e, u64::MAX - 1)?,
+            Advance::Applied { previous: None }
+        );
+        assert_eq!(store.sequence(&e, u64::MAX - 1, b"last")?, Sequenced::Parked);
+    }
+    let store = builder(&clock).open(&path)?;
+    assert_eq!(store.advance(&e, u64::MAX - 1)?, Advance::Duplicate);
+    assert_eq!(store.sequence(&e, u64::MAX - 1, b"last")?, Sequenced::Duplicate);
+    assert_eq!(store.stats().parked_now, 1);
     Ok(())
 }
