@@ -15,7 +15,10 @@
 //! - an entity's core records never move to an earlier bucket, and eviction
 //!   re-logs (carries forward) the records of parked and held events and of
 //!   entities that still have some, in the commit that deletes the bucket
-//!   or before it — so a parked or held event is never dropped.
+//!   or before it — so a parked or held event is never dropped. A store
+//!   closed past a bucket's expiry does the same at open: recovery applies
+//!   the entity records of expired tables, drops the entities left without
+//!   events, and carries the others before the tables are deleted.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -188,10 +191,12 @@ pub(crate) struct Entity {
     pub held: BTreeMap<u64, Stored>,
 }
 
-/// A parked or held event: its payload, when it was parked (or, held, the
-/// missing predecessor and since when), and the bucket of its record.
+/// A parked or held event: the kind of its latest record, its payload,
+/// when it was parked (or, held, the missing predecessor and since when),
+/// and the bucket of its record.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
+    pub kind: Kind,
     pub payload: Vec<u8>,
     pub aux: u64,
     pub aux2: u64,
@@ -226,6 +231,16 @@ impl Entity {
 
     pub(crate) fn has_events(&self) -> bool {
         !self.parked.is_empty() || !self.held.is_empty()
+    }
+
+    /// Every stored event, by sequence number.
+    fn events_mut(&mut self) -> impl Iterator<Item = (&u64, &mut Stored)> {
+        self.parked.iter_mut().chain(self.held.iter_mut())
+    }
+
+    /// The stored event `seq`, wherever it is.
+    pub(crate) fn event_mut(&mut self, seq: u64) -> Option<&mut Stored> {
+        self.parked.get_mut(&seq).or(self.held.get_mut(&seq))
     }
 }
 
@@ -269,18 +284,18 @@ impl Inner {
         row
     }
 
-    /// Appends a Park or Hold record for `seq`; returns its bucket.
+    /// Appends the record of stored event `seq` (Park or Hold, as
+    /// `ev.kind`); returns its bucket.
     pub(crate) fn log_event(
         &self,
         batch: &mut Batch,
         key: &Key<'_>,
-        kind: Kind,
         seq: u64,
         ev: &Stored,
         now: u64,
     ) -> u64 {
         let g = self.cfg.granularity_ms;
-        let mut rec = record(kind, key, now, self.entity_expiry(now));
+        let mut rec = record(ev.kind, key, now, self.entity_expiry(now));
         rec.token = seq;
         rec.first_at = ev.aux;
         rec.lease_until = ev.aux2;
@@ -305,9 +320,10 @@ impl Inner {
         let parked = std::mem::take(&mut e.parked);
         let n = parked.len();
         for (seq, mut ev) in parked {
+            ev.kind = Kind::Hold;
             ev.aux = missing;
             ev.aux2 = since;
-            ev.bucket = self.log_event(batch, &key, Kind::Hold, seq, &ev, now);
+            ev.bucket = self.log_event(batch, &key, seq, &ev, now);
             tracing::warn!(key = %key, seq, missing, "dedupkv: event held, its predecessor is missing");
             e.held.insert(seq, ev);
         }
@@ -522,13 +538,14 @@ impl Store {
                 e.gap_since = now;
             }
             let ev = Stored {
+                kind: Kind::Park,
                 payload: payload.to_vec(),
                 aux: now,
                 aux2: 0,
                 bucket: 0,
             };
             let key = e.key.clone();
-            let bucket = inner.log_event(&mut batch, &key, Kind::Park, seq, &ev, now);
+            let bucket = inner.log_event(&mut batch, &key, seq, &ev, now);
             e.parked.insert(seq, Stored { bucket, ..ev });
             if e.next == 0 {
                 e.next = 1;
@@ -652,6 +669,36 @@ impl Store {
 }
 
 impl Inner {
+    /// Re-logs the records of entity `e` that sit in a bucket before
+    /// `before` (its core record and those of its stored events) into
+    /// `batch`, so they outlive that bucket's table.
+    pub(crate) fn carry_forward(&self, batch: &mut Batch, e: &mut Entity, before: u64, now: u64) {
+        if e.bucket < before {
+            self.log_core(batch, e, now);
+        }
+        let key = e.key.clone();
+        for (seq, ev) in e.events_mut() {
+            if ev.bucket < before {
+                ev.bucket = self.log_event(batch, &key, *seq, ev, now);
+            }
+        }
+    }
+
+    /// At open: carries every entity with events out of the tables of
+    /// buckets before `now_bucket`, which the caller deletes next (in the
+    /// same commit or a later one).
+    pub(crate) fn carry_expired(&self, now_bucket: u64) -> Result<()> {
+        let now = self.now();
+        for i in 0..self.cfg.shards {
+            let mut shard = self.index.lock_shard(i);
+            let mut batch = self.log.batch()?;
+            for e in shard.entities_with_events() {
+                self.carry_forward(&mut batch, e, now_bucket, now);
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn sweep_parked(&self) -> Result<usize> {
         self.log.check()?;
         let now = self.now();
@@ -690,6 +737,7 @@ pub(crate) fn apply_entity_record(
     let key = Key::new(rec.scope, rec.id);
     let e = shard.entity_mut(h, 0, &key);
     let stored = |aux2| Stored {
+        kind: rec.kind,
         payload: rec.outcome.to_vec(),
         aux: rec.first_at,
         aux2,

@@ -182,15 +182,14 @@ impl Store {
                 let h = meta.hasher.hash(rec.scope, rec.id);
                 apply_record(&mut index.lock(h), h, bucket, row, rec);
             }
+            Ok(())
         })?;
         for i in 0..cfg.shards {
-            for e in index.lock_shard(i).entities_mut() {
-                e.trim();
-            }
+            index.lock_shard(i).settle_entities(now_bucket);
         }
         // Fencing tokens never repeat, even once the records that held them
         // expired: continue above the persisted floor, and reserve a block
-        // (persisted by the first commit, with the expired tables' deletion).
+        // (persisted by the first commit).
         let first_token = (max_token + 1).max(crate::log::token_floor(&db)?);
         tracing::debug!(
             records = replayed.records,
@@ -201,7 +200,6 @@ impl Store {
             db,
             replayed.last_row,
             replayed.live.iter().copied().collect(),
-            replayed.expired,
             first_token + TOKEN_BLOCK,
             cfg.durability,
             cfg.quick_repair,
@@ -223,6 +221,11 @@ impl Store {
             counters: StoreCounters::default(),
             path,
         });
+        // The expired tables go once the entities that still have events
+        // are carried out of them: the carried records are committed in the
+        // deletion's commit or before it.
+        inner.carry_expired(now_bucket)?;
+        inner.log.drop_buckets(&replayed.expired)?;
         let evictor = if background {
             Some(Arc::new(Evictor::start(Arc::downgrade(&inner), tick)?))
         } else {

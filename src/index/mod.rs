@@ -198,9 +198,15 @@ impl Shard {
         self.entities.iter_mut().filter(|e| e.has_events())
     }
 
-    /// Every entity (recovery trims them after replay).
-    pub(crate) fn entities_mut(&mut self) -> impl Iterator<Item = &mut crate::order::Entity> {
-        self.entities.iter_mut()
+    /// After replay: drops the events each entity's core state consumed,
+    /// then every entity left without events whose state expired before
+    /// `now_bucket`.
+    pub(crate) fn settle_entities(&mut self, now_bucket: u64) {
+        for e in &mut self.entities {
+            e.trim();
+        }
+        self.entities
+            .retain(|e| e.has_events() || e.bucket >= now_bucket);
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {

@@ -143,13 +143,12 @@ fn poisoned_error(s: &Shared) -> Error {
 
 impl Log {
     /// Starts the committer. `last_row` is the newest row already on disk;
-    /// the first commit deletes the `expired` bucket tables and persists the
-    /// fencing-token `token_floor`, before or with any record of this run.
+    /// the first commit persists the fencing-token `token_floor`, before or
+    /// with any record of this run.
     pub(crate) fn start(
         db: Database,
         last_row: u64,
         buckets: BTreeSet<u64>,
-        expired: Vec<u64>,
         token_floor: u64,
         durability: Durability,
         quick_repair: bool,
@@ -163,7 +162,7 @@ impl Log {
                 next_idx: 0,
                 bytes: 0,
                 parts: Vec::new(),
-                drop_buckets: expired,
+                drop_buckets: Vec::new(),
                 trims: Vec::new(),
                 token_floor: Some(token_floor),
             }),
