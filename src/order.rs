@@ -10,11 +10,16 @@
 //!   are appended before the lock is released, like every other write; an
 //!   answer is given only once its records are durable (`Immediate`);
 //! - an `Entity` record holds the entity's whole core state (version, next
-//!   sequence number, gap start), so the latest one wins at recovery; `Park`
-//!   and `Hold` records below the core state's `next` are consumed;
+//!   sequence number, gap start, ack mark), so the latest one wins at
+//!   recovery; `Park` and `Hold` records below the ack mark are consumed,
+//!   those from it to `next` are events handed back and not acknowledged;
+//! - what the sequencer hands back stays stored until `ack`: a delivered
+//!   event is written as a Park record in the batch that delivers it, and
+//!   successors keep the records they were parked or held with;
 //! - an entity's core records never move to an earlier bucket, and eviction
-//!   re-logs (carries forward) the records of parked and held events and of
-//!   entities that still have some, in the commit that deletes the bucket
+//!   re-logs (carries forward) the records of parked, held and
+//!   unacknowledged events and of entities that still have some, in the
+//!   commit that deletes the bucket
 //!   or before it — so a parked or held event is never dropped. A store
 //!   closed past a bucket's expiry does the same at open: recovery applies
 //!   the entity records of expired tables, drops the entities left without
@@ -123,19 +128,25 @@ pub struct Delivered {
 /// let Sequenced::Delivered(events) = store.sequence(&acct, 1, b"first")? else { unreachable!() };
 /// let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
 /// assert_eq!(seqs, [1, 2]);
+/// // Not acknowledged yet: a redelivery hands both back again.
+/// assert_eq!(store.sequence(&acct, 1, b"first")?, Sequenced::Delivered(events));
+/// store.ack(&acct, 2)?;
 /// assert_eq!(store.sequence(&acct, 1, b"first")?, Sequenced::Duplicate);
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Sequenced {
-    /// This event and the parked successors it unblocked, in order. Handle
-    /// them all before acknowledging this event upstream: the parked ones
-    /// were acknowledged when they were parked.
+    /// This event and the successors it unblocked, in order (or, for a
+    /// redelivery of an event not acknowledged yet, it and every
+    /// unacknowledged event after it, handed back again). Handle them all,
+    /// [`ack`](Store::ack) them, then acknowledge this event upstream: the
+    /// parked ones were acknowledged upstream when they were parked, and
+    /// the store keeps them until `ack`.
     Delivered(Vec<Delivered>),
     /// Early: parked durably until its predecessor lands.
     Parked,
-    /// Already delivered, parked or held.
+    /// Already acknowledged, or parked or held.
     Duplicate,
 }
 
@@ -173,7 +184,8 @@ pub struct Held {
     pub reason: String,
 }
 
-/// An entity's state in the index.
+/// An entity's state in the index: its core state (written whole in each
+/// Entity record) and its stored events.
 #[derive(Debug, Clone)]
 pub(crate) struct Entity {
     pub hash: KeyHash,
@@ -187,8 +199,14 @@ pub(crate) struct Entity {
     pub next: u64,
     /// When the current gap opened (0: none).
     pub gap_since: u64,
+    /// Every delivered event below it is acknowledged (meaningful while
+    /// `unacked` is not empty).
+    pub acked: u64,
+    /// Events at or past `next`, waiting for their predecessor.
     pub parked: BTreeMap<u64, Stored>,
     pub held: BTreeMap<u64, Stored>,
+    /// Events delivered and not yet acknowledged (`acked <= seq < next`).
+    pub unacked: BTreeMap<u64, Stored>,
 }
 
 /// A parked or held event: the kind of its latest record, its payload,
@@ -213,8 +231,10 @@ impl Entity {
             version: None,
             next: 0,
             gap_since: 0,
+            acked: 0,
             parked: BTreeMap::new(),
             held: BTreeMap::new(),
+            unacked: BTreeMap::new(),
         }
     }
 
@@ -222,25 +242,56 @@ impl Entity {
         self.next.max(1)
     }
 
-    /// Drops parked and held events the core state has consumed.
+    /// After replay, where every stored event sits in `parked` or `held`:
+    /// drops those below the ack mark (consumed), and moves those from it
+    /// to `next` (delivered) to `unacked`.
     pub(crate) fn trim(&mut self) {
         let next = self.expected();
-        self.parked = self.parked.split_off(&next);
-        self.held = self.held.split_off(&next);
+        let acked = self.acked.min(next);
+        for map in [&mut self.parked, &mut self.held] {
+            let waiting = map.split_off(&next);
+            let mut delivered = std::mem::replace(map, waiting);
+            self.unacked.append(&mut delivered.split_off(&acked));
+        }
     }
 
+    /// Whether any event is stored: such an entity never expires.
     pub(crate) fn has_events(&self) -> bool {
-        !self.parked.is_empty() || !self.held.is_empty()
+        !self.parked.is_empty() || !self.held.is_empty() || !self.unacked.is_empty()
     }
 
-    /// Every stored event, by sequence number.
+    /// Every stored event, by sequence number within each kind.
     fn events_mut(&mut self) -> impl Iterator<Item = (&u64, &mut Stored)> {
-        self.parked.iter_mut().chain(self.held.iter_mut())
+        self.parked
+            .iter_mut()
+            .chain(self.held.iter_mut())
+            .chain(self.unacked.iter_mut())
     }
 
     /// The stored event `seq`, wherever it is.
     pub(crate) fn event_mut(&mut self, seq: u64) -> Option<&mut Stored> {
-        self.parked.get_mut(&seq).or(self.held.get_mut(&seq))
+        self.parked
+            .get_mut(&seq)
+            .or(self.held.get_mut(&seq))
+            .or(self.unacked.get_mut(&seq))
+    }
+
+    /// Records that `ev` (sequence number `seq`) was handed back.
+    fn deliver(&mut self, seq: u64, ev: Stored) {
+        if self.unacked.is_empty() {
+            self.acked = seq;
+        }
+        self.unacked.insert(seq, ev);
+    }
+
+    /// The core record's payload: the ack mark while something is
+    /// unacknowledged, else empty ("everything delivered is acknowledged").
+    fn ack_mark(&self) -> Vec<u8> {
+        if self.unacked.is_empty() {
+            Vec::new()
+        } else {
+            self.acked.to_le_bytes().to_vec()
+        }
     }
 }
 
@@ -275,6 +326,8 @@ impl Inner {
         rec.token = e.version.map_or(0, |v| v.saturating_add(1));
         rec.first_at = e.next;
         rec.lease_until = e.gap_since;
+        let mark = e.ack_mark();
+        rec.outcome = &mark;
         let bucket = (rec.expires / g).max(e.bucket);
         rec.expires = rec.expires.max(bucket.saturating_mul(g));
         let bucket = self.writable_bucket(bucket, &mut rec);
@@ -484,12 +537,17 @@ impl Store {
     /// returns what is now deliverable in order.
     ///
     /// - The next expected event: [`Sequenced::Delivered`] with it and every
-    ///   parked (or held) successor it unblocks; the entity moves on.
+    ///   parked (or held) successor it unblocks; the entity moves on. They
+    ///   stay stored until [`ack`](Self::ack)ed.
+    /// - An event handed back and not acknowledged yet: delivered again,
+    ///   with this call's payload, followed by every unacknowledged event
+    ///   after it (at-least-once hand-back).
     /// - An early event: parked durably ([`Sequenced::Parked`]) until its
     ///   predecessor lands. If the gap stays open longer than `max_hold`,
     ///   the parked events move to the holding area ([`Store::held`]) with
     ///   the reason "predecessor N missing since T"; they are never dropped.
-    /// - An old or repeated event: [`Sequenced::Duplicate`].
+    /// - An acknowledged, skipped, parked or held event:
+    ///   [`Sequenced::Duplicate`].
     ///
     /// Sequence numbers run from 1 to `u64::MAX - 1`. A new entity expects 1.
     /// If an entity's state expired (no event for
@@ -515,19 +573,45 @@ impl Store {
         let mut batch = inner.log.batch()?;
         let moved = inner.hold_overdue(&mut batch, e, now);
         let next = e.expected();
-        let answer = if seq < next || e.parked.contains_key(&seq) || e.held.contains_key(&seq) {
-            Sequenced::Duplicate
-        } else if seq == next {
+        let mut again = false;
+        let answer = if e.unacked.contains_key(&seq) {
+            // A redelivery of an event handed back but not acknowledged:
+            // hand it back again, with what followed it.
+            again = true;
             let mut out = vec![Delivered {
                 seq,
                 payload: payload.to_vec(),
             }];
+            out.extend(e.unacked.range(seq + 1..).map(|(s, ev)| Delivered {
+                seq: *s,
+                payload: ev.payload.clone(),
+            }));
+            Sequenced::Delivered(out)
+        } else if seq < next || e.parked.contains_key(&seq) || e.held.contains_key(&seq) {
+            Sequenced::Duplicate
+        } else if seq == next {
+            // Stored like a parked event until it is acknowledged.
+            let mut ev = Stored {
+                kind: Kind::Park,
+                payload: payload.to_vec(),
+                aux: now,
+                aux2: 0,
+                bucket: 0,
+            };
+            let key = e.key.clone();
+            ev.bucket = inner.log_event(&mut batch, &key, seq, &ev, now);
+            let mut out = vec![Delivered {
+                seq,
+                payload: payload.to_vec(),
+            }];
+            e.deliver(seq, ev);
             let mut n = seq + 1;
             while let Some(ev) = e.parked.remove(&n).or_else(|| e.held.remove(&n)) {
                 out.push(Delivered {
                     seq: n,
-                    payload: ev.payload,
+                    payload: ev.payload.clone(),
                 });
+                e.deliver(n, ev);
                 n += 1;
             }
             e.next = n;
@@ -552,10 +636,13 @@ impl Store {
             }
             Sequenced::Parked
         };
-        let row = if matches!(answer, Sequenced::Duplicate) && moved == 0 {
+        let row = if (again || matches!(answer, Sequenced::Duplicate)) && moved == 0 {
             let row = e.row;
             drop(batch);
-            shard.counters.seq_duplicates += 1;
+            match &answer {
+                Sequenced::Delivered(v) => shard.counters.seq_delivered += v.len() as u64,
+                _ => shard.counters.seq_duplicates += 1,
+            }
             drop(shard);
             inner.settle_seen(row)?;
             return Ok(answer);
@@ -604,7 +691,8 @@ impl Store {
 
     /// Gives up waiting for missing predecessors: delivers every held and
     /// parked event of the entity in sequence order (gaps and all), and
-    /// moves the entity past the last one.
+    /// moves the entity past the last one. Like those `sequence` hands
+    /// back, they stay stored until [`ack`](Self::ack)ed.
     ///
     /// # Errors
     /// As [`advance`](Self::advance).
@@ -634,13 +722,14 @@ impl Store {
         }
         let mut all = std::mem::take(&mut e.held);
         all.append(&mut e.parked);
-        let out: Vec<Delivered> = all
-            .into_iter()
-            .map(|(seq, ev)| Delivered {
+        let mut out = Vec::with_capacity(all.len());
+        for (seq, ev) in all {
+            out.push(Delivered {
                 seq,
-                payload: ev.payload,
-            })
-            .collect();
+                payload: ev.payload.clone(),
+            });
+            e.deliver(seq, ev);
+        }
         e.next = out.last().map_or(e.expected(), |d| d.seq + 1);
         e.gap_since = 0;
         let row = {
@@ -651,6 +740,99 @@ impl Store {
         drop(shard);
         inner.log.settle(row)?;
         Ok(out)
+    }
+
+    /// Acknowledges every event of the entity handed back with a sequence
+    /// number up to `upto` (inclusive): the store forgets their payloads,
+    /// and their redeliveries answer [`Sequenced::Duplicate`]. Returns how
+    /// many it acknowledged (0 if they all were already, or none was
+    /// handed back); events not handed back yet are not affected.
+    ///
+    /// The consumer's loop: handle every event [`sequence`](Self::sequence)
+    /// (or [`release_held`](Self::release_held)) hands back, `ack` them,
+    /// then acknowledge the triggering message upstream. A crash anywhere
+    /// in between loses nothing: the upstream redelivers the trigger, and
+    /// its redelivery hands back again everything not acknowledged from it
+    /// on; [`unacked`](Self::unacked) lists them too.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a key over the limits;
+    /// [`Error::Poisoned`] after a failed commit.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Sequenced, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let acct = Key::new("bank", "acct-1");
+    /// store.sequence(&acct, 2, b"second")?; // parked
+    /// let Sequenced::Delivered(events) = store.sequence(&acct, 1, b"first")? else { unreachable!() };
+    /// for event in &events {
+    ///     // handle it (idempotently: a crash before `ack` hands it back again)
+    /// }
+    /// assert_eq!(store.ack(&acct, events.last().unwrap().seq)?, 2);
+    /// assert_eq!(store.sequence(&acct, 1, b"first")?, Sequenced::Duplicate);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<usize> {
+        let inner = &*self.inner;
+        let (h, now, nb) = self.entity_write_start(entity)?;
+        let mut shard = inner.index.lock(h);
+        let Some(e) = shard.entity_live_mut(h, nb) else {
+            return Ok(0);
+        };
+        let mark = upto.saturating_add(1).min(e.expected());
+        let still = e.unacked.split_off(&mark);
+        let acked = std::mem::replace(&mut e.unacked, still).len();
+        if acked == 0 {
+            let row = e.row;
+            drop(shard);
+            inner.settle_seen(row)?;
+            return Ok(0);
+        }
+        e.acked = e.acked.max(mark);
+        let row = {
+            let mut batch = inner.log.batch()?;
+            inner.log_core(&mut batch, e, now)
+        };
+        drop(shard);
+        inner.log.settle(row)?;
+        Ok(acked)
+    }
+
+    /// The entity's events that were handed back and not acknowledged yet
+    /// ([`ack`](Self::ack)), in sequence order, with their payloads: what a
+    /// consumer restarting after a crash must handle again.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a key over the limits.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let acct = Key::new("bank", "acct-1");
+    /// store.sequence(&acct, 1, b"first")?; // handed back, then a crash
+    /// let again = store.unacked(&acct)?;
+    /// assert_eq!((again[0].seq, &again[0].payload[..]), (1, &b"first"[..]));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
+        let inner = &*self.inner;
+        let h = self.entity_hash(entity)?;
+        let nb = inner.bucket_of(inner.now());
+        let shard = inner.index.lock(h);
+        let Some(e) = shard.entity(h, nb) else {
+            return Ok(Vec::new());
+        };
+        Ok(e.unacked
+            .iter()
+            .map(|(seq, ev)| Delivered {
+                seq: *seq,
+                payload: ev.payload.clone(),
+            })
+            .collect())
     }
 
     /// Moves parked events whose gap has been open longer than `max_hold`
@@ -733,7 +915,7 @@ pub(crate) fn apply_entity_record(
     bucket: u64,
     row: u64,
     rec: &RecordRef<'_>,
-) {
+) -> Result<()> {
     let key = Key::new(rec.scope, rec.id);
     let e = shard.entity_mut(h, 0, &key);
     let stored = |aux2| Stored {
@@ -748,6 +930,16 @@ pub(crate) fn apply_entity_record(
             e.version = rec.token.checked_sub(1);
             e.next = rec.first_at;
             e.gap_since = rec.lease_until;
+            e.acked = match *rec.outcome {
+                [] => rec.first_at,
+                _ => u64::from_le_bytes(rec.outcome.try_into().map_err(|_| {
+                    Error::Corrupt(format!(
+                        "the Entity record of {} in log row {row} has a {}-byte ack mark, not 8",
+                        crate::error::show_key(rec.scope, rec.id),
+                        rec.outcome.len()
+                    ))
+                })?),
+            };
             e.bucket = bucket;
             e.row = row;
         }
@@ -761,6 +953,7 @@ pub(crate) fn apply_entity_record(
         }
         _ => {}
     }
+    Ok(())
 }
 
 /// Decides an update event under its shard lock(s): `en` is the entity's

@@ -261,8 +261,8 @@ impl Inner {
 
     /// Handles one entity record of the bucket being evicted: an entity
     /// whose latest core record is here is removed, unless it still has
-    /// parked or held events; then its core record, like the record of any
-    /// parked or held event still here, is re-logged into the open batch,
+    /// parked, held or unacknowledged events; then its core record, like the
+    /// record of any such event still here, is re-logged into the open batch,
     /// so it is committed no later than the bucket's deletion. Returns 1 if
     /// an entity was removed.
     fn evict_entity_record(&self, b: u64, now: u64, rec: &RecordRef<'_>) -> Result<u64> {

@@ -176,13 +176,13 @@ impl Store {
         let replayed = crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec| {
             if rec.kind.is_entity() {
                 let h = meta.hasher.hash_entity(rec.scope, rec.id);
-                crate::order::apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
+                crate::order::apply_entity_record(&mut index.lock(h), h, bucket, row, rec)
             } else {
                 max_token = max_token.max(rec.token);
                 let h = meta.hasher.hash(rec.scope, rec.id);
                 apply_record(&mut index.lock(h), h, bucket, row, rec);
+                Ok(())
             }
-            Ok(())
         })?;
         for i in 0..cfg.shards {
             index.lock_shard(i).settle_entities(now_bucket);
@@ -789,10 +789,11 @@ impl Store {
             )
         });
         s.retention = Duration::from_millis(inner.cfg.retention_ms);
-        let (entities, parked, held) = inner.index.entity_usage();
+        let [entities, parked, held, unacked] = inner.index.entity_usage();
         s.entities = entities as u64;
         s.parked_now = parked as u64;
         s.held_now = held as u64;
+        s.unacked_now = unacked as u64;
         s.evicted_keys = inner.counters.evicted_keys.load(Ordering::Relaxed);
         s.early_evicted_buckets = inner.counters.early_buckets.load(Ordering::Relaxed);
         s

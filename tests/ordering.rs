@@ -130,10 +130,13 @@ proptest! {
             let payload = format!("p{seq}");
             match store.sequence(&acct, *seq, payload.as_bytes()).unwrap() {
                 Sequenced::Delivered(evs) => {
+                    let last = evs.last().map(|e| e.seq);
                     for e in evs {
                         prop_assert_eq!(e.payload, format!("p{}", e.seq).into_bytes());
                         delivered.push(e.seq);
                     }
+                    // Handled: acknowledged before the upstream is.
+                    store.ack(&acct, last.unwrap()).unwrap();
                 }
                 Sequenced::Parked | Sequenced::Duplicate => {}
                 other => prop_assert!(false, "unexpected {:?}", other),
@@ -141,6 +144,7 @@ proptest! {
         }
         prop_assert_eq!(delivered, (1..=n).collect::<Vec<_>>());
         prop_assert_eq!(store.stats().parked_now, 0);
+        prop_assert_eq!(store.stats().unacked_now, 0);
     }
 }
 
@@ -240,6 +244,9 @@ fn a_gap_past_max_hold_lands_in_the_holding_area_with_its_reason() -> Result<()>
     };
     assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [2, 3, 4]);
     assert!(store.held(&acct)?.is_empty());
+    // Handed back, not acknowledged: a redelivery hands back 3 and 4 again.
+    assert_eq!(seqs(&store.sequence(&acct, 3, b"three")?), [3, 4]);
+    assert_eq!(store.ack(&acct, 4)?, 4); // 1 was never acknowledged either
     assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Duplicate);
     Ok(())
 }
@@ -261,6 +268,8 @@ fn release_held_gives_up_on_the_missing_predecessor() -> Result<()> {
     // Held 5, 6, 9 and parked 8, in order; 1-4 and 7 never came.
     assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [5, 6, 8, 9]);
     assert_eq!(store.stats().parked_now + store.stats().held_now, 0);
+    assert_eq!(store.stats().unacked_now, 4);
+    assert_eq!(store.ack(&acct, 9)?, 4);
     assert_eq!(
         store.sequence(&acct, 10, b"ten")?,
         Sequenced::Delivered(vec![dedupkv::Delivered {
@@ -470,6 +479,7 @@ fn a_crash_part_way_through_eviction_brings_back_no_delivered_event() -> Result<
             store.sequence(&acct, 1, b"one")?,
             Sequenced::Delivered(v) if v.len() == 2
         ));
+        assert_eq!(store.ack(&acct, 2)?, 2);
         for i in 0..20 {
             store.advance(&Key::new("t", &format!("other-{i:02}")), 1)?;
         }
@@ -484,11 +494,169 @@ fn a_crash_part_way_through_eviction_brings_back_no_delivered_event() -> Result<
         let store = open(backend.healthy())?;
         let st = store.stats();
         assert_eq!(
-            (st.parked_now, st.held_now),
-            (0, 0),
+            (st.parked_now, st.held_now, st.unacked_now),
+            (0, 0, 0),
             "fail after {fail_after}: a delivered event came back"
         );
     }
     assert!(mid_way > 0, "no failure fell between two eviction commits");
+    Ok(())
+}
+
+fn seqs(answer: &Sequenced) -> Vec<u64> {
+    match answer {
+        Sequenced::Delivered(v) => v.iter().map(|d| d.seq).collect(),
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}
+
+/// What `sequence` hands back stays the store's until `ack`: a redelivery
+/// of an unacknowledged event hands back it (with the payload it carries
+/// now) and everything unacknowledged after it, and `unacked` lists them.
+/// It used to answer `Duplicate`: a consumer that crashed before handling
+/// the successors lost them.
+#[test]
+fn delivered_events_are_handed_back_again_until_acked() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let acct = Key::new("bank", "acct");
+    {
+        let store = builder(&clock).open(&path)?;
+        assert_eq!(store.sequence(&acct, 2, b"two")?, Sequenced::Parked);
+        assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Parked);
+        assert_eq!(seqs(&store.sequence(&acct, 1, b"one")?), [1, 2, 3]);
+        assert_eq!(store.stats().unacked_now, 3);
+        let again = store.sequence(&acct, 1, b"one, again")?;
+        assert_eq!(seqs(&again), [1, 2, 3]);
+        let Sequenced::Delivered(again) = again else {
+            unreachable!()
+        };
+        assert_eq!(again[0].payload, b"one, again");
+        assert_eq!(again[1].payload, b"two");
+        assert_eq!(seqs(&store.sequence(&acct, 2, b"two")?), [2, 3]);
+        assert_eq!(store.ack(&acct, 1)?, 1);
+        assert_eq!(store.sequence(&acct, 1, b"one")?, Sequenced::Duplicate);
+        assert_eq!(store.ack(&acct, 1)?, 0);
+    }
+    // Across a reopen: 2 and 3 are still unacknowledged.
+    let store = builder(&clock).open(&path)?;
+    let unacked = store.unacked(&acct)?;
+    assert_eq!(unacked.iter().map(|d| d.seq).collect::<Vec<_>>(), [2, 3]);
+    assert_eq!(unacked[1].payload, b"three");
+    assert_eq!(seqs(&store.sequence(&acct, 3, b"three")?), [3]);
+    // An ack beyond what was delivered acknowledges what was delivered.
+    assert_eq!(store.ack(&acct, 10)?, 2);
+    assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Duplicate);
+    assert!(store.unacked(&acct)?.is_empty());
+    assert_eq!(seqs(&store.sequence(&acct, 4, b"four")?), [4]);
+    assert_eq!(store.stats().unacked_now, 1);
+    drop(store);
+    let store = builder(&clock).open(&path)?;
+    assert_eq!(store.stats().unacked_now, 1);
+    assert_eq!(store.sequence(&acct, 2, b"two")?, Sequenced::Duplicate);
+    Ok(())
+}
+
+/// Events `release_held` hands back are unacknowledged too, and
+/// unacknowledged events outlive eviction and downtime like parked ones.
+#[test]
+fn unacked_events_survive_eviction_and_downtime() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let acct = Key::new("bank", "acct");
+    {
+        let store = builder(&clock).open(&path)?;
+        assert_eq!(store.sequence(&acct, 5, b"five")?, Sequenced::Parked);
+        assert_eq!(seqs(&store.sequence(&acct, 1, b"one")?), [1]);
+        clock.advance(6 * MIN);
+        store.sweep_parked()?;
+        let out = store.release_held(&acct)?;
+        assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [5]);
+        assert_eq!(store.stats().unacked_now, 2);
+        for _ in 0..30 {
+            clock.advance(60 * MIN);
+            store.evict_expired()?;
+        }
+    }
+    clock.advance(21 * 24 * 60 * MIN);
+    drop(builder(&clock).open(&path)?);
+    clock.advance(21 * 24 * 60 * MIN);
+    let store = builder(&clock).open(&path)?;
+    let unacked = store.unacked(&acct)?;
+    assert_eq!(unacked.iter().map(|d| d.seq).collect::<Vec<_>>(), [1, 5]);
+    assert_eq!(unacked[1].payload, b"five");
+    assert_eq!(seqs(&store.sequence(&acct, 5, b"five")?), [5]);
+    assert_eq!(store.ack(&acct, 5)?, 2);
+    assert_eq!(store.stats().unacked_now, 0);
+    Ok(())
+}
+
+const SIGKILL_CHILD: &str = "DEDUPKV_SEQ_CHILD_PATH";
+
+/// The child of `delivered_events_survive_a_sigkill_until_acked`: parks 2,
+/// sequences 1, says so, and waits to be killed before handling them.
+fn sigkill_child(path: &str) -> ! {
+    let store = Store::open(path).expect("open");
+    let acct = Key::new("bank", "acct");
+    assert_eq!(
+        store.sequence(&acct, 2, b"two").expect("park"),
+        Sequenced::Parked
+    );
+    let out = store.sequence(&acct, 1, b"one").expect("sequence");
+    assert_eq!(seqs(&out), [1, 2]);
+    println!("HANDED BACK");
+    loop {
+        std::thread::park();
+    }
+}
+
+/// A consumer killed (`SIGKILL`) between the hand-back and handling the events:
+/// after the restart they are still there, and only `ack` retires them.
+#[test]
+fn delivered_events_survive_a_sigkill_until_acked() -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    if let Ok(path) = std::env::var(SIGKILL_CHILD) {
+        sigkill_child(&path);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "delivered_events_survive_a_sigkill_until_acked",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(SIGKILL_CHILD, &path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("stdout");
+    let handed_back = BufReader::new(stdout)
+        .lines()
+        .map_while(std::result::Result::ok)
+        // libtest may print "test … " in front of it.
+        .any(|l| l.ends_with("HANDED BACK"));
+    child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
+    let status = child.wait().expect("wait");
+    assert!(handed_back, "the child died before the hand-back: {status}");
+    assert!(!status.success());
+
+    let acct = Key::new("bank", "acct");
+    {
+        let store = Store::open(&path)?;
+        let unacked = store.unacked(&acct)?;
+        assert_eq!(unacked.iter().map(|d| d.seq).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(unacked[1].payload, b"two");
+        assert_eq!(seqs(&store.sequence(&acct, 1, b"one")?), [1, 2]);
+        assert_eq!(store.ack(&acct, 2)?, 2);
+        assert_eq!(store.sequence(&acct, 1, b"one")?, Sequenced::Duplicate);
+    }
+    let store = Store::open(&path)?;
+    assert_eq!(store.sequence(&acct, 1, b"one")?, Sequenced::Duplicate);
+    assert!(store.unacked(&acct)?.is_empty());
     Ok(())
 }
