@@ -664,7 +664,7 @@ impl Store {
     /// The entity's events in the holding area, in sequence order.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a key over
+    /// [`Error::InvalidInput`] for a key over
     /// the limits.
     ///
     /// # Examples
@@ -841,7 +841,7 @@ impl Store {
     /// own entity.
     ///
     /// # Errors
-    /// [`Error::Poisoned`](crate::Error::Poisoned) after a failed commit.
+    /// [`Error::Poisoned`] after a failed commit.
     ///
     /// # Examples
     /// See [`Held`].
