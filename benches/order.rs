@@ -86,7 +86,7 @@ fn main() {
         }
     });
     // Sequencer: each thread feeds its own entities 1, 2, 3, ... with 5% of
-    // adjacent pairs swapped.
+    // adjacent pairs swapped, and acknowledges what is handed back.
     let delivered = AtomicU64::new(0);
     let seq_rate = timed(threads, secs, &|thread, i| {
         let ent = format!("stream-{thread}-{}", i / 1_000);
@@ -100,11 +100,13 @@ fn main() {
         } else {
             pos
         };
-        if let Sequenced::Delivered(v) = store
-            .sequence(&Key::new("bench", &ent), seq, b"payload")
-            .unwrap()
-        {
+        let key = Key::new("bench", &ent);
+        if let Sequenced::Delivered(v) = store.sequence(&key, seq, b"payload").unwrap() {
             delivered.fetch_add(v.len() as u64, Ordering::Relaxed);
+            // The consumer's loop: handled, acknowledged.
+            if let Some(last) = v.last() {
+                store.ack(&key, last.seq).unwrap();
+            }
         }
     });
     let st = store.stats();

@@ -348,7 +348,8 @@ impl StoreBuilder {
     /// How long an entity's version and sequencer state is kept after its
     /// latest change, separately from event keys. Default: 7 days. After it,
     /// the entity starts afresh (see [`Store::advance`] and
-    /// [`Store::sequence`]). Entities with parked or held events are kept.
+    /// [`Store::sequence`]). Entities with parked, held or unacknowledged
+    /// events are kept, however long the store is closed.
     ///
     /// # Examples
     /// ```

@@ -10,12 +10,20 @@
 //!   are appended before the lock is released, like every other write; an
 //!   answer is given only once its records are durable (`Immediate`);
 //! - an `Entity` record holds the entity's whole core state (version, next
-//!   sequence number, gap start), so the latest one wins at recovery; `Park`
-//!   and `Hold` records below the core state's `next` are consumed;
+//!   sequence number, gap start, ack mark), so the latest one wins at
+//!   recovery; `Park` and `Hold` records below the ack mark are consumed,
+//!   those from it to `next` are events handed back and not acknowledged;
+//! - what the sequencer hands back stays stored until `ack`: a delivered
+//!   event is written as a Park record in the batch that delivers it, and
+//!   successors keep the records they were parked or held with;
 //! - an entity's core records never move to an earlier bucket, and eviction
-//!   re-logs (carries forward) the records of parked and held events and of
-//!   entities that still have some, in the commit that deletes the bucket
-//!   or before it — so a parked or held event is never dropped.
+//!   re-logs (carries forward) the records of parked, held and
+//!   unacknowledged events and of entities that still have some, in the
+//!   commit that deletes the bucket
+//!   or before it — so a parked or held event is never dropped. A store
+//!   closed past a bucket's expiry does the same at open: recovery applies
+//!   the entity records of expired tables, drops the entities left without
+//!   events, and carries the others before the tables are deleted.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -28,7 +36,7 @@ use crate::key::KeyHash;
 use crate::log::commit::Batch;
 use crate::log::format::{Kind, RecordRef};
 use crate::store::Inner;
-use crate::{Key, Result, Store};
+use crate::{Error, Key, Result, Store};
 
 /// The answer of [`Store::advance`].
 ///
@@ -120,19 +128,25 @@ pub struct Delivered {
 /// let Sequenced::Delivered(events) = store.sequence(&acct, 1, b"first")? else { unreachable!() };
 /// let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
 /// assert_eq!(seqs, [1, 2]);
+/// // Not acknowledged yet: a redelivery hands both back again.
+/// assert_eq!(store.sequence(&acct, 1, b"first")?, Sequenced::Delivered(events));
+/// store.ack(&acct, 2)?;
 /// assert_eq!(store.sequence(&acct, 1, b"first")?, Sequenced::Duplicate);
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Sequenced {
-    /// This event and the parked successors it unblocked, in order. Handle
-    /// them all before acknowledging this event upstream: the parked ones
-    /// were acknowledged when they were parked.
+    /// This event and the successors it unblocked, in order (or, for a
+    /// redelivery of an event not acknowledged yet, it and every
+    /// unacknowledged event after it, handed back again). Handle them all,
+    /// [`ack`](Store::ack) them, then acknowledge this event upstream: the
+    /// parked ones were acknowledged upstream when they were parked, and
+    /// the store keeps them until `ack`.
     Delivered(Vec<Delivered>),
     /// Early: parked durably until its predecessor lands.
     Parked,
-    /// Already delivered, parked or held.
+    /// Already acknowledged, or parked or held.
     Duplicate,
 }
 
@@ -170,7 +184,8 @@ pub struct Held {
     pub reason: String,
 }
 
-/// An entity's state in the index.
+/// An entity's state in the index: its core state (written whole in each
+/// Entity record) and its stored events.
 #[derive(Debug, Clone)]
 pub(crate) struct Entity {
     pub hash: KeyHash,
@@ -184,14 +199,22 @@ pub(crate) struct Entity {
     pub next: u64,
     /// When the current gap opened (0: none).
     pub gap_since: u64,
+    /// Every delivered event below it is acknowledged (meaningful while
+    /// `unacked` is not empty).
+    pub acked: u64,
+    /// Events at or past `next`, waiting for their predecessor.
     pub parked: BTreeMap<u64, Stored>,
     pub held: BTreeMap<u64, Stored>,
+    /// Events delivered and not yet acknowledged (`acked <= seq < next`).
+    pub unacked: BTreeMap<u64, Stored>,
 }
 
-/// A parked or held event: its payload, when it was parked (or, held, the
-/// missing predecessor and since when), and the bucket of its record.
+/// A parked or held event: the kind of its latest record, its payload,
+/// when it was parked (or, held, the missing predecessor and since when),
+/// and the bucket of its record.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
+    pub kind: Kind,
     pub payload: Vec<u8>,
     pub aux: u64,
     pub aux2: u64,
@@ -208,8 +231,10 @@ impl Entity {
             version: None,
             next: 0,
             gap_since: 0,
+            acked: 0,
             parked: BTreeMap::new(),
             held: BTreeMap::new(),
+            unacked: BTreeMap::new(),
         }
     }
 
@@ -217,15 +242,56 @@ impl Entity {
         self.next.max(1)
     }
 
-    /// Drops parked and held events the core state has consumed.
+    /// After replay, where every stored event sits in `parked` or `held`:
+    /// drops those below the ack mark (consumed), and moves those from it
+    /// to `next` (delivered) to `unacked`.
     pub(crate) fn trim(&mut self) {
         let next = self.expected();
-        self.parked = self.parked.split_off(&next);
-        self.held = self.held.split_off(&next);
+        let acked = self.acked.min(next);
+        for map in [&mut self.parked, &mut self.held] {
+            let waiting = map.split_off(&next);
+            let mut delivered = std::mem::replace(map, waiting);
+            self.unacked.append(&mut delivered.split_off(&acked));
+        }
     }
 
+    /// Whether any event is stored: such an entity never expires.
     pub(crate) fn has_events(&self) -> bool {
-        !self.parked.is_empty() || !self.held.is_empty()
+        !self.parked.is_empty() || !self.held.is_empty() || !self.unacked.is_empty()
+    }
+
+    /// Every stored event, by sequence number within each kind.
+    fn events_mut(&mut self) -> impl Iterator<Item = (&u64, &mut Stored)> {
+        self.parked
+            .iter_mut()
+            .chain(self.held.iter_mut())
+            .chain(self.unacked.iter_mut())
+    }
+
+    /// The stored event `seq`, wherever it is.
+    pub(crate) fn event_mut(&mut self, seq: u64) -> Option<&mut Stored> {
+        self.parked
+            .get_mut(&seq)
+            .or(self.held.get_mut(&seq))
+            .or(self.unacked.get_mut(&seq))
+    }
+
+    /// Records that `ev` (sequence number `seq`) was handed back.
+    fn deliver(&mut self, seq: u64, ev: Stored) {
+        if self.unacked.is_empty() {
+            self.acked = seq;
+        }
+        self.unacked.insert(seq, ev);
+    }
+
+    /// The core record's payload: the ack mark while something is
+    /// unacknowledged, else empty ("everything delivered is acknowledged").
+    fn ack_mark(&self) -> Vec<u8> {
+        if self.unacked.is_empty() {
+            Vec::new()
+        } else {
+            self.acked.to_le_bytes().to_vec()
+        }
     }
 }
 
@@ -260,6 +326,8 @@ impl Inner {
         rec.token = e.version.map_or(0, |v| v.saturating_add(1));
         rec.first_at = e.next;
         rec.lease_until = e.gap_since;
+        let mark = e.ack_mark();
+        rec.outcome = &mark;
         let bucket = (rec.expires / g).max(e.bucket);
         rec.expires = rec.expires.max(bucket.saturating_mul(g));
         let bucket = self.writable_bucket(bucket, &mut rec);
@@ -269,18 +337,18 @@ impl Inner {
         row
     }
 
-    /// Appends a Park or Hold record for `seq`; returns its bucket.
+    /// Appends the record of stored event `seq` (Park or Hold, as
+    /// `ev.kind`); returns its bucket.
     pub(crate) fn log_event(
         &self,
         batch: &mut Batch,
         key: &Key<'_>,
-        kind: Kind,
         seq: u64,
         ev: &Stored,
         now: u64,
     ) -> u64 {
         let g = self.cfg.granularity_ms;
-        let mut rec = record(kind, key, now, self.entity_expiry(now));
+        let mut rec = record(ev.kind, key, now, self.entity_expiry(now));
         rec.token = seq;
         rec.first_at = ev.aux;
         rec.lease_until = ev.aux2;
@@ -305,14 +373,38 @@ impl Inner {
         let parked = std::mem::take(&mut e.parked);
         let n = parked.len();
         for (seq, mut ev) in parked {
+            ev.kind = Kind::Hold;
             ev.aux = missing;
             ev.aux2 = since;
-            ev.bucket = self.log_event(batch, &key, Kind::Hold, seq, &ev, now);
+            ev.bucket = self.log_event(batch, &key, seq, &ev, now);
             tracing::warn!(key = %key, seq, missing, "dedupkv: event held, its predecessor is missing");
             e.held.insert(seq, ev);
         }
         n
     }
+}
+
+/// Refuses `u64::MAX` as a version: the Entity record stores version + 1.
+fn check_version(version: u64) -> Result<()> {
+    if version == u64::MAX {
+        return Err(Error::InvalidArgument {
+            what: "version",
+            reason: "u64::MAX is reserved; versions run from 0 to u64::MAX - 1".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses sequence numbers outside `1..u64::MAX`: the sequencer starts at
+/// 1, and the number after the last one must be representable.
+fn check_seq(seq: u64) -> Result<()> {
+    if seq == 0 || seq == u64::MAX {
+        return Err(Error::InvalidArgument {
+            what: "seq",
+            reason: format!("{seq} is outside 1..=u64::MAX - 1 (sequences start at 1)"),
+        });
+    }
+    Ok(())
 }
 
 impl Store {
@@ -334,7 +426,8 @@ impl Store {
     /// it if newer — atomically (under the entity's shard lock) and durably
     /// (one commit) before answering.
     ///
-    /// Versions are any `u64` that grows with each change of the entity: a
+    /// Versions are any `u64` below `u64::MAX` that grows with each change
+    /// of the entity: a
     /// per-entity sequence or revision counter, an upstream `updated_at` in
     /// microseconds (ties between two updates in the same microsecond are
     /// then answered `Duplicate`), or a logical clock such as a Lamport
@@ -346,14 +439,14 @@ impl Store {
     /// They are linearized: each sees the version left by the previous one.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
-    /// empty scope or id, [`Error::InvalidInput`](crate::Error::InvalidInput)
-    /// for a key over the limits; [`Error::Poisoned`](crate::Error::Poisoned) after a
-    /// failed commit.
+    /// [`Error::InvalidArgument`] for an empty scope or id or the version
+    /// `u64::MAX` (reserved); [`Error::InvalidInput`] for a key over the
+    /// limits; [`Error::Poisoned`] after a failed commit.
     ///
     /// # Examples
     /// See [`Advance`].
     pub fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
+        check_version(version)?;
         let inner = &*self.inner;
         let (h, now, nb) = self.entity_write_start(entity)?;
         let mut shard = inner.index.lock(h);
@@ -396,6 +489,7 @@ impl Store {
     /// # Examples
     /// See [`Update`].
     pub fn apply_event(&self, event: &Key<'_>, entity: &Key<'_>, version: u64) -> Result<Update> {
+        check_version(version)?;
         let inner = &*self.inner;
         inner.check_key(event)?;
         let he = inner.hasher.hash(event.scope(), event.id());
@@ -442,26 +536,34 @@ impl Store {
     /// returns what is now deliverable in order.
     ///
     /// - The next expected event: [`Sequenced::Delivered`] with it and every
-    ///   parked (or held) successor it unblocks; the entity moves on.
+    ///   parked (or held) successor it unblocks; the entity moves on. They
+    ///   stay stored until [`ack`](Self::ack)ed.
+    /// - An event handed back and not acknowledged yet: delivered again,
+    ///   with this call's payload, followed by every unacknowledged event
+    ///   after it (at-least-once hand-back).
     /// - An early event: parked durably ([`Sequenced::Parked`]) until its
     ///   predecessor lands. If the gap stays open longer than `max_hold`,
     ///   the parked events move to the holding area ([`Store::held`]) with
     ///   the reason "predecessor N missing since T"; they are never dropped.
-    /// - An old or repeated event: [`Sequenced::Duplicate`].
+    /// - An acknowledged, skipped, parked or held event:
+    ///   [`Sequenced::Duplicate`].
     ///
-    /// A new entity expects 1. If an entity's state expired (no event for
+    /// Sequence numbers run from 1 to `u64::MAX - 1`. A new entity expects 1.
+    /// If an entity's state expired (no event for
     /// `entity_retention`), it starts again at 1: a later number waits, is
     /// held after `max_hold`, and [`release_held`](Self::release_held)
     /// accepts it as the new start.
     ///
     /// # Errors
-    /// As [`advance`](Self::advance), and
-    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a payload over
-    /// `max_outcome_len`.
+    /// [`Error::InvalidArgument`] for the sequence numbers 0 and
+    /// `u64::MAX` (they run from 1 to `u64::MAX - 1`);
+    /// [`Error::InvalidInput`] for a key over the limits or a payload over
+    /// `max_outcome_len`; [`Error::Poisoned`] after a failed commit.
     ///
     /// # Examples
     /// See [`Sequenced`].
     pub fn sequence(&self, entity: &Key<'_>, seq: u64, payload: &[u8]) -> Result<Sequenced> {
+        check_seq(seq)?;
         let inner = &*self.inner;
         inner.check_payload(payload)?;
         let (h, now, nb) = self.entity_write_start(entity)?;
@@ -470,19 +572,45 @@ impl Store {
         let mut batch = inner.log.batch()?;
         let moved = inner.hold_overdue(&mut batch, e, now);
         let next = e.expected();
-        let answer = if seq < next || e.parked.contains_key(&seq) || e.held.contains_key(&seq) {
-            Sequenced::Duplicate
-        } else if seq == next {
+        let mut again = false;
+        let answer = if e.unacked.contains_key(&seq) {
+            // A redelivery of an event handed back but not acknowledged:
+            // hand it back again, with what followed it.
+            again = true;
             let mut out = vec![Delivered {
                 seq,
                 payload: payload.to_vec(),
             }];
+            out.extend(e.unacked.range(seq + 1..).map(|(s, ev)| Delivered {
+                seq: *s,
+                payload: ev.payload.clone(),
+            }));
+            Sequenced::Delivered(out)
+        } else if seq < next || e.parked.contains_key(&seq) || e.held.contains_key(&seq) {
+            Sequenced::Duplicate
+        } else if seq == next {
+            // Stored like a parked event until it is acknowledged.
+            let mut ev = Stored {
+                kind: Kind::Park,
+                payload: payload.to_vec(),
+                aux: now,
+                aux2: 0,
+                bucket: 0,
+            };
+            let key = e.key.clone();
+            ev.bucket = inner.log_event(&mut batch, &key, seq, &ev, now);
+            let mut out = vec![Delivered {
+                seq,
+                payload: payload.to_vec(),
+            }];
+            e.deliver(seq, ev);
             let mut n = seq + 1;
             while let Some(ev) = e.parked.remove(&n).or_else(|| e.held.remove(&n)) {
                 out.push(Delivered {
                     seq: n,
-                    payload: ev.payload,
+                    payload: ev.payload.clone(),
                 });
+                e.deliver(n, ev);
                 n += 1;
             }
             e.next = n;
@@ -493,23 +621,27 @@ impl Store {
                 e.gap_since = now;
             }
             let ev = Stored {
+                kind: Kind::Park,
                 payload: payload.to_vec(),
                 aux: now,
                 aux2: 0,
                 bucket: 0,
             };
             let key = e.key.clone();
-            let bucket = inner.log_event(&mut batch, &key, Kind::Park, seq, &ev, now);
+            let bucket = inner.log_event(&mut batch, &key, seq, &ev, now);
             e.parked.insert(seq, Stored { bucket, ..ev });
             if e.next == 0 {
                 e.next = 1;
             }
             Sequenced::Parked
         };
-        let row = if matches!(answer, Sequenced::Duplicate) && moved == 0 {
+        let row = if (again || matches!(answer, Sequenced::Duplicate)) && moved == 0 {
             let row = e.row;
             drop(batch);
-            shard.counters.seq_duplicates += 1;
+            match &answer {
+                Sequenced::Delivered(v) => shard.counters.seq_delivered += v.len() as u64,
+                _ => shard.counters.seq_duplicates += 1,
+            }
             drop(shard);
             inner.settle_seen(row)?;
             return Ok(answer);
@@ -531,9 +663,8 @@ impl Store {
     /// The entity's events in the holding area, in sequence order.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
-    /// empty scope or id, [`Error::InvalidInput`](crate::Error::InvalidInput)
-    /// for a key over the limits.
+    /// [`Error::InvalidArgument`] for an empty scope or id,
+    /// [`Error::InvalidInput`] for a key over the limits.
     ///
     /// # Examples
     /// See [`Held`].
@@ -559,7 +690,8 @@ impl Store {
 
     /// Gives up waiting for missing predecessors: delivers every held and
     /// parked event of the entity in sequence order (gaps and all), and
-    /// moves the entity past the last one.
+    /// moves the entity past the last one. Like those `sequence` hands
+    /// back, they stay stored until [`ack`](Self::ack)ed.
     ///
     /// # Errors
     /// As [`advance`](Self::advance).
@@ -589,13 +721,14 @@ impl Store {
         }
         let mut all = std::mem::take(&mut e.held);
         all.append(&mut e.parked);
-        let out: Vec<Delivered> = all
-            .into_iter()
-            .map(|(seq, ev)| Delivered {
+        let mut out = Vec::with_capacity(all.len());
+        for (seq, ev) in all {
+            out.push(Delivered {
                 seq,
-                payload: ev.payload,
-            })
-            .collect();
+                payload: ev.payload.clone(),
+            });
+            e.deliver(seq, ev);
+        }
         e.next = out.last().map_or(e.expected(), |d| d.seq + 1);
         e.gap_since = 0;
         let row = {
@@ -608,13 +741,106 @@ impl Store {
         Ok(out)
     }
 
+    /// Acknowledges every event of the entity handed back with a sequence
+    /// number up to `upto` (inclusive): the store forgets their payloads,
+    /// and their redeliveries answer [`Sequenced::Duplicate`]. Returns how
+    /// many it acknowledged (0 if they all were already, or none was
+    /// handed back); events not handed back yet are not affected.
+    ///
+    /// The consumer's loop: handle every event [`sequence`](Self::sequence)
+    /// (or [`release_held`](Self::release_held)) hands back, `ack` them,
+    /// then acknowledge the triggering message upstream. A crash anywhere
+    /// in between loses nothing: the upstream redelivers the trigger, and
+    /// its redelivery hands back again everything not acknowledged from it
+    /// on; [`unacked`](Self::unacked) lists them too.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a key over the limits;
+    /// [`Error::Poisoned`] after a failed commit.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Sequenced, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let acct = Key::new("bank", "acct-1");
+    /// store.sequence(&acct, 2, b"second")?; // parked
+    /// let Sequenced::Delivered(events) = store.sequence(&acct, 1, b"first")? else { unreachable!() };
+    /// for event in &events {
+    ///     // handle it (idempotently: a crash before `ack` hands it back again)
+    /// }
+    /// assert_eq!(store.ack(&acct, events.last().unwrap().seq)?, 2);
+    /// assert_eq!(store.sequence(&acct, 1, b"first")?, Sequenced::Duplicate);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<usize> {
+        let inner = &*self.inner;
+        let (h, now, nb) = self.entity_write_start(entity)?;
+        let mut shard = inner.index.lock(h);
+        let Some(e) = shard.entity_live_mut(h, nb) else {
+            return Ok(0);
+        };
+        let mark = upto.saturating_add(1).min(e.expected());
+        let still = e.unacked.split_off(&mark);
+        let acked = std::mem::replace(&mut e.unacked, still).len();
+        if acked == 0 {
+            let row = e.row;
+            drop(shard);
+            inner.settle_seen(row)?;
+            return Ok(0);
+        }
+        e.acked = e.acked.max(mark);
+        let row = {
+            let mut batch = inner.log.batch()?;
+            inner.log_core(&mut batch, e, now)
+        };
+        drop(shard);
+        inner.log.settle(row)?;
+        Ok(acked)
+    }
+
+    /// The entity's events that were handed back and not acknowledged yet
+    /// ([`ack`](Self::ack)), in sequence order, with their payloads: what a
+    /// consumer restarting after a crash must handle again.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a key over the limits.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let acct = Key::new("bank", "acct-1");
+    /// store.sequence(&acct, 1, b"first")?; // handed back, then a crash
+    /// let again = store.unacked(&acct)?;
+    /// assert_eq!((again[0].seq, &again[0].payload[..]), (1, &b"first"[..]));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
+        let inner = &*self.inner;
+        let h = self.entity_hash(entity)?;
+        let nb = inner.bucket_of(inner.now());
+        let shard = inner.index.lock(h);
+        let Some(e) = shard.entity(h, nb) else {
+            return Ok(Vec::new());
+        };
+        Ok(e.unacked
+            .iter()
+            .map(|(seq, ev)| Delivered {
+                seq: *seq,
+                payload: ev.payload.clone(),
+            })
+            .collect())
+    }
+
     /// Moves parked events whose gap has been open longer than `max_hold`
     /// to the holding area, for every entity; returns how many moved. The
     /// background evictor runs it on every tick; `sequence` does it for its
     /// own entity.
     ///
     /// # Errors
-    /// [`Error::Poisoned`](crate::Error::Poisoned) after a failed commit.
+    /// [`Error::Poisoned`] after a failed commit.
     ///
     /// # Examples
     /// See [`Held`].
@@ -624,6 +850,36 @@ impl Store {
 }
 
 impl Inner {
+    /// Re-logs the records of entity `e` that sit in a bucket before
+    /// `before` (its core record and those of its stored events) into
+    /// `batch`, so they outlive that bucket's table.
+    pub(crate) fn carry_forward(&self, batch: &mut Batch, e: &mut Entity, before: u64, now: u64) {
+        if e.bucket < before {
+            self.log_core(batch, e, now);
+        }
+        let key = e.key.clone();
+        for (seq, ev) in e.events_mut() {
+            if ev.bucket < before {
+                ev.bucket = self.log_event(batch, &key, *seq, ev, now);
+            }
+        }
+    }
+
+    /// At open: carries every entity with events out of the tables of
+    /// buckets before `now_bucket`, which the caller deletes next (in the
+    /// same commit or a later one).
+    pub(crate) fn carry_expired(&self, now_bucket: u64) -> Result<()> {
+        let now = self.now();
+        for i in 0..self.cfg.shards {
+            let mut shard = self.index.lock_shard(i);
+            let mut batch = self.log.batch()?;
+            for e in shard.entities_with_events() {
+                self.carry_forward(&mut batch, e, now_bucket, now);
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn sweep_parked(&self) -> Result<usize> {
         self.log.check()?;
         let now = self.now();
@@ -658,10 +914,11 @@ pub(crate) fn apply_entity_record(
     bucket: u64,
     row: u64,
     rec: &RecordRef<'_>,
-) {
+) -> Result<()> {
     let key = Key::new(rec.scope, rec.id);
     let e = shard.entity_mut(h, 0, &key);
     let stored = |aux2| Stored {
+        kind: rec.kind,
         payload: rec.outcome.to_vec(),
         aux: rec.first_at,
         aux2,
@@ -672,6 +929,16 @@ pub(crate) fn apply_entity_record(
             e.version = rec.token.checked_sub(1);
             e.next = rec.first_at;
             e.gap_since = rec.lease_until;
+            e.acked = match *rec.outcome {
+                [] => rec.first_at,
+                _ => u64::from_le_bytes(rec.outcome.try_into().map_err(|_| {
+                    Error::Corrupt(format!(
+                        "the Entity record of {} in log row {row} has a {}-byte ack mark, not 8",
+                        crate::error::show_key(rec.scope, rec.id),
+                        rec.outcome.len()
+                    ))
+                })?),
+            };
             e.bucket = bucket;
             e.row = row;
         }
@@ -685,6 +952,7 @@ pub(crate) fn apply_entity_record(
         }
         _ => {}
     }
+    Ok(())
 }
 
 /// Decides an update event under its shard lock(s): `en` is the entity's

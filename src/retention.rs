@@ -2,13 +2,19 @@
 //!
 //! Invariants:
 //! - a bucket is evicted from the index before its table is deleted, so a
-//!   crash in between leaves a table that recovery skips (it has expired)
-//!   and nothing expired comes back;
+//!   crash in between leaves a table whose event keys recovery skips (they
+//!   have expired) and nothing expired comes back; its entity records are
+//!   replayed, and those of entities that still had events were carried
+//!   forward before the deletion began;
+//! - victims are deleted one bucket at a time, oldest first, so the part of
+//!   the log a crash mid-way has deleted is a prefix in (bucket, row)
+//!   order: a Park record left behind was consumed, if at all, by a core
+//!   record that was left behind too;
 //! - a large bucket's table is deleted a slice of rows per commit
 //!   (`evict_slice_bytes`), oldest first, then dropped: redb frees a
 //!   dropped table's pages inside one commit, which every writer waits for.
-//!   A crash part-way leaves part of an expired table, which recovery skips
-//!   like a whole one; part of an *early*-evicted (still live) table brings
+//!   A crash part-way leaves part of an expired table, which recovery
+//!   treats like a whole one (only its entity records are applied); part of an *early*-evicted (still live) table brings
 //!   those of its keys back into the index, which only widens the window;
 //! - the index is evicted key by key from the bucket's own log rows (the
 //!   per-bucket key list lives on disk, not in memory), each key under its
@@ -122,10 +128,16 @@ impl Inner {
         self.counters
             .evicted_keys
             .fetch_add(out.keys, crate::sync::Ordering::Relaxed);
-        for (b, rows) in slices {
-            self.log.trim_bucket(b, rows)?;
+        // Bucket by bucket, oldest first: what a crash part-way has deleted
+        // is a prefix of the log in (bucket, row) order, so an expired
+        // Park record outlives no later record that consumed it (recovery
+        // applies the entity records of expired tables).
+        for &b in &victims {
+            for (_, rows) in slices.iter().filter(|(sb, _)| *sb == b) {
+                self.log.trim_bucket(b, rows.clone())?;
+            }
+            self.log.drop_buckets(&[b])?;
         }
-        self.log.drop_buckets(&victims)?;
         if !victims.is_empty() {
             self.compact_due.store(true, crate::sync::Ordering::Release);
         }
@@ -252,8 +264,8 @@ impl Inner {
 
     /// Handles one entity record of the bucket being evicted: an entity
     /// whose latest core record is here is removed, unless it still has
-    /// parked or held events; then its core record, like the record of any
-    /// parked or held event still here, is re-logged into the open batch,
+    /// parked, held or unacknowledged events; then its core record, like the
+    /// record of any such event still here, is re-logged into the open batch,
     /// so it is committed no later than the bucket's deletion. Returns 1 if
     /// an entity was removed.
     fn evict_entity_record(&self, b: u64, now: u64, rec: &RecordRef<'_>) -> Result<u64> {
@@ -273,16 +285,13 @@ impl Inner {
             }
             Kind::Park | Kind::Hold => {
                 let key = e.key.clone();
-                let events = if rec.kind == Kind::Park {
-                    &mut e.parked
-                } else {
-                    &mut e.held
-                };
-                if let Some(ev) = events.get_mut(&rec.token)
+                // The event's latest record may be of the other kind (a
+                // parked event held since); it is re-logged once, as that.
+                if let Some(ev) = e.event_mut(rec.token)
                     && ev.bucket == b
                 {
                     let mut batch = self.log.batch()?;
-                    ev.bucket = self.log_event(&mut batch, &key, rec.kind, rec.token, ev, now);
+                    ev.bucket = self.log_event(&mut batch, &key, rec.token, ev, now);
                 }
             }
             _ => {}

@@ -107,7 +107,8 @@ pub struct Stats {
     pub versions_applied: u64,
     /// Updates answered stale.
     pub versions_stale: u64,
-    /// Events delivered in order by the sequencer.
+    /// Events handed back in order by the sequencer (redeliveries of
+    /// unacknowledged ones included).
     pub seq_delivered: u64,
     /// Early events parked by the sequencer.
     pub seq_parked: u64,
@@ -121,6 +122,9 @@ pub struct Stats {
     pub parked_now: u64,
     /// Events in the holding area now.
     pub held_now: u64,
+    /// Events the sequencer handed back that are not acknowledged yet
+    /// ([`Store::ack`](crate::Store::ack)): they stay stored until then.
+    pub unacked_now: u64,
     /// The configured retention.
     pub retention: std::time::Duration,
     /// How far back the store actually remembers: the age of the oldest

@@ -189,21 +189,20 @@ impl Store {
             time_floor = time_floor.max(rec.at);
             if rec.kind.is_entity() {
                 let h = meta.hasher.hash_entity(rec.scope, rec.id);
-                crate::order::apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
+                crate::order::apply_entity_record(&mut index.lock(h), h, bucket, row, rec)
             } else {
                 max_token = max_token.max(rec.token);
                 let h = meta.hasher.hash(rec.scope, rec.id);
                 apply_record(&mut index.lock(h), h, bucket, row, rec);
+                Ok(())
             }
         })?;
         for i in 0..cfg.shards {
-            for e in index.lock_shard(i).entities_mut() {
-                e.trim();
-            }
+            index.lock_shard(i).settle_entities(now_bucket);
         }
         // Fencing tokens never repeat, even once the records that held them
         // expired: continue above the persisted floor, and reserve a block
-        // (persisted by the first commit, with the expired tables' deletion).
+        // (persisted by the first commit).
         let first_token = (max_token + 1).max(crate::log::token_floor(&db)?);
         tracing::debug!(
             records = replayed.records,
@@ -214,7 +213,6 @@ impl Store {
             db,
             replayed.last_row,
             replayed.live.iter().copied().collect(),
-            replayed.expired,
             first_token + TOKEN_BLOCK,
             crate::log::commit::LogSettings {
                 durability: cfg.durability,
@@ -243,6 +241,11 @@ impl Store {
             counters: StoreCounters::default(),
             path,
         });
+        // The expired tables go once the entities that still have events
+        // are carried out of them: the carried records are committed in the
+        // deletion's commit or before it.
+        inner.carry_expired(now_bucket)?;
+        inner.log.drop_buckets(&replayed.expired)?;
         Self::start_threads(inner, background, tick)
     }
 
@@ -1104,10 +1107,11 @@ impl Store {
             )
         });
         s.retention = Duration::from_millis(inner.cfg.retention_ms);
-        let (entities, parked, held) = inner.index.entity_usage();
+        let [entities, parked, held, unacked] = inner.index.entity_usage();
         s.entities = entities as u64;
         s.parked_now = parked as u64;
         s.held_now = held as u64;
+        s.unacked_now = unacked as u64;
         s.evicted_keys = inner.counters.evicted_keys.load(Ordering::Relaxed);
         s.early_evicted_buckets = inner.counters.early_buckets.load(Ordering::Relaxed);
         s.clock_behind = inner.counters.clock_behind.load(Ordering::Relaxed);

@@ -9,7 +9,9 @@ mod common;
 use std::time::Duration;
 
 use common::CrashBackend;
-use common::model::{IDS, KEYS, Op, PRESETS, Settings, Step, T0, TestResult, run};
+use common::model::{
+    ENTITIES, IDS, KEYS, MAX_SEQ, Op, PRESETS, Settings, Step, T0, TestResult, run,
+};
 use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Store};
 use proptest::prelude::*;
 
@@ -51,10 +53,13 @@ fn op() -> impl Strategy<Value = Op> {
         1 => sel.clone().prop_map(Op::Renew),
         2 => sel.prop_map(Op::DropClaim),
         2 => key_index().prop_map(Op::Get),
+        3 => (0..ENTITIES, 1..=MAX_SEQ, 0u8..3).prop_map(|(e, s, p)| Op::Sequence(e, s, p)),
+        1 => (0..ENTITIES, 0..=MAX_SEQ).prop_map(|(e, upto)| Op::Ack(e, upto)),
         4 => step().prop_map(Op::Advance),
         1 => Just(Op::Evict),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
+        1 => (1u64..=40).prop_map(Op::Downtime),
         1 => Just(Op::Crash),
     ]
 }

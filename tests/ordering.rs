@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use dedupkv::{Advance, Key, ManualClock, Result, Sequenced, Store, StoreBuilder, Update};
+use dedupkv::{
+    Advance, Durability, Error, Key, ManualClock, Result, Sequenced, Store, StoreBuilder, Update,
+};
 use proptest::prelude::*;
 
 mod common;
@@ -128,10 +130,13 @@ proptest! {
             let payload = format!("p{seq}");
             match store.sequence(&acct, *seq, payload.as_bytes()).unwrap() {
                 Sequenced::Delivered(evs) => {
+                    let last = evs.last().map(|e| e.seq);
                     for e in evs {
                         prop_assert_eq!(e.payload, format!("p{}", e.seq).into_bytes());
                         delivered.push(e.seq);
                     }
+                    // Handled: acknowledged before the upstream is.
+                    store.ack(&acct, last.unwrap()).unwrap();
                 }
                 Sequenced::Parked | Sequenced::Duplicate => {}
                 other => prop_assert!(false, "unexpected {:?}", other),
@@ -139,6 +144,7 @@ proptest! {
         }
         prop_assert_eq!(delivered, (1..=n).collect::<Vec<_>>());
         prop_assert_eq!(store.stats().parked_now, 0);
+        prop_assert_eq!(store.stats().unacked_now, 0);
     }
 }
 
@@ -238,6 +244,9 @@ fn a_gap_past_max_hold_lands_in_the_holding_area_with_its_reason() -> Result<()>
     };
     assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [2, 3, 4]);
     assert!(store.held(&acct)?.is_empty());
+    // Handed back, not acknowledged: a redelivery hands back 3 and 4 again.
+    assert_eq!(seqs(&store.sequence(&acct, 3, b"three")?), [3, 4]);
+    assert_eq!(store.ack(&acct, 4)?, 4); // 1 was never acknowledged either
     assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Duplicate);
     Ok(())
 }
@@ -259,6 +268,8 @@ fn release_held_gives_up_on_the_missing_predecessor() -> Result<()> {
     // Held 5, 6, 9 and parked 8, in order; 1-4 and 7 never came.
     assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [5, 6, 8, 9]);
     assert_eq!(store.stats().parked_now + store.stats().held_now, 0);
+    assert_eq!(store.stats().unacked_now, 4);
+    assert_eq!(store.ack(&acct, 9)?, 4);
     assert_eq!(
         store.sequence(&acct, 10, b"ten")?,
         Sequenced::Delivered(vec![dedupkv::Delivered {
@@ -323,5 +334,329 @@ fn racing_versions_of_one_entity_linearize() -> Result<()> {
     );
     assert_eq!(cur, Some(max));
     assert_eq!(store.advance(&e, max)?, Advance::Duplicate);
+    Ok(())
+}
+
+/// A version or sequence number the store cannot represent is refused at
+/// the call: `u64::MAX` read back as `u64::MAX - 1` after a reopen (the
+/// Entity record stores version + 1), so it was applied twice; a sequence
+/// number `u64::MAX` wrapped the sequencer; 0 was answered `Duplicate` and
+/// silently dropped.
+#[test]
+fn versions_and_sequence_numbers_outside_the_range_are_refused() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let (e, ev) = (Key::new("t", "e"), Key::new("t", "evt"));
+    let refused = |r: Result<_>, what: &str| {
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument { what: w, .. }) if *w == what),
+            "{r:?}"
+        );
+    };
+    {
+        let store = builder(&clock).open(&path)?;
+        refused(store.advance(&e, u64::MAX).map(drop), "version");
+        refused(store.apply_event(&ev, &e, u64::MAX).map(drop), "version");
+        refused(store.sequence(&e, u64::MAX, b"top").map(drop), "seq");
+        refused(store.sequence(&e, 0, b"zero").map(drop), "seq");
+        // The refused event key was not recorded either.
+        assert!(store.insert_if_absent(&ev)?);
+        assert_eq!(
+            store.advance(&e, u64::MAX - 1)?,
+            Advance::Applied { previous: None }
+        );
+        assert_eq!(
+            store.sequence(&e, u64::MAX - 1, b"last")?,
+            Sequenced::Parked
+        );
+    }
+    let store = builder(&clock).open(&path)?;
+    assert_eq!(store.advance(&e, u64::MAX - 1)?, Advance::Duplicate);
+    assert_eq!(
+        store.sequence(&e, u64::MAX - 1, b"last")?,
+        Sequenced::Duplicate
+    );
+    assert_eq!(store.stats().parked_now, 1);
+    Ok(())
+}
+
+/// Parks 2 on entity `parked`; parks 3 on entity `held` and moves it to
+/// the holding area.
+fn park_and_hold(store: &Store, clock: &ManualClock) -> Result<()> {
+    let (parked, held) = (Key::new("bank", "parked"), Key::new("bank", "held"));
+    assert_eq!(store.sequence(&parked, 2, b"two")?, Sequenced::Parked);
+    assert_eq!(store.sequence(&held, 3, b"three")?, Sequenced::Parked);
+    clock.advance(6 * MIN);
+    assert_eq!(store.sweep_parked()?, 2);
+    assert_eq!(store.stats().held_now, 2);
+    Ok(())
+}
+
+/// What [`park_and_hold`] left is all there, and the predecessors deliver it.
+fn check_parked_and_held(store: &Store) -> Result<()> {
+    let (parked, held) = (Key::new("bank", "parked"), Key::new("bank", "held"));
+    let st = store.stats();
+    assert_eq!(st.parked_now + st.held_now, 2, "{st:?}");
+    assert_eq!(store.held(&held)?.len(), 1);
+    let seqs = |s: Sequenced| match s {
+        Sequenced::Delivered(v) => v.iter().map(|d| d.seq).collect::<Vec<_>>(),
+        other => panic!("expected a delivery, got {other:?}"),
+    };
+    assert_eq!(seqs(store.sequence(&parked, 1, b"one")?), [1, 2]);
+    assert_eq!(seqs(store.sequence(&held, 1, b"one")?), [1]);
+    assert_eq!(seqs(store.sequence(&held, 2, b"two")?), [2, 3]);
+    Ok(())
+}
+
+/// The docs promise parked and held events are "never dropped": a store
+/// closed longer than `entity_retention` lost them at reopen (recovery
+/// skipped the expired tables and the first commit deleted them).
+#[test]
+fn parked_and_held_events_survive_any_downtime() -> Result<()> {
+    for downtime in [25 * 60 * MIN, 21 * 24 * 60 * MIN] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        let clock = ManualClock::new(T0);
+        park_and_hold(&builder(&clock).open(&path)?, &clock)?;
+        clock.advance(downtime);
+        // Twice: the records carried forward at the first reopen expire
+        // in the second downtime.
+        drop(builder(&clock).open(&path)?);
+        clock.advance(downtime);
+        let store = builder(&clock).open(&path)?;
+        check_parked_and_held(&store)?;
+    }
+    Ok(())
+}
+
+/// The records carried out of the tables that expired during the downtime
+/// are durable before those tables are deleted: a power cut right after
+/// the reopen keeps the events.
+#[test]
+fn parked_events_carried_at_open_survive_a_crash_right_after() -> Result<()> {
+    let clock = ManualClock::new(T0);
+    let backend = common::CrashBackend::new();
+    park_and_hold(&builder(&clock).open_with_backend(backend.clone())?, &clock)?;
+    clock.advance(21 * 24 * 60 * MIN);
+    let store = builder(&clock).open_with_backend(backend.clone())?;
+    let image = backend.crash_image();
+    std::mem::forget(store); // a power cut: the store is abandoned, not closed
+    let store = builder(&clock).open_with_backend(image)?;
+    check_parked_and_held(&store)
+}
+
+/// Recovery applies the entity records of expired tables, so a crash
+/// part-way through an eviction must not leave a Park record behind
+/// without the later record that consumed it: the event came back parked
+/// after it had been delivered. Eviction deletes its victims a bucket at a
+/// time, oldest first.
+#[test]
+fn a_crash_part_way_through_eviction_brings_back_no_delivered_event() -> Result<()> {
+    let acct = Key::new("bank", "acct");
+    let mut mid_way = 0;
+    // Sweep the failure over the eviction's writes and syncs.
+    for fail_after in 0..40 {
+        let clock = ManualClock::new(T0);
+        let backend = common::FaultyBackend::new(u64::MAX);
+        let open = |b| {
+            builder(&clock)
+                .durability(Durability::Deferred {
+                    max_delay: 60 * MIN,
+                })
+                .evict_slice_bytes(200)
+                .open_with_backend(b)
+        };
+        let store = open(backend.clone())?;
+        // Bucket A: a small row with the parked 2 (below a slice: it goes
+        // with its table's deletion).
+        assert_eq!(store.sequence(&acct, 2, b"two")?, Sequenced::Parked);
+        store.flush()?;
+        // Bucket B: one large row (a slice of its own) with the delivery
+        // that consumed 2.
+        clock.advance(2 * MIN);
+        assert!(matches!(
+            store.sequence(&acct, 1, b"one")?,
+            Sequenced::Delivered(v) if v.len() == 2
+        ));
+        assert_eq!(store.ack(&acct, 2)?, 2);
+        for i in 0..20 {
+            store.advance(&Key::new("t", &format!("other-{i:02}")), 1)?;
+        }
+        store.flush()?;
+        clock.advance(25 * 60 * MIN);
+        let before = store.stats().commits;
+        backend.arm(fail_after);
+        if store.evict_expired().is_err() && store.stats().commits > before {
+            mid_way += 1;
+        }
+        drop(store);
+        let store = open(backend.healthy())?;
+        let st = store.stats();
+        assert_eq!(
+            (st.parked_now, st.held_now, st.unacked_now),
+            (0, 0, 0),
+            "fail after {fail_after}: a delivered event came back"
+        );
+    }
+    assert!(mid_way > 0, "no failure fell between two eviction commits");
+    Ok(())
+}
+
+fn seqs(answer: &Sequenced) -> Vec<u64> {
+    match answer {
+        Sequenced::Delivered(v) => v.iter().map(|d| d.seq).collect(),
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}
+
+/// What `sequence` hands back stays the store's until `ack`: a redelivery
+/// of an unacknowledged event hands back it (with the payload it carries
+/// now) and everything unacknowledged after it, and `unacked` lists them.
+/// It used to answer `Duplicate`: a consumer that crashed before handling
+/// the successors lost them.
+#[test]
+fn delivered_events_are_handed_back_again_until_acked() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let acct = Key::new("bank", "acct");
+    {
+        let store = builder(&clock).open(&path)?;
+        assert_eq!(store.sequence(&acct, 2, b"two")?, Sequenced::Parked);
+        assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Parked);
+        assert_eq!(seqs(&store.sequence(&acct, 1, b"one")?), [1, 2, 3]);
+        assert_eq!(store.stats().unacked_now, 3);
+        let again = store.sequence(&acct, 1, b"one, again")?;
+        assert_eq!(seqs(&again), [1, 2, 3]);
+        let Sequenced::Delivered(again) = again else {
+            unreachable!()
+        };
+        assert_eq!(again[0].payload, b"one, again");
+        assert_eq!(again[1].payload, b"two");
+        assert_eq!(seqs(&store.sequence(&acct, 2, b"two")?), [2, 3]);
+        assert_eq!(store.ack(&acct, 1)?, 1);
+        assert_eq!(store.sequence(&acct, 1, b"one")?, Sequenced::Duplicate);
+        assert_eq!(store.ack(&acct, 1)?, 0);
+    }
+    // Across a reopen: 2 and 3 are still unacknowledged.
+    let store = builder(&clock).open(&path)?;
+    let unacked = store.unacked(&acct)?;
+    assert_eq!(unacked.iter().map(|d| d.seq).collect::<Vec<_>>(), [2, 3]);
+    assert_eq!(unacked[1].payload, b"three");
+    assert_eq!(seqs(&store.sequence(&acct, 3, b"three")?), [3]);
+    // An ack beyond what was delivered acknowledges what was delivered.
+    assert_eq!(store.ack(&acct, 10)?, 2);
+    assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Duplicate);
+    assert!(store.unacked(&acct)?.is_empty());
+    assert_eq!(seqs(&store.sequence(&acct, 4, b"four")?), [4]);
+    assert_eq!(store.stats().unacked_now, 1);
+    drop(store);
+    let store = builder(&clock).open(&path)?;
+    assert_eq!(store.stats().unacked_now, 1);
+    assert_eq!(store.sequence(&acct, 2, b"two")?, Sequenced::Duplicate);
+    Ok(())
+}
+
+/// Events `release_held` hands back are unacknowledged too, and
+/// unacknowledged events outlive eviction and downtime like parked ones.
+#[test]
+fn unacked_events_survive_eviction_and_downtime() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let acct = Key::new("bank", "acct");
+    {
+        let store = builder(&clock).open(&path)?;
+        assert_eq!(store.sequence(&acct, 5, b"five")?, Sequenced::Parked);
+        assert_eq!(seqs(&store.sequence(&acct, 1, b"one")?), [1]);
+        clock.advance(6 * MIN);
+        store.sweep_parked()?;
+        let out = store.release_held(&acct)?;
+        assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [5]);
+        assert_eq!(store.stats().unacked_now, 2);
+        for _ in 0..30 {
+            clock.advance(60 * MIN);
+            store.evict_expired()?;
+        }
+    }
+    clock.advance(21 * 24 * 60 * MIN);
+    drop(builder(&clock).open(&path)?);
+    clock.advance(21 * 24 * 60 * MIN);
+    let store = builder(&clock).open(&path)?;
+    let unacked = store.unacked(&acct)?;
+    assert_eq!(unacked.iter().map(|d| d.seq).collect::<Vec<_>>(), [1, 5]);
+    assert_eq!(unacked[1].payload, b"five");
+    assert_eq!(seqs(&store.sequence(&acct, 5, b"five")?), [5]);
+    assert_eq!(store.ack(&acct, 5)?, 2);
+    assert_eq!(store.stats().unacked_now, 0);
+    Ok(())
+}
+
+const SIGKILL_CHILD: &str = "DEDUPKV_SEQ_CHILD_PATH";
+
+/// The child of `delivered_events_survive_a_sigkill_until_acked`: parks 2,
+/// sequences 1, says so, and waits to be killed before handling them.
+fn sigkill_child(path: &str) -> ! {
+    let store = Store::open(path).expect("open");
+    let acct = Key::new("bank", "acct");
+    assert_eq!(
+        store.sequence(&acct, 2, b"two").expect("park"),
+        Sequenced::Parked
+    );
+    let out = store.sequence(&acct, 1, b"one").expect("sequence");
+    assert_eq!(seqs(&out), [1, 2]);
+    println!("HANDED BACK");
+    loop {
+        std::thread::park();
+    }
+}
+
+/// A consumer killed (`SIGKILL`) between the hand-back and handling the events:
+/// after the restart they are still there, and only `ack` retires them.
+#[test]
+fn delivered_events_survive_a_sigkill_until_acked() -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    if let Ok(path) = std::env::var(SIGKILL_CHILD) {
+        sigkill_child(&path);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "delivered_events_survive_a_sigkill_until_acked",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(SIGKILL_CHILD, &path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("stdout");
+    let handed_back = BufReader::new(stdout)
+        .lines()
+        .map_while(std::result::Result::ok)
+        // libtest may print "test … " in front of it.
+        .any(|l| l.ends_with("HANDED BACK"));
+    child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
+    let status = child.wait().expect("wait");
+    assert!(handed_back, "the child died before the hand-back: {status}");
+    assert!(!status.success());
+
+    let acct = Key::new("bank", "acct");
+    {
+        let store = Store::open(&path)?;
+        let unacked = store.unacked(&acct)?;
+        assert_eq!(unacked.iter().map(|d| d.seq).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(unacked[1].payload, b"two");
+        assert_eq!(seqs(&store.sequence(&acct, 1, b"one")?), [1, 2]);
+        assert_eq!(store.ack(&acct, 2)?, 2);
+        assert_eq!(store.sequence(&acct, 1, b"one")?, Sequenced::Duplicate);
+    }
+    let store = Store::open(&path)?;
+    assert_eq!(store.sequence(&acct, 1, b"one")?, Sequenced::Duplicate);
+    assert!(store.unacked(&acct)?.is_empty());
     Ok(())
 }

@@ -162,10 +162,21 @@ impl Shard {
     }
 
     /// The entity's state if it has one that has not expired (an entity
-    /// with parked or held events never expires).
+    /// with parked, held or unacknowledged events never expires).
     pub(crate) fn entity(&self, h: KeyHash, now_bucket: u64) -> Option<&crate::order::Entity> {
         self.entities
             .find(h.lo, |e| e.hash == h)
+            .filter(|e| e.bucket >= now_bucket || e.has_events())
+    }
+
+    /// The entity's state if it has one that has not expired, to change.
+    pub(crate) fn entity_live_mut(
+        &mut self,
+        h: KeyHash,
+        now_bucket: u64,
+    ) -> Option<&mut crate::order::Entity> {
+        self.entities
+            .find_mut(h.lo, |e| e.hash == h)
             .filter(|e| e.bucket >= now_bucket || e.has_events())
     }
 
@@ -199,26 +210,37 @@ impl Shard {
         }
     }
 
-    /// Entities with parked or held events.
+    /// Entities with parked, held or unacknowledged events.
     pub(crate) fn entities_with_events(
         &mut self,
     ) -> impl Iterator<Item = &mut crate::order::Entity> {
         self.entities.iter_mut().filter(|e| e.has_events())
     }
 
-    /// Every entity (recovery trims them after replay).
-    pub(crate) fn entities_mut(&mut self) -> impl Iterator<Item = &mut crate::order::Entity> {
-        self.entities.iter_mut()
+    /// After replay: drops the events each entity's core state consumed,
+    /// then every entity left without events whose state expired before
+    /// `now_bucket`.
+    pub(crate) fn settle_entities(&mut self, now_bucket: u64) {
+        for e in &mut self.entities {
+            e.trim();
+        }
+        self.entities
+            .retain(|e| e.has_events() || e.bucket >= now_bucket);
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
         self.slots.allocation_size() + self.pending.allocation_size()
     }
 
-    /// Counts of entities, parked and held events.
-    pub(crate) fn entity_usage(&self) -> (usize, usize, usize) {
-        self.entities.iter().fold((0, 0, 0), |(n, p, h), e| {
-            (n + 1, p + e.parked.len(), h + e.held.len())
+    /// Counts of entities, and of parked, held and unacknowledged events.
+    pub(crate) fn entity_usage(&self) -> [usize; 4] {
+        self.entities.iter().fold([0; 4], |[n, p, h, u], e| {
+            [
+                n + 1,
+                p + e.parked.len(),
+                h + e.held.len(),
+                u + e.unacked.len(),
+            ]
         })
     }
 
@@ -298,11 +320,15 @@ impl ShardedIndex {
         self.shards[i].0.try_lock()
     }
 
-    /// Entities, parked and held events, one shard at a time.
-    pub(crate) fn entity_usage(&self) -> (usize, usize, usize) {
-        self.shards.iter().fold((0, 0, 0), |(n, p, h), s| {
-            let (a, b, c) = s.0.lock().entity_usage();
-            (n + a, p + b, h + c)
+    /// Entities, and parked, held and unacknowledged events, one shard at
+    /// a time.
+    pub(crate) fn entity_usage(&self) -> [usize; 4] {
+        self.shards.iter().fold([0; 4], |mut sum, s| {
+            let one = s.0.lock().entity_usage();
+            for (t, x) in sum.iter_mut().zip(one) {
+                *t += x;
+            }
+            sum
         })
     }
 

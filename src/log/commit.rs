@@ -202,14 +202,13 @@ fn poisoned_error(s: &Shared) -> Error {
 
 impl Log {
     /// Starts the committer. `last_row` is the newest row already on disk.
-    /// Returns after the first commit, which deletes the `expired` bucket
-    /// tables and persists the fencing-token `token_floor` before any record
-    /// of this run; its failure is the error.
+    /// Returns after the first commit, which persists the fencing-token
+    /// `token_floor` before any record of this run; its failure is the
+    /// error.
     pub(crate) fn start(
         db: Database,
         last_row: u64,
         buckets: BTreeSet<u64>,
-        expired: Vec<u64>,
         token_floor: u64,
         settings: LogSettings,
     ) -> Result<Log> {
@@ -221,7 +220,6 @@ impl Log {
         let (kick, kicked) = bounded(1);
         let open_row = Arc::new(AtomicU64::new(last_row + 1));
         let mut first = Batch::new(last_row + 1, split_at.min(ROW_SPLIT_BYTES), &open_row);
-        first.drop_buckets = expired;
         first.token_floor = Some(token_floor);
         let shared = Arc::new(Shared {
             db: RwLock::new(Some(db)),

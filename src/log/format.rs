@@ -70,10 +70,13 @@ pub(crate) enum Kind {
     Release = 5,
     /// An entity's whole core state: `value` = version + 1 (0: none),
     /// `aux` = next expected sequence number (0: no sequencer state),
-    /// `aux2` = when the current sequence gap opened (0: no gap). Parked and
-    /// held events below `aux` are consumed.
+    /// `aux2` = when the current sequence gap opened (0: no gap), payload =
+    /// the ack mark (empty: `aux`; else 8 bytes little-endian). Parked and
+    /// held events below the ack mark are consumed; those from it to `aux`
+    /// were handed back and are not acknowledged yet.
     Entity = 6,
-    /// An early event was parked (`value` = seq, `aux` = when, payload).
+    /// An early event was parked, or the next expected one delivered
+    /// (`value` = seq, `aux` = when, payload).
     Park = 7,
     /// A parked event went to the holding area (`value` = seq, `aux` = the
     /// missing predecessor, `aux2` = since when, payload).

@@ -1,15 +1,18 @@
-//! Replay at open: every live bucket table, merged in log order.
+//! Replay at open: every bucket table, merged in log order.
 //!
 //! Log order is `(row, idx)`: rows grow with each commit and `idx` orders
 //! the records of one commit across the bucket tables it wrote. Because
 //! every record is self-contained, the last record of a key is its state.
-//! Tables of buckets that have already expired are not read; the caller
-//! deletes them.
+//! Of the tables of buckets that have already expired only the entity
+//! records are applied: parked, held and unacknowledged events are never
+//! dropped, however long the store was closed, so the caller carries them
+//! forward before it deletes those tables. Event keys in them have
+//! expired.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::{Database, ReadableDatabase};
 
 use super::format::{RecordRef, read_row};
 use super::{buckets, log_table, table_name};
@@ -19,25 +22,25 @@ use crate::Result;
 pub(crate) struct Replayed {
     /// The newest row number seen in any table (0 when there is none).
     pub last_row: u64,
-    /// Buckets whose tables are expired at `now_bucket` and were skipped.
+    /// Buckets whose tables are expired at `now_bucket`: only their entity
+    /// records were applied.
     pub expired: Vec<u64>,
-    /// Records replayed.
+    /// Records applied.
     pub records: u64,
     /// Buckets with a live table, oldest first.
     pub live: Vec<u64>,
 }
 
-/// Calls `apply(bucket, row, record)` for every record of every live bucket,
-/// in log order.
+/// Calls `apply(bucket, row, record)` in log order for every record of every
+/// live bucket and every entity record of the expired ones.
 pub(crate) fn replay(
     db: &Database,
     now_bucket: u64,
-    mut apply: impl FnMut(u64, u64, &RecordRef<'_>),
+    mut apply: impl FnMut(u64, u64, &RecordRef<'_>) -> Result<()>,
 ) -> Result<Replayed> {
     let all = buckets(db)?;
-    let (expired, live): (Vec<u64>, Vec<u64>) = all.into_iter().partition(|b| *b < now_bucket);
     let read = db.begin_read()?;
-    let names: Vec<String> = live.iter().map(|b| table_name(*b)).collect();
+    let names: Vec<String> = all.iter().map(|b| table_name(*b)).collect();
     let tables = names
         .iter()
         .map(|n| read.open_table(log_table(n)))
@@ -61,22 +64,22 @@ pub(crate) fn replay(
         }
         heads.push(first);
     }
-    // Rows of expired tables still count for numbering: new rows must be
-    // larger than any row already written.
-    let mut last_row = 0;
-    for b in &expired {
-        let name = table_name(*b);
-        let t = read.open_table(log_table(&name))?;
-        if let Some((k, _)) = t.last()? {
-            last_row = last_row.max(k.value());
-        }
-    }
     let mut out = Replayed {
-        last_row,
-        expired,
+        last_row: 0,
+        expired: all.iter().copied().filter(|b| *b < now_bucket).collect(),
         records: 0,
-        live: live.clone(),
+        live: all.iter().copied().filter(|b| *b >= now_bucket).collect(),
     };
+    // An expired table's event keys have expired; its entity records have
+    // not, if their entity still has events.
+    let mut apply = |bucket: u64, row: u64, rec: &RecordRef<'_>| -> Result<()> {
+        if bucket >= now_bucket || rec.kind.is_entity() {
+            apply(bucket, row, rec)?;
+            out.records += 1;
+        }
+        Ok(())
+    };
+    let mut last_row = 0;
     let mut group: Vec<(usize, Vec<u8>)> = Vec::new();
     while let Some(Reverse((row, _))) = heap.peek().copied() {
         group.clear();
@@ -101,26 +104,25 @@ pub(crate) fn replay(
                 heap.push(Reverse((k, i)));
             }
         }
-        out.last_row = out.last_row.max(row);
+        last_row = last_row.max(row);
         if group.len() == 1 {
             let (i, bytes) = &group[0];
             for rec in read_row(bytes)? {
-                apply(live[*i], row, &rec?);
-                out.records += 1;
+                apply(all[*i], row, &rec?)?;
             }
         } else {
             let mut recs = Vec::new();
             for (i, bytes) in &group {
                 for rec in read_row(bytes)? {
-                    recs.push((live[*i], rec?));
+                    recs.push((all[*i], rec?));
                 }
             }
             recs.sort_by_key(|(_, r)| r.idx);
             for (bucket, rec) in &recs {
-                apply(*bucket, row, rec);
-                out.records += 1;
+                apply(*bucket, row, rec)?;
             }
         }
     }
+    out.last_row = last_row;
     Ok(out)
 }

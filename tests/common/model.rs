@@ -14,11 +14,19 @@
 //! Eviction runs only when an operation asks for it (`Evict`, and after
 //! every multi-day clock step, as the store requires a pass at least every
 //! 2^22 buckets); it must change no answer.
+//!
+//! A few entities run through the sequencer (`Sequence`, `Ack`): parked
+//! events and events handed back but not acknowledged survive every
+//! eviction, reopen, crash and downtime; an entity with neither expires
+//! `ENTITY_RETENTION` after its last write. `max_hold` is longer than any
+//! case, so nothing moves to the holding area.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dedupkv::{Begin, Claim, Error, Failure, Fingerprint, Key, ManualClock, Record, State, Store};
+use dedupkv::{
+    Begin, Claim, Error, Failure, Fingerprint, Key, ManualClock, Record, Sequenced, State, Store,
+};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -54,7 +62,17 @@ pub const PRESETS: [(u64, u64, u64); 4] = [
     (5_000, 20_000, 1_000),
 ];
 
+/// Entities of the sequencer ops are numbered `0..ENTITIES`.
+pub const ENTITIES: usize = 2;
+/// Sequence numbers of the sequencer ops run from 1 to `MAX_SEQ`.
+pub const MAX_SEQ: u64 = 6;
+const ENTITY_RETENTION: u64 = 7 * 86_400_000;
+
 pub type TestResult<T = ()> = Result<T, TestCaseError>;
+
+pub fn entity(e: usize) -> Key<'static> {
+    Key::owned(b"ent".to_vec(), format!("e{e}").into_bytes())
+}
 
 pub fn key(k: usize) -> Key<'static> {
     match k.checked_sub(SCOPES * IDS) {
@@ -142,11 +160,18 @@ pub enum Op {
     Renew(usize),
     DropClaim(usize),
     Get(usize),
+    /// `Store::sequence(entity, seq, payload)`.
+    Sequence(usize, u64, u8),
+    /// `Store::ack(entity, upto)`.
+    Ack(usize, u64),
     Advance(Step),
     /// `Store::evict_expired`: must change no answer.
     Evict,
     Flush,
     Reopen,
+    /// Close the store, move the clock this many days (1 to 40) with the
+    /// store closed, and reopen it: nothing evicts in between.
+    Downtime(u64),
     Crash,
 }
 
@@ -201,13 +226,49 @@ impl MRec {
     }
 }
 
+/// An entity's sequencer state, as the model expects the store to keep it.
+#[derive(Debug, Clone, Default)]
+struct MEntity {
+    /// The next expected sequence number.
+    next: u64,
+    /// Parked events (at or past `next`).
+    parked: BTreeMap<u64, Vec<u8>>,
+    /// Handed back, not acknowledged.
+    unacked: BTreeMap<u64, Vec<u8>>,
+    /// The bucket of its latest core record.
+    bucket: u64,
+}
+
+impl MEntity {
+    fn fresh() -> MEntity {
+        MEntity {
+            next: 1,
+            ..MEntity::default()
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Model {
     s: Settings,
     keys: HashMap<usize, MRec>,
+    entities: HashMap<usize, MEntity>,
 }
 
 impl Model {
+    /// The entity's state, if it has not expired.
+    fn entity(&self, e: usize, now: u64) -> Option<&MEntity> {
+        self.entities.get(&e).filter(|m| {
+            !m.parked.is_empty() || !m.unacked.is_empty() || now / self.s.granularity <= m.bucket
+        })
+    }
+
+    /// The entity's core record was written at `now`.
+    fn wrote_entity(&mut self, e: usize, m: MEntity, now: u64) {
+        let bucket = ((now + ENTITY_RETENTION) / self.s.granularity).max(m.bucket);
+        self.entities.insert(e, MEntity { bucket, ..m });
+    }
+
     fn live(&self, k: usize, now: u64) -> Option<&MRec> {
         self.keys
             .get(&k)
@@ -332,6 +393,7 @@ impl Harness {
             model: Model {
                 s,
                 keys: HashMap::new(),
+                entities: HashMap::new(),
             },
             held: Vec::new(),
             token_floor: 0,
@@ -366,7 +428,9 @@ impl Harness {
             .row_split_bytes(96)
             // Small slices: evictions delete most tables a few rows per
             // commit, so crash images land part-way through one.
-            .evict_slice_bytes(64);
+            .evict_slice_bytes(64)
+            .entity_retention(Duration::from_millis(ENTITY_RETENTION))
+            .max_hold(Duration::from_secs(10 * 365 * 86_400));
         let store = match (&mut self.medium, image) {
             (Medium::File(dir), _) => builder.open(dir.path().join("model.redb")),
             (Medium::Crash(backend), Some(image)) => {
@@ -400,6 +464,8 @@ impl Harness {
                 Ok(())
             }
             Op::Get(k) => self.get(*k),
+            Op::Sequence(e, seq, p) => self.sequence(*e, *seq, *p),
+            Op::Ack(e, upto) => self.ack(*e, *upto),
             Op::Advance(step) => self.advance(*step),
             Op::Evict => {
                 check(self.store().evict_expired(), "evict_expired")?;
@@ -411,6 +477,13 @@ impl Harness {
                 Ok(())
             }
             Op::Reopen => self.reopen(),
+            Op::Downtime(days) => {
+                self.store = None;
+                self.settled();
+                self.clock.advance(Duration::from_millis(days * 86_400_000));
+                self.open(None)?;
+                self.check_all()
+            }
             Op::Crash => self.crash(),
         }
     }
@@ -669,6 +742,110 @@ impl Harness {
         }
     }
 
+    fn sequence(&mut self, e: usize, seq: u64, p: u8) -> TestResult {
+        let now = self.now();
+        let payload = outcome(p);
+        let got = check(self.store().sequence(&entity(e), seq, &payload), "sequence")?;
+        let mut m = self
+            .model
+            .entity(e, now)
+            .cloned()
+            .unwrap_or_else(MEntity::fresh);
+        let (want, wrote) = if m.unacked.contains_key(&seq) {
+            let mut out = vec![(seq, payload)];
+            out.extend(m.unacked.range(seq + 1..).map(|(s, p)| (*s, p.clone())));
+            (Some(out), false)
+        } else if seq < m.next || m.parked.contains_key(&seq) {
+            (None, false)
+        } else if seq == m.next {
+            let mut out = vec![(seq, payload.clone())];
+            m.unacked.insert(seq, payload);
+            let mut n = seq + 1;
+            while let Some(p) = m.parked.remove(&n) {
+                out.push((n, p.clone()));
+                m.unacked.insert(n, p);
+                n += 1;
+            }
+            m.next = n;
+            (Some(out), true)
+        } else {
+            m.parked.insert(seq, payload);
+            prop_assert_eq!(&got, &Sequenced::Parked, "sequence {} of entity {}", seq, e);
+            self.model.wrote_entity(e, m, now);
+            self.settled();
+            return Ok(());
+        };
+        match want {
+            None => prop_assert_eq!(
+                &got,
+                &Sequenced::Duplicate,
+                "sequence {} of entity {}",
+                seq,
+                e
+            ),
+            Some(out) => {
+                let Sequenced::Delivered(got) = &got else {
+                    return Err(TestCaseError::fail(format!(
+                        "sequence {seq} of entity {e}: want {out:?}, got {got:?}"
+                    )));
+                };
+                let got: Vec<(u64, Vec<u8>)> =
+                    got.iter().map(|d| (d.seq, d.payload.clone())).collect();
+                prop_assert_eq!(got, out, "sequence {} of entity {}", seq, e);
+            }
+        }
+        if wrote {
+            self.model.wrote_entity(e, m, now);
+            self.settled();
+        }
+        Ok(())
+    }
+
+    fn ack(&mut self, e: usize, upto: u64) -> TestResult {
+        let now = self.now();
+        let got = check(self.store().ack(&entity(e), upto), "ack")?;
+        let Some(mut m) = self.model.entity(e, now).cloned() else {
+            prop_assert_eq!(got, 0, "ack of an expired entity {}", e);
+            return Ok(());
+        };
+        let mark = upto.saturating_add(1).min(m.next);
+        let still = m.unacked.split_off(&mark);
+        let want = std::mem::replace(&mut m.unacked, still).len();
+        prop_assert_eq!(got, want, "ack {} of entity {}", upto, e);
+        if want > 0 {
+            self.model.wrote_entity(e, m, now);
+            self.settled();
+        }
+        Ok(())
+    }
+
+    /// Every entity's unacknowledged events, and the parked and
+    /// unacknowledged totals, are as the model says.
+    fn check_entities(&self) -> TestResult {
+        let now = self.now();
+        let (mut parked, mut unacked) = (0, 0);
+        for e in 0..ENTITIES {
+            let got: Vec<(u64, Vec<u8>)> = check(self.store().unacked(&entity(e)), "unacked")?
+                .into_iter()
+                .map(|d| (d.seq, d.payload))
+                .collect();
+            let want: Vec<(u64, Vec<u8>)> = self
+                .model
+                .entity(e, now)
+                .map(|m| m.unacked.clone().into_iter().collect())
+                .unwrap_or_default();
+            prop_assert_eq!(got, want, "unacked of entity {}", e);
+            if let Some(m) = self.model.entity(e, now) {
+                parked += m.parked.len() as u64;
+                unacked += m.unacked.len() as u64;
+            }
+        }
+        let st = self.store().stats();
+        prop_assert_eq!(st.parked_now + st.held_now, parked, "parked events");
+        prop_assert_eq!(st.unacked_now, unacked, "unacknowledged events");
+        Ok(())
+    }
+
     fn advance(&mut self, step: Step) -> TestResult {
         let s = self.model.s;
         let now = self.now();
@@ -737,12 +914,13 @@ impl Harness {
         self.check_all()
     }
 
-    /// Every key of the pool answers `get` as the model says.
+    /// Every key of the pool answers `get` as the model says, and every
+    /// entity's stored events are there.
     fn check_all(&mut self) -> TestResult {
         for k in 0..KEYS {
             self.get(k)?;
         }
-        Ok(())
+        self.check_entities()
     }
 }
 
