@@ -457,12 +457,18 @@ impl StoreBuilder {
     }
 
     /// Opens the store at `path`, creating it if it does not exist, and
-    /// rebuilds the index from its log.
+    /// rebuilds the index from its log. (Use
+    /// [`open_existing`](Self::open_existing) where a missing file must be
+    /// an error.)
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for bad settings; [`Error::NotAStore`],
-    /// [`Error::UnsupportedVersion`], [`Error::Corrupt`] or
-    /// [`Error::AlreadyOpen`] for a file that cannot be used.
+    /// [`Error::InvalidConfig`] for bad settings; [`Error::NotAStore`] for
+    /// a file that is not a dedupkv store (an empty file included);
+    /// [`Error::UnsupportedVersion`]; [`Error::Corrupt`] for a damaged
+    /// store (its message names the path and the damage);
+    /// [`Error::AlreadyOpen`]; [`Error::Storage`] when the file cannot be
+    /// read or the open's first commit cannot be written (a full disk),
+    /// naming the path.
     ///
     /// # Examples
     /// ```
@@ -476,6 +482,33 @@ impl StoreBuilder {
             self.cfg,
             self.clock,
             Location::Path(path.as_ref().to_path_buf()),
+        )
+    }
+
+    /// Opens the store at `path`, which must already hold one: unlike
+    /// [`open`](Self::open) it never creates a file, so a mistyped path or a
+    /// missing volume cannot start a service with an empty dedup window.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open); a missing file is [`Error::Storage`] with
+    /// an I/O error of kind [`NotFound`](std::io::ErrorKind::NotFound)
+    /// naming the path.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("s.redb");
+    /// assert!(dedupkv::Store::builder().open_existing(&path).is_err()); // nothing there yet
+    /// drop(dedupkv::Store::builder().open(&path)?);
+    /// let store = dedupkv::Store::builder().open_existing(&path)?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Store> {
+        self.validate()?;
+        Store::open_with(
+            self.cfg,
+            self.clock,
+            Location::Existing(path.as_ref().to_path_buf()),
         )
     }
 

@@ -125,6 +125,24 @@ impl Store {
         StoreBuilder::default().open(path)
     }
 
+    /// Opens the store at `path` with default settings; unlike
+    /// [`open`](Self::open), a missing file is an error, never a new store.
+    ///
+    /// # Errors
+    /// See [`StoreBuilder::open_existing`].
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("dedup.redb");
+    /// # drop(dedupkv::Store::open(&path)?);
+    /// let store = dedupkv::Store::open_existing(&path)?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Store> {
+        StoreBuilder::default().open_existing(path)
+    }
+
     /// A builder for a store with non-default settings.
     ///
     /// # Examples
@@ -138,6 +156,9 @@ impl Store {
         clock: Arc<dyn Clock>,
         location: Location,
     ) -> Result<Store> {
+        let place = location
+            .path()
+            .map_or_else(|| "the store".into(), |p| p.display().to_string());
         // redb 4.6 can panic (rather than fail) on some damaged files; a
         // damaged file must be an error for the caller, not a crash.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -153,20 +174,20 @@ impl Store {
                 "the storage engine panicked while opening the file: {what}"
             )))
         })
+        .map_err(|e| match e {
+            Error::Corrupt(why) => Error::Corrupt(format!(
+                "{place} is damaged ({why}); export what is readable, restore from a backup"
+            )),
+            other => other,
+        })
     }
 
     fn open_unguarded(mut cfg: Config, clock: Arc<dyn Clock>, location: Location) -> Result<Store> {
-        let path = match &location {
-            Location::Path(p) => Some(p.clone()),
-            Location::Backend(_) => None,
-        };
+        let path = location.path().map(Path::to_path_buf);
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret)
             .map_err(|e| Error::Storage(redb::Error::Io(std::io::Error::other(e.to_string()))))?;
-        let wanted = FileMeta {
-            hasher: KeyHasher::new(cfg.key_hashing, secret),
-            granularity_ms: cfg.granularity_ms,
-        };
+        let wanted = FileMeta::new(KeyHasher::new(cfg.key_hashing, secret), cfg.granularity_ms);
         let (db, meta) = open_database(
             location,
             cfg.cache_bytes,
@@ -203,7 +224,7 @@ impl Store {
         // Fencing tokens never repeat, even once the records that held them
         // expired: continue above the persisted floor, and reserve a block
         // (persisted by the first commit).
-        let first_token = (max_token + 1).max(crate::log::token_floor(&db)?);
+        let first_token = (max_token + 1).max(meta.token_floor);
         tracing::debug!(
             records = replayed.records,
             expired_buckets = replayed.expired.len(),
@@ -214,12 +235,17 @@ impl Store {
             replayed.last_row,
             replayed.live.iter().copied().collect(),
             first_token + TOKEN_BLOCK,
+            meta.manifest,
             crate::log::commit::LogSettings {
                 durability: cfg.durability,
                 quick_repair: cfg.quick_repair,
                 split_at: cfg.row_split_bytes,
             },
-        )?;
+        )
+        // The first commit: an open that cannot write (a full disk, a
+        // damaged page) fails here, saying why, instead of handing out a
+        // store whose every call then fails.
+        .map_err(|e| crate::log::at_path(e, path.as_deref()))?;
         let background = cfg.background_eviction;
         let tick = Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));
         let inner = Arc::new(Inner {

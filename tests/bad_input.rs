@@ -214,29 +214,66 @@ fn a_file_that_is_not_a_store_is_refused() {
 
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("dedupkv.meta");
 
+/// The settings checksum as `src/log/meta.rs` defines it (every format
+/// keeps it): xxh3-64 of each setting's length (u32 LE) and bytes.
+fn settings_sum(values: &[&[u8]]) -> u64 {
+    let mut buf = Vec::new();
+    for v in values {
+        buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        buf.extend_from_slice(v);
+    }
+    xxhash_rust::xxh3::xxh3_64(&buf)
+}
+
+/// Rewrites the file's `format` entry, resealing the settings checksum
+/// if `reseal` (as a newer build would write it).
+fn set_format(p: &std::path::Path, format: u32, reseal: bool) {
+    let db = redb::Database::open(p).expect("redb");
+    let txn = db.begin_write().expect("txn");
+    {
+        let mut t = txn.open_table(META).expect("meta");
+        let format = format.to_le_bytes();
+        t.insert("format", format.as_slice()).expect("insert");
+        if reseal {
+            let get = |k: &str| t.get(k).expect("get").expect(k).value().to_vec();
+            let values = [
+                "magic",
+                "format",
+                "key_hashing",
+                "key_secret",
+                "granularity_ms",
+            ]
+            .map(get);
+            let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+            let sum = settings_sum(&refs).to_le_bytes();
+            t.insert("settings_sum", sum.as_slice()).expect("insert");
+        }
+    }
+    txn.commit().expect("commit");
+}
+
 #[test]
 fn a_newer_format_version_is_refused() -> Result<()> {
     let dir = tmp();
     let p = dir.path().join("s.redb");
     drop(Store::open(&p)?);
-    {
-        let db = redb::Database::open(&p).expect("redb");
-        let txn = db.begin_write().expect("txn");
-        txn.open_table(META)
-            .expect("meta")
-            .insert("format", 2u32.to_le_bytes().as_slice())
-            .expect("insert");
-        txn.commit().expect("commit");
-    }
+    set_format(&p, 3, true);
     let err = Store::open(&p).unwrap_err();
     assert!(
         matches!(
             err,
             Error::UnsupportedVersion {
-                found: 2,
-                supported: 1
+                found: 3,
+                supported: 2
             }
         ),
+        "{err}"
+    );
+    // Without its checksum, a "newer" format is damage, not a newer file.
+    set_format(&p, 7, false);
+    let err = Store::open(&p).unwrap_err();
+    assert!(
+        matches!(&err, Error::Corrupt(m) if m.contains("checksum") && m.contains("damaged")),
         "{err}"
     );
     Ok(())

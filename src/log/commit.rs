@@ -19,6 +19,7 @@ use std::time::Duration;
 use redb::Database;
 
 use super::format::{RecordRef, RowWriter};
+use super::meta::{self, Manifest};
 use super::{log_table, table_name};
 use crate::sync::{
     Arc, AtomicBool, AtomicU32, AtomicU64, Futex, JoinHandle, MappedRwLockReadGuard, Mutex,
@@ -67,6 +68,8 @@ pub(crate) struct Batch {
     trims: Vec<(u64, std::ops::RangeInclusive<u64>)>,
     /// A new fencing-token floor to persist with this commit.
     token_floor: Option<u64>,
+    /// A new time floor (a clock reading, ms) to persist with this commit.
+    time_floor: Option<u64>,
 }
 
 impl Batch {
@@ -85,6 +88,7 @@ impl Batch {
             drop_buckets: Vec::new(),
             trims: Vec::new(),
             token_floor: None,
+            time_floor: None,
         }
     }
 
@@ -94,12 +98,22 @@ impl Batch {
             && self.drop_buckets.is_empty()
             && self.trims.is_empty()
             && self.token_floor.is_none()
+            && self.time_floor.is_none()
     }
 
     /// Persists `floor` as the lowest token a reopened store may issue,
     /// in this commit.
     pub(crate) fn raise_token_floor(&mut self, floor: u64) {
         self.token_floor = Some(self.token_floor.map_or(floor, |f| f.max(floor)));
+    }
+
+    /// Persists `ms` as the lowest clock reading the store may trust after
+    /// a reopen (the persisted floor becomes the larger of the old one and
+    /// `ms`), in this commit. Read back at open as
+    /// [`FileMeta::time_floor`](super::FileMeta::time_floor).
+    #[allow(dead_code)] // the clock-floor check is the lead's; tested below
+    pub(crate) fn raise_time_floor(&mut self, ms: u64) {
+        self.time_floor = Some(self.time_floor.map_or(ms, |f| f.max(ms)));
     }
 
     /// Appends a record to the part for `bucket`; returns the row number.
@@ -176,6 +190,9 @@ struct Shared {
     quick_repair: bool,
     /// Buckets that have a table on disk (as of the last commit).
     buckets: Mutex<BTreeSet<u64>>,
+    /// The manifest as of the last commit (every bucket table, expired
+    /// ones included, and the floors); only `write` takes it.
+    manifest: Mutex<Manifest>,
 }
 
 /// How the log commits.
@@ -201,15 +218,18 @@ fn poisoned_error(s: &Shared) -> Error {
 }
 
 impl Log {
-    /// Starts the committer. `last_row` is the newest row already on disk.
-    /// Returns after the first commit, which persists the fencing-token
-    /// `token_floor` before any record of this run; its failure is the
-    /// error.
+    /// Starts the committer. `last_row` is the newest row already on disk;
+    /// `manifest` is the file's, as checked at open (every commit that
+    /// changes it rewrites it). Returns after the first commit, which
+    /// persists the fencing-token `token_floor` before any record of this
+    /// run; its failure is the error ([`Error::Corrupt`] when the storage
+    /// engine panicked, as it does on a damaged file).
     pub(crate) fn start(
         db: Database,
         last_row: u64,
         buckets: BTreeSet<u64>,
         token_floor: u64,
+        manifest: Manifest,
         settings: LogSettings,
     ) -> Result<Log> {
         let LogSettings {
@@ -237,6 +257,7 @@ impl Log {
             durable_row: AtomicU64::new(last_row),
             quick_repair,
             buckets: Mutex::new(buckets),
+            manifest: Mutex::new(manifest),
         });
         let wait = match durability {
             Durability::Deferred { max_delay } => Some(max_delay),
@@ -255,6 +276,11 @@ impl Log {
         // (a queued kick would commit the next caller's batch early).
         let first = commit_pending(&log.shared, &mut log.shared.lead.lock());
         if let Committed::Failed(e) = first {
+            if log.shared.panicked.load(Ordering::Acquire) {
+                return Err(Error::Corrupt(
+                    "the storage engine panicked in the first commit".into(),
+                ));
+            }
             return Err(e);
         }
         Ok(log)
@@ -575,19 +601,31 @@ fn gather(s: &Shared, kicked: &Receiver<()>, last_records: u32) {
     }
 }
 
+/// One redb transaction for the batch. The manifest is rewritten in it
+/// whenever the batch creates or deletes a bucket table or raises a floor,
+/// so the file's tables are the manifest's after every commit.
 fn write(s: &Shared, batch: Batch) -> Result<()> {
     let db = s.db.read();
     let db = db.as_ref().ok_or(Error::Closed)?;
     let mut txn = db.begin_write()?;
     txn.set_quick_repair(s.quick_repair);
+    let mut manifest = s.manifest.lock();
+    let mut next = Manifest {
+        written: true,
+        ..manifest.clone()
+    };
     if let Some(floor) = batch.token_floor {
-        super::put_token_floor(&txn, floor)?;
+        next.token_floor = next.token_floor.max(floor);
+    }
+    if let Some(floor) = batch.time_floor {
+        next.time_floor = next.time_floor.max(floor);
     }
     // Deletions first: a bucket dropped and written in one commit keeps the
     // new rows.
     for bucket in &batch.drop_buckets {
         let name = table_name(*bucket);
         txn.delete_table(log_table(&name))?;
+        next.buckets.remove(bucket);
     }
     for (bucket, rows) in batch.trims {
         // `open_table` would create a table deleted just above.
@@ -597,6 +635,7 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
         let name = table_name(bucket);
         let mut table = txn.open_table(log_table(&name))?;
         table.retain_in(rows, |_, _| false)?;
+        next.buckets.insert(bucket);
     }
     let last = (batch.row, batch.parts);
     for (row, parts) in batch.closed.into_iter().chain(std::iter::once(last)) {
@@ -604,8 +643,69 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
             let name = table_name(bucket);
             let mut table = txn.open_table(log_table(&name))?;
             table.insert(row, part.finish().as_slice())?;
+            next.buckets.insert(bucket);
         }
     }
+    if next != *manifest {
+        meta::put_manifest(&txn, &next, !manifest.written)?;
+    }
     txn.commit()?;
+    *manifest = next;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{KeyHasher, KeyHashing};
+    use crate::log::{FileMeta, Location, open_database};
+
+    fn open(path: &std::path::Path) -> Result<(Database, FileMeta)> {
+        let wanted = FileMeta::new(KeyHasher::new(KeyHashing::Xxh3, [7; 16]), 60_000);
+        open_database(
+            Location::Path(path.to_path_buf()),
+            1 << 20,
+            &wanted,
+            false,
+            false,
+        )
+    }
+
+    fn start(db: Database, meta: &FileMeta) -> Result<Log> {
+        Log::start(
+            db,
+            0,
+            BTreeSet::new(),
+            meta.token_floor,
+            meta.manifest.clone(),
+            LogSettings {
+                durability: Durability::Immediate,
+                quick_repair: false,
+                split_at: ROW_SPLIT_BYTES,
+            },
+        )
+    }
+
+    #[test]
+    fn the_time_floor_persists_its_highest_value() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::Storage(redb::Error::Io(e)))?;
+        let path = dir.path().join("t.redb");
+        let (db, meta) = open(&path)?;
+        assert_eq!(meta.time_floor, 0, "a new file has none");
+        let log = start(db, &meta)?;
+        log.batch()?.raise_time_floor(500);
+        log.batch()?.raise_time_floor(200);
+        log.flush()?;
+        log.batch()?.raise_time_floor(300); // lower than the persisted floor
+        log.flush()?;
+        drop(log);
+        let (db, meta) = open(&path)?;
+        assert_eq!(meta.time_floor, 500);
+        let log = start(db, &meta)?;
+        log.batch()?.raise_time_floor(900);
+        log.flush()?;
+        drop(log);
+        assert_eq!(open(&path)?.1.time_floor, 900);
+        Ok(())
+    }
 }

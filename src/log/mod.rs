@@ -4,48 +4,53 @@
 //! copy a leaf page each, while one row per commit appended at an increasing
 //! key is nearly free. Layout:
 //!
-//! - table `dedupkv.meta` (`&str -> &[u8]`): magic, format version, key-hash
-//!   algorithm and secret, bucket granularity;
+//! - table `dedupkv.meta` (`&str -> &[u8]`): the settings fixed at
+//!   creation under a checksum, and the manifest: every bucket table and
+//!   the persisted floors (see [`meta`]);
 //! - one table per expiry bucket, `log.<bucket>` (`u64 -> &[u8]`): row
 //!   number to a row of records (see [`format`](mod@format)). Dropping a whole bucket is
 //!   one `delete_table`.
 //!
-//! Invariant: a row number is written by one commit only, and rows of later
-//! commits have larger numbers.
+//! Invariants: a row number is written by one commit only, and rows of
+//! later commits have larger numbers; the tables in the file are exactly
+//! the ones the manifest lists, as of every commit.
 
 pub(crate) mod commit;
 pub(crate) mod format;
+pub(crate) mod meta;
 pub(crate) mod recovery;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use std::ops::Bound;
 
 use redb::{Database, ReadableDatabase, StorageBackend, TableDefinition, TableHandle};
 
-use crate::key::{KeyHasher, KeyHashing};
 use crate::{Error, Result};
 
 pub(crate) use commit::Log;
+pub(crate) use meta::FileMeta;
 
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("dedupkv.meta");
-const MAGIC: &[u8] = b"dedupkv store";
-/// The newest store format this build understands.
-pub(crate) const FORMAT_VERSION: u32 = 1;
 const LOG_PREFIX: &str = "log.";
+/// The first bytes of every redb file.
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
 
-/// The settings fixed when a store file is created.
-#[derive(Clone)]
-pub(crate) struct FileMeta {
-    pub hasher: KeyHasher,
-    pub granularity_ms: u64,
-}
-
-/// Where the store lives: a path, or a redb storage backend (tests, fault
+/// Where the store lives: a path (created if missing), a path that must
+/// hold a store already, or a redb storage backend (tests, fault
 /// injection).
 pub(crate) enum Location {
-    Path(std::path::PathBuf),
+    Path(PathBuf),
+    Existing(PathBuf),
     Backend(Box<dyn redb::StorageBackend>),
+}
+
+impl Location {
+    pub(crate) fn path(&self) -> Option<&Path> {
+        match self {
+            Location::Path(p) | Location::Existing(p) => Some(p),
+            Location::Backend(_) => None,
+        }
+    }
 }
 
 /// Forwards every call to a boxed backend (redb takes backends by value).
@@ -117,12 +122,13 @@ pub(crate) fn open_database(
     let mut builder = redb::Builder::new();
     builder.set_cache_size(cache_bytes);
     let db = match location {
-        Location::Path(path) => open_path(&builder, &path)?,
+        Location::Path(path) => open_path(&builder, &path, true)?,
+        Location::Existing(path) => open_path(&builder, &path, false)?,
         Location::Backend(backend) => builder
             .create_with_backend(Boxed(backend))
-            .map_err(|e| not_a_store_or(e.into()))?,
+            .map_err(|e| not_a_store_or(e.into(), None))?,
     };
-    let meta = read_or_init_meta(&db, wanted)?;
+    let meta = meta::read_or_init(&db, wanted)?;
     if hashing_set && meta.hasher.kind() != wanted.hasher.kind() {
         return Err(Error::InvalidConfig(format!(
             "the store was created with key hashing {:?}, not {:?}; it cannot change",
@@ -139,115 +145,99 @@ pub(crate) fn open_database(
     Ok((db, meta))
 }
 
-fn open_path(builder: &redb::Builder, path: &Path) -> Result<Database> {
-    let existed = path.metadata().is_ok_and(|m| m.len() > 0);
-    let res = if existed {
-        builder.open(path)
-    } else {
-        builder.create(path)
+/// Opens the file at `path`; a missing one is created only if `create`.
+/// An empty file is refused: it is not a store, but it may be a truncated
+/// one, and making it a new empty store would hide that.
+fn open_path(builder: &redb::Builder, path: &Path, create: bool) -> Result<Database> {
+    let res = match path.metadata() {
+        Ok(m) if m.is_file() && m.len() == 0 => {
+            return Err(Error::NotAStore(format!(
+                "{} is an empty file (maybe a truncated store); remove it to start a new store",
+                path.display()
+            )));
+        }
+        Ok(_) => builder
+            .open(path)
+            .map_err(|e| not_a_store_or(e.into(), Some(path))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => {
+            return Err(io_at(
+                path,
+                &std::io::Error::new(
+                    e.kind(),
+                    "no store file here (open_existing never creates one)",
+                ),
+            ));
+        }
+        Err(_) => builder.create(path).map_err(Error::from),
     };
-    res.map_err(|e| {
-        let e = Error::from(e);
-        if existed { not_a_store_or(e) } else { e }
-    })
+    res.map_err(|e| at_path(e, Some(path)))
 }
 
-/// A file that redb cannot parse at all is reported as "not a store".
-fn not_a_store_or(e: Error) -> Error {
-    match e {
-        Error::Corrupt(msg) => Error::NotAStore(format!("not a redb file ({msg})")),
+/// `e`, with the path in its message if it is an I/O error.
+pub(crate) fn at_path(e: Error, path: Option<&Path>) -> Error {
+    match (e, path) {
+        (Error::Storage(redb::Error::Io(io)), Some(p)) => io_at(p, &io),
+        (e, _) => e,
+    }
+}
+
+/// An I/O error with the path in its message.
+pub(crate) fn io_at(path: &Path, e: &std::io::Error) -> Error {
+    Error::Storage(redb::Error::Io(std::io::Error::new(
+        e.kind(),
+        format!("{}: {e}", path.display()),
+    )))
+}
+
+/// A file that redb cannot parse: damaged if it starts as a redb file does
+/// or holds a dedupkv table name, otherwise not a store.
+fn not_a_store_or(e: Error, path: Option<&Path>) -> Error {
+    let why = match &e {
+        Error::Corrupt(msg) => msg.clone(),
         Error::Storage(redb::Error::UpgradeRequired(v)) => {
-            Error::NotAStore(format!("redb file format {v} is not the one dedupkv uses"))
+            format!("redb file format {v} is not the one dedupkv uses")
         }
         Error::Storage(redb::Error::Io(io)) if io.kind() == std::io::ErrorKind::InvalidData => {
-            Error::NotAStore(io.to_string())
+            io.to_string()
         }
-        other => other,
-    }
-}
-
-fn read_or_init_meta(db: &Database, wanted: &FileMeta) -> Result<FileMeta> {
-    let read = db.begin_read()?;
-    let table = match read.open_table(META) {
-        Ok(t) => Some(t),
-        Err(redb::TableError::TableDoesNotExist(_)) => None,
-        Err(e) => return Err(e.into()),
+        _ => return e,
     };
-    if let Some(table) = table {
-        let get = |k: &str| -> Result<Vec<u8>> {
-            table
-                .get(k)?
-                .map(|v| v.value().to_vec())
-                .ok_or_else(|| Error::Corrupt(format!("metadata entry {k:?} is missing")))
-        };
-        if get("magic")? != MAGIC {
-            return Err(Error::NotAStore("wrong magic in dedupkv.meta".into()));
-        }
-        let version = u32::from_le_bytes(fixed(&get("format")?, "format")?);
-        if version > FORMAT_VERSION {
-            return Err(Error::UnsupportedVersion {
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
-        let hashing = get("key_hashing")?;
-        let kind = hashing
-            .first()
-            .and_then(|t| KeyHashing::from_tag(*t))
-            .ok_or_else(|| Error::Corrupt("unknown key hashing tag".into()))?;
-        let secret: [u8; 16] = fixed(&get("key_secret")?, "key_secret")?;
-        let granularity_ms = u64::from_le_bytes(fixed(&get("granularity_ms")?, "granularity")?);
-        if granularity_ms == 0 {
-            return Err(Error::Corrupt("bucket granularity is zero".into()));
-        }
-        return Ok(FileMeta {
-            hasher: KeyHasher::new(kind, secret),
-            granularity_ms,
-        });
-    }
-    // A redb file with tables but no metadata belongs to someone else.
-    if read.list_tables()?.next().is_some() {
-        return Err(Error::NotAStore(
-            "a redb database without dedupkv metadata".into(),
-        ));
-    }
-    drop(read);
-    let txn = db.begin_write()?;
-    {
-        let mut t = txn.open_table(META)?;
-        t.insert("magic", MAGIC)?;
-        t.insert("format", FORMAT_VERSION.to_le_bytes().as_slice())?;
-        t.insert("key_hashing", [wanted.hasher.kind().tag()].as_slice())?;
-        t.insert("key_secret", wanted.hasher.secret().as_slice())?;
-        t.insert(
-            "granularity_ms",
-            wanted.granularity_ms.to_le_bytes().as_slice(),
-        )?;
-    }
-    txn.commit()?;
-    Ok(wanted.clone())
-}
-
-fn fixed<const N: usize>(v: &[u8], what: &str) -> Result<[u8; N]> {
-    v.try_into()
-        .map_err(|_| Error::Corrupt(format!("metadata entry {what:?} has the wrong size")))
-}
-
-/// The persisted floor for fencing tokens (0 for a store that has none).
-pub(crate) fn token_floor(db: &Database) -> Result<u64> {
-    let read = db.begin_read()?;
-    let table = read.open_table(META)?;
-    let Some(v) = table.get("token_floor")? else {
-        return Ok(0);
+    let Some(path) = path else {
+        return Error::NotAStore(format!("not a redb file ({why})"));
     };
-    Ok(u64::from_le_bytes(fixed(v.value(), "token_floor")?))
+    match looks_like_a_store(path) {
+        Ok(true) => Error::Corrupt(format!("redb cannot open the file: {why}")),
+        Ok(false) => Error::NotAStore(format!("not a redb file ({why})")),
+        Err(io) => io_at(path, &io),
+    }
 }
 
-/// Writes the fencing-token floor into an open write transaction.
-pub(crate) fn put_token_floor(txn: &redb::WriteTransaction, floor: u64) -> Result<()> {
-    let mut t = txn.open_table(META)?;
-    t.insert("token_floor", floor.to_le_bytes().as_slice())?;
-    Ok(())
+/// Whether the file starts with redb's header, or holds the name of
+/// dedupkv's metadata table anywhere (the header may be what is damaged).
+fn looks_like_a_store(path: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    const NEEDLE: &[u8] = meta::META_NAME.as_bytes();
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut kept = 0;
+    let mut first = true;
+    loop {
+        let n = file.read(&mut buf[kept..])?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let filled = kept + n;
+        if first && buf[..filled].starts_with(&REDB_MAGIC) {
+            return Ok(true);
+        }
+        first = false;
+        if buf[..filled].windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+            return Ok(true);
+        }
+        // Keep the tail, in case the name straddles two reads.
+        kept = (NEEDLE.len() - 1).min(filled);
+        buf.copy_within(filled - kept..filled, 0);
+    }
 }
 
 /// Reads one row from a bucket table, if it is there.

@@ -15,7 +15,8 @@ use redb::backends::InMemoryBackend;
 
 /// An in-memory backend whose bytes outlive the store, so a test can
 /// "reopen" them; after `fail_after` write or sync calls every write and
-/// sync fails (until disarmed).
+/// sync fails (until disarmed): with a generic I/O error, with `ENOSPC`
+/// (`arm_full`), or by panicking (`arm_panic`).
 #[derive(Debug, Clone)]
 pub struct FaultyBackend {
     mem: Arc<InMemoryBackend>,
@@ -24,6 +25,8 @@ pub struct FaultyBackend {
     tripped: Arc<AtomicBool>,
     /// Panic instead of returning the error (a storage engine bug).
     panics: Arc<AtomicBool>,
+    /// Fail with `ENOSPC`, as a full disk does.
+    full: Arc<AtomicBool>,
 }
 
 impl FaultyBackend {
@@ -34,6 +37,7 @@ impl FaultyBackend {
             fail_after: Arc::new(AtomicU64::new(fail_after)),
             tripped: Arc::new(AtomicBool::new(false)),
             panics: Arc::new(AtomicBool::new(false)),
+            full: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -45,12 +49,20 @@ impl FaultyBackend {
             fail_after: Arc::new(AtomicU64::new(u64::MAX)),
             tripped: Arc::new(AtomicBool::new(false)),
             panics: Arc::new(AtomicBool::new(false)),
+            full: Arc::new(AtomicBool::new(false)),
         }
     }
 
     /// Panic, rather than fail, from the `n`-th write/sync counted from now.
     pub fn arm_panic(&self, n: u64) {
         self.panics.store(true, Ordering::SeqCst);
+        self.arm(n);
+    }
+
+    /// Fail with "No space left on device" from the `n`-th write/sync
+    /// counted from now.
+    pub fn arm_full(&self, n: u64) {
+        self.full.store(true, Ordering::SeqCst);
         self.arm(n);
     }
 
@@ -78,6 +90,9 @@ impl FaultyBackend {
                 !self.panics.load(Ordering::SeqCst),
                 "injected panic in the storage backend"
             );
+            if self.full.load(Ordering::SeqCst) {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
             return Err(io::Error::other("injected I/O failure"));
         }
         Ok(())
