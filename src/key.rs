@@ -306,7 +306,7 @@ impl Fingerprint {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn of_value<T: serde::Serialize + ?Sized>(value: &T) -> crate::Result<Self> {
-        Ok(Self::of(crate::codec::to_bytes(value)?))
+        Ok(Self::of(crate::codec::to_postcard(value)?))
     }
 
     /// "No parameters": a key begun with `NONE` matches only `NONE`.
