@@ -295,17 +295,82 @@ impl Fingerprint {
         Self(xxhash_rust::xxh3::xxh3_128(bytes.as_ref()))
     }
 
-    /// The fingerprint of a serializable value, through the crate's payload
-    /// codec (postcard), so equal values give equal fingerprints.
+    /// The fingerprint of a serializable value, canonically: equal values
+    /// give equal fingerprints whatever their types' map order, so a retry
+    /// that rebuilt its request (a fresh `HashMap`, a parsed
+    /// `serde_json::Value`) matches the first attempt.
+    ///
+    /// "Equal" is the JSON-like model of `docs/design.md` ("Canonical
+    /// values"): every integer type is one kind (`5u8` equals `5i64`, but
+    /// not `5.0`); floats compare by their `f64` bits with one NaN (`0.0`
+    /// is not `-0.0`); `char` is a string; bytes are a sequence of
+    /// integers; tuples and tuple structs are sequences; structs and maps
+    /// are maps, compared as sets of entries; `None` and `()` are null,
+    /// `Some(x)` and a newtype struct are `x`; enums are tagged like
+    /// `serde_json` (a unit variant is its name, any other
+    /// `{name: content}`). So a struct and a map or `serde_json::Value`
+    /// with the same field names and values agree, and so do two services
+    /// that serialize the same JSON.
+    ///
+    /// The digest is xxh3-128 of a version byte and the canonical
+    /// encoding. It guards against a key reused for other parameters, not
+    /// against a client that crafts collisions. Fingerprints of builds
+    /// before the canonical encoding differ: see
+    /// [`of_postcard`](Self::of_postcard).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a map
+    /// that serializes a key twice (the message names the key and where),
+    /// or a value nested deeper than 128 levels;
+    /// [`Error::Codec`](crate::Error::Codec) if the value's `Serialize`
+    /// fails.
     ///
     /// # Examples
     /// ```
+    /// use std::collections::{BTreeMap, HashMap};
+    /// use dedupkv::Fingerprint;
+    ///
     /// #[derive(serde::Serialize)]
     /// struct Charge { amount: u64, currency: &'static str }
-    /// let f = dedupkv::Fingerprint::of_value(&Charge { amount: 100, currency: "EUR" })?;
+    /// let f = Fingerprint::of_value(&Charge { amount: 100, currency: "EUR" })?;
+    ///
+    /// let json: serde_json::Value = serde_json::from_str(r#"{"currency":"EUR","amount":100}"#).unwrap();
+    /// assert_eq!(Fingerprint::of_value(&json)?, f);
+    ///
+    /// let a: HashMap<&str, u32> = [("x", 1), ("y", 2)].into();
+    /// let b: BTreeMap<&str, u8> = [("y", 2), ("x", 1)].into();
+    /// assert_eq!(Fingerprint::of_value(&a)?, Fingerprint::of_value(&b)?);
+    /// assert_ne!(Fingerprint::of_value(&1)?, Fingerprint::of_value("1")?);
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn of_value<T: serde::Serialize + ?Sized>(value: &T) -> crate::Result<Self> {
+        let value = crate::canon::to_value(value)?;
+        Ok(Self(crate::canon::hash(
+            crate::canon::FINGERPRINT_V1,
+            &value,
+        )?))
+    }
+
+    /// What `of_value` returned before it was canonical: xxh3-128 of the
+    /// value's postcard encoding, which depends on map iteration order.
+    /// Only for matching keys begun by such a build while they last.
+    ///
+    /// # Errors
+    /// [`Error::Codec`](crate::Error::Codec) if postcard cannot encode the
+    /// value.
+    ///
+    /// # Examples
+    /// ```
+    /// # #![allow(deprecated)]
+    /// let f = dedupkv::Fingerprint::of_postcard(&(7u32, "x"))?;
+    /// assert_eq!(f, dedupkv::Fingerprint::of([7, 1, b'x']));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    #[deprecated(
+        since = "0.1.0",
+        note = "depends on map iteration order; use `Fingerprint::of_value`"
+    )]
+    pub fn of_postcard<T: serde::Serialize + ?Sized>(value: &T) -> crate::Result<Self> {
         Ok(Self::of(crate::codec::to_postcard(value)?))
     }
 
