@@ -1,6 +1,6 @@
 //! Canonical values: a serde `Serializer` that turns any `Serialize` value
 //! into a JSON-like tree, and the one byte encoding of that tree that
-//! fingerprints hash.
+//! fingerprints and keys from structured data hash.
 //!
 //! Invariant: two values that are equal in the model below encode to the
 //! same bytes, and two that differ encode to different bytes (the encoding
@@ -24,7 +24,7 @@
 //! `4 var` a negative integer (`var` the LEB128 of the magnitude), `5` and
 //! the eight big-endian bytes of a float, `6 var bytes` a string, `7 var
 //! item*` a sequence, `8 var (key value)*` a map. A hashed encoding starts
-//! with a domain byte ([`FINGERPRINT_V1`]).
+//! with a domain byte ([`FINGERPRINT_V1`], [`KEY_V1`]).
 
 use std::fmt;
 
@@ -35,6 +35,8 @@ use crate::{Error, Result};
 /// The first byte of a hashed encoding behind `Fingerprint::of_value`; a
 /// change of the encoding takes a new one.
 pub(crate) const FINGERPRINT_V1: u8 = 1;
+/// The first byte of a hashed encoding behind `Key::from_fields`.
+pub(crate) const KEY_V1: u8 = 2;
 
 /// Deepest nesting accepted (every compound, option and newtype is a
 /// level), so the serializer's recursion stays bounded; `serde_json`
@@ -67,6 +69,18 @@ impl Value {
 
     fn float(v: f64) -> Self {
         Value::Float(if v.is_nan() { NAN_BITS } else { v.to_bits() })
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Bool(_) => "a bool",
+            Value::Int { .. } => "an integer",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a string",
+            Value::Seq(_) => "a sequence",
+            Value::Map(_) => "a map",
+        }
     }
 }
 
@@ -206,6 +220,91 @@ fn write<'a>(value: &'a Value, path: &mut Vec<Seg<'a>>, out: &mut Vec<u8>) -> Re
         }
     }
     Ok(())
+}
+
+/// Selects the values at dotted `paths` in `value` into the map
+/// `{path: value}`, the input of a key from structured data.
+pub(crate) fn select(value: &Value, paths: &[&str]) -> Result<Value> {
+    if paths.is_empty() {
+        return Err(Error::InvalidArgument {
+            what: "paths",
+            reason: "is empty: a key needs at least one field".into(),
+        });
+    }
+    let mut entries = Vec::with_capacity(paths.len());
+    for (i, path) in paths.iter().enumerate() {
+        if paths[..i].contains(path) {
+            return Err(Error::InvalidArgument {
+                what: "paths",
+                reason: format!("list {path:?} twice"),
+            });
+        }
+        entries.push((
+            Value::Str((*path).to_string()),
+            lookup(value, path)?.clone(),
+        ));
+    }
+    Ok(Value::Map(entries))
+}
+
+fn lookup<'a>(value: &'a Value, path: &str) -> Result<&'a Value> {
+    let bad = |reason: String| Error::InvalidArgument {
+        what: "path",
+        reason: format!("{path:?} {reason}"),
+    };
+    let mut at = value;
+    let mut done = 0; // bytes of `path` walked, for "where"
+    for seg in path.split('.') {
+        let here = if done == 0 {
+            "the top level".to_string()
+        } else {
+            format!("{:?}", &path[..done - 1])
+        };
+        if seg.is_empty() {
+            return Err(bad("has an empty segment".into()));
+        }
+        at = match at {
+            Value::Map(entries) => {
+                let mut found = entries
+                    .iter()
+                    .filter(|(k, _)| matches!(k, Value::Str(s) if s == seg));
+                let first = found
+                    .next()
+                    .ok_or_else(|| bad(format!("selects nothing: {here} has no field {seg:?}")))?;
+                if found.next().is_some() {
+                    return Err(bad(format!(
+                        "is ambiguous: {here} has the key {seg:?} twice"
+                    )));
+                }
+                &first.1
+            }
+            Value::Seq(items) => {
+                let index = seg
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|i| i.to_string() == seg)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "selects nothing: {here} is a sequence and {seg:?} is not an index"
+                        ))
+                    })?;
+                items.get(index).ok_or_else(|| {
+                    bad(format!(
+                        "selects nothing: {here} has {} items, no index {index}",
+                        items.len()
+                    ))
+                })?
+            }
+            other => {
+                return Err(bad(format!(
+                    "selects nothing: {here} is {}, not a map or a sequence",
+                    other.kind()
+                )));
+            }
+        };
+        done += seg.len() + 1;
+    }
+    Ok(at)
 }
 
 /// Why a value has no canonical form.
@@ -625,5 +724,36 @@ mod tests {
             seq.serialize_element(&Nest(self.0 - 1))?;
             seq.end()
         }
+    }
+
+    #[test]
+    fn select_walks_maps_and_sequences() -> Result<()> {
+        let v = to_value(&serde_json::json!({"order": {"id": 7, "items": ["a", "b"]}}))?;
+        let sel = select(&v, &["order.items.1", "order.id"])?;
+        assert_eq!(
+            sel,
+            Value::Map(vec![
+                (Value::Str("order.items.1".into()), Value::Str("b".into())),
+                (Value::Str("order.id".into()), Value::int(false, 7)),
+            ])
+        );
+        for (path, needle) in [
+            ("order.nope", "has no field \"nope\""),
+            ("order.items.2", "has 2 items, no index 2"),
+            ("order.items.01", "is not an index"),
+            ("order.id.x", "is an integer, not a map"),
+            ("order..id", "empty segment"),
+            ("", "empty segment"),
+        ] {
+            let err = select(&v, &[path]).expect_err(path);
+            let msg = err.to_string();
+            assert!(
+                matches!(err, Error::InvalidArgument { what: "path", .. }),
+                "{msg}"
+            );
+            assert!(msg.contains(needle), "{path}: {msg}");
+            assert!(msg.contains(&format!("{path:?}")), "{path}: {msg}");
+        }
+        Ok(())
     }
 }

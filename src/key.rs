@@ -96,6 +96,69 @@ impl<'a> Key<'a> {
     }
 }
 
+impl Key<'static> {
+    /// A key whose id is derived from fields of a structured value, so two
+    /// services (or a retry that rebuilt the request) compute the same key
+    /// for the same business operation: the counterpart of an "event key
+    /// expression".
+    ///
+    /// Each path is a dotted walk from the top of `value`: a segment names
+    /// a struct field or a string map key, or, in a sequence, is a decimal
+    /// index (`items.0`). A field name that contains a dot cannot be
+    /// addressed; maps with non-string keys can be selected whole but not
+    /// walked into. The selected values form the map `{path: value}`, and
+    /// the id is the 32 lowercase hex digits of xxh3-128 of its canonical
+    /// encoding (the model of [`Fingerprint::of_value`], another domain
+    /// byte), so it always fits the id limit. The order of `paths` does not
+    /// matter; fields not selected do not matter; the types do not matter
+    /// beyond that model (a struct, a `HashMap` and a `serde_json::Value`
+    /// with equal selected fields give one key). A field present as `null`
+    /// is selected; a field skipped by `skip_serializing_if` is missing.
+    ///
+    /// The hash is not collision-resistant against someone who chooses
+    /// field values to collide with another request's key: derive keys
+    /// this way only from values that no adversary picks freely, or scope
+    /// them per tenant.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `paths`
+    /// is empty or lists a path twice, or a path has an empty segment or
+    /// selects nothing (the message names the path and what is missing);
+    /// as [`Fingerprint::of_value`] for a value without a canonical form.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::Key;
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct Order { id: u64, note: &'static str }
+    /// #[derive(serde::Serialize)]
+    /// struct Request { order: Order, customer: &'static str, sent_at: u64 }
+    ///
+    /// let req = Request { order: Order { id: 7, note: "gift" }, customer: "c-42", sent_at: 1 };
+    /// let key = Key::from_fields("payments", &req, &["order.id", "customer"])?;
+    /// assert_eq!(key.id().len(), 32);
+    ///
+    /// // Another service, holding the JSON with other fields, agrees:
+    /// let json = serde_json::json!({"customer": "c-42", "order": {"id": 7}, "retry": 3});
+    /// assert_eq!(Key::from_fields("payments", &json, &["customer", "order.id"])?, key);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn from_fields<S, T>(scope: &S, value: &T, paths: &[&str]) -> crate::Result<Key<'static>>
+    where
+        S: AsRef<[u8]> + ?Sized,
+        T: serde::Serialize + ?Sized,
+    {
+        let value = crate::canon::to_value(value)?;
+        let selected = crate::canon::select(&value, paths)?;
+        let hash = crate::canon::hash(crate::canon::KEY_V1, &selected)?;
+        Ok(Key::owned(
+            scope.as_ref().to_vec(),
+            format!("{hash:032x}").into_bytes(),
+        ))
+    }
+}
+
 impl fmt::Debug for Key<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key({})", crate::error::show_key(&self.scope, &self.id))
