@@ -98,6 +98,69 @@ impl<'a> Key<'a> {
     }
 }
 
+impl Key<'static> {
+    /// A key whose id is derived from fields of a structured value, so two
+    /// services (or a retry that rebuilt the request) compute the same key
+    /// for the same business operation: the counterpart of an "event key
+    /// expression".
+    ///
+    /// Each path is a dotted walk from the top of `value`: a segment names
+    /// a struct field or a string map key, or, in a sequence, is a decimal
+    /// index (`items.0`). A field name that contains a dot cannot be
+    /// addressed; maps with non-string keys can be selected whole but not
+    /// walked into. The selected values form the map `{path: value}`, and
+    /// the id is the 32 lowercase hex digits of xxh3-128 of its canonical
+    /// encoding (the model of [`Fingerprint::of_value`], another domain
+    /// byte), so it always fits the id limit. The order of `paths` does not
+    /// matter; fields not selected do not matter; the types do not matter
+    /// beyond that model (a struct, a `HashMap` and a `serde_json::Value`
+    /// with equal selected fields give one key). A field present as `null`
+    /// is selected; a field skipped by `skip_serializing_if` is missing.
+    ///
+    /// The hash is not collision-resistant against someone who chooses
+    /// field values to collide with another request's key: derive keys
+    /// this way only from values that no adversary picks freely, or scope
+    /// them per tenant.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `paths`
+    /// is empty or lists a path twice, or a path has an empty segment or
+    /// selects nothing (the message names the path and what is missing);
+    /// as [`Fingerprint::of_value`] for a value without a canonical form.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::Key;
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct Order { id: u64, note: &'static str }
+    /// #[derive(serde::Serialize)]
+    /// struct Request { order: Order, customer: &'static str, sent_at: u64 }
+    ///
+    /// let req = Request { order: Order { id: 7, note: "gift" }, customer: "c-42", sent_at: 1 };
+    /// let key = Key::from_fields("payments", &req, &["order.id", "customer"])?;
+    /// assert_eq!(key.id().len(), 32);
+    ///
+    /// // Another service, holding the JSON with other fields, agrees:
+    /// let json = serde_json::json!({"customer": "c-42", "order": {"id": 7}, "retry": 3});
+    /// assert_eq!(Key::from_fields("payments", &json, &["customer", "order.id"])?, key);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn from_fields<S, T>(scope: &S, value: &T, paths: &[&str]) -> crate::Result<Key<'static>>
+    where
+        S: AsRef<[u8]> + ?Sized,
+        T: serde::Serialize + ?Sized,
+    {
+        let value = crate::canon::to_value(value)?;
+        let selected = crate::canon::select(&value, paths)?;
+        let hash = crate::canon::hash(crate::canon::KEY_V1, &selected)?;
+        Ok(Key::owned(
+            scope.as_ref().to_vec(),
+            format!("{hash:032x}").into_bytes(),
+        ))
+    }
+}
+
 impl fmt::Debug for Key<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key({})", crate::error::show_key(&self.scope, &self.id))
@@ -297,18 +360,83 @@ impl Fingerprint {
         Self(xxhash_rust::xxh3::xxh3_128(bytes.as_ref()))
     }
 
-    /// The fingerprint of a serializable value, through the crate's payload
-    /// codec (postcard), so equal values give equal fingerprints.
+    /// The fingerprint of a serializable value, canonically: equal values
+    /// give equal fingerprints whatever their types' map order, so a retry
+    /// that rebuilt its request (a fresh `HashMap`, a parsed
+    /// `serde_json::Value`) matches the first attempt.
+    ///
+    /// "Equal" is the JSON-like model of `docs/design.md` ("Canonical
+    /// values"): every integer type is one kind (`5u8` equals `5i64`, but
+    /// not `5.0`); floats compare by their `f64` bits with one NaN (`0.0`
+    /// is not `-0.0`); `char` is a string; bytes are a sequence of
+    /// integers; tuples and tuple structs are sequences; structs and maps
+    /// are maps, compared as sets of entries; `None` and `()` are null,
+    /// `Some(x)` and a newtype struct are `x`; enums are tagged like
+    /// `serde_json` (a unit variant is its name, any other
+    /// `{name: content}`). So a struct and a map or `serde_json::Value`
+    /// with the same field names and values agree, and so do two services
+    /// that serialize the same JSON.
+    ///
+    /// The digest is xxh3-128 of a version byte and the canonical
+    /// encoding. It guards against a key reused for other parameters, not
+    /// against a client that crafts collisions. Fingerprints of builds
+    /// before the canonical encoding differ: see
+    /// [`of_postcard`](Self::of_postcard).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a map
+    /// that serializes a key twice (the message names the key and where),
+    /// or a value nested deeper than 128 levels;
+    /// [`Error::Codec`](crate::Error::Codec) if the value's `Serialize`
+    /// fails.
     ///
     /// # Examples
     /// ```
+    /// use std::collections::{BTreeMap, HashMap};
+    /// use dedupkv::Fingerprint;
+    ///
     /// #[derive(serde::Serialize)]
     /// struct Charge { amount: u64, currency: &'static str }
-    /// let f = dedupkv::Fingerprint::of_value(&Charge { amount: 100, currency: "EUR" })?;
+    /// let f = Fingerprint::of_value(&Charge { amount: 100, currency: "EUR" })?;
+    ///
+    /// let json: serde_json::Value = serde_json::from_str(r#"{"currency":"EUR","amount":100}"#).unwrap();
+    /// assert_eq!(Fingerprint::of_value(&json)?, f);
+    ///
+    /// let a: HashMap<&str, u32> = [("x", 1), ("y", 2)].into();
+    /// let b: BTreeMap<&str, u8> = [("y", 2), ("x", 1)].into();
+    /// assert_eq!(Fingerprint::of_value(&a)?, Fingerprint::of_value(&b)?);
+    /// assert_ne!(Fingerprint::of_value(&1)?, Fingerprint::of_value("1")?);
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn of_value<T: serde::Serialize + ?Sized>(value: &T) -> crate::Result<Self> {
-        Ok(Self::of(crate::codec::to_bytes(value)?))
+        let value = crate::canon::to_value(value)?;
+        Ok(Self(crate::canon::hash(
+            crate::canon::FINGERPRINT_V1,
+            &value,
+        )?))
+    }
+
+    /// What `of_value` returned before it was canonical: xxh3-128 of the
+    /// value's postcard encoding, which depends on map iteration order.
+    /// Only for matching keys begun by such a build while they last.
+    ///
+    /// # Errors
+    /// [`Error::Codec`](crate::Error::Codec) if postcard cannot encode the
+    /// value.
+    ///
+    /// # Examples
+    /// ```
+    /// # #![allow(deprecated)]
+    /// let f = dedupkv::Fingerprint::of_postcard(&(7u32, "x"))?;
+    /// assert_eq!(f, dedupkv::Fingerprint::of([7, 1, b'x']));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    #[deprecated(
+        since = "0.1.0",
+        note = "depends on map iteration order; use `Fingerprint::of_value`"
+    )]
+    pub fn of_postcard<T: serde::Serialize + ?Sized>(value: &T) -> crate::Result<Self> {
+        Ok(Self::of(crate::codec::to_postcard(value)?))
     }
 
     /// "No parameters": a key begun with `NONE` matches only `NONE`.

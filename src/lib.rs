@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 mod builder;
+mod canon;
 mod civil;
 mod claim;
 mod clock;

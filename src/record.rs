@@ -285,11 +285,14 @@ impl Record {
     }
 
     /// Decodes a typed outcome stored with
-    /// [`complete_value`](crate::Store::complete_value).
+    /// [`complete_value`](crate::Store::complete_value): JSON, or postcard
+    /// for outcomes written by builds before JSON (their format tag says
+    /// which).
     ///
     /// # Errors
     /// [`Error::Codec`](crate::Error::Codec) if there is no outcome, it was
-    /// stored as raw bytes, or it does not decode as `T`.
+    /// stored as raw bytes (by [`complete`](crate::Store::complete)), or it
+    /// does not decode as `T`.
     ///
     /// # Examples
     /// ```

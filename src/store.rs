@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use crate::builder::Config;
 use crate::claim::{Begin, Claim, Failure, Forget, InProgress};
 use crate::clock::{Clock, to_system_time};
-use crate::codec::{TAG_POSTCARD, TAG_RAW};
+use crate::codec::{TAG_JSON, TAG_RAW};
 use crate::error::show_key;
 use crate::index::{Pending, Probe, Shard, ShardedIndex, Slot, SlotState};
 use crate::key::{KeyHash, KeyHasher};
@@ -797,23 +797,45 @@ impl Store {
             .and_then(|row| self.inner.log.settle(row))
     }
 
-    /// Completes a claim with a typed outcome, encoded by the payload codec
-    /// (postcard); read it back with [`Record::outcome_as`].
+    /// Completes a claim with a typed outcome, stored as JSON (`serde_json`);
+    /// read it back with [`Record::outcome_as`].
+    ///
+    /// The value is encoded, then decoded back as `T` before anything is
+    /// recorded: an outcome that would be stored but could not be replayed
+    /// is refused, and the claim stays usable (complete it with another
+    /// value, or fail it). Every serde attribute that `serde_json` round-trips
+    /// is supported: `rename`/`rename_all`, `default`,
+    /// `skip_serializing_if`, `flatten`, and externally, internally
+    /// (`tag`), adjacently (`tag` + `content`) tagged and `untagged` enums.
+    /// Not supported, and refused here: non-finite floats (JSON has no NaN
+    /// or infinity; they encode as `null`), map keys that JSON cannot
+    /// write as strings (a tuple or struct key), nesting deeper than 128
+    /// levels. JSON also cannot tell `Some(None)` from `None` in an
+    /// `Option<Option<_>>`: that reads back as `None`.
     ///
     /// # Errors
-    /// [`Error::Codec`] if the value cannot be encoded; otherwise as
+    /// [`Error::Codec`] if the value cannot be encoded, or "cannot be read
+    /// back" as `T`; nothing is recorded then. Otherwise as
     /// [`complete`](Self::complete).
     ///
     /// # Examples
-    /// See [`Record::outcome_as`].
-    pub fn complete_value<T: serde::Serialize + ?Sized>(
-        &self,
-        claim: &Claim,
-        outcome: &T,
-    ) -> Result<()> {
-        let bytes = crate::codec::to_bytes(outcome)?;
+    /// ```
+    /// # use dedupkv::{Begin, Error, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(claim) = store.begin(&Key::new("t", "e"), Fingerprint::NONE)? else { unreachable!() };
+    /// // NaN would be stored as `null`, which does not read back as an f64:
+    /// assert!(matches!(store.complete_value(&claim, &f64::NAN), Err(Error::Codec(_))));
+    /// store.complete_value(&claim, &1.5f64)?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn complete_value<T>(&self, claim: &Claim, outcome: &T) -> Result<()>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let bytes = crate::codec::encode_outcome(outcome)?;
         self.inner
-            .finish(claim, Kind::Complete, TAG_POSTCARD, &bytes, None)
+            .finish(claim, Kind::Complete, TAG_JSON, &bytes, None)
             .and_then(|row| self.inner.log.settle(row))
     }
 

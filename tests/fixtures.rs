@@ -125,7 +125,7 @@ fn write_fuzz_seed() -> Result<()> {
         clock.advance(Duration::from_secs(90));
         let held = start("held");
         store.renew(&held)?;
-        store.complete_value(&start("retry"), &("typed", 42u32))?;
+        store.complete_value(&start("retry"), &("typed".to_string(), 42u32))?;
         store.insert_if_absent(&Key::new("seed", "later"))?;
         std::mem::forget(held); // still claimed at close
     }
