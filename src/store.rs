@@ -203,9 +203,12 @@ impl Store {
             )));
         }
         let index = ShardedIndex::with_capacity(cfg.shards, cfg.expected_keys);
-        let now_bucket = clock.now_millis().min(MAX_TIME) / cfg.granularity_ms;
+        // The store's time never goes back: not below the floor persisted
+        // by earlier runs, nor (below) the latest record's time.
+        let time_floor = meta.time_floor.min(MAX_TIME);
+        let now_bucket = clock.now_millis().clamp(time_floor, MAX_TIME) / cfg.granularity_ms;
         let mut max_token = 0;
-        let mut time_floor = 0;
+        let mut time_floor = time_floor;
         let replayed = crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec| {
             time_floor = time_floor.max(rec.at);
             if rec.kind.is_entity() {
@@ -240,6 +243,7 @@ impl Store {
                 durability: cfg.durability,
                 quick_repair: cfg.quick_repair,
                 split_at: cfg.row_split_bytes,
+                time_step: cfg.granularity_ms,
             },
         )
         // The first commit: an open that cannot write (a full disk, a

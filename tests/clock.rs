@@ -131,3 +131,43 @@ fn a_clock_at_u64_max_never_gives_two_started() -> Result<()> {
     assert!(!store.insert_if_absent(&Key::new("t", "evt"))?);
     Ok(())
 }
+
+#[test]
+fn the_store_time_survives_a_reopen_after_every_record_expired() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    {
+        let store = builder(&clock).open(&path)?;
+        assert!(store.insert_if_absent(&Key::new("t", "e"))?);
+        clock.set(T0 + 3 * 60 * MIN);
+        assert!(store.insert_if_absent(&Key::new("t", "later"))?);
+        clock.set(T0 + 6 * 60 * MIN);
+        let ev = store.evict_expired()?;
+        assert_eq!(ev.keys, 2, "every record expired and left the file");
+        // One more write at the latest time, then nothing is left of it
+        // but the persisted floor.
+        assert!(store.insert_if_absent(&Key::new("t", "last"))?);
+        clock.set(T0 + 8 * 60 * MIN);
+        store.evict_expired()?;
+        assert_eq!(store.stats().keys, 0);
+    }
+    // The clock is ten days behind at the reopen.
+    clock.set(T0 - 10 * 24 * 60 * MIN);
+    let store = builder(&clock).open(&path)?;
+    let key = Key::new("t", "op");
+    let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("new")
+    };
+    assert!(
+        store.stats().clock_behind > 0,
+        "the clock reads behind the store's time"
+    );
+    clock.advance(Duration::from_secs(31));
+    assert!(
+        matches!(store.begin(&key, Fingerprint::NONE)?, Begin::InProgress(_)),
+        "the store's time stands still while the clock is behind: the lease holds"
+    );
+    store.complete(&c, b"")?;
+    Ok(())
+}

@@ -70,6 +70,9 @@ pub(crate) struct Batch {
     token_floor: Option<u64>,
     /// A new time floor (a clock reading, ms) to persist with this commit.
     time_floor: Option<u64>,
+    /// The latest `at` of the batch's records: the commit persists it as
+    /// the time floor once it passes the persisted one by `time_step`.
+    max_at: u64,
 }
 
 impl Batch {
@@ -89,6 +92,7 @@ impl Batch {
             trims: Vec::new(),
             token_floor: None,
             time_floor: None,
+            max_at: 0,
         }
     }
 
@@ -111,7 +115,7 @@ impl Batch {
     /// a reopen (the persisted floor becomes the larger of the old one and
     /// `ms`), in this commit. Read back at open as
     /// [`FileMeta::time_floor`](super::FileMeta::time_floor).
-    #[allow(dead_code)] // the clock-floor check is the lead's; tested below
+    #[cfg(test)]
     pub(crate) fn raise_time_floor(&mut self, ms: u64) {
         self.time_floor = Some(self.time_floor.map_or(ms, |f| f.max(ms)));
     }
@@ -126,6 +130,7 @@ impl Batch {
             self.row_bytes = 0;
             self.open_row.store(self.row, Ordering::Release);
         }
+        self.max_at = self.max_at.max(rec.at);
         rec.idx = self.next_idx;
         self.next_idx += 1;
         let part = if let Some(i) = self.parts.iter().position(|(b, _)| *b == bucket) {
@@ -188,6 +193,8 @@ struct Shared {
     /// acknowledged.
     callers: [AtomicU32; 2],
     quick_repair: bool,
+    /// See [`LogSettings::time_step`].
+    time_step: u64,
     /// Buckets that have a table on disk (as of the last commit).
     buckets: Mutex<BTreeSet<u64>>,
     /// The manifest as of the last commit (every bucket table, expired
@@ -203,6 +210,10 @@ pub(crate) struct LogSettings {
     pub quick_repair: bool,
     /// Where a row is closed (see [`ROW_SPLIT_BYTES`]).
     pub split_at: usize,
+    /// How far the records' times may pass the persisted time floor before
+    /// a commit rewrites it (the bucket granularity: a reopened store's
+    /// time then starts at most this far behind the latest record's).
+    pub time_step: u64,
 }
 
 /// The log: append under a shard lock, then wait for durability.
@@ -236,6 +247,7 @@ impl Log {
             durability,
             quick_repair,
             split_at,
+            time_step,
         } = settings;
         let (kick, kicked) = bounded(1);
         let open_row = Arc::new(AtomicU64::new(last_row + 1));
@@ -256,6 +268,7 @@ impl Log {
             open_row,
             durable_row: AtomicU64::new(last_row),
             quick_repair,
+            time_step,
             buckets: Mutex::new(buckets),
             manifest: Mutex::new(manifest),
         });
@@ -620,6 +633,9 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
     if let Some(floor) = batch.time_floor {
         next.time_floor = next.time_floor.max(floor);
     }
+    if batch.max_at >= next.time_floor.saturating_add(s.time_step) {
+        next.time_floor = batch.max_at;
+    }
     // Deletions first: a bucket dropped and written in one commit keeps the
     // new rows.
     for bucket in &batch.drop_buckets {
@@ -682,6 +698,7 @@ mod tests {
                 durability: Durability::Immediate,
                 quick_repair: false,
                 split_at: ROW_SPLIT_BYTES,
+                time_step: u64::MAX,
             },
         )
     }
