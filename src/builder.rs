@@ -201,8 +201,8 @@ impl StoreBuilder {
     }
 
     /// redb quick repair: one more sync per commit, in exchange for a reopen
-    /// after a crash in milliseconds instead of a full file check.
-    /// Default: off (see the README's reopen figures).
+    /// after a crash without redb's full file check. Default: off (it made
+    /// no measurable difference to reopen time; see `docs/performance.md`).
     ///
     /// # Examples
     /// ```
@@ -438,8 +438,7 @@ impl StoreBuilder {
     /// is deleted a slice of rows per commit, oldest first, each slice
     /// about this size, before the table itself is dropped: redb frees a
     /// dropped table's pages inside one commit, and writers wait for that
-    /// commit (13 ms for a 22 MB bucket of a million keys on the
-    /// benchmark machine, against well under 1 ms per 1 MiB slice).
+    /// commit, so a large bucket dropped whole stalls every writer.
     /// Smaller slices mean shorter stalls and more commits. Default: 1 MiB.
     ///
     /// # Errors

@@ -1,17 +1,14 @@
 //! Background growth of shard tables.
 //!
 //! Growing a slot table moves every slot into a larger table (3/4 full):
-//! for a shard of 16,000 keys about a third of a millisecond, and, spread
-//! over the inserts that fill the quarter, the largest single cost of
-//! inserting into a growing store (measured: 0.25 ms of a 1.1 ms
-//! `insert_batch` of 1,000 keys into a 1M-key store). An insert that takes
-//! a shard past [`PRE_GROW`](super::table) asks the grower thread to grow
-//! it, which it does on the otherwise idle core, well before an insert
-//! would have to grow the table itself (at 90 %). It holds the shard's lock
-//! only to move the slots: the new table's pages are faulted in before it
-//! takes the lock and the old table is freed after it let go (measured on
-//! inserts into a 1M-key store: 70 µs of locked time where it had been
-//! 100 µs, per 1,000 keys inserted).
+//! spread over the inserts that fill the quarter, the largest single cost
+//! of inserting into a growing store (figures in `docs/performance.md`).
+//! An insert that takes a shard past [`PRE_GROW`](super::table) asks the
+//! grower thread to grow it, which it does on the otherwise idle core,
+//! well before an insert would have to grow the table itself (at 90 %). It
+//! holds the shard's lock only to move the slots: the new table's pages
+//! are faulted in before it takes the lock and the old table is freed
+//! after it let go, so callers wait only for the move.
 //!
 //! Invariants:
 //! - the grow queue's lock is a leaf: it is taken while a shard lock is

@@ -123,9 +123,7 @@ impl SlotTable {
     /// about 15 slots, six lines, past a new key's home). Independent
     /// reads for many keys let the processor overlap their cache misses,
     /// so a batch touches all its keys first and then works on warm lines
-    /// (1,000-key `insert_batch` into a 1M-key store, five alternating
-    /// runs: 20.9–21.9× raw redb, against 19.0–20.3× reading the home slot
-    /// alone).
+    /// (measured against reading the home slot alone: `docs/performance.md`).
     pub(crate) fn touch(&self, h: KeyHash) -> u64 {
         let Some(last) = self.slots.len().checked_sub(1) else {
             return 0;
@@ -293,9 +291,9 @@ impl SlotTable {
 
     /// Moves every slot into `blank` (all empty, large enough) and returns
     /// the old allocation. (Placing each slot right after the one before,
-    /// as home order allows, instead of walking its run was 25 % faster on
-    /// a 470k-key table, 4.5 ms against 6.2, and changed no end-to-end
-    /// figure: the move is bound by memory traffic, so it stays simple.)
+    /// as home order allows, was faster on its own and changed no
+    /// end-to-end figure: the move is bound by memory traffic, so it stays
+    /// simple.)
     fn move_into(&mut self, blank: Vec<Slot>) -> Vec<Slot> {
         let old = std::mem::replace(&mut self.slots, blank);
         for s in old.iter().filter(|s| !s.is_empty()) {

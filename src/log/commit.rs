@@ -385,9 +385,7 @@ impl Log {
     /// hand-offs through the committer thread. Otherwise wakes the
     /// committer, which waits briefly for stragglers ([`gather`]) first:
     /// callers woken together by a commit fill the next one fuller that way
-    /// than if the first of them to be ready committed at once (measured
-    /// with 16 threads: 15.7 records a commit through the committer, 13
-    /// when callers led).
+    /// than if the first of them to be ready committed at once.
     fn lead_or_kick(&self) {
         let s = &*self.shared;
         if self.durability == Durability::Immediate
@@ -424,8 +422,8 @@ impl Log {
     /// Deletes the rows numbered `rows` from the table of `bucket` in the
     /// next commit and waits for it. Eviction deletes a large bucket this
     /// way, a slice per commit, before it deletes the table: redb frees a
-    /// deleted table's pages inside one commit (13 ms for a 22 MB bucket
-    /// here), and every writer waits for that commit.
+    /// deleted table's pages inside one commit, and every writer waits for
+    /// that commit.
     pub(crate) fn trim_bucket(
         &self,
         bucket: u64,
