@@ -205,6 +205,10 @@ pub(crate) struct Entity {
     /// Events at or past `next`, waiting for their predecessor.
     pub parked: BTreeMap<u64, Stored>,
     pub held: BTreeMap<u64, Stored>,
+    /// No core record of this incarnation is written yet: the first one
+    /// says so (see [`Entity::core_payload`]), so replay forgets whatever an
+    /// earlier incarnation (one that expired) left in the log.
+    pub fresh: bool,
     /// Events delivered and not yet acknowledged (`acked <= seq < next`).
     pub unacked: BTreeMap<u64, Stored>,
 }
@@ -235,6 +239,7 @@ impl Entity {
             parked: BTreeMap::new(),
             held: BTreeMap::new(),
             unacked: BTreeMap::new(),
+            fresh: true,
         }
     }
 
@@ -284,16 +289,31 @@ impl Entity {
         self.unacked.insert(seq, ev);
     }
 
-    /// The core record's payload: the ack mark while something is
-    /// unacknowledged, else empty ("everything delivered is acknowledged").
-    fn ack_mark(&self) -> Vec<u8> {
-        if self.unacked.is_empty() {
-            Vec::new()
+    /// The core record's payload: empty ("everything delivered is
+    /// acknowledged") or the ack mark (8 bytes) while something is
+    /// unacknowledged; the first core record of an incarnation adds a
+    /// flags byte (`FRESH`) after the mark (the mark then always there).
+    fn core_payload(&self) -> Vec<u8> {
+        let acked = if self.unacked.is_empty() {
+            self.next
         } else {
-            self.acked.to_le_bytes().to_vec()
+            self.acked
+        };
+        match (self.fresh, self.unacked.is_empty()) {
+            (false, true) => Vec::new(),
+            (false, false) => acked.to_le_bytes().to_vec(),
+            (true, _) => {
+                let mut v = acked.to_le_bytes().to_vec();
+                v.push(FRESH);
+                v
+            }
         }
     }
 }
+
+/// The flag of an incarnation's first core record (see
+/// [`Entity::core_payload`]).
+const FRESH: u8 = 1;
 
 fn record<'a>(kind: Kind, key: &'a Key<'_>, at: u64, expires: u64) -> RecordRef<'a> {
     RecordRef {
@@ -326,7 +346,8 @@ impl Inner {
         rec.token = e.version.map_or(0, |v| v.saturating_add(1));
         rec.first_at = e.next;
         rec.lease_until = e.gap_since;
-        let mark = e.ack_mark();
+        let mark = e.core_payload();
+        e.fresh = false;
         rec.outcome = &mark;
         let bucket = (rec.expires / g).max(e.bucket);
         rec.expires = rec.expires.max(bucket.saturating_mul(g));
@@ -570,6 +591,11 @@ impl Store {
         let mut shard = inner.index.lock(h);
         let e = shard.entity_mut(h, nb, entity);
         let mut batch = inner.log.batch()?;
+        if e.fresh {
+            // Its events are written before its core record below: mark
+            // the incarnation first, so replay drops only what came before.
+            inner.log_core(&mut batch, e, now);
+        }
         let moved = inner.hold_overdue(&mut batch, e, now);
         let next = e.expected();
         let mut again = false;
@@ -917,6 +943,8 @@ pub(crate) fn apply_entity_record(
 ) -> Result<()> {
     let key = Key::new(rec.scope, rec.id);
     let e = shard.entity_mut(h, 0, &key);
+    // Whatever it was, it is an entity of the log now, not a new one.
+    e.fresh = false;
     let stored = |aux2| Stored {
         kind: rec.kind,
         payload: rec.outcome.to_vec(),
@@ -926,19 +954,32 @@ pub(crate) fn apply_entity_record(
     };
     match rec.kind {
         Kind::Entity => {
+            let (acked, flags) = match *rec.outcome {
+                [] => (rec.first_at, 0),
+                [a0, a1, a2, a3, a4, a5, a6, a7] => {
+                    (u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]), 0)
+                }
+                [a0, a1, a2, a3, a4, a5, a6, a7, f] if f & !FRESH == 0 => {
+                    (u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]), f)
+                }
+                _ => {
+                    return Err(Error::Corrupt(format!(
+                        "the Entity record of {} in log row {row} has a malformed \
+                         {}-byte payload",
+                        crate::error::show_key(rec.scope, rec.id),
+                        rec.outcome.len()
+                    )));
+                }
+            };
+            if flags & FRESH != 0 {
+                // A new incarnation: what an expired one left is not its.
+                *e = Entity::new(h, &key);
+                e.fresh = false;
+            }
             e.version = rec.token.checked_sub(1);
             e.next = rec.first_at;
             e.gap_since = rec.lease_until;
-            e.acked = match *rec.outcome {
-                [] => rec.first_at,
-                _ => u64::from_le_bytes(rec.outcome.try_into().map_err(|_| {
-                    Error::Corrupt(format!(
-                        "the Entity record of {} in log row {row} has a {}-byte ack mark, not 8",
-                        crate::error::show_key(rec.scope, rec.id),
-                        rec.outcome.len()
-                    ))
-                })?),
-            };
+            e.acked = acked;
             e.bucket = bucket;
             e.row = row;
         }

@@ -660,3 +660,69 @@ fn delivered_events_survive_a_sigkill_until_acked() -> Result<()> {
     assert!(store.unacked(&acct)?.is_empty());
     Ok(())
 }
+
+/// An entity whose state expired starts again at 1; what its earlier
+/// incarnation left in the log (its acknowledged events) must not come
+/// back at a reopen as parked events of the new one.
+#[test]
+fn a_new_incarnation_of_an_expired_entity_gets_no_ghost_events_at_reopen() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(1_700_000_040_000);
+    let min = Duration::from_secs(60);
+    let open = || {
+        Store::builder()
+            .clock(clock.clone())
+            .retention(60 * min)
+            .entity_retention(60 * min)
+            .max_hold(5 * min)
+            .background_eviction(false)
+            .open(&path)
+    };
+    let acct = Key::new("bank", "acct-1");
+    {
+        let store = open()?;
+        // The first incarnation: 2..=13 parked, then 1 delivers them all.
+        for seq in 2..=13u64 {
+            assert_eq!(
+                store.sequence(&acct, seq, format!("old{seq}").as_bytes())?,
+                Sequenced::Parked
+            );
+        }
+        let Sequenced::Delivered(v) = store.sequence(&acct, 1, b"old1")? else {
+            panic!("1 delivers the parked events")
+        };
+        assert_eq!(v.len(), 13);
+        assert_eq!(store.ack(&acct, 13)?, 13);
+        // Its state expires (no eviction ran), and a new incarnation
+        // delivers 1..=10.
+        clock.advance(3 * 60 * min);
+        for seq in 1..=10u64 {
+            let Sequenced::Delivered(v) =
+                store.sequence(&acct, seq, format!("new{seq}").as_bytes())?
+            else {
+                panic!("new {seq} is next")
+            };
+            assert_eq!(v.len(), 1);
+            store.ack(&acct, seq)?;
+        }
+    }
+    let store = open()?;
+    assert_eq!(
+        store.stats().parked_now,
+        0,
+        "no ghost of the old incarnation"
+    );
+    assert_eq!(store.stats().unacked_now, 0);
+    let Sequenced::Delivered(v) = store.sequence(&acct, 11, b"new11")? else {
+        panic!("new 11 is next")
+    };
+    assert_eq!(
+        v.iter()
+            .map(|d| (d.seq, d.payload.clone()))
+            .collect::<Vec<_>>(),
+        [(11, b"new11".to_vec())],
+        "only the new event, with its own payload"
+    );
+    Ok(())
+}
