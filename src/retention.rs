@@ -81,6 +81,17 @@ impl Inner {
         let g = self.cfg.granularity_ms;
         let nb = now / g;
         let write_bucket = now.saturating_add(self.cfg.retention_ms) / g;
+        // Close the expired buckets to writers and commit what was written
+        // to them before: a caller that read the time before this pass (or
+        // an entity retention shorter than a bucket) could otherwise append
+        // to a bucket after its index pass read it, and its deletion would
+        // take a record nobody re-logs. After the flush, every bucket with
+        // a record is listed, so `evicted_through` below holds for slots.
+        if nb > 0 && self.closed_bucket.load(crate::sync::Ordering::Acquire) < nb - 1 {
+            self.closed_bucket
+                .fetch_max(nb - 1, crate::sync::Ordering::SeqCst);
+            self.log.flush()?;
+        }
         let buckets = self.log.buckets();
         let mut out = Eviction::default();
         let mut victims = Vec::new();
