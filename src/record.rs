@@ -99,8 +99,9 @@ impl Record {
             expires: rec.expires,
             lease_until: (rec.kind == Kind::Claim).then_some(rec.lease_until),
             fingerprint: (rec.kind != Kind::Insert).then_some(Fingerprint(rec.params)),
-            provider_key: (rec.kind != Kind::Insert)
-                .then(|| crate::claim::provider_key(secret, rec.scope, rec.id, rec.first_at)),
+            provider_key: (rec.kind != Kind::Insert).then(|| {
+                crate::claim::provider_key(secret, rec.scope, rec.id, rec.first_at, rec.params)
+            }),
             outcome_tag: rec.outcome_tag,
             outcome: finished.then(|| rec.outcome.to_vec()),
         }

@@ -752,6 +752,7 @@ impl Store {
                 key.scope(),
                 key.id(),
                 first_at,
+                fingerprint.0,
             ),
             lease_until: AtomicU64::new(lease_until),
             finished: AtomicBool::new(false),

@@ -61,3 +61,28 @@ fn retryable_any_request_lets_a_corrected_request_retry_and_survives_reopen() ->
     );
     Ok(())
 }
+
+#[test]
+fn a_corrected_request_gets_a_provider_key_of_its_own() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path().join("s.redb"))?;
+    let key = Key::new("t", "charge");
+    let first = started(store.begin(&key, Fingerprint::of("card 4242"))?);
+    let first_key = first.provider_key();
+    store.fail(&first, Failure::Retryable)?;
+    let same = started(store.begin(&key, Fingerprint::of("card 4242"))?);
+    assert_eq!(
+        same.provider_key(),
+        first_key,
+        "a retry of the same request"
+    );
+    store.fail(&same, Failure::RetryableAnyRequest)?;
+    // A provider refuses a key reused with other parameters (or replays
+    // the old decline): the corrected request is a new provider operation.
+    let corrected = started(store.begin(&key, Fingerprint::of("card 5555"))?);
+    assert_ne!(corrected.provider_key(), first_key);
+    store.complete(&corrected, b"ch_1")?;
+    let rec = store.get(&key)?.expect("recorded");
+    assert_eq!(rec.provider_key(), Some(corrected.provider_key()));
+    Ok(())
+}
