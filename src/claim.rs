@@ -224,7 +224,8 @@ impl Claim {
 
     /// Whether this attempt took over an earlier one that never answered:
     /// its process died (a claim left by an earlier process is taken over
-    /// as soon as the store is reopened) or its lease lapsed. That attempt
+    /// as soon as the store is reopened), its lease lapsed, or its claim
+    /// was dropped without `complete` or `fail` (a handler that panicked). That attempt
     /// may have performed its side effect before it stopped: before
     /// repeating an external call, ask the system it called (look the
     /// operation up by its idempotency key) and complete with what it says.

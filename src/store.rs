@@ -21,7 +21,7 @@ use crate::codec::{TAG_JSON, TAG_RAW};
 use crate::error::show_key;
 use crate::index::{Pending, Probe, Shard, ShardedIndex, Slot, SlotState};
 use crate::key::{KeyHash, KeyHasher};
-use crate::log::format::{Kind, RELEASE_ANY_REQUEST, RecordRef, read_row};
+use crate::log::format::{Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef, read_row};
 use crate::log::{FileMeta, Location, Log, commit::Batch, open_database};
 use crate::retention::{Eviction, Evictor};
 use crate::stats::Stats;
@@ -697,7 +697,9 @@ impl Store {
                                 first_at: p.first_at,
                             })));
                         }
-                        let interrupted = s.state() == SlotState::Claimed;
+                        // An attempt that never answered: its process died,
+                        // its lease lapsed, or its claim was dropped.
+                        let interrupted = s.state() == SlotState::Claimed || p.abandoned;
                         if interrupted {
                             shard.counters.takeovers += 1;
                         }
@@ -723,6 +725,7 @@ impl Store {
             lease_ms: op.lease_ms,
             retention_ms: op.retention_ms,
             any_request: false,
+            abandoned: false,
         };
         let mut rec = Inner::claim_record(key.scope(), key.id(), &p, now);
         let row = {
@@ -1186,6 +1189,7 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         lease_ms: rec.lease_until.saturating_sub(rec.at).max(1),
         retention_ms: rec.expires.saturating_sub(rec.at),
         any_request: rec.kind == Kind::Release && rec.outcome_tag == RELEASE_ANY_REQUEST,
+        abandoned: rec.kind == Kind::Release && rec.outcome_tag == RELEASE_ABANDONED,
     };
     let state = match rec.kind {
         Kind::Insert => SlotState::Inserted,
@@ -1729,6 +1733,7 @@ impl Inner {
                 shard.set_pending(Pending {
                     lease_until: 0,
                     any_request: tag == RELEASE_ANY_REQUEST,
+                    abandoned: tag == RELEASE_ABANDONED,
                     ..p
                 });
                 shard.counters.released += 1;
@@ -1750,7 +1755,7 @@ impl Inner {
     /// record is lost in a crash, the lease lapses instead.
     pub(crate) fn release_dropped(&self, claim: &Claim) {
         claim.finished.store(false, Ordering::Release);
-        match self.finish(claim, Kind::Release, TAG_RAW, &[], None) {
+        match self.finish(claim, Kind::Release, RELEASE_ABANDONED, &[], None) {
             Ok(_) => self.log.kick(),
             Err(e) => tracing::debug!(key = %claim.key, error = %e, "dropped claim not released"),
         }

@@ -522,3 +522,25 @@ fn provider_keys_differ_across_scopes_stores_and_operations() -> Result<()> {
     assert_eq!(rec.provider_key(), None);
     Ok(())
 }
+
+#[test]
+fn a_claim_dropped_without_an_answer_makes_the_next_attempt_interrupted() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir, &clock)?;
+    let key = Key::new("t", "ship");
+    // The handler panics after its external call: its claim is dropped.
+    let handler = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _claim = started(store.begin(&key, Fingerprint::NONE).expect("begin"));
+        panic!("the handler failed after calling the provider");
+    }));
+    assert!(handler.is_err());
+    let next = started(store.begin(&key, Fingerprint::NONE)?);
+    assert_eq!(next.attempt(), 2, "the dropped claim freed the key at once");
+    assert!(
+        next.interrupted(),
+        "attempt 1 may have acted: reconcile first"
+    );
+    store.complete(&next, b"")?;
+    Ok(())
+}

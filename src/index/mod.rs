@@ -40,6 +40,8 @@ pub(crate) struct Pending {
     /// Released for a retry with any request: the next attempt may bring
     /// another fingerprint.
     pub any_request: bool,
+    /// Released because its claim was dropped without an answer.
+    pub abandoned: bool,
 }
 
 /// One shard: the slot table and the pending-claim details.
@@ -390,6 +392,7 @@ mod tests {
             lease_ms: 5,
             retention_ms: 10,
             any_request: false,
+            abandoned: false,
         });
         assert_eq!(s.get(h).map(Slot::state), Some(SlotState::Claimed));
         assert_eq!(s.pending(h).map(|p| p.token), Some(9));

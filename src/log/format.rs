@@ -91,6 +91,10 @@ pub(crate) enum Kind {
 /// request (`Failure::RetryableAnyRequest`); 0 keeps the fingerprint.
 /// Release records carry no outcome, so the tag is free for this.
 pub(crate) const RELEASE_ANY_REQUEST: u8 = 1;
+/// The `outcome_tag` of a `Release` record written for a claim dropped
+/// without an answer (a handler that panicked or returned early): the next
+/// attempt is told it interrupted one, as after a takeover.
+pub(crate) const RELEASE_ABANDONED: u8 = 2;
 
 /// The shape of a record's body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -207,6 +207,8 @@ struct MRec {
     bucket: u64,
     lease_until: u64,
     outcome: Vec<u8>,
+    /// Released by a dropped claim: the next attempt is interrupted.
+    abandoned: bool,
 }
 
 impl MRec {
@@ -222,6 +224,7 @@ impl MRec {
             bucket: 0,
             lease_until: 0,
             outcome: Vec::new(),
+            abandoned: false,
         }
     }
 }
@@ -576,7 +579,9 @@ impl Harness {
             // that is gone: a new attempt.
             Some(r) => (r.attempt + 1, r.first_at, Some(r.bucket)),
         };
-        let interrupted = prev.as_ref().is_some_and(|r| r.kind == Kind::Claimed);
+        let interrupted = prev
+            .as_ref()
+            .is_some_and(|r| r.kind == Kind::Claimed || r.abandoned);
         let Ok(Begin::Started(claim)) = got else {
             return Err(TestCaseError::fail(format!(
                 "begin on key {k} (model {prev:?}): want Started, got {got:?}"
@@ -722,6 +727,7 @@ impl Harness {
         if let Some(prev) = prev {
             let rec = MRec {
                 kind: Kind::Released,
+                abandoned: true,
                 ..prev.clone()
             };
             let expires = now + self.model.s.retention;
