@@ -368,6 +368,7 @@ impl Store {
             inner.settle_seen(row)?;
             return Ok(false);
         }
+        let prev_bucket = Inner::forgotten_at(&shard, probe, nb);
         let row = {
             let mut batch = inner.log.batch()?;
             let mut rec = Inner::insert_record(key, now, retention_ms);
@@ -377,7 +378,7 @@ impl Store {
                 probe,
                 h,
                 SlotState::Inserted,
-                None,
+                prev_bucket,
                 &mut rec,
             )
         };
@@ -428,6 +429,7 @@ impl Store {
                     shard.counters.duplicates += 1;
                     continue;
                 }
+                let prev_bucket = Inner::forgotten_at(shard, probe, nb);
                 let mut rec = Inner::insert_record(&keys[i as usize], now, inner.cfg.retention_ms);
                 let row = inner.append_at(
                     shard,
@@ -435,7 +437,7 @@ impl Store {
                     probe,
                     h,
                     SlotState::Inserted,
-                    None,
+                    prev_bucket,
                     &mut rec,
                 );
                 wait_new = wait_new.max(row);
@@ -662,8 +664,9 @@ impl Store {
         let slot = Inner::live(&shard, h, nb);
         let (attempt, first_at, prev_bucket, interrupted) = match slot {
             None => {
+                let prev_bucket = Inner::forgotten_at(&shard, shard.probe(h), nb);
                 shard.remove(h);
-                (1, now, None, false)
+                (1, now, prev_bucket, false)
             }
             Some(s) => {
                 let bucket = s.bucket(nb);
@@ -1507,8 +1510,18 @@ impl Inner {
         now: u64,
     ) -> u64 {
         shard.remove_pending(h);
+        let probe = shard.probe(h);
+        let prev_bucket = Self::forgotten_at(shard, probe, now / self.cfg.granularity_ms);
         let mut rec = Self::insert_record(key, now, self.cfg.retention_ms);
-        self.append(shard, batch, h, SlotState::Inserted, None, &mut rec)
+        self.append_at(
+            shard,
+            batch,
+            probe,
+            h,
+            SlotState::Inserted,
+            prev_bucket,
+            &mut rec,
+        )
     }
 
     /// The key's slot if the key is present: recorded, not expired, not
@@ -1520,6 +1533,16 @@ impl Inner {
     /// [`live`](Self::live) from a probe of the key.
     fn live_at(shard: &Shard, probe: Probe, now_bucket: u64) -> Option<Slot> {
         Self::recorded_at(shard, probe, now_bucket).filter(|s| s.state() != SlotState::Forgotten)
+    }
+
+    /// The bucket of the key's forget record, if that is its latest record
+    /// and has not expired: the key is absent, but its next record must not
+    /// go to an earlier bucket (or a reopen after that record expired would
+    /// bring the forget record back).
+    fn forgotten_at(shard: &Shard, probe: Probe, now_bucket: u64) -> Option<u64> {
+        Self::recorded_at(shard, probe, now_bucket)
+            .filter(|s| s.state() == SlotState::Forgotten)
+            .map(|s| s.bucket(now_bucket))
     }
 
     /// The key's slot if its latest record has not expired, forgotten or not.
@@ -1667,6 +1690,9 @@ impl Inner {
     fn active(shard: &mut Shard, claim: &Claim, nb: u64) -> Result<(Pending, u64)> {
         let h = claim.hash;
         let reason = match Self::live(shard, h, nb) {
+            None if Self::forgotten_at(shard, shard.probe(h), nb).is_some() => {
+                "the key was forgotten"
+            }
             None => "the key expired",
             Some(s) => match s.state() {
                 SlotState::Claimed => match shard.pending(h) {

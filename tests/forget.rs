@@ -91,3 +91,53 @@ fn forget_never_removes_a_claim_a_live_attempt_holds() -> Result<()> {
     assert!(matches!(store.begin(&key, Fingerprint::NONE)?, Begin::Started(n) if n.attempt() == 1));
     Ok(())
 }
+
+#[test]
+fn a_key_recorded_again_after_forget_stays_recorded_across_reopen() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let key = Key::new("t", "op");
+    {
+        let store = open(&path, &clock)?;
+        let c = started(store.begin(&key, Fingerprint::NONE)?);
+        // A long-lived outcome, then forgotten (the forget record sits in a
+        // late bucket), then a plain insert with the store's 1 h retention.
+        store.complete_for(&c, b"x", Duration::from_secs(10 * 3_600))?;
+        assert!(matches!(store.forget(&key)?, Forget::Forgotten(_)));
+        assert!(matches!(
+            store.complete(&c, b"late"),
+            Err(dedupkv::Error::ClaimLost { reason, .. }) if reason.contains("forgotten") || reason.contains("finished")
+        ));
+        assert!(store.insert_if_absent(&key)?);
+        clock.advance(Duration::from_secs(2 * 3_600));
+        store.evict_expired()?;
+        let live = store.get(&key)?.map(|r| r.state());
+        assert_eq!(
+            live,
+            Some(State::Inserted),
+            "kept at least as long as the forget record"
+        );
+    }
+    let store = open(&path, &clock)?;
+    assert_eq!(
+        store.get(&key)?.map(|r| r.state()),
+        Some(State::Inserted),
+        "the forget record must not come back at a reopen"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_claim_on_a_forgotten_key_is_fenced_saying_so() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(&dir.path().join("s.redb"), &clock)?;
+    let key = Key::new("t", "op");
+    let c = started(store.begin(&key, Fingerprint::NONE)?);
+    clock.advance(Duration::from_secs(31)); // its lease lapsed
+    assert!(matches!(store.forget(&key)?, Forget::Forgotten(_)));
+    let err = store.complete(&c, b"late").unwrap_err();
+    assert!(err.to_string().contains("forgotten"), "{err}");
+    Ok(())
+}
