@@ -537,7 +537,9 @@ impl Store {
     /// consumer's `begin_batch` takes them over at once, each marked
     /// [`interrupted`](Claim::interrupted) so the handler reconciles
     /// before acting again. (`insert_batch` then handle is at-most-once: a
-    /// crash after the insert loses the events it had not handled.)
+    /// crash after the insert loses the events it had not handled.) This
+    /// holds under [`Durability::Immediate`]; under `Deferred` a crash may
+    /// also lose acknowledged claims and outcomes of the last `max_delay`.
     ///
     /// Every key is validated, and the call's size checked against
     /// `max_batch_bytes`, before any is recorded.
@@ -1387,6 +1389,12 @@ impl Inner {
     }
     fn check_retention(&self, retention: Duration) -> Result<u64> {
         let ms = crate::clock::millis(retention);
+        if ms == 0 {
+            return Err(Error::InvalidArgument {
+                what: "retention",
+                reason: "is 0: a key kept for no time deduplicates nothing".into(),
+            });
+        }
         if ms / self.cfg.granularity_ms >= crate::index::MAX_BUCKET_SPAN {
             return Err(Error::InvalidConfig(format!(
                 "a retention of {ms} ms spans more than {} buckets of {} ms",
@@ -1829,9 +1837,20 @@ impl Inner {
             // The bucket was evicted between the lookup and the read.
             return Ok(None);
         };
+        let where_ = |e: Error| match e {
+            Error::Corrupt(m) => Error::Corrupt(format!(
+                "{m} (log row {row} of bucket {bucket}, read for key {}{})",
+                show_key(key.scope(), key.id()),
+                self.path
+                    .as_deref()
+                    .map(|p| format!(", in {}", p.display()))
+                    .unwrap_or_default()
+            )),
+            other => other,
+        };
         let mut found = None;
-        for rec in read_row(&bytes)? {
-            let rec = rec?;
+        for rec in read_row(&bytes).map_err(where_)? {
+            let rec = rec.map_err(where_)?;
             if !rec.kind.is_entity() && rec.scope == key.scope() && rec.id == key.id() {
                 found = Some(Record::from_log(&rec, &self.hasher.secret()));
             }

@@ -142,6 +142,7 @@ fn per_call_settings_out_of_range_are_refused_at_the_call() -> Result<()> {
         BeginOptions::new().lease(Duration::ZERO),
         BeginOptions::new().lease(Duration::from_secs(u64::MAX)),
         BeginOptions::new().retention(Duration::from_secs(60)),
+        BeginOptions::new().retention(Duration::ZERO),
     ] {
         let err = store.begin_with(&key, fp, &opts).unwrap_err();
         assert!(
@@ -149,13 +150,15 @@ fn per_call_settings_out_of_range_are_refused_at_the_call() -> Result<()> {
             "{opts:?}: {err}"
         );
     }
-    assert!(matches!(
-        store.insert_if_absent_for(&key, Duration::from_secs(60)),
-        Err(Error::InvalidArgument {
-            what: "retention",
-            ..
-        })
-    ));
+    for short in [Duration::from_secs(60), Duration::ZERO] {
+        assert!(matches!(
+            store.insert_if_absent_for(&key, short),
+            Err(Error::InvalidArgument {
+                what: "retention",
+                ..
+            })
+        ));
+    }
     // Nothing was recorded; the window-long retention is fine.
     assert!(store.get(&key)?.is_none());
     let c = started(store.begin_with(
