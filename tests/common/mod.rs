@@ -11,6 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use redb::StorageBackend;
+
+/// `ENOSPC` on Linux (this kit is shared with the fuzz crate, which has no
+/// `libc`).
+const ENOSPC: i32 = 28;
 use redb::backends::InMemoryBackend;
 
 /// An in-memory backend whose bytes outlive the store, so a test can
@@ -91,7 +95,7 @@ impl FaultyBackend {
                 "injected panic in the storage backend"
             );
             if self.full.load(Ordering::SeqCst) {
-                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+                return Err(io::Error::from_raw_os_error(ENOSPC));
             }
             return Err(io::Error::other("injected I/O failure"));
         }
