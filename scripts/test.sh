@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command: the whole suite (unit, integration, doc tests),
-# with a throwaway PostgreSQL on loopback for the comparison-harness smoke
-# test. Without PostgreSQL (and no way to install it) that one contender is
-# skipped with a message; everything else still runs.
+# The project's test command: the whole workspace's suite (the library's
+# unit, integration and doc tests, the fixture command's tests, and the
+# comparison harness's smoke test), with a throwaway PostgreSQL on loopback
+# for that smoke test. Without PostgreSQL (and no way to install it) that
+# one contender is skipped with a message and everything else still runs;
+# under CI (CI=true; .ci/run sets it) it is an error instead.
+#
+# `cargo test` alone tests the library only, and never builds SQLite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec bash scripts/with-postgres.sh cargo test --locked "$@"
+exec bash scripts/with-postgres.sh cargo test --workspace --locked "$@"

@@ -6,11 +6,13 @@
 # it; stops the server and removes the dir on exit, and exits with CMD's
 # status. If DEDUPKV_PG_URL is already set, that server is used as is. If
 # no server can be had, says why and runs CMD without one (the PostgreSQL
-# contender is then skipped).
+# contender is then skipped) -- except under CI (CI set, and not "false" or
+# "0"), where that is an error: CI must compare against PostgreSQL.
 #
 # Server binaries: DEDUPKV_PG_BIN if set, else Debian's (dpkg -S or
-# /usr/lib/postgresql/*/bin, preferring 15), else initdb on PATH. As root
-# with none found, installs postgresql-15 (or postgresql) with apt-get.
+# /usr/lib/postgresql/*/bin, preferring 15), else initdb on PATH. With none
+# found, installs postgresql-15 (or postgresql) with apt-get: as root, or
+# under CI through passwordless sudo.
 set -euo pipefail
 
 if [ "$#" -eq 0 ]; then
@@ -20,7 +22,16 @@ fi
 
 log() { echo "with-postgres: $*" >&2; }
 
+case "${CI:-}" in
+    "" | false | 0) IN_CI="" ;;
+    *) IN_CI=1 ;;
+esac
+
 without_pg() {
+    if [ -n "$IN_CI" ]; then
+        echo "with-postgres: PostgreSQL not available under CI: $1" >&2
+        exit 1
+    fi
     echo "PostgreSQL not available: $1; the postgres contender is skipped" >&2
     unset DEDUPKV_PG_URL
     local rc=0
@@ -65,12 +76,15 @@ find_pgbin() {
 
 PGBIN=$(find_pgbin || true)
 if [ -z "$PGBIN" ]; then
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    SUDO=()
+    if [ "$(id -u)" -ne 0 ] && [ -n "$IN_CI" ] && sudo -n true 2>/dev/null; then
+        SUDO=(sudo -n)
+    fi
+    if { [ "$(id -u)" -eq 0 ] || [ "${#SUDO[@]}" -gt 0 ]; } && command -v apt-get >/dev/null 2>&1; then
         log "no PostgreSQL server binaries; trying apt-get install postgresql-15"
-        export DEBIAN_FRONTEND=noninteractive
-        if timeout 300 apt-get update -q </dev/null >&2; then
-            timeout 600 apt-get install -y -q postgresql-15 </dev/null >&2 ||
-                timeout 600 apt-get install -y -q postgresql </dev/null >&2 || true
+        if timeout 300 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null >&2; then
+            timeout 600 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15 </dev/null >&2 ||
+                timeout 600 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql </dev/null >&2 || true
         fi
         PGBIN=$(find_pgbin || true)
     fi

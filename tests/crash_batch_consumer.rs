@@ -10,11 +10,25 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dedupkv::{Begin, Claim, Fingerprint, Key, Result, State, Store};
+
+mod child;
+
+fn main() -> ExitCode {
+    // Built without the test harness: the child when DEDUPKV_BATCH_PATH is set.
+    child::main(
+        "DEDUPKV_BATCH_PATH",
+        batch_consumer_child,
+        &[(
+            "a_killed_batch_consumer_performs_every_effect_exactly_once",
+            a_killed_batch_consumer_performs_every_effect_exactly_once,
+        )],
+    )
+}
 
 const EVENTS: usize = 20_000;
 const BATCH: usize = 100;
@@ -29,15 +43,10 @@ fn effect_done(effects: &std::path::Path, id: &str) -> bool {
     std::fs::read_to_string(effects).is_ok_and(|s| s.lines().any(|l| l == id))
 }
 
-/// The child: works the whole stream, then prints DONE. Not a test on its
-/// own.
-#[test]
-#[ignore = "child process of a_killed_batch_consumer_performs_every_effect_exactly_once"]
+/// The child: works the whole stream, then prints DONE.
 fn batch_consumer_child() {
-    let Ok(path) = std::env::var("DEDUPKV_BATCH_PATH") else {
-        return;
-    };
-    let effects = std::path::PathBuf::from(std::env::var("DEDUPKV_EFFECTS_PATH").expect("effects"));
+    let path = child::env("DEDUPKV_BATCH_PATH");
+    let effects = std::path::PathBuf::from(child::env("DEDUPKV_EFFECTS_PATH"));
     let store = Store::open(&path).expect("open");
     let mut out = std::fs::OpenOptions::new()
         .create(true)
@@ -84,7 +93,6 @@ fn next(seed: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-#[test]
 fn a_killed_batch_consumer_performs_every_effect_exactly_once() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("consumer.redb");
@@ -94,13 +102,6 @@ fn a_killed_batch_consumer_performs_every_effect_exactly_once() -> Result<()> {
     let mut killed_mid_stream = 0;
     for run in 0..=KILLS {
         let mut child = Command::new(&exe)
-            .args([
-                "--ignored",
-                "--exact",
-                "batch_consumer_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
             .env("DEDUPKV_BATCH_PATH", &path)
             .env("DEDUPKV_EFFECTS_PATH", &effects)
             .stdout(Stdio::piped())

@@ -2,29 +2,50 @@
 //! printing each acknowledged key; the test SIGKILLs it at random moments,
 //! reopens the store between kills, and checks that every acknowledged key
 //! replays its outcome and is never `Started` again.
+//!
+//! Built without the test harness (`tests/child`): this binary is the child
+//! when `DEDUPKV_CRASH_PATH` is set, and runs the tests otherwise.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dedupkv::{Begin, Fingerprint, Key, Result, Store};
 
+mod child;
+
 const KILLS: usize = 20;
 const CHILD_THREADS: usize = 4;
+const PATH_ENV: &str = "DEDUPKV_CRASH_PATH";
+const RUN_ENV: &str = "DEDUPKV_CRASH_RUN";
+
+fn main() -> ExitCode {
+    child::main(
+        PATH_ENV,
+        crash_child,
+        &[
+            (
+                "kills_never_lose_an_acknowledged_key",
+                kills_never_lose_an_acknowledged_key,
+            ),
+            (
+                "a_child_without_its_run_id_fails_loudly",
+                a_child_without_its_run_id_fails_loudly,
+            ),
+            ("nothing_passes_under_ignored", nothing_passes_under_ignored),
+        ],
+    )
+}
 
 fn outcome_of(id: &str) -> Vec<u8> {
     format!("outcome:{id}").into_bytes()
 }
 
-/// The child: runs until killed. Not a test on its own.
-#[test]
-#[ignore = "child process of kills_never_lose_an_acknowledged_key"]
+/// The child: runs until killed.
 fn crash_child() {
-    let Ok(path) = std::env::var("DEDUPKV_CRASH_PATH") else {
-        return;
-    };
-    let run = std::env::var("DEDUPKV_CRASH_RUN").expect("run id");
+    let path = child::env(PATH_ENV);
+    let run = child::env(RUN_ENV);
     let store = Store::open(&path).expect("open");
     println!("READY");
     std::thread::scope(|s| {
@@ -47,6 +68,14 @@ fn crash_child() {
     });
 }
 
+/// This binary with the crash environment removed (the tests' own run may
+/// not carry it, but a developer's shell might).
+fn this_binary() -> Command {
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.env_remove(PATH_ENV).env_remove(RUN_ENV);
+    cmd
+}
+
 /// A small deterministic PRNG for kill timing (no dependency needed).
 fn next(seed: &mut u64) -> u64 {
     *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -56,24 +85,15 @@ fn next(seed: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-#[test]
 fn kills_never_lose_an_acknowledged_key() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crash.redb");
-    let exe = std::env::current_exe().expect("test binary");
     let mut seed = u64::from(std::process::id());
     let mut acked: Vec<String> = Vec::new();
     for run in 0..KILLS {
-        let mut child = Command::new(&exe)
-            .args([
-                "--ignored",
-                "--exact",
-                "crash_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("DEDUPKV_CRASH_PATH", &path)
-            .env("DEDUPKV_CRASH_RUN", run.to_string())
+        let mut child = this_binary()
+            .env(PATH_ENV, &path)
+            .env(RUN_ENV, run.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -93,8 +113,7 @@ fn kills_never_lose_an_acknowledged_key() -> Result<()> {
         let start = Instant::now();
         loop {
             match rx.recv_timeout(Duration::from_secs(30)) {
-                // libtest may print "test crash_child ... " in front of it.
-                Ok(l) if l.ends_with("READY") => break,
+                Ok(l) if l == "READY" => break,
                 Ok(_) => {}
                 Err(e) => panic!("child {run} never became ready: {e}"),
             }
@@ -136,5 +155,32 @@ fn kills_never_lose_an_acknowledged_key() -> Result<()> {
         "{KILLS} kills survived, {} acknowledged keys checked",
         acked.len()
     );
+    Ok(())
+}
+
+/// A child started with the store's path but no run id stops at once and
+/// names the missing variable, rather than streaming under a made-up id.
+#[allow(clippy::unnecessary_wraps)] // the signature of a `child::Test`
+fn a_child_without_its_run_id_fails_loudly() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = this_binary()
+        .env(PATH_ENV, dir.path().join("crash.redb"))
+        .output()
+        .expect("run child");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(RUN_ENV), "{err}");
+    Ok(())
+}
+
+/// The child is not a test entry: run with `--ignored` (no ignored tests
+/// here), this binary passes nothing, where an ignored child test used to
+/// return early and pass.
+#[allow(clippy::unnecessary_wraps)] // the signature of a `child::Test`
+fn nothing_passes_under_ignored() -> Result<()> {
+    let out = this_binary().arg("--ignored").output().expect("run");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(" 0 passed;"), "{text}");
     Ok(())
 }

@@ -1,13 +1,13 @@
-//! On-disk fixtures: files written by this format version, committed, so a
-//! format change that breaks reading them fails here, and a corrupt file is
-//! tested for real. `cargo test --test fixtures -- --ignored write_fixtures`
-//! regenerates them (only when the format changes on purpose).
+//! On-disk fixtures: files written by earlier builds, committed, so a
+//! change that breaks reading them fails here, and a corrupt file is tested
+//! for real. The tests only read them; `cargo run -p dedupkv-fixtures --
+//! fixtures --prefix vN` (crates/fixtures) writes a new format's set, on
+//! purpose, and never replaces a committed file unless forced.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use dedupkv::{
-    Advance, Begin, Error, Failure, Fingerprint, Key, ManualClock, Result, Sequenced, State, Store,
+    Advance, Begin, Error, Fingerprint, Key, ManualClock, Result, Sequenced, State, Store,
     StoreBuilder,
 };
 
@@ -34,103 +34,10 @@ fn copy(name: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, to)
 }
 
-#[test]
-#[ignore = "regenerates tests/fixtures; run on purpose after a deliberate format change"]
-fn write_fixtures() -> Result<()> {
-    let clock = ManualClock::new(T0);
-    let path = fixture("v1-basic.redb");
-    let _ = std::fs::remove_file(&path);
-    {
-        let store = builder(&clock).open(&path)?;
-        store.insert_if_absent(&Key::new("shop", "evt-1"))?;
-        let Begin::Started(c) =
-            store.begin(&Key::new("shop", "charge-1"), Fingerprint::of("100"))?
-        else {
-            panic!("fresh key")
-        };
-        store.complete(&c, b"receipt-1")?;
-        let Begin::Started(c) =
-            store.begin(&Key::new("shop", "charge-2"), Fingerprint::of("200"))?
-        else {
-            panic!("fresh key")
-        };
-        store.fail(&c, Failure::Permanent(b"declined"))?;
-        let Begin::Started(c) = store.begin(&Key::new("shop", "running"), Fingerprint::NONE)?
-        else {
-            panic!("fresh key")
-        };
-        std::mem::forget(c); // in progress when the file was written
-        store.advance(&Key::new("shop", "order-1"), 7)?;
-        store.sequence(&Key::new("bank", "acct"), 1, b"one")?;
-        store.sequence(&Key::new("bank", "acct"), 3, b"three")?; // parked
-    }
-    // A corrupt copy: one byte of a log row flipped (the checksum catches it).
-    let bytes = std::fs::read(&path).expect("read");
-    let at = find(&bytes, b"receipt-1").expect("the outcome is in the file");
-    let mut bad = bytes.clone();
-    bad[at] ^= 0x01;
-    std::fs::write(fixture("v1-corrupt-row.redb"), bad).expect("write");
-    Ok(())
-}
-
 /// The keys of `v1-runs.redb`: a batch of 300 16-byte ids in one scope
-/// (one run), then three single inserts.
+/// (one run), then three single inserts (as crates/fixtures writes them).
 fn run_ids() -> Vec<String> {
     (0..300).map(|i| format!("batch-id-{i:07}")).collect()
-}
-
-#[test]
-#[ignore = "regenerates tests/fixtures/v1-runs.redb; run on purpose after a deliberate format change"]
-fn write_runs_fixture() -> Result<()> {
-    let clock = ManualClock::new(T0);
-    let path = fixture("v1-runs.redb");
-    let _ = std::fs::remove_file(&path);
-    let store = builder(&clock).open(&path)?;
-    let ids = run_ids();
-    let keys: Vec<Key<'_>> = ids.iter().map(|id| Key::new("shop", id)).collect();
-    assert!(store.insert_batch(&keys)?.iter().all(|&new| new));
-    for id in ["a", "b", "c"] {
-        store.insert_if_absent(&Key::new("other", id))?;
-    }
-    Ok(())
-}
-
-/// The fuzzers' seed file (`fuzz/seed/store.redb`, see `fuzz/README.md`):
-/// regenerate it with the fixtures when the format changes.
-#[test]
-#[ignore = "regenerates fuzz/seed/store.redb; run on purpose after a deliberate format change"]
-fn write_fuzz_seed() -> Result<()> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seed/store.redb");
-    let _ = std::fs::remove_file(&path);
-    let clock = ManualClock::new(1_700_000_000_000);
-    let open = || {
-        Store::builder()
-            .clock(clock.clone())
-            .retention(Duration::from_secs(3_600))
-            .open(&path)
-    };
-    {
-        let store = open()?;
-        for i in 0..8 {
-            store.insert_if_absent(&Key::new("seed", &format!("evt-{i}")))?;
-        }
-        store.insert_batch(&[Key::new("other", "a"), Key::new("other", "b")])?;
-        let start = |id: &str| match store.begin(&Key::new("seed", id), Fingerprint::of("p")) {
-            Ok(Begin::Started(c)) => c,
-            other => panic!("{id}: {other:?}"),
-        };
-        store.complete(&start("done"), b"outcome bytes")?;
-        store.fail(&start("failed"), Failure::Permanent(b"declined"))?;
-        store.fail(&start("retry"), Failure::Retryable)?;
-        clock.advance(Duration::from_secs(90));
-        let held = start("held");
-        store.renew(&held)?;
-        store.complete_value(&start("retry"), &("typed".to_string(), 42u32))?;
-        store.insert_if_absent(&Key::new("seed", "later"))?;
-        std::mem::forget(held); // still claimed at close
-    }
-    drop(open()?);
-    Ok(())
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

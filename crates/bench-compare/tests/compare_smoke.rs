@@ -1,46 +1,25 @@
 //! The comparison harness of `benches/compare.rs`, run tiny: every contender
 //! reports the model's count of new keys for the same workload. PostgreSQL
-//! takes part only when `DEDUPKV_PG_URL` is set (`scripts/with-postgres.sh
-//! cargo test --test compare_smoke`).
+//! takes part when `DEDUPKV_PG_URL` is set (`scripts/with-postgres.sh cargo
+//! test -p dedupkv-bench-compare`, which `scripts/test.sh` runs); under
+//! `CI=true` its absence is a failure, not a skip.
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL, SQLite) are not code
 
-// Shared with the bench; not every item is used here.
-#[allow(dead_code)]
-#[path = "../benches/compare/contender.rs"]
-mod contender;
-#[allow(dead_code)]
-#[path = "../benches/compare/dedup.rs"]
-mod dedup;
-#[allow(dead_code)]
-#[path = "../benches/compare/lineup.rs"]
-mod lineup;
-#[allow(dead_code)]
-#[path = "../benches/compare/memory.rs"]
-mod memory;
-#[allow(dead_code)]
-#[path = "../benches/compare/pg.rs"]
-mod pg;
-#[allow(dead_code)]
-#[path = "../benches/compare/redb_table.rs"]
-mod redb_table;
-#[allow(dead_code)]
-#[path = "../benches/compare/runner.rs"]
-mod runner;
-#[allow(dead_code)]
-#[path = "../benches/compare/sqlite.rs"]
-mod sqlite;
-#[allow(dead_code)]
-#[path = "../benches/compare/workload.rs"]
-mod workload;
-
 use std::collections::HashSet;
 
-use contender::{Contender, Result};
-use workload::{OpKind, Repeats, Spec, Workload, Zipf};
+use dedupkv_bench_compare::contender::{Contender, Result};
+use dedupkv_bench_compare::workload::{self, OpKind, Repeats, Spec, Workload, Zipf};
+use dedupkv_bench_compare::{lineup, memory, runner};
 
+/// Every contender that can run here. Under CI (`CI` set, and not `false`
+/// or `0`) none may be skipped: `scripts/test.sh` starts PostgreSQL there.
 fn lineup() -> Result<Vec<Box<dyn Contender>>> {
     let l = lineup::all(lineup::pg_url_from_env().as_deref())?;
+    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "false" | "0"));
+    if ci && !l.skipped.is_empty() {
+        return Err(format!("CI must run every contender: {}", l.skipped.join("; ")).into());
+    }
     for s in &l.skipped {
         println!("skip: {s}");
     }

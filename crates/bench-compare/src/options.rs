@@ -39,7 +39,7 @@ fn env_parse<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
     }
 }
 
-/// Options from the arguments and the environment (see `compare.rs`).
+/// Options from the arguments and the environment (see `benches/compare.rs`).
 pub fn parse_options() -> Result<Options> {
     let mut quick = false;
     let mut runs = env_parse::<usize>("DEDUPKV_BENCH_RUNS")?;

@@ -1,9 +1,9 @@
-//! `cargo bench --bench compare`: dedupkv against raw redb, SQLite,
-//! PostgreSQL and an in-memory map, every contender behind one small trait
-//! (`compare/contender.rs`) running the same generated workloads.
+//! `cargo bench -p dedupkv-bench-compare --bench compare`: dedupkv against
+//! raw redb, SQLite, PostgreSQL and an in-memory map, every contender behind
+//! one small trait (`src/contender.rs`) running the same generated workloads.
 //!
 //! Run the full comparison with a throwaway PostgreSQL server:
-//! `scripts/with-postgres.sh cargo bench --bench compare -- --update-docs`.
+//! `scripts/with-postgres.sh cargo bench -p dedupkv-bench-compare --bench compare -- --update-docs`.
 //!
 //! Options (after `--`): `--quick` (scale 0.1, one run), `--scenario NAME[,NAME]`,
 //! `--contender ID[,ID]`, `--runs N`, `--secs S` (time budget per timed
@@ -13,48 +13,15 @@
 //! Environment: `DEDUPKV_BENCH_SCALE`, `DEDUPKV_BENCH_RUNS`,
 //! `DEDUPKV_BENCH_SECS`, `DEDUPKV_BENCH_QUIET_WAIT`,
 //! `DEDUPKV_BENCH_UPDATE_DOCS=1`, `DEDUPKV_PG_URL`,
-//! `DEDUPKV_BENCH_SQLITE_BUSY_WAIT=1` (see `compare/sqlite.rs`). Unknown
+//! `DEDUPKV_BENCH_SQLITE_BUSY_WAIT=1` (see `src/sqlite.rs`). Unknown
 //! arguments are ignored.
 //!
 //! Results go to stdout as markdown, progress to stderr, and CSV, JSON and
 //! an SVG chart to `target/bench-compare/`. Started without cargo bench's
-//! `--bench` flag (`cargo test --benches`), it only smoke-tests: scale
+//! `--bench` flag (`cargo test -p dedupkv-bench-compare --benches`), it only smoke-tests: scale
 //! 0.01, one run, no files written.
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL, SQLite) are not code
-
-#[path = "../src/civil.rs"]
-mod civil;
-#[path = "compare/contender.rs"]
-mod contender;
-#[path = "compare/dedup.rs"]
-mod dedup;
-#[path = "compare/lineup.rs"]
-mod lineup;
-#[path = "compare/machine.rs"]
-mod machine;
-#[path = "compare/memory.rs"]
-mod memory;
-#[path = "compare/options.rs"]
-mod options;
-#[path = "compare/pg.rs"]
-mod pg;
-#[path = "compare/redb_table.rs"]
-mod redb_table;
-#[path = "compare/report.rs"]
-mod report;
-#[path = "compare/runner.rs"]
-mod runner;
-#[path = "compare/scenarios.rs"]
-mod scenarios;
-#[path = "compare/sqlite.rs"]
-mod sqlite;
-#[path = "compare/svg.rs"]
-mod svg;
-#[path = "compare/targets.rs"]
-mod targets;
-#[path = "compare/workload.rs"]
-mod workload;
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -62,12 +29,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use contender::{Contender, Result};
-use machine::{QUIET_CORES, clock, others_cpu, wait_for_quiet};
-use options::Options;
-use report::{Row, ScenarioReport, median, thousands};
-use scenarios::Scenario;
-use workload::Workload;
+use dedupkv_bench_compare::contender::{Contender, Result};
+use dedupkv_bench_compare::machine::{self, QUIET_CORES, clock, others_cpu, wait_for_quiet};
+use dedupkv_bench_compare::options::{self, Options};
+use dedupkv_bench_compare::report::{self, Row, ScenarioReport, median, thousands};
+use dedupkv_bench_compare::scenarios::{self, Scenario};
+use dedupkv_bench_compare::workload::Workload;
+use dedupkv_bench_compare::{lineup, pg, runner, svg, targets, workspace_root};
 
 /// What went wrong, kept to decide the exit code after every output is
 /// written.
@@ -268,10 +236,7 @@ fn bench_scenario_quietly(
 
 fn out_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(
-            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"),
-            PathBuf::from,
-        )
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
         .join("bench-compare")
 }
 
@@ -324,7 +289,7 @@ fn write_outputs(
     std::fs::write(dir.join("compare.svg"), &chart)?;
     let mut written = vec![format!("Wrote {}/compare.{{csv,json,svg}}", dir.display())];
     if opts.update_docs {
-        let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/bench");
+        let docs = workspace_root().join("docs/bench");
         std::fs::create_dir_all(&docs)?;
         std::fs::write(docs.join("compare.svg"), &chart)?;
         written.push(format!("Wrote {}/compare.svg", docs.display()));
@@ -372,7 +337,7 @@ fn real_main() -> Result<ExitCode> {
     meta.push((
         "command".to_owned(),
         format!(
-            "scripts/with-postgres.sh cargo bench --bench compare -- {}",
+            "scripts/with-postgres.sh cargo bench -p dedupkv-bench-compare --bench compare -- {}",
             args.join(" ")
         )
         .trim_end()
@@ -404,7 +369,7 @@ fn real_main() -> Result<ExitCode> {
         writeln!(
             stdout,
             "Test mode (started without --bench): tiny workloads, no files written; \
-             run `cargo bench --bench compare` for numbers."
+             run `cargo bench -p dedupkv-bench-compare --bench compare` for numbers."
         )?;
     } else {
         for line in write_outputs(&meta, &reports, &outcomes, &opts)? {

@@ -1,0 +1,107 @@
+//! The `main` of a `harness = false` test binary that is also the child
+//! process its test kills. The test re-runs this binary with the child's
+//! environment set; with it, the binary is the child and nothing else;
+//! without it, the binary runs its tests, taking libtest's arguments
+//! (filters, `--exact`, `--skip`, `--ignored`, `--include-ignored`,
+//! `--list`). The child is no test entry, so no `--ignored` run can make
+//! it pass vacuously.
+
+use std::io::Write as _;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// A named test.
+pub type Test = (&'static str, fn() -> dedupkv::Result<()>);
+
+/// Runs `child` if the environment variable `child_env` is set, else the
+/// `tests` that the arguments select.
+pub fn main(child_env: &str, child: fn(), tests: &[Test]) -> ExitCode {
+    if std::env::var_os(child_env).is_some() {
+        child();
+        return ExitCode::SUCCESS;
+    }
+    let mut filters = Vec::new();
+    let mut skips = Vec::new();
+    let (mut exact, mut only_ignored, mut list) = (false, false, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--exact" => exact = true,
+            "--ignored" => only_ignored = true,
+            "--list" => list = true,
+            "--skip" => skips.extend(args.next()),
+            // Options with a separate value: skip the value too.
+            "--test-threads" | "--color" | "--format" | "--logfile" | "-Z" => {
+                args.next();
+            }
+            s if s.starts_with('-') => {} // --nocapture, --test-threads=N, -q, ...
+            _ => filters.push(a),
+        }
+    }
+    let matches = |name: &str, pat: &str| {
+        if exact {
+            name == pat
+        } else {
+            name.contains(pat)
+        }
+    };
+    // None of these tests is ignored: `--ignored` selects nothing.
+    let chosen: Vec<&Test> = tests
+        .iter()
+        .filter(|_| !only_ignored)
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| matches(name, f)))
+        .filter(|(name, _)| !skips.iter().any(|s| matches(name, s)))
+        .collect();
+    if list {
+        for (name, _) in &chosen {
+            println!("{name}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let start = Instant::now();
+    println!(
+        "\nrunning {} test{}",
+        chosen.len(),
+        if chosen.len() == 1 { "" } else { "s" }
+    );
+    let mut failed = Vec::new();
+    for (name, test) in &chosen {
+        print!("test {name} ... ");
+        let _ = std::io::stdout().flush();
+        match catch_unwind(AssertUnwindSafe(test)) {
+            Ok(Ok(())) => println!("ok"),
+            Ok(Err(e)) => {
+                println!("FAILED");
+                eprintln!("{name}: Error: {e}");
+                failed.push(*name);
+            }
+            Err(_) => {
+                println!("FAILED");
+                failed.push(*name);
+            }
+        }
+    }
+    println!(
+        "\ntest result: {}. {} passed; {} failed; 0 ignored; 0 measured; {} filtered out; \
+         finished in {:.2}s\n",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        chosen.len() - failed.len(),
+        failed.len(),
+        tests.len() - chosen.len(),
+        start.elapsed().as_secs_f64()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The value of an environment variable the child needs; panics, naming
+/// it, if it is missing, so a half-set environment fails loudly.
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: this child process is started by its test, which sets it")
+    })
+}
