@@ -368,6 +368,7 @@ impl Store {
             inner.settle_seen(row)?;
             return Ok(false);
         }
+        let prev_bucket = Inner::forgotten_bucket(&shard, probe, nb);
         let row = {
             let mut batch = inner.log.batch()?;
             let mut rec = Inner::insert_record(key, now, retention_ms);
@@ -377,7 +378,7 @@ impl Store {
                 probe,
                 h,
                 SlotState::Inserted,
-                None,
+                prev_bucket,
                 &mut rec,
             )
         };
@@ -428,6 +429,7 @@ impl Store {
                     shard.counters.duplicates += 1;
                     continue;
                 }
+                let prev_bucket = Inner::forgotten_bucket(shard, probe, nb);
                 let mut rec = Inner::insert_record(&keys[i as usize], now, inner.cfg.retention_ms);
                 let row = inner.append_at(
                     shard,
@@ -435,7 +437,7 @@ impl Store {
                     probe,
                     h,
                     SlotState::Inserted,
-                    None,
+                    prev_bucket,
                     &mut rec,
                 );
                 wait_new = wait_new.max(row);
@@ -659,7 +661,7 @@ impl Store {
         let inner = &*self.inner;
         let (h, now, nb) = inner.write_start(key)?;
         let mut shard = inner.index.lock(h);
-        let slot = Inner::live(&shard, h, nb);
+        let slot = Inner::recorded_at(&shard, shard.probe(h), nb);
         let (attempt, first_at, prev_bucket, interrupted) = match slot {
             None => {
                 shard.remove(h);
@@ -668,7 +670,7 @@ impl Store {
             Some(s) => {
                 let bucket = s.bucket(nb);
                 match s.state() {
-                    // (`live` answers no forgotten key.)
+                    // A new operation, kept no shorter than the forget record.
                     SlotState::Forgotten => (1, now, Some(bucket), false),
                     SlotState::Inserted | SlotState::Completed | SlotState::Failed => {
                         let row = s.row(inner.log.open_row());
@@ -1491,8 +1493,9 @@ impl Inner {
         check_len("payload", payload.len(), self.cfg.max_outcome)
     }
 
-    /// Appends an Insert record for a key that is absent (or expired) and
-    /// points its slot at it. Caller holds the shard and batch locks.
+    /// Appends an Insert record for a key that is absent (never recorded,
+    /// expired or forgotten) and points its slot at it. Caller holds the
+    /// shard and batch locks.
     pub(crate) fn append_insert(
         &self,
         shard: &mut Shard,
@@ -1502,8 +1505,18 @@ impl Inner {
         now: u64,
     ) -> u64 {
         shard.remove_pending(h);
+        let probe = shard.probe(h);
+        let prev_bucket = Self::forgotten_bucket(shard, probe, self.bucket_of(now));
         let mut rec = Self::insert_record(key, now, self.cfg.retention_ms);
-        self.append(shard, batch, h, SlotState::Inserted, None, &mut rec)
+        self.append_at(
+            shard,
+            batch,
+            probe,
+            h,
+            SlotState::Inserted,
+            prev_bucket,
+            &mut rec,
+        )
     }
 
     /// The key's slot if the key is present: recorded, not expired, not
@@ -1515,6 +1528,14 @@ impl Inner {
     /// [`live`](Self::live) from a probe of the key.
     fn live_at(shard: &Shard, probe: Probe, now_bucket: u64) -> Option<Slot> {
         Self::recorded_at(shard, probe, now_bucket).filter(|s| s.state() != SlotState::Forgotten)
+    }
+
+    /// The bucket of the key's forget record, if that is its live latest
+    /// record: a new record of the key goes no earlier.
+    fn forgotten_bucket(shard: &Shard, probe: Probe, now_bucket: u64) -> Option<u64> {
+        Self::recorded_at(shard, probe, now_bucket)
+            .filter(|s| s.state() == SlotState::Forgotten)
+            .map(|s| s.bucket(now_bucket))
     }
 
     /// The key's slot if its latest record has not expired, forgotten or not.

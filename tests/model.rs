@@ -384,3 +384,52 @@ fn crash_loses_a_release_whose_claim_has_expired() -> TestResult {
         ],
     )
 }
+
+/// A store with 1 h retention in 1 min buckets, on `backend`.
+fn hour_store(clock: &ManualClock, backend: &CrashBackend) -> dedupkv::Result<Store> {
+    Store::builder()
+        .clock(clock.clone())
+        .background_eviction(false)
+        .retention(Duration::from_secs(3_600))
+        .bucket_granularity(Duration::from_secs(60))
+        .open_with_backend(backend.clone())
+}
+
+/// Found by the model once it drove `forget` and per-call retention: a key
+/// written after a forget (by `begin`, or an insert) with a retention that
+/// ends before the forget record's went into an earlier bucket than the
+/// forget record, as if the key were new. Once the new record expired the
+/// key was absent, but a reopen replayed the forget record, still live in
+/// its later bucket, and `get` showed the key as `Forgotten` again. A
+/// key's bucket never moves to an earlier one, forgotten or not: the new
+/// record is kept as long as the forget record would have been.
+#[test]
+fn a_key_written_after_forget_never_moves_to_an_earlier_bucket() -> dedupkv::Result<()> {
+    let clock = ManualClock::new(T0);
+    let backend = CrashBackend::new();
+    let (begun, inserted) = (Key::new("t", "begun"), Key::new("t", "inserted"));
+    let short = Duration::from_secs(60);
+    let latest = |store: &Store| -> dedupkv::Result<_> {
+        Ok([store.get(&begun)?, store.get(&inserted)?].map(|r| r.map(|r| r.state())))
+    };
+    let want = [Some(dedupkv::State::Completed), Some(dedupkv::State::Inserted)];
+    {
+        let store = hour_store(&clock, &backend)?;
+        for key in [&begun, &inserted] {
+            assert!(store.insert_if_absent(key)?);
+            assert!(matches!(store.forget(key)?, dedupkv::Forget::Forgotten(_)));
+        }
+        let opts = dedupkv::BeginOptions::new().retention(short);
+        let Begin::Started(c) = store.begin_with(&begun, Fingerprint::NONE, &opts)? else {
+            panic!("a forgotten key starts anew")
+        };
+        store.complete(&c, b"again")?;
+        assert!(store.insert_if_absent_for(&inserted, short)?);
+        clock.advance(Duration::from_secs(10 * 60));
+        store.evict_expired()?;
+        assert_eq!(latest(&store)?, want, "before reopen");
+    }
+    let store = hour_store(&clock, &backend.crash_image())?;
+    assert_eq!(latest(&store)?, want, "after reopen");
+    Ok(())
+}
