@@ -433,3 +433,23 @@ fn a_key_written_after_forget_never_moves_to_an_earlier_bucket() -> dedupkv::Res
     assert_eq!(latest(&store)?, want, "after reopen");
     Ok(())
 }
+
+/// Found by the model: the forget record of a key recorded by
+/// `insert_if_absent` (no operation: no fingerprint, no provider key)
+/// read back with `Fingerprint::NONE` and a provider key, as if the key
+/// had been begun. `State::Forgotten` promises the attempts and
+/// fingerprint of the record it replaced.
+#[test]
+fn a_forgotten_insert_has_no_fingerprint_and_no_provider_key() -> dedupkv::Result<()> {
+    let clock = ManualClock::new(T0);
+    let store = hour_store(&clock, &CrashBackend::new())?;
+    let key = Key::new("t", "seen");
+    assert!(store.insert_if_absent(&key)?);
+    assert!(matches!(store.forget(&key)?, dedupkv::Forget::Forgotten(_)));
+    let rec = store.get(&key)?.expect("the forget record");
+    assert_eq!(rec.state(), dedupkv::State::Forgotten);
+    assert_eq!(rec.attempts(), 0);
+    assert_eq!(rec.fingerprint(), None);
+    assert_eq!(rec.provider_key(), None);
+    Ok(())
+}
