@@ -453,3 +453,32 @@ fn a_forgotten_insert_has_no_fingerprint_and_no_provider_key() -> dedupkv::Resul
     assert_eq!(rec.provider_key(), None);
     Ok(())
 }
+
+/// Found by the model once it drove `forget`: the provider key is derived
+/// from the key and its operation's first-attempt time (ms), and a
+/// forgotten key's next `begin` starts a new operation at `now`. Begun,
+/// finished, forgotten and begun again within one millisecond (or while
+/// the store's time stands still behind a clock set back), the new
+/// operation gets the forgotten one's provider key, so a provider that
+/// deduplicates on it answers the new operation with the old result.
+/// Reported, not fixed: the fix is a design choice (a first-attempt time
+/// after the forgotten one's, or another input to the key).
+#[test]
+#[ignore = "store bug, reported: a new operation begun in the forgotten one's millisecond shares its provider key"]
+fn a_new_operation_after_forget_has_a_new_provider_key() -> dedupkv::Result<()> {
+    let clock = ManualClock::new(T0);
+    let store = hour_store(&clock, &CrashBackend::new())?;
+    let key = Key::new("t", "charge");
+    let Begin::Started(first) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("a new key starts")
+    };
+    store.complete(&first, b"charged")?;
+    assert!(matches!(store.forget(&key)?, dedupkv::Forget::Forgotten(_)));
+    let Begin::Started(second) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("a forgotten key starts anew")
+    };
+    assert_eq!(second.attempt(), 1, "a new operation");
+    assert_ne!(second.provider_key(), first.provider_key());
+    store.complete(&second, b"")?;
+    Ok(())
+}
