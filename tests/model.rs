@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::CrashBackend;
 use common::model::{
-    ENTITIES, IDS, KEYS, MAX_SEQ, Op, PRESETS, Settings, Step, T0, TestResult, run,
+    ENTITIES, IDS, KEYS, MAX_SEQ, Op, PER_CALL, PRESETS, RENEW_FOR, Settings, Step, T0, TestResult,
+    run,
 };
 use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Store};
 use proptest::prelude::*;
@@ -47,12 +48,19 @@ fn op() -> impl Strategy<Value = Op> {
         3 => key_index().prop_map(Op::Insert),
         1 => prop::collection::vec(key_index(), 0..5).prop_map(Op::InsertBatch),
         5 => (key_index(), fp_index()).prop_map(|(k, f)| Op::Begin(k, f)),
+        2 => (key_index(), fp_index(), 0..PER_CALL.len())
+            .prop_map(|(k, f, o)| Op::BeginWith(k, f, o)),
+        1 => prop::collection::vec((key_index(), fp_index()), 0..5).prop_map(Op::BeginBatch),
         3 => (sel.clone(), 0u8..3).prop_map(|(c, o)| Op::Complete(c, o)),
+        1 => prop::collection::vec((sel.clone(), 0u8..3), 0..4).prop_map(Op::CompleteBatch),
         1 => sel.clone().prop_map(Op::FailRetryable),
+        1 => sel.clone().prop_map(Op::FailAnyRequest),
         1 => (sel.clone(), 0u8..3).prop_map(|(c, o)| Op::FailPermanent(c, o)),
         1 => sel.clone().prop_map(Op::Renew),
+        1 => (sel.clone(), 0..RENEW_FOR.len()).prop_map(|(c, r)| Op::RenewFor(c, r)),
         2 => sel.prop_map(Op::DropClaim),
         2 => key_index().prop_map(Op::Get),
+        2 => key_index().prop_map(Op::Forget),
         3 => (0..ENTITIES, 1..=MAX_SEQ, 0u8..3).prop_map(|(e, s, p)| Op::Sequence(e, s, p)),
         1 => (0..ENTITIES, 0..=MAX_SEQ).prop_map(|(e, upto)| Op::Ack(e, upto)),
         4 => step().prop_map(Op::Advance),
@@ -412,7 +420,10 @@ fn a_key_written_after_forget_never_moves_to_an_earlier_bucket() -> dedupkv::Res
     let latest = |store: &Store| -> dedupkv::Result<_> {
         Ok([store.get(&begun)?, store.get(&inserted)?].map(|r| r.map(|r| r.state())))
     };
-    let want = [Some(dedupkv::State::Completed), Some(dedupkv::State::Inserted)];
+    let want = [
+        Some(dedupkv::State::Completed),
+        Some(dedupkv::State::Inserted),
+    ];
     {
         let store = hour_store(&clock, &backend)?;
         for key in [&begun, &inserted] {
