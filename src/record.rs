@@ -89,6 +89,13 @@ impl Record {
             Kind::Forget => State::Forgotten,
         };
         let finished = matches!(rec.kind, Kind::Complete | Kind::Fail);
+        // An inserted key is no operation; nor is its forget record
+        // (attempt 0: every begun key has attempt 1 or more).
+        let operation = match rec.kind {
+            Kind::Insert => false,
+            Kind::Forget => rec.attempt > 0,
+            _ => true,
+        };
         Record {
             key: Key::owned(rec.scope.to_vec(), rec.id.to_vec()),
             state,
@@ -98,8 +105,8 @@ impl Record {
             updated: rec.at,
             expires: rec.expires,
             lease_until: (rec.kind == Kind::Claim).then_some(rec.lease_until),
-            fingerprint: (rec.kind != Kind::Insert).then_some(Fingerprint(rec.params)),
-            provider_key: (rec.kind != Kind::Insert).then(|| {
+            fingerprint: operation.then_some(Fingerprint(rec.params)),
+            provider_key: operation.then(|| {
                 crate::claim::provider_key(secret, rec.scope, rec.id, rec.first_at, rec.params)
             }),
             outcome_tag: rec.outcome_tag,

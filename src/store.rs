@@ -663,18 +663,26 @@ impl Store {
         let inner = &*self.inner;
         let (h, now, nb) = inner.write_start(key)?;
         let mut shard = inner.index.lock(h);
-        let slot = Inner::live(&shard, h, nb);
+        let slot = Inner::recorded_at(&shard, shard.probe(h), nb);
         let (attempt, first_at, prev_bucket, interrupted) = match slot {
             None => {
-                let prev_bucket = Inner::forgotten_at(&shard, shard.probe(h), nb);
                 shard.remove(h);
-                (1, now, prev_bucket, false)
+                (1, now, None, false)
             }
             Some(s) => {
                 let bucket = s.bucket(nb);
                 match s.state() {
-                    // (`live` answers no forgotten key.)
-                    SlotState::Forgotten => (1, now, Some(bucket), false),
+                    // A new operation, kept no shorter than the forget
+                    // record, and first claimed later than the forgotten
+                    // one (even within its millisecond, or while the
+                    // store's time stands still), so its provider key
+                    // differs.
+                    SlotState::Forgotten => (
+                        1,
+                        Inner::after_forgotten(&shard, h, now),
+                        Some(bucket),
+                        false,
+                    ),
                     SlotState::Inserted | SlotState::Completed | SlotState::Failed => {
                         let row = s.row(inner.log.open_row());
                         drop(shard);
@@ -749,23 +757,28 @@ impl Store {
         shard.counters.started += 1;
         drop(shard);
         waits.new = waits.new.max(row);
-        Ok(Some(Begin::Started(Claim {
+        Ok(Some(Begin::Started(self.new_claim(key, &p, interrupted))))
+    }
+
+    /// The handle of claim `p` just recorded on `key`.
+    fn new_claim(&self, key: &Key<'_>, p: &Pending, interrupted: bool) -> Claim {
+        Claim {
             inner: Arc::downgrade(&self.inner),
             key: key.clone().into_owned(),
-            hash: h,
-            attempt,
-            token,
+            hash: p.hash,
+            attempt: p.attempt,
+            token: p.token,
             provider_key: crate::claim::provider_key(
-                &inner.hasher.secret(),
+                &self.inner.hasher.secret(),
                 key.scope(),
                 key.id(),
-                first_at,
-                fingerprint.0,
+                p.first_at,
+                p.params,
             ),
-            lease_until: AtomicU64::new(lease_until),
+            lease_until: AtomicU64::new(p.lease_until),
             finished: AtomicBool::new(false),
             interrupted,
-        })))
+        }
     }
 
     /// Completes a claim with its outcome; every later `begin` of the key
@@ -1082,7 +1095,20 @@ impl Store {
                     &mut rec,
                 )
             };
-            shard.remove_pending(h);
+            // Kept for the next operation's first-attempt time (see
+            // `begin_once`).
+            shard.set_pending(Pending {
+                hash: h,
+                attempt: 0,
+                token: 0,
+                first_at: old.first_seen,
+                lease_until: 0,
+                params: 0,
+                lease_ms: 0,
+                retention_ms: 0,
+                any_request: false,
+                abandoned: false,
+            });
             shard.counters.forgotten += 1;
             drop(shard);
             inner.log.settle(row)?;
@@ -1207,7 +1233,10 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         Kind::Entity | Kind::Park | Kind::Hold => return,
     };
     shard.put(h, state, bucket, row);
-    if matches!(state, SlotState::Claimed | SlotState::Released) {
+    if matches!(
+        state,
+        SlotState::Claimed | SlotState::Released | SlotState::Forgotten
+    ) {
         shard.set_pending(pending);
     } else {
         shard.remove_pending(h);
@@ -1507,8 +1536,9 @@ impl Inner {
         check_len("payload", payload.len(), self.cfg.max_outcome)
     }
 
-    /// Appends an Insert record for a key that is absent (or expired) and
-    /// points its slot at it. Caller holds the shard and batch locks.
+    /// Appends an Insert record for a key that is absent (never recorded,
+    /// expired or forgotten) and points its slot at it. Caller holds the
+    /// shard and batch locks.
     pub(crate) fn append_insert(
         &self,
         shard: &mut Shard,
@@ -1541,6 +1571,12 @@ impl Inner {
     /// [`live`](Self::live) from a probe of the key.
     fn live_at(shard: &Shard, probe: Probe, now_bucket: u64) -> Option<Slot> {
         Self::recorded_at(shard, probe, now_bucket).filter(|s| s.state() != SlotState::Forgotten)
+    }
+
+    /// The first-attempt time of a new operation on a forgotten key: now,
+    /// but later than the forgotten operation's (kept in `pending`).
+    fn after_forgotten(shard: &Shard, h: KeyHash, now: u64) -> u64 {
+        now.max(shard.pending(h).map_or(0, |p| p.first_at.saturating_add(1)))
     }
 
     /// The bucket of the key's forget record, if that is its latest record

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::CrashBackend;
 use common::model::{
-    ENTITIES, IDS, KEYS, MAX_SEQ, Op, PRESETS, Settings, Step, T0, TestResult, run,
+    ENTITIES, IDS, KEYS, MAX_SEQ, Op, PER_CALL, PRESETS, RENEW_FOR, Settings, Step, T0, TestResult,
+    run,
 };
 use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Store};
 use proptest::prelude::*;
@@ -47,12 +48,19 @@ fn op() -> impl Strategy<Value = Op> {
         3 => key_index().prop_map(Op::Insert),
         1 => prop::collection::vec(key_index(), 0..5).prop_map(Op::InsertBatch),
         5 => (key_index(), fp_index()).prop_map(|(k, f)| Op::Begin(k, f)),
+        2 => (key_index(), fp_index(), 0..PER_CALL.len())
+            .prop_map(|(k, f, o)| Op::BeginWith(k, f, o)),
+        1 => prop::collection::vec((key_index(), fp_index()), 0..5).prop_map(Op::BeginBatch),
         3 => (sel.clone(), 0u8..3).prop_map(|(c, o)| Op::Complete(c, o)),
+        1 => prop::collection::vec((sel.clone(), 0u8..3), 0..4).prop_map(Op::CompleteBatch),
         1 => sel.clone().prop_map(Op::FailRetryable),
+        1 => sel.clone().prop_map(Op::FailAnyRequest),
         1 => (sel.clone(), 0u8..3).prop_map(|(c, o)| Op::FailPermanent(c, o)),
         1 => sel.clone().prop_map(Op::Renew),
+        1 => (sel.clone(), 0..RENEW_FOR.len()).prop_map(|(c, r)| Op::RenewFor(c, r)),
         2 => sel.prop_map(Op::DropClaim),
         2 => key_index().prop_map(Op::Get),
+        2 => key_index().prop_map(Op::Forget),
         3 => (0..ENTITIES, 1..=MAX_SEQ, 0u8..3).prop_map(|(e, s, p)| Op::Sequence(e, s, p)),
         1 => (0..ENTITIES, 0..=MAX_SEQ).prop_map(|(e, upto)| Op::Ack(e, upto)),
         4 => step().prop_map(Op::Advance),
@@ -383,4 +391,104 @@ fn crash_loses_a_release_whose_claim_has_expired() -> TestResult {
             Op::Crash,
         ],
     )
+}
+
+/// A store with 1 h retention in 1 min buckets, on `backend`.
+fn hour_store(clock: &ManualClock, backend: &CrashBackend) -> dedupkv::Result<Store> {
+    Store::builder()
+        .clock(clock.clone())
+        .background_eviction(false)
+        .retention(Duration::from_secs(3_600))
+        .bucket_granularity(Duration::from_secs(60))
+        .open_with_backend(backend.clone())
+}
+
+/// Found by the model once it drove `forget` and per-call retention: a key
+/// written after a forget (by `begin`, or an insert) with a retention that
+/// ends before the forget record's went into an earlier bucket than the
+/// forget record, as if the key were new. Once the new record expired the
+/// key was absent, but a reopen replayed the forget record, still live in
+/// its later bucket, and `get` showed the key as `Forgotten` again. A
+/// key's bucket never moves to an earlier one, forgotten or not: the new
+/// record is kept as long as the forget record would have been.
+#[test]
+fn a_key_written_after_forget_never_moves_to_an_earlier_bucket() -> dedupkv::Result<()> {
+    let clock = ManualClock::new(T0);
+    let backend = CrashBackend::new();
+    let (begun, inserted) = (Key::new("t", "begun"), Key::new("t", "inserted"));
+    let short = Duration::from_secs(60);
+    let latest = |store: &Store| -> dedupkv::Result<_> {
+        Ok([store.get(&begun)?, store.get(&inserted)?].map(|r| r.map(|r| r.state())))
+    };
+    let want = [
+        Some(dedupkv::State::Completed),
+        Some(dedupkv::State::Inserted),
+    ];
+    {
+        let store = hour_store(&clock, &backend)?;
+        for key in [&begun, &inserted] {
+            assert!(store.insert_if_absent(key)?);
+            assert!(matches!(store.forget(key)?, dedupkv::Forget::Forgotten(_)));
+        }
+        let opts = dedupkv::BeginOptions::new().retention(short);
+        let Begin::Started(c) = store.begin_with(&begun, Fingerprint::NONE, &opts)? else {
+            panic!("a forgotten key starts anew")
+        };
+        store.complete(&c, b"again")?;
+        assert!(store.insert_if_absent_for(&inserted, short)?);
+        clock.advance(Duration::from_secs(10 * 60));
+        store.evict_expired()?;
+        assert_eq!(latest(&store)?, want, "before reopen");
+    }
+    let store = hour_store(&clock, &backend.crash_image())?;
+    assert_eq!(latest(&store)?, want, "after reopen");
+    Ok(())
+}
+
+/// Found by the model: the forget record of a key recorded by
+/// `insert_if_absent` (no operation: no fingerprint, no provider key)
+/// read back with `Fingerprint::NONE` and a provider key, as if the key
+/// had been begun. `State::Forgotten` promises the attempts and
+/// fingerprint of the record it replaced.
+#[test]
+fn a_forgotten_insert_has_no_fingerprint_and_no_provider_key() -> dedupkv::Result<()> {
+    let clock = ManualClock::new(T0);
+    let store = hour_store(&clock, &CrashBackend::new())?;
+    let key = Key::new("t", "seen");
+    assert!(store.insert_if_absent(&key)?);
+    assert!(matches!(store.forget(&key)?, dedupkv::Forget::Forgotten(_)));
+    let rec = store.get(&key)?.expect("the forget record");
+    assert_eq!(rec.state(), dedupkv::State::Forgotten);
+    assert_eq!(rec.attempts(), 0);
+    assert_eq!(rec.fingerprint(), None);
+    assert_eq!(rec.provider_key(), None);
+    Ok(())
+}
+
+/// Found by the model once it drove `forget`: the provider key is derived
+/// from the key and its operation's first-attempt time (ms), and a
+/// forgotten key's next `begin` starts a new operation at `now`. Begun,
+/// finished, forgotten and begun again within one millisecond (or while
+/// the store's time stands still behind a clock set back), the new
+/// operation gets the forgotten one's provider key, so a provider that
+/// deduplicates on it answers the new operation with the old result.
+/// Fixed: a new operation after a forget is first claimed no earlier than a
+/// millisecond after the forgotten one.
+#[test]
+fn a_new_operation_after_forget_has_a_new_provider_key() -> dedupkv::Result<()> {
+    let clock = ManualClock::new(T0);
+    let store = hour_store(&clock, &CrashBackend::new())?;
+    let key = Key::new("t", "charge");
+    let Begin::Started(first) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("a new key starts")
+    };
+    store.complete(&first, b"charged")?;
+    assert!(matches!(store.forget(&key)?, dedupkv::Forget::Forgotten(_)));
+    let Begin::Started(second) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("a forgotten key starts anew")
+    };
+    assert_eq!(second.attempt(), 1, "a new operation");
+    assert_ne!(second.provider_key(), first.provider_key());
+    store.complete(&second, b"")?;
+    Ok(())
 }

@@ -11,12 +11,13 @@
 mod common;
 
 use arbitrary::Arbitrary;
-use common::model::{FINGERPRINTS, KEYS, Op, Settings, Step, run};
+use common::model::{FINGERPRINTS, KEYS, Op, PER_CALL, RENEW_FOR, Settings, Step, run};
 use libfuzzer_sys::fuzz_target;
 
 /// Operations per input, at most.
 const MAX_OPS: usize = 64;
-/// Keys per `insert_batch`, at most.
+/// Items per batch call (`insert_batch`, `begin_batch`, `complete_batch`),
+/// at most.
 const MAX_BATCH: usize = 8;
 
 #[derive(Arbitrary, Debug)]
@@ -27,20 +28,28 @@ struct Input {
 }
 
 /// An [`Op`] with small arbitrary fields, mapped into the ranges the
-/// model accepts (key and fingerprint numbers modulo the pools, at most
-/// 40 days of clock per step).
+/// model accepts (key, fingerprint and per-call setting numbers modulo
+/// their pools, at most 40 days of clock per step).
 #[derive(Arbitrary, Debug)]
 enum FuzzOp {
     Insert(u8),
     InsertBatch(Vec<u8>),
     Begin(u8, u8),
+    /// Key, fingerprint, and one of the model's per-call settings.
+    BeginWith(u8, u8, u8),
+    BeginBatch(Vec<(u8, u8)>),
     /// Claim operations pick a held claim by its place from the newest.
     Complete(u8, u8),
+    CompleteBatch(Vec<(u8, u8)>),
     FailRetryable(u8),
+    FailAnyRequest(u8),
     FailPermanent(u8, u8),
     Renew(u8),
+    /// A held claim, and one of the model's `renew_for` amounts.
+    RenewFor(u8, u8),
     DropClaim(u8),
     Get(u8),
+    Forget(u8),
     /// Forward by this many ms.
     Millis(u16),
     /// Forward by 1 to 40 days, then an eviction pass.
@@ -67,12 +76,32 @@ impl FuzzOp {
                 Op::InsertBatch(ks.iter().take(MAX_BATCH).map(key).collect())
             }
             FuzzOp::Begin(k, f) => Op::Begin(key(k), n(f) % FINGERPRINTS),
+            FuzzOp::BeginWith(k, f, o) => {
+                Op::BeginWith(key(k), n(f) % FINGERPRINTS, n(o) % PER_CALL.len())
+            }
+            FuzzOp::BeginBatch(items) => Op::BeginBatch(
+                items
+                    .iter()
+                    .take(MAX_BATCH)
+                    .map(|(k, f)| (key(k), n(f) % FINGERPRINTS))
+                    .collect(),
+            ),
             FuzzOp::Complete(c, o) => Op::Complete(n(c), *o),
+            FuzzOp::CompleteBatch(items) => Op::CompleteBatch(
+                items
+                    .iter()
+                    .take(MAX_BATCH)
+                    .map(|(c, o)| (n(c), *o))
+                    .collect(),
+            ),
             FuzzOp::FailRetryable(c) => Op::FailRetryable(n(c)),
+            FuzzOp::FailAnyRequest(c) => Op::FailAnyRequest(n(c)),
             FuzzOp::FailPermanent(c, o) => Op::FailPermanent(n(c), *o),
             FuzzOp::Renew(c) => Op::Renew(n(c)),
+            FuzzOp::RenewFor(c, r) => Op::RenewFor(n(c), n(r) % RENEW_FOR.len()),
             FuzzOp::DropClaim(c) => Op::DropClaim(n(c)),
             FuzzOp::Get(k) => Op::Get(key(k)),
+            FuzzOp::Forget(k) => Op::Forget(key(k)),
             FuzzOp::Millis(ms) => Op::Advance(Step::Millis(u64::from(*ms))),
             FuzzOp::Days(d) => Op::Advance(Step::Days(u64::from(d % 40) + 1)),
             FuzzOp::NearLease(d) => Op::Advance(Step::NearLease(i64::from(*d))),

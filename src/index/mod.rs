@@ -7,7 +7,8 @@
 //! - the shard comes from the top bits of `hi`; the slot table places a key
 //!   by `lo`, so the two never share bits;
 //! - `pending` holds the details of keys whose slot is `Claimed` or
-//!   `Released` (a few per worker), so the slot itself stays 24 bytes.
+//!   `Released` (a few per worker), and the first-attempt time of keys
+//!   whose slot is `Forgotten`, so the slot itself stays 24 bytes.
 
 mod grow;
 mod slot;

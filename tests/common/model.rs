@@ -15,6 +15,16 @@
 //! every multi-day clock step, as the store requires a pass at least every
 //! 2^22 buckets); it must change no answer.
 //!
+//! Operations carry their own lease and retention (`begin_with`), renew
+//! by the claim's lease or by a given one (`renew_for`), and finish for the
+//! operation's retention. `begin_batch` and `complete_batch` answer each
+//! item as `begin` and `complete` would, in order. After
+//! `RetryableAnyRequest` the next attempt may bring another fingerprint.
+//! `forget` makes a present key absent unless a live attempt of this run
+//! holds it; `get` shows the forget record until it expires, and the key's
+//! next record goes into no earlier bucket. Every attempt of one operation
+//! has one provider key, and no two operations share one.
+//!
 //! A few entities run through the sequencer (`Sequence`, `Ack`): parked
 //! events and events handed back but not acknowledged survive every
 //! eviction, reopen, crash and downtime; an entity with neither expires
@@ -25,7 +35,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dedupkv::{
-    Begin, Claim, Error, Failure, Fingerprint, Key, ManualClock, Record, Sequenced, State, Store,
+    Begin, BeginOptions, Claim, Error, Failure, Fingerprint, Forget, Key, ManualClock, Record,
+    Sequenced, State, Store,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -61,6 +72,20 @@ pub const PRESETS: [(u64, u64, u64); 4] = [
     (30_000, 30_000, 10_000),
     (5_000, 20_000, 1_000),
 ];
+
+/// Per-call settings of `begin_with`, (lease, retention) in ms, `None` for
+/// the store's: shorter and longer than every preset's, a lease that
+/// outlasts the retention, and the 1 ms minimum of both.
+pub const PER_CALL: [(Option<u64>, Option<u64>); 6] = [
+    (Some(1_000), None),
+    (Some(120_000), None),
+    (None, Some(10_000)),
+    (None, Some(7_200_000)),
+    (Some(5_000), Some(60_000)),
+    (Some(1), Some(1)),
+];
+/// What `renew_for` extends a lease by, in ms.
+pub const RENEW_FOR: [u64; 4] = [1, 1_000, 45_000, 600_000];
 
 /// Entities of the sequencer ops are numbered `0..ENTITIES`.
 pub const ENTITIES: usize = 2;
@@ -153,13 +178,24 @@ pub enum Op {
     Insert(usize),
     InsertBatch(Vec<usize>),
     Begin(usize, usize),
+    /// `begin_with` the per-call settings `PER_CALL[o]` (modulo their number).
+    BeginWith(usize, usize, usize),
+    /// `begin_batch` of (key, fingerprint) items.
+    BeginBatch(Vec<(usize, usize)>),
     /// Claim operations pick the held claim `n` places from the newest.
     Complete(usize, u8),
+    /// `complete_batch` of (held claim, outcome) items.
+    CompleteBatch(Vec<(usize, u8)>),
     FailRetryable(usize),
+    /// `fail` with `Failure::RetryableAnyRequest`.
+    FailAnyRequest(usize),
     FailPermanent(usize, u8),
     Renew(usize),
+    /// `renew_for` by `RENEW_FOR[r]` (modulo their number).
+    RenewFor(usize, usize),
     DropClaim(usize),
     Get(usize),
+    Forget(usize),
     /// `Store::sequence(entity, seq, payload)`.
     Sequence(usize, u64, u8),
     /// `Store::ack(entity, upto)`.
@@ -192,6 +228,7 @@ enum Kind {
     Released,
     Completed,
     Failed,
+    Forgotten,
 }
 
 /// The latest record of a key, as the model expects `get` to report it.
@@ -209,6 +246,13 @@ struct MRec {
     outcome: Vec<u8>,
     /// Released by a dropped claim: the next attempt is interrupted.
     abandoned: bool,
+    /// Released by `Failure::RetryableAnyRequest`: the next attempt may
+    /// bring another fingerprint.
+    any: bool,
+    /// The claim's lease (what `renew` extends by) and the operation's
+    /// retention, for a claimed or released key.
+    lease_ms: u64,
+    retention_ms: u64,
 }
 
 impl MRec {
@@ -225,6 +269,19 @@ impl MRec {
             lease_until: 0,
             outcome: Vec::new(),
             abandoned: false,
+            any: false,
+            lease_ms: 0,
+            retention_ms: 0,
+        }
+    }
+
+    /// A key recorded by `insert_if_absent`, or forgotten after it, is no
+    /// operation: it has no fingerprint and no provider key.
+    fn is_operation(&self) -> bool {
+        match self.kind {
+            Kind::Inserted => false,
+            Kind::Forgotten => self.attempt > 0,
+            _ => true,
         }
     }
 }
@@ -272,10 +329,33 @@ impl Model {
         self.entities.insert(e, MEntity { bucket, ..m });
     }
 
+    /// The key's latest record, if it has not expired: what `get` answers.
     fn live(&self, k: usize, now: u64) -> Option<&MRec> {
         self.keys
             .get(&k)
             .filter(|r| now / self.s.granularity <= r.bucket)
+    }
+
+    /// The key's latest record if the key is present: live and not
+    /// forgotten.
+    fn present(&self, k: usize, now: u64) -> Option<&MRec> {
+        self.live(k, now).filter(|r| r.kind != Kind::Forgotten)
+    }
+
+    /// A new operation's first-attempt time: now, but after a forgotten
+    /// operation's (so the two never share a provider key).
+    fn first_at_after_forget(&self, k: usize, now: u64) -> u64 {
+        self.live(k, now)
+            .filter(|r| r.kind == Kind::Forgotten)
+            .map_or(now, |r| now.max(r.first_at + 1))
+    }
+
+    /// The bucket of the key's forget record, if that is live: a new record
+    /// of the key goes no earlier.
+    fn forgotten_bucket(&self, k: usize, now: u64) -> Option<u64> {
+        self.live(k, now)
+            .filter(|r| r.kind == Kind::Forgotten)
+            .map(|r| r.bucket)
     }
 
     /// Stores `rec` as the key's latest record, written at `now` with the
@@ -305,13 +385,16 @@ impl Model {
     }
 }
 
-fn check_record(k: usize, got: &Record, want: &MRec) -> TestResult {
+/// `want` is the record the model expects; `provider` is the provider key
+/// its operation's claims had, if the harness saw one.
+fn check_record(k: usize, got: &Record, want: &MRec, provider: Option<&String>) -> TestResult {
     let state = match want.kind {
         Kind::Inserted => State::Inserted,
         Kind::Claimed => State::InProgress,
         Kind::Released => State::Retryable,
         Kind::Completed => State::Completed,
         Kind::Failed => State::Failed,
+        Kind::Forgotten => State::Forgotten,
     };
     let finished = matches!(want.kind, Kind::Completed | Kind::Failed);
     prop_assert_eq!(got.key(), &key(k));
@@ -334,10 +417,19 @@ fn check_record(k: usize, got: &Record, want: &MRec) -> TestResult {
     );
     prop_assert_eq!(
         got.fingerprint(),
-        (want.kind != Kind::Inserted).then_some(want.fp),
+        want.is_operation().then_some(want.fp),
         "fingerprint of key {}",
         k
     );
+    prop_assert_eq!(
+        got.provider_key().is_some(),
+        want.is_operation(),
+        "provider key of key {}",
+        k
+    );
+    if let (Some(got), Some(want)) = (got.provider_key(), provider) {
+        prop_assert_eq!(&got, want, "provider key of key {}", k);
+    }
     prop_assert_eq!(
         got.outcome(),
         finished.then_some(want.outcome.as_slice()),
@@ -379,6 +471,13 @@ struct Harness {
     /// Keys whose latest record is the release of a dropped claim that may
     /// not be durable yet, with the record a crash would fall back to.
     unsettled: HashMap<usize, MRec>,
+    /// The provider key of each operation seen, by (key, first attempt
+    /// time), and the operation that has each.
+    /// Provider keys by operation and request: (key, first attempt,
+    /// fingerprint). A corrected request (`RetryableAnyRequest`) is a new
+    /// provider operation.
+    provider: HashMap<(usize, u64, Fingerprint), String>,
+    provider_owner: HashMap<String, (usize, u64, Fingerprint)>,
 }
 
 impl Harness {
@@ -402,6 +501,8 @@ impl Harness {
             token_floor: 0,
             run_floor: 0,
             unsettled: HashMap::new(),
+            provider: HashMap::new(),
+            provider_owner: HashMap::new(),
         };
         h.open(None)?;
         Ok(h)
@@ -459,14 +560,26 @@ impl Harness {
         match op {
             Op::Insert(k) => self.insert(*k),
             Op::InsertBatch(ks) => self.insert_batch(ks),
-            Op::Begin(k, f) => self.begin(*k, *f),
-            Op::Complete(..) | Op::FailRetryable(_) | Op::FailPermanent(..) => self.finish(op),
-            Op::Renew(c) => self.renew(*c),
+            Op::Begin(k, f) => {
+                let got = self.store().begin(&key(*k), fingerprint(*f));
+                let (lease, retention) = (self.model.s.lease, self.model.s.retention);
+                self.answer_begin(*k, *f, (lease, retention), got)
+            }
+            Op::BeginWith(k, f, o) => self.begin_with(*k, *f, *o),
+            Op::BeginBatch(items) => self.begin_batch(items),
+            Op::Complete(..)
+            | Op::FailRetryable(_)
+            | Op::FailAnyRequest(_)
+            | Op::FailPermanent(..) => self.finish(op),
+            Op::CompleteBatch(items) => self.complete_batch(items),
+            Op::Renew(c) => self.renew(*c, None),
+            Op::RenewFor(c, r) => self.renew(*c, Some(RENEW_FOR[r % RENEW_FOR.len()])),
             Op::DropClaim(c) => {
                 self.drop_claim(*c);
                 Ok(())
             }
             Op::Get(k) => self.get(*k),
+            Op::Forget(k) => self.forget(*k),
             Op::Sequence(e, seq, p) => self.sequence(*e, *seq, *p),
             Op::Ack(e, upto) => self.ack(*e, *upto),
             Op::Advance(step) => self.advance(*step),
@@ -491,14 +604,31 @@ impl Harness {
         }
     }
 
+    /// The provider key the claims of `want`'s operation had, if any was seen.
+    fn provider_of(&self, k: usize, want: &MRec) -> Option<&String> {
+        want.is_operation()
+            .then(|| self.provider.get(&(k, want.first_at, want.fp)))
+            .flatten()
+    }
+
+    fn check_record(&self, k: usize, got: &Record, want: &MRec) -> TestResult {
+        check_record(k, got, want, self.provider_of(k, want))
+    }
+
+    /// Records a key absent at `now` as inserted.
+    fn inserted(&mut self, k: usize, now: u64) {
+        let expires = now + self.model.s.retention;
+        let prev = self.model.forgotten_bucket(k, now);
+        self.model.write(k, MRec::inserted(now), now, expires, prev);
+    }
+
     fn insert(&mut self, k: usize) -> TestResult {
         let now = self.now();
         let got = check(self.store().insert_if_absent(&key(k)), "insert_if_absent")?;
-        let want = self.model.live(k, now).is_none();
+        let want = self.model.present(k, now).is_none();
         prop_assert_eq!(got, want, "insert_if_absent of key {}", k);
         if want {
-            let expires = now + self.model.s.retention;
-            self.model.write(k, MRec::inserted(now), now, expires, None);
+            self.inserted(k, now);
             self.settled();
         }
         Ok(())
@@ -510,10 +640,9 @@ impl Harness {
         let got = check(self.store().insert_batch(&keys), "insert_batch")?;
         let mut want = Vec::with_capacity(ks.len());
         for &k in ks {
-            let new = self.model.live(k, now).is_none();
+            let new = self.model.present(k, now).is_none();
             if new {
-                let expires = now + self.model.s.retention;
-                self.model.write(k, MRec::inserted(now), now, expires, None);
+                self.inserted(k, now);
             }
             want.push(new);
         }
@@ -524,22 +653,67 @@ impl Harness {
         Ok(())
     }
 
-    fn begin(&mut self, k: usize, f: usize) -> TestResult {
+    fn begin_with(&mut self, k: usize, f: usize, o: usize) -> TestResult {
+        let (lease, retention) = PER_CALL[o % PER_CALL.len()];
+        let mut opts = BeginOptions::new();
+        if let Some(ms) = lease {
+            opts = opts.lease(Duration::from_millis(ms));
+        }
+        if let Some(ms) = retention {
+            opts = opts.retention(Duration::from_millis(ms));
+        }
+        let got = self.store().begin_with(&key(k), fingerprint(f), &opts);
+        let s = self.model.s;
+        let op = (lease.unwrap_or(s.lease), retention.unwrap_or(s.retention));
+        self.answer_begin(k, f, op, got)
+    }
+
+    /// Each item is answered as `begin` would answer it, in order: a key
+    /// repeated in the batch finds the claim of its first position.
+    fn begin_batch(&mut self, items: &[(usize, usize)]) -> TestResult {
+        let keyed: Vec<(Key<'static>, Fingerprint)> = items
+            .iter()
+            .map(|&(k, f)| (key(k), fingerprint(f)))
+            .collect();
+        let got = check(self.store().begin_batch(&keyed), "begin_batch")?;
+        prop_assert_eq!(got.len(), items.len(), "answers of begin_batch");
+        let op = (self.model.s.lease, self.model.s.retention);
+        for (&(k, f), got) in items.iter().zip(got) {
+            self.answer_begin(k, f, op, got)?;
+        }
+        Ok(())
+    }
+
+    /// Checks `begin`'s answer `got` for key `k` and fingerprint `f` against
+    /// the model, for an operation with `op` = (lease, retention) in ms.
+    fn answer_begin(
+        &mut self,
+        k: usize,
+        f: usize,
+        op: (u64, u64),
+        got: dedupkv::Result<Begin>,
+    ) -> TestResult {
         let now = self.now();
         let fp = fingerprint(f);
-        let got = self.store().begin(&key(k), fp);
-        let prev = self.model.live(k, now).cloned();
+        let prev = self.model.present(k, now).cloned();
         let (attempt, first_at, prev_bucket) = match &prev {
-            None => (1, now, None),
+            // A new operation; after a forget, first claimed no earlier
+            // than a millisecond after the forgotten one (so its provider
+            // key differs).
+            None => (
+                1,
+                self.model.first_at_after_forget(k, now),
+                self.model.forgotten_bucket(k, now),
+            ),
             Some(r) if r.kind == Kind::Inserted => {
                 let Ok(Begin::Completed(rec)) = &got else {
                     return Err(TestCaseError::fail(format!(
                         "begin on inserted key {k}: want Completed, got {got:?}"
                     )));
                 };
-                return check_record(k, rec, r);
+                return self.check_record(k, rec, r);
             }
-            Some(r) if r.fp != fp => {
+            Some(r) if r.fp != fp && !(r.kind == Kind::Released && r.any) => {
                 let Err(Error::FingerprintMismatch {
                     recorded,
                     requested,
@@ -560,7 +734,7 @@ impl Harness {
                         "begin on finished key {k}: want Completed, got {got:?}"
                     )));
                 };
-                return check_record(k, rec, r);
+                return self.check_record(k, rec, r);
             }
             Some(r)
                 if r.kind == Kind::Claimed && now < r.lease_until && r.token > self.run_floor =>
@@ -575,8 +749,9 @@ impl Harness {
                 prop_assert_eq!(info.first_seen_at(), at(r.first_at));
                 return Ok(());
             }
-            // Released, or claimed with a lapsed lease or by a process
-            // that is gone: a new attempt.
+            // Released (with this fingerprint, or any after
+            // `RetryableAnyRequest`), or claimed with a lapsed lease or by
+            // a process that is gone: a new attempt, with this fingerprint.
             Some(r) => (r.attempt + 1, r.first_at, Some(r.bucket)),
         };
         let interrupted = prev
@@ -587,7 +762,8 @@ impl Harness {
                 "begin on key {k} (model {prev:?}): want Started, got {got:?}"
             )));
         };
-        let lease_until = now + self.model.s.lease;
+        let (lease_ms, retention_ms) = op;
+        let lease_until = now + lease_ms;
         prop_assert_eq!(claim.key(), &key(k));
         prop_assert_eq!(claim.attempt(), attempt);
         prop_assert_eq!(claim.interrupted(), interrupted, "interrupted, key {}", k);
@@ -599,6 +775,8 @@ impl Harness {
             self.token_floor
         );
         self.token_floor = claim.token();
+        let corrected = prev.as_ref().is_some_and(|r| r.fp != fp);
+        self.check_provider_key(k, (first_at, fp), attempt, corrected, &claim)?;
         let rec = MRec {
             kind: Kind::Claimed,
             fp,
@@ -606,9 +784,11 @@ impl Harness {
             token: claim.token(),
             first_at,
             lease_until,
+            lease_ms,
+            retention_ms,
             ..MRec::inserted(now)
         };
-        let expires = (now + self.model.s.retention).max(lease_until);
+        let expires = (now + retention_ms).max(lease_until);
         self.model.write(k, rec, now, expires, prev_bucket);
         self.held.push(Held {
             key: k,
@@ -617,6 +797,52 @@ impl Harness {
             claim,
         });
         self.settled();
+        Ok(())
+    }
+
+    /// Every attempt of one operation (key `k`, first attempt at
+    /// `first_at`) has one provider key, and no two operations share one.
+    fn check_provider_key(
+        &mut self,
+        k: usize,
+        (first_at, fp): (u64, Fingerprint),
+        attempt: u32,
+        corrected: bool,
+        claim: &Claim,
+    ) -> TestResult {
+        let pk = claim.provider_key();
+        match self.provider.get(&(k, first_at, fp)) {
+            Some(known) if attempt > 1 => {
+                prop_assert_eq!(
+                    &pk,
+                    known,
+                    "provider key of attempt {} of key {}",
+                    attempt,
+                    k
+                );
+            }
+            Some(known) => {
+                return Err(TestCaseError::fail(format!(
+                    "key {k}: a new operation first claimed at {first_at} has the \
+                     provider key {known} of an earlier one"
+                )));
+            }
+            None => {
+                prop_assert!(
+                    attempt == 1 || corrected,
+                    "attempt {} of key {}: no earlier attempt seen",
+                    attempt,
+                    k
+                );
+                if let Some(other) = self.provider_owner.get(&pk) {
+                    return Err(TestCaseError::fail(format!(
+                        "key {k} first claimed at {first_at} has the provider key {pk} of {other:?}"
+                    )));
+                }
+                self.provider_owner.insert(pk.clone(), (k, first_at, fp));
+                self.provider.insert((k, first_at, fp), pk);
+            }
+        }
         Ok(())
     }
 
@@ -638,13 +864,16 @@ impl Harness {
     }
 
     fn finish(&mut self, op: &Op) -> TestResult {
-        let (Op::Complete(n, _) | Op::FailRetryable(n) | Op::FailPermanent(n, _)) = op else {
+        let (Op::Complete(n, _)
+        | Op::FailRetryable(n)
+        | Op::FailAnyRequest(n)
+        | Op::FailPermanent(n, _)) = op
+        else {
             unreachable!("not a finishing op")
         };
         let Some(i) = self.pick(*n) else {
             return Ok(());
         };
-        let now = self.now();
         let (store, claim) = (self.store(), &self.held[i].claim);
         let (got, kind, bytes) = match op {
             Op::Complete(_, o) => (
@@ -657,12 +886,59 @@ impl Harness {
                 Kind::Failed,
                 payload(*o),
             ),
+            Op::FailAnyRequest(_) => (
+                store.fail(claim, Failure::RetryableAnyRequest),
+                Kind::Released,
+                Vec::new(),
+            ),
             _ => (
                 store.fail(claim, Failure::Retryable),
                 Kind::Released,
                 Vec::new(),
             ),
         };
+        let any = matches!(op, Op::FailAnyRequest(_));
+        if self.finished(op, i, got, kind, bytes, any)? {
+            self.settled();
+        }
+        Ok(())
+    }
+
+    /// Each item as `complete` would answer it, in order: a claim repeated
+    /// in the batch is already finished after its first position.
+    fn complete_batch(&mut self, items: &[(usize, u8)]) -> TestResult {
+        let picked: Vec<(usize, Vec<u8>)> = items
+            .iter()
+            .filter_map(|&(n, o)| self.pick(n).map(|i| (i, outcome(o))))
+            .collect();
+        let batch: Vec<(&Claim, &[u8])> = picked
+            .iter()
+            .map(|(i, o)| (&self.held[*i].claim, o.as_slice()))
+            .collect();
+        let got = check(self.store().complete_batch(&batch), "complete_batch")?;
+        prop_assert_eq!(got.len(), picked.len(), "answers of complete_batch");
+        let (op, mut wrote) = (Op::CompleteBatch(items.to_vec()), false);
+        for ((i, bytes), got) in picked.into_iter().zip(got) {
+            wrote |= self.finished(&op, i, got, Kind::Completed, bytes, false)?;
+        }
+        if wrote {
+            self.settled();
+        }
+        Ok(())
+    }
+
+    /// Checks the answer `got` of finishing held claim `i` as `kind` with
+    /// `bytes`, and records it; returns whether it wrote.
+    fn finished(
+        &mut self,
+        op: &Op,
+        i: usize,
+        got: dedupkv::Result<()>,
+        kind: Kind,
+        bytes: Vec<u8>,
+        any: bool,
+    ) -> TestResult<bool> {
+        let now = self.now();
         let k = self.held[i].key;
         let Some(prev) = self.active(i) else {
             prop_assert!(
@@ -672,26 +948,31 @@ impl Harness {
                 k,
                 got
             );
-            return Ok(());
+            return Ok(false);
         };
         check(got, "complete/fail")?;
+        let expires = now + prev.retention_ms;
         let rec = MRec {
             kind,
             outcome: bytes,
+            any,
             ..prev.clone()
         };
-        let expires = now + self.model.s.retention;
         self.model.write(k, rec, now, expires, Some(prev.bucket));
-        self.settled();
-        Ok(())
+        Ok(true)
     }
 
-    fn renew(&mut self, n: usize) -> TestResult {
+    /// `renew` (`by` `None`: by the claim's lease) or `renew_for`.
+    fn renew(&mut self, n: usize, by: Option<u64>) -> TestResult {
         let Some(i) = self.pick(n) else {
             return Ok(());
         };
         let now = self.now();
-        let got = self.store().renew(&self.held[i].claim);
+        let claim = &self.held[i].claim;
+        let got = match by {
+            None => self.store().renew(claim),
+            Some(ms) => self.store().renew_for(claim, Duration::from_millis(ms)),
+        };
         let k = self.held[i].key;
         let Some(prev) = self.active(i) else {
             prop_assert!(
@@ -703,14 +984,16 @@ impl Harness {
             return Ok(());
         };
         let until = check(got, "renew")?;
-        let lease_until = now + self.model.s.lease;
+        let lease_ms = by.unwrap_or(prev.lease_ms);
+        let lease_until = now + lease_ms;
         prop_assert_eq!(until, at(lease_until));
         prop_assert_eq!(self.held[i].claim.lease_expires_at(), at(lease_until));
         let rec = MRec {
             lease_until,
+            lease_ms,
             ..prev.clone()
         };
-        let expires = (now + self.model.s.retention).max(lease_until);
+        let expires = (now + prev.retention_ms).max(lease_until);
         self.model.write(k, rec, now, expires, Some(prev.bucket));
         self.settled();
         Ok(())
@@ -728,9 +1011,10 @@ impl Harness {
             let rec = MRec {
                 kind: Kind::Released,
                 abandoned: true,
+                any: false,
                 ..prev.clone()
             };
-            let expires = now + self.model.s.retention;
+            let expires = now + prev.retention_ms;
             self.model
                 .write(held.key, rec, now, expires, Some(prev.bucket));
             self.unsettled.entry(held.key).or_insert(prev);
@@ -741,11 +1025,57 @@ impl Harness {
         let got = check(self.store().get(&key(k)), "get")?;
         match (got, self.model.live(k, self.now())) {
             (None, None) => Ok(()),
-            (Some(rec), Some(want)) => check_record(k, &rec, want),
+            (Some(rec), Some(want)) => self.check_record(k, &rec, want),
             (got, want) => Err(TestCaseError::fail(format!(
                 "get of key {k}: store {got:?}, model {want:?}"
             ))),
         }
+    }
+
+    /// `forget` removes a present key unless a live attempt of this run
+    /// holds it; the forget record keeps what it replaced, for the store's
+    /// retention from now, in no earlier bucket. Claims on the key are
+    /// fenced.
+    fn forget(&mut self, k: usize) -> TestResult {
+        let now = self.now();
+        let got = check(self.store().forget(&key(k)), "forget")?;
+        let Some(prev) = self.model.present(k, now).cloned() else {
+            prop_assert!(
+                matches!(got, Forget::NotFound),
+                "forget of absent key {}: got {:?}",
+                k,
+                got
+            );
+            return Ok(());
+        };
+        if prev.kind == Kind::Claimed && now < prev.lease_until && prev.token > self.run_floor {
+            let Forget::InProgress(info) = &got else {
+                return Err(TestCaseError::fail(format!(
+                    "forget of claimed key {k}: want InProgress, got {got:?}"
+                )));
+            };
+            prop_assert_eq!(info.attempt(), prev.attempt);
+            prop_assert_eq!(info.lease_expires_at(), at(prev.lease_until));
+            prop_assert_eq!(info.first_seen_at(), at(prev.first_at));
+            return Ok(());
+        }
+        let Forget::Forgotten(old) = &got else {
+            return Err(TestCaseError::fail(format!(
+                "forget of key {k} (model {prev:?}): want Forgotten, got {got:?}"
+            )));
+        };
+        self.check_record(k, old, &prev)?;
+        let rec = MRec {
+            kind: Kind::Forgotten,
+            lease_until: 0,
+            outcome: Vec::new(),
+            any: false,
+            ..prev.clone()
+        };
+        let expires = now + self.model.s.retention;
+        self.model.write(k, rec, now, expires, Some(prev.bucket));
+        self.settled();
+        Ok(())
     }
 
     fn sequence(&mut self, e: usize, seq: u64, p: u8) -> TestResult {
@@ -898,7 +1228,7 @@ impl Harness {
             let fallback = Some(fallback).filter(|r| now / self.model.s.granularity <= r.bucket);
             let matches = |want: &Option<MRec>| match (&got, want) {
                 (None, None) => true,
-                (Some(rec), Some(want)) => check_record(k, rec, want).is_ok(),
+                (Some(rec), Some(want)) => self.check_record(k, rec, want).is_ok(),
                 _ => false,
             };
             if !matches(&released) {
