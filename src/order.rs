@@ -695,23 +695,33 @@ impl Store {
     /// # Examples
     /// See [`Held`].
     pub fn held(&self, entity: &Key<'_>) -> Result<Vec<Held>> {
-        let inner = &*self.inner;
-        let h = self.entity_hash(entity)?;
-        let (_, nb) = inner.time()?;
-        let shard = inner.index.lock(h);
-        let Some(e) = shard.entity(h, nb) else {
-            return Ok(Vec::new());
-        };
-        Ok(e.held
-            .iter()
-            .map(|(seq, ev)| Held {
-                seq: *seq,
+        self.stored_events(
+            entity,
+            |e| &e.held,
+            |seq, ev| Held {
+                seq,
                 payload: ev.payload.clone(),
                 missing: ev.aux,
                 since: to_system_time(ev.aux2),
                 reason: format!("predecessor {} missing since {}", ev.aux, rfc3339(ev.aux2)),
-            })
-            .collect())
+            },
+        )
+    }
+
+    /// The events of one of an entity's stored sets, in sequence order.
+    fn stored_events<T>(
+        &self,
+        entity: &Key<'_>,
+        set: impl Fn(&Entity) -> &BTreeMap<u64, Stored>,
+        show: impl Fn(u64, &Stored) -> T,
+    ) -> Result<Vec<T>> {
+        let inner = &*self.inner;
+        let h = self.entity_hash(entity)?;
+        let (_, nb) = inner.time()?;
+        let shard = inner.index.lock(h);
+        Ok(shard.entity(h, nb).map_or_else(Vec::new, |e| {
+            set(e).iter().map(|(seq, ev)| show(*seq, ev)).collect()
+        }))
     }
 
     /// Gives up waiting for missing predecessors: delivers every held and
@@ -844,20 +854,14 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
-        let inner = &*self.inner;
-        let h = self.entity_hash(entity)?;
-        let nb = inner.bucket_of(inner.now());
-        let shard = inner.index.lock(h);
-        let Some(e) = shard.entity(h, nb) else {
-            return Ok(Vec::new());
-        };
-        Ok(e.unacked
-            .iter()
-            .map(|(seq, ev)| Delivered {
-                seq: *seq,
+        self.stored_events(
+            entity,
+            |e| &e.unacked,
+            |seq, ev| Delivered {
+                seq,
                 payload: ev.payload.clone(),
-            })
-            .collect())
+            },
+        )
     }
 
     /// Moves parked events whose gap has been open longer than `max_hold`
