@@ -265,7 +265,9 @@ impl Store {
             time: AtomicU64::new(time_floor),
             clock_behind: AtomicBool::new(false),
             evicted_through: AtomicU64::new(now_bucket),
-            closed_bucket: AtomicU64::new(0),
+            // Replay wrote nothing before the current bucket: it is closed
+            // already (an eviction pass need not flush for it).
+            closed_bucket: AtomicU64::new(now_bucket.saturating_sub(1)),
             evicting: crate::sync::Mutex::new(()),
             compact_due: crate::sync::AtomicBool::new(true),
             counters: StoreCounters::default(),
