@@ -52,6 +52,7 @@ use crate::sync::{Arc, Condvar, JoinHandle, Mutex, Weak};
 /// let store = Store::builder()
 ///     .clock(clock.clone())
 ///     .retention(Duration::from_secs(3600))
+///     .background_eviction(false) // driven by hand below
 ///     .open(dir.path().join("s.redb"))?;
 /// store.insert_if_absent(&Key::new("t", "e"))?;
 /// clock.advance(Duration::from_secs(2 * 3600));

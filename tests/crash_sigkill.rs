@@ -119,6 +119,12 @@ fn kills_never_lose_an_acknowledged_key() -> Result<()> {
             }
             assert!(start.elapsed() < Duration::from_secs(30));
         }
+        // ... and has acknowledged a key (on a starved machine its threads
+        // may take longer than the delay to start), so every run checks one.
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) => acked.extend(l.strip_prefix("ACK ").map(str::to_string)),
+            Err(e) => panic!("child {run} acknowledged nothing: {e}"),
+        }
         std::thread::sleep(Duration::from_millis(5 + next(&mut seed) % 145));
         child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
         let status = child.wait().expect("wait");
@@ -148,7 +154,7 @@ fn kills_never_lose_an_acknowledged_key() -> Result<()> {
         }
     }
     assert!(
-        acked.len() > KILLS,
+        acked.len() >= KILLS,
         "the children acknowledged too little to mean anything"
     );
     eprintln!(

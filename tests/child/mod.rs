@@ -100,6 +100,7 @@ pub fn main(child_env: &str, child: fn(), tests: &[Test]) -> ExitCode {
 
 /// The value of an environment variable the child needs; panics, naming
 /// it, if it is missing, so a half-set environment fails loudly.
+#[allow(dead_code)] // not every child reads its environment through it
 pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: this child process is started by its test, which sets it")
