@@ -1,5 +1,5 @@
 //! Calendar dates from Unix time, without a date crate. One file, with no
-//! `crate::` paths, so `benches/compare` includes it too (`#[path]`) rather
+//! `crate::` paths, so `crates/bench-compare` includes it too (`#[path]`) rather
 //! than keeping a copy.
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for a time in Unix milliseconds.

@@ -1,4 +1,4 @@
-//! The performance targets of issue 5, checked against one run's medians.
+//! The comparison harness's performance targets, checked against one run's medians.
 //! Every ratio is dedupkv Immediate (durable) over a rival at equal or
 //! weaker durability, measured side by side in the same run.
 
