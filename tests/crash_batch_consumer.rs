@@ -9,10 +9,9 @@
 //! 20,000 events in the same trial: a crash after the insert.)
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, ExitCode, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::process::{Command, ExitCode};
+use std::time::Duration;
 
 use dedupkv::{Begin, Claim, Fingerprint, Key, Result, State, Store};
 
@@ -85,14 +84,6 @@ fn batch_consumer_child() {
     println!("DONE");
 }
 
-fn next(seed: &mut u64) -> u64 {
-    *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *seed;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 fn a_killed_batch_consumer_performs_every_effect_exactly_once() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("consumer.redb");
@@ -101,44 +92,20 @@ fn a_killed_batch_consumer_performs_every_effect_exactly_once() -> Result<()> {
     let mut seed = u64::from(std::process::id());
     let mut killed_mid_stream = 0;
     for run in 0..=KILLS {
-        let mut child = Command::new(&exe)
-            .env("DEDUPKV_BATCH_PATH", &path)
-            .env("DEDUPKV_EFFECTS_PATH", &effects)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let start = Instant::now();
-        let mut lines = Vec::new();
-        loop {
-            let l = rx
-                .recv_timeout(Duration::from_secs(60))
-                .unwrap_or_else(|e| panic!("child {run} never became ready: {e}"));
-            let ready = l.ends_with("READY");
-            lines.push(l);
-            if ready {
-                break;
-            }
-            assert!(start.elapsed() < Duration::from_secs(60));
-        }
+        let mut spawned = child::Spawned::start(
+            Command::new(&exe)
+                .env("DEDUPKV_BATCH_PATH", &path)
+                .env("DEDUPKV_EFFECTS_PATH", &effects),
+        );
+        let mut lines = spawned.wait_ready(Duration::from_secs(60));
         if run < KILLS {
             // Kill on progress, not after a sleep (a fast disk would finish
             // the stream first): after a random number of batches, or at
             // once if the stream is already done.
-            let kill_at = 1 + next(&mut seed) % 150;
+            let kill_at = 1 + child::next(&mut seed) % 150;
             let mut batches = 0;
             while batches < kill_at {
-                let Ok(l) = rx.recv_timeout(Duration::from_secs(60)) else {
+                let Ok(l) = spawned.lines.recv_timeout(Duration::from_secs(60)) else {
                     break;
                 };
                 let done = l.ends_with("DONE");
@@ -148,20 +115,17 @@ fn a_killed_batch_consumer_performs_every_effect_exactly_once() -> Result<()> {
                     break;
                 }
             }
-            child.kill().expect("SIGKILL");
-            let status = child.wait().expect("wait");
+            spawned.child.kill().expect("SIGKILL");
+        }
+        let status = spawned.child.wait().expect("wait");
+        lines.extend(spawned.rest());
+        let finished = lines.iter().any(|l| l.ends_with("DONE"));
+        if run < KILLS {
             // It may have finished just before the kill landed.
-            let finished = lines.iter().any(|l| l.ends_with("DONE"));
             assert!(finished || !status.success(), "run {run}: {status:?}");
         } else {
-            assert!(
-                child.wait().expect("wait").success(),
-                "the last run finishes"
-            );
+            assert!(status.success(), "the last run finishes");
         }
-        reader.join().expect("reader");
-        lines.extend(rx.try_iter());
-        let finished = lines.iter().any(|l| l.ends_with("DONE"));
         if run < KILLS && !finished {
             killed_mid_stream += 1;
         }

@@ -6,10 +6,8 @@
 //! Built without the test harness (`tests/child`): this binary is the child
 //! when `DEDUPKV_CRASH_PATH` is set, and runs the tests otherwise.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, ExitCode, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
 
 use dedupkv::{Begin, Fingerprint, Key, Result, Store};
 
@@ -76,63 +74,35 @@ fn this_binary() -> Command {
     cmd
 }
 
-/// A small deterministic PRNG for kill timing (no dependency needed).
-fn next(seed: &mut u64) -> u64 {
-    *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *seed;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 fn kills_never_lose_an_acknowledged_key() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crash.redb");
     let mut seed = u64::from(std::process::id());
     let mut acked: Vec<String> = Vec::new();
     for run in 0..KILLS {
-        let mut child = this_binary()
-            .env(PATH_ENV, &path)
-            .env(RUN_ENV, run.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let mut spawned = child::Spawned::start(
+            this_binary()
+                .env(PATH_ENV, &path)
+                .env(RUN_ENV, run.to_string()),
+        );
         // Wait until the child has the store open, then kill it after a
-        // random delay of 5–150 ms of streaming.
-        let start = Instant::now();
-        loop {
-            match rx.recv_timeout(Duration::from_secs(30)) {
-                Ok(l) if l == "READY" => break,
-                Ok(_) => {}
-                Err(e) => panic!("child {run} never became ready: {e}"),
-            }
-            assert!(start.elapsed() < Duration::from_secs(30));
-        }
+        // random delay of 5–150 ms of streaming ...
+        spawned.wait_ready(Duration::from_secs(30));
         // ... and has acknowledged a key (on a starved machine its threads
         // may take longer than the delay to start), so every run checks one.
-        match rx.recv_timeout(Duration::from_secs(30)) {
+        match spawned.lines.recv_timeout(Duration::from_secs(30)) {
             Ok(l) => acked.extend(l.strip_prefix("ACK ").map(str::to_string)),
             Err(e) => panic!("child {run} acknowledged nothing: {e}"),
         }
-        std::thread::sleep(Duration::from_millis(5 + next(&mut seed) % 145));
-        child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
-        let status = child.wait().expect("wait");
+        std::thread::sleep(Duration::from_millis(5 + child::next(&mut seed) % 145));
+        spawned.child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
+        let status = spawned.child.wait().expect("wait");
         assert!(!status.success());
-        reader.join().expect("reader");
         let before = acked.len();
         acked.extend(
-            rx.try_iter()
+            spawned
+                .rest()
+                .iter()
                 .filter_map(|l| l.strip_prefix("ACK ").map(str::to_string)),
         );
         eprintln!("kill {run}: {} acknowledged this run", acked.len() - before);

@@ -106,3 +106,76 @@ pub fn env(name: &str) -> String {
         panic!("{name} is not set: this child process is started by its test, which sets it")
     })
 }
+
+/// A child process started by its test, with its stdout read line by line
+/// on a thread of its own (so the test can wait for a line with a timeout).
+#[allow(dead_code)] // only the SIGKILL tests start children this way
+pub struct Spawned {
+    pub child: std::process::Child,
+    pub lines: std::sync::mpsc::Receiver<String>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+#[allow(dead_code)]
+impl Spawned {
+    /// Starts `cmd` with stdout piped and stderr discarded.
+    pub fn start(cmd: &mut std::process::Command) -> Spawned {
+        use std::io::BufRead as _;
+        use std::process::Stdio;
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Spawned {
+            child,
+            lines,
+            reader,
+        }
+    }
+
+    /// Waits (at most `limit`) for a line ending in `READY`, returning the
+    /// lines read up to it (libtest may print in front of it).
+    pub fn wait_ready(&self, limit: std::time::Duration) -> Vec<String> {
+        let start = Instant::now();
+        let mut seen = Vec::new();
+        loop {
+            let left = limit.saturating_sub(start.elapsed());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("the child never became ready: {e}"));
+            let ready = line.ends_with("READY");
+            seen.push(line);
+            if ready {
+                return seen;
+            }
+        }
+    }
+
+    /// After the child exited: joins the reader and returns what was left.
+    pub fn rest(self) -> Vec<String> {
+        self.reader.join().expect("reader");
+        self.lines.try_iter().collect()
+    }
+}
+
+/// A small deterministic PRNG (splitmix64) for kill timing.
+#[allow(dead_code)]
+pub fn next(seed: &mut u64) -> u64 {
+    *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *seed;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
