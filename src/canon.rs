@@ -523,61 +523,31 @@ impl SeqBuilder {
     }
 }
 
-impl ser::SerializeSeq for SeqBuilder {
-    type Ok = Value;
-    type Error = CanonError;
-    fn serialize_element<T: Serialize + ?Sized>(
-        &mut self,
-        value: &T,
-    ) -> std::result::Result<(), CanonError> {
-        self.push(value)
-    }
-    fn end(self) -> R {
-        Ok(self.finish())
-    }
+/// The four sequence-like serde traits, all pushing to one `SeqBuilder`.
+macro_rules! seq_builder {
+    ($($trait_:ident :: $method:ident),+) => {$(
+        impl ser::$trait_ for SeqBuilder {
+            type Ok = Value;
+            type Error = CanonError;
+            fn $method<T: Serialize + ?Sized>(
+                &mut self,
+                value: &T,
+            ) -> std::result::Result<(), CanonError> {
+                self.push(value)
+            }
+            fn end(self) -> R {
+                Ok(self.finish())
+            }
+        }
+    )+};
 }
 
-impl ser::SerializeTuple for SeqBuilder {
-    type Ok = Value;
-    type Error = CanonError;
-    fn serialize_element<T: Serialize + ?Sized>(
-        &mut self,
-        value: &T,
-    ) -> std::result::Result<(), CanonError> {
-        self.push(value)
-    }
-    fn end(self) -> R {
-        Ok(self.finish())
-    }
-}
-
-impl ser::SerializeTupleStruct for SeqBuilder {
-    type Ok = Value;
-    type Error = CanonError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        value: &T,
-    ) -> std::result::Result<(), CanonError> {
-        self.push(value)
-    }
-    fn end(self) -> R {
-        Ok(self.finish())
-    }
-}
-
-impl ser::SerializeTupleVariant for SeqBuilder {
-    type Ok = Value;
-    type Error = CanonError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        value: &T,
-    ) -> std::result::Result<(), CanonError> {
-        self.push(value)
-    }
-    fn end(self) -> R {
-        Ok(self.finish())
-    }
-}
+seq_builder!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 /// Builds a map or struct (and the content of a struct variant).
 struct MapBuilder {
