@@ -455,6 +455,33 @@ impl fmt::Display for Fingerprint {
     }
 }
 
+/// The provider key of the operation on (`scope`, `id`) first claimed at
+/// `first_at` (ms): SipHash-1-3-128 keyed with the store's persisted secret,
+/// over a domain tag, `len(scope)`, scope, id, `first_at` and the request
+/// fingerprint. `first_at` and the fingerprint are carried from attempt to
+/// attempt (and in every claim record), so every attempt of one operation
+/// gets the same key; a corrected request (after
+/// `Failure::RetryableAnyRequest`) gets a new one, since a provider refuses
+/// (or replays the old answer to) a key reused with other parameters. The
+/// fixed-size fields after the variable ones keep the framing unambiguous.
+pub(crate) fn provider_key(
+    secret: &[u8; 16],
+    scope: &[u8],
+    id: &[u8],
+    first_at: u64,
+    fingerprint: u128,
+) -> u128 {
+    use std::hash::Hasher;
+    let mut h = SipHasher13::new_with_key(secret);
+    h.write(b"dedupkv provider key v2\0");
+    h.write(&(scope.len() as u64).to_le_bytes());
+    h.write(scope);
+    h.write(id);
+    h.write(&first_at.to_le_bytes());
+    h.write(&fingerprint.to_le_bytes());
+    h.finish128().as_u128()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

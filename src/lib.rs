@@ -32,37 +32,29 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod builder;
+mod api;
 mod canon;
 mod civil;
-mod claim;
 mod clock;
 mod codec;
 mod durability;
+mod engine;
 mod error;
 mod index;
 mod key;
 mod log;
-mod options;
-mod order;
-mod record;
-mod retention;
-mod stats;
-mod store;
 mod sync;
+mod types;
 
-pub use builder::StoreBuilder;
-pub use claim::{Begin, Claim, Failure, Forget, InProgress};
+pub use api::{Begin, Claim, Store, StoreBuilder};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use durability::Durability;
 pub use error::{Error, Result};
 pub use key::{Fingerprint, Key, KeyHashing};
-pub use options::BeginOptions;
-pub use order::{Advance, Delivered, Held, Sequenced, Update};
-pub use record::{Record, State};
-pub use retention::Eviction;
-pub use stats::Stats;
-pub use store::Store;
+pub use types::{
+    Advance, BeginOptions, Delivered, Eviction, Failure, Forget, Held, InProgress, Record,
+    Sequenced, State, Stats, Update,
+};
 
 /// The README's code, compiled and run as doc tests so it cannot go stale.
 #[cfg(doctest)]

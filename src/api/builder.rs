@@ -5,46 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock, millis};
+use crate::engine::config::{FORMAT_MAX_KEY_PART, FORMAT_MAX_OUTCOME};
+use crate::engine::{Config, Location};
 use crate::index::MAX_BUCKET_SPAN;
-use crate::log::Location;
 use crate::{Durability, Error, KeyHashing, Result, Store};
-
-/// Hard caps imposed by the record format.
-pub(crate) const FORMAT_MAX_KEY_PART: usize = u16::MAX as usize;
-pub(crate) const FORMAT_MAX_OUTCOME: usize = 64 << 20;
-/// The largest one record can encode to: both key parts and an outcome at
-/// the format's limits, plus its fixed fields.
-pub(crate) const FORMAT_MAX_RECORD: usize = 2 * FORMAT_MAX_KEY_PART + FORMAT_MAX_OUTCOME + 128;
-
-/// Settings the store reads on every call.
-#[derive(Debug, Clone)]
-#[allow(clippy::struct_excessive_bools)] // independent switches, not a state machine
-pub(crate) struct Config {
-    pub shards: usize,
-    pub durability: Durability,
-    pub lease_ms: u64,
-    pub retention_ms: u64,
-    pub granularity_ms: u64,
-    pub cache_bytes: usize,
-    pub quick_repair: bool,
-    pub key_hashing: KeyHashing,
-    pub hashing_set: bool,
-    pub granularity_set: bool,
-    pub max_scope: usize,
-    pub max_id: usize,
-    pub max_outcome: usize,
-    pub expected_keys: usize,
-    pub background_eviction: bool,
-    pub max_keys: Option<u64>,
-    pub max_retry_window_ms: Option<u64>,
-    pub entity_retention_ms: u64,
-    pub max_hold_ms: u64,
-    pub compact_when_free: Option<f64>,
-    pub evict_slice_bytes: usize,
-    pub max_batch_bytes: usize,
-    /// Where the log closes a row and opens the next (tests lower it).
-    pub row_split_bytes: usize,
-}
 
 /// Settings for [`Store`], made by [`Store::builder`].
 ///

@@ -3,11 +3,15 @@
 use std::fmt;
 use std::time::SystemTime;
 
+use std::time::Duration;
+
 use crate::clock::to_system_time;
-use crate::key::KeyHash;
-use crate::store::Inner;
-use crate::sync::{AtomicBool, AtomicU64, Ordering, Weak};
-use crate::{Key, Record};
+use crate::codec::{TAG_JSON, TAG_RAW};
+use crate::engine::{Begun, Engine, Ticket};
+use crate::types::{BeginOptions, Failure, InProgress, Record};
+#[cfg(doc)]
+use crate::{Durability, Error};
+use crate::{Fingerprint, Key, Result, Store};
 
 /// The answer of [`Store::begin`](crate::Store::begin).
 ///
@@ -37,127 +41,6 @@ pub enum Begin {
     InProgress(InProgress),
 }
 
-/// Details of a claim held by someone else.
-///
-/// # Examples
-/// ```
-/// # use dedupkv::{Begin, Fingerprint, Key, Store};
-/// # let dir = tempfile::tempdir().unwrap();
-/// # let store = Store::open(dir.path().join("s.redb"))?;
-/// let key = Key::new("t", "e");
-/// let _first = store.begin(&key, Fingerprint::NONE)?;
-/// let Begin::InProgress(info) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
-/// assert_eq!(info.attempt(), 1);
-/// # Ok::<(), dedupkv::Error>(())
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InProgress {
-    pub(crate) attempt: u32,
-    pub(crate) lease_until: u64,
-    pub(crate) first_at: u64,
-}
-
-impl InProgress {
-    /// The running attempt's number (1 for the first).
-    ///
-    /// # Examples
-    /// See [`InProgress`].
-    pub fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
-    /// When the running attempt's lease lapses; after it, `begin` takes
-    /// the key over.
-    ///
-    /// # Examples
-    /// See [`Begin`].
-    pub fn lease_expires_at(&self) -> SystemTime {
-        to_system_time(self.lease_until)
-    }
-
-    /// When the key was first claimed.
-    ///
-    /// # Examples
-    /// ```
-    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = Store::open(dir.path().join("s.redb"))?;
-    /// # let key = Key::new("t", "e");
-    /// # let _first = store.begin(&key, Fingerprint::NONE)?;
-    /// let Begin::InProgress(info) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
-    /// assert!(info.first_seen_at() < info.lease_expires_at());
-    /// # Ok::<(), dedupkv::Error>(())
-    /// ```
-    pub fn first_seen_at(&self) -> SystemTime {
-        to_system_time(self.first_at)
-    }
-}
-
-/// The answer of [`Store::forget`](crate::Store::forget).
-///
-/// # Examples
-/// See [`Store::forget`](crate::Store::forget).
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Forget {
-    /// The key's record is replaced by a forget record: this is what was
-    /// forgotten.
-    Forgotten(Record),
-    /// The key is not recorded (or expired, or was forgotten already).
-    NotFound,
-    /// A live attempt holds the key: nothing was forgotten.
-    InProgress(InProgress),
-}
-
-/// How an attempt failed, for [`Store::fail`](crate::Store::fail).
-///
-/// # Examples
-/// ```
-/// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
-/// # let dir = tempfile::tempdir().unwrap();
-/// # let store = Store::open(dir.path().join("s.redb"))?;
-/// # let key = Key::new("t", "e");
-/// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
-/// store.fail(&claim, Failure::Retryable)?; // the next begin starts attempt 2
-/// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
-/// assert_eq!(claim.attempt(), 2);
-/// # store.complete(&claim, b"")?;
-/// # Ok::<(), dedupkv::Error>(())
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Failure<'a> {
-    /// Free the key for another attempt of the same request; the attempt
-    /// is counted. The next `begin` must bring the same fingerprint (or
-    /// get [`FingerprintMismatch`](crate::Error::FingerprintMismatch)):
-    /// this is the default because a retry is the same operation, and a
-    /// different request under one key is usually a bug the mismatch
-    /// catches.
-    Retryable,
-    /// Free the key for another attempt with any request: the next
-    /// `begin` may bring a corrected request (another fingerprint), which
-    /// is recorded from then on. The attempt count and first-attempt time
-    /// are kept (the peer libraries delete the record instead, losing both).
-    ///
-    /// # Examples
-    /// ```
-    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = Store::open(dir.path().join("s.redb"))?;
-    /// let key = Key::new("shop-42", "charge-7");
-    /// let Begin::Started(c) = store.begin(&key, Fingerprint::of("card 4242, expired"))? else { unreachable!() };
-    /// store.fail(&c, Failure::RetryableAnyRequest)?; // "card expired": the client fixes the request
-    /// let Begin::Started(c) = store.begin(&key, Fingerprint::of("card 5555"))? else { unreachable!() };
-    /// assert_eq!(c.attempt(), 2);
-    /// # store.complete(&c, b"")?;
-    /// # Ok::<(), dedupkv::Error>(())
-    /// ```
-    RetryableAnyRequest,
-    /// Record a terminal failure with this payload; every later `begin`
-    /// replays it as [`Begin::Completed`] with a [`Failed`](crate::State::Failed) record.
-    Permanent(&'a [u8]),
-}
-
 /// The right to perform one attempt of an operation, with a lease and a
 /// fencing token.
 ///
@@ -184,18 +67,27 @@ pub enum Failure<'a> {
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
 pub struct Claim {
-    /// Weak, so a forgotten or long-lived claim never keeps a closed store open.
-    pub(crate) inner: Weak<Inner>,
-    pub(crate) key: Key<'static>,
-    pub(crate) hash: KeyHash,
-    pub(crate) attempt: u32,
-    pub(crate) token: u64,
-    /// See [`Claim::provider_key`]; fixed for the operation's life.
-    pub(crate) provider_key: u128,
-    pub(crate) lease_until: AtomicU64,
-    pub(crate) finished: AtomicBool,
-    /// This attempt took over one that never answered.
-    pub(crate) interrupted: bool,
+    /// The engine's side: key, attempt, token, lease. It holds the store
+    /// weakly, so a forgotten or long-lived claim never keeps a closed
+    /// store open.
+    ticket: Ticket,
+}
+
+impl Claim {
+    /// The engine's side of this claim.
+    pub(crate) fn ticket(&self) -> &Ticket {
+        &self.ticket
+    }
+}
+
+impl From<Begun> for Begin {
+    fn from(b: Begun) -> Begin {
+        match b {
+            Begun::Started(ticket) => Begin::Started(Claim { ticket }),
+            Begun::Completed(rec) => Begin::Completed(rec),
+            Begun::InProgress(p) => Begin::InProgress(p),
+        }
+    }
 }
 
 impl Claim {
@@ -211,7 +103,7 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn key(&self) -> &Key<'static> {
-        &self.key
+        &self.ticket.key
     }
 
     /// The attempt number: 1 for the first, +1 for each takeover or retry.
@@ -219,7 +111,7 @@ impl Claim {
     /// # Examples
     /// See [`Claim`].
     pub fn attempt(&self) -> u32 {
-        self.attempt
+        self.ticket.attempt
     }
 
     /// Whether this attempt took over an earlier one that never answered:
@@ -249,7 +141,7 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn interrupted(&self) -> bool {
-        self.interrupted
+        self.ticket.interrupted
     }
 
     /// The fencing token: unique per attempt, increasing across the store.
@@ -263,7 +155,7 @@ impl Claim {
     /// # Examples
     /// See [`Record::token`].
     pub fn token(&self) -> u64 {
-        self.token
+        self.ticket.token
     }
 
     /// The idempotency key to pass to external systems (a payment or
@@ -297,7 +189,31 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn provider_key(&self) -> String {
-        format!("{:032x}", self.provider_key)
+        format!("{:032x}", self.ticket.provider_key)
+    }
+
+    /// When the operation's first attempt was claimed (the same on every
+    /// attempt, after restarts too): what a retry policy's maximum elapsed
+    /// time counts from.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, ManualClock, Store};
+    /// # use std::time::{Duration, UNIX_EPOCH};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("t", "job");
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// drop(c); // released: the next attempt keeps the first one's time
+    /// clock.advance(Duration::from_secs(60));
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(c.first_seen_at(), UNIX_EPOCH + Duration::from_millis(1_700_000_000_000));
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn first_seen_at(&self) -> SystemTime {
+        to_system_time(self.ticket.first_at)
     }
 
     /// When this claim's lease lapses (moved by [`Store::renew`](crate::Store::renew)).
@@ -305,60 +221,297 @@ impl Claim {
     /// # Examples
     /// See [`Record::lease_expires_at`].
     pub fn lease_expires_at(&self) -> SystemTime {
-        to_system_time(self.lease_until.load(Ordering::Acquire))
-    }
-
-    pub(crate) fn lease_until(&self) -> u64 {
-        self.lease_until.load(Ordering::Acquire)
+        to_system_time(self.ticket.lease_until())
     }
 }
 
 impl fmt::Debug for Claim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Claim")
-            .field("key", &self.key)
-            .field("attempt", &self.attempt)
-            .field("token", &self.token)
+            .field("key", &self.ticket.key)
+            .field("attempt", &self.ticket.attempt)
+            .field("token", &self.ticket.token)
             .field("provider_key", &self.provider_key())
-            .field("lease_until", &self.lease_until())
+            .field("lease_until", &self.ticket.lease_until())
             .finish_non_exhaustive()
     }
 }
 
-/// The provider key of the operation on (`scope`, `id`) first claimed at
-/// `first_at` (ms): SipHash-1-3-128 keyed with the store's persisted secret,
-/// over a domain tag, `len(scope)`, scope, id, `first_at` and the request
-/// fingerprint. `first_at` and the fingerprint are carried from attempt to
-/// attempt (and in every claim record), so every attempt of one operation
-/// gets the same key; a corrected request (after
-/// `Failure::RetryableAnyRequest`) gets a new one, since a provider refuses
-/// (or replays the old answer to) a key reused with other parameters. The
-/// fixed-size fields after the variable ones keep the framing unambiguous.
-pub(crate) fn provider_key(
-    secret: &[u8; 16],
-    scope: &[u8],
-    id: &[u8],
-    first_at: u64,
-    fingerprint: u128,
-) -> u128 {
-    use siphasher::sip128::Hasher128;
-    use std::hash::Hasher;
-    let mut h = siphasher::sip128::SipHasher13::new_with_key(secret);
-    h.write(b"dedupkv provider key v2\0");
-    h.write(&(scope.len() as u64).to_le_bytes());
-    h.write(scope);
-    h.write(id);
-    h.write(&first_at.to_le_bytes());
-    h.write(&fingerprint.to_le_bytes());
-    h.finish128().as_u128()
-}
+impl Store {
+    /// Starts an idempotent operation, or tells what became of it.
+    ///
+    /// - A new key (or one released for retry, or one whose claim's lease
+    ///   lapsed) is claimed: [`Begin::Started`] with an attempt number, a
+    ///   lease and a fencing token.
+    /// - A key with a live claim: [`Begin::InProgress`] with the lease expiry.
+    /// - A finished key: [`Begin::Completed`] with the stored outcome.
+    ///
+    /// # Concurrent calls on the same key
+    /// Exactly one caller gets `Started`; the others get `InProgress` (or
+    /// `Completed` once it finished).
+    ///
+    /// # Errors
+    /// [`Error::FingerprintMismatch`] if the key was begun with another
+    /// fingerprint; otherwise as [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "refund-17");
+    /// let params = Fingerprint::of("refund 30 EUR");
+    /// let Begin::Started(claim) = store.begin(&key, params)? else { unreachable!() };
+    /// store.complete(&claim, b"refund id re_123")?;
+    /// let Begin::Completed(rec) = store.begin(&key, params)? else { unreachable!() };
+    /// assert_eq!(rec.outcome(), Some(&b"refund id re_123"[..]));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
+        self.begin_with(key, fingerprint, &BeginOptions::new())
+    }
 
-impl Drop for Claim {
-    fn drop(&mut self) {
-        if !self.finished.swap(true, Ordering::AcqRel)
-            && let Some(inner) = self.inner.upgrade()
-        {
-            inner.release_dropped(self);
-        }
+    /// [`begin`](Self::begin) with this operation's own lease and
+    /// retention (see [`BeginOptions`]). The claim keeps its lease for
+    /// [`renew`](Self::renew), and its completion or failure keeps the key
+    /// for the operation's retention.
+    ///
+    /// # Errors
+    /// As `begin`, and [`Error::InvalidArgument`] for a lease of 0 or a
+    /// lease or retention spanning 2^22 buckets or more, or a retention
+    /// shorter than the store's `max_retry_window`.
+    ///
+    /// # Examples
+    /// See [`BeginOptions`].
+    pub fn begin_with(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+    ) -> Result<Begin> {
+        Engine::begin(self.engine(), key, fingerprint, options).map(Begin::from)
+    }
+
+    /// Begins every `(key, fingerprint)` in one go: the claims of the new
+    /// keys are recorded in one durable commit (usually; never more than a
+    /// few), and the answer at index `i` is what [`begin`](Self::begin)
+    /// would have said for item `i`. A key repeated within the batch is
+    /// `Started` at its first position and `InProgress` after.
+    ///
+    /// With [`complete_batch`](Self::complete_batch) this gives a batch
+    /// consumer exactly-once effects at two commits per batch: record
+    /// first (`begin_batch`), handle each `Started` item, then record the
+    /// outcomes (`complete_batch`), then acknowledge upstream. A crash
+    /// between the two leaves the claims in progress; the restarted
+    /// consumer's `begin_batch` takes them over at once, each marked
+    /// [`interrupted`](Claim::interrupted) so the handler reconciles
+    /// before acting again. (`insert_batch` then handle is at-most-once: a
+    /// crash after the insert loses the events it had not handled.) This
+    /// holds under [`Durability::Immediate`]; under `Deferred` a crash may
+    /// also lose acknowledged claims and outcomes of the last `max_delay`.
+    ///
+    /// Every key is validated, and the call's size checked against
+    /// `max_batch_bytes`, before any is recorded.
+    ///
+    /// # Errors
+    /// The call fails as a whole for an invalid key or a call over
+    /// `max_batch_bytes` ([`Error::InvalidInput`],
+    /// [`Error::InvalidArgument`]), and for a failed commit
+    /// ([`Error::Poisoned`], [`Error::Storage`]). An item whose key was
+    /// begun with another fingerprint gets its own
+    /// [`Error::FingerprintMismatch`] in the returned list.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let ids = ["evt-1", "evt-2", "evt-1"];
+    /// let items: Vec<_> = ids.iter().map(|id| (Key::new("orders", id), Fingerprint::NONE)).collect();
+    /// let mut claims = Vec::new();
+    /// for answer in store.begin_batch(&items)? {
+    ///     match answer? {
+    ///         Begin::Started(claim) => claims.push(claim), // handle it
+    ///         Begin::Completed(_) | Begin::InProgress(_) => {} // done, or someone has it
+    ///     }
+    /// }
+    /// assert_eq!(claims.len(), 2);
+    /// let done: Vec<_> = claims.iter().map(|c| (c, &b"ok"[..])).collect();
+    /// for r in store.complete_batch(&done)? {
+    ///     r?; // a claim taken over meanwhile says ClaimLost here
+    /// }
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Vec<Result<Begin>>> {
+        Ok(Engine::begin_batch(self.engine(), items)?
+            .into_iter()
+            .map(|r| r.map(Begin::from))
+            .collect())
+    }
+
+    /// Completes many claims, each with its outcome, in one durable commit
+    /// (usually); the result at index `i` is that of item `i`. See
+    /// [`begin_batch`](Self::begin_batch) for the pattern.
+    ///
+    /// # Errors
+    /// The call fails as a whole for one over `max_batch_bytes`
+    /// ([`Error::InvalidInput`]) and for a failed commit
+    /// ([`Error::Poisoned`], [`Error::Storage`]): then treat every item as
+    /// not completed and `begin` the keys again to see. An item whose claim
+    /// is no longer the key's active one gets its own [`Error::ClaimLost`],
+    /// and one whose outcome is over `max_outcome_len` its own
+    /// [`Error::InvalidInput`], in the returned list.
+    ///
+    /// # Examples
+    /// See [`begin_batch`](Self::begin_batch).
+    pub fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
+        let tickets: Vec<_> = items.iter().map(|(c, o)| (c.ticket(), *o)).collect();
+        self.engine().complete_batch(&tickets)
+    }
+
+    /// Completes a claim with its outcome; every later `begin` of the key
+    /// returns [`Begin::Completed`] with exactly these bytes.
+    ///
+    /// # Errors
+    /// [`Error::ClaimLost`] if the claim is no longer the key's active one
+    /// (a newer attempt took over, or it was already finished): the caller
+    /// must not publish its result. [`Error::InvalidInput`] for an outcome
+    /// over the limit. Otherwise as [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// See [`begin`](Self::begin).
+    pub fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
+        self.engine()
+            .complete(claim.ticket(), TAG_RAW, outcome, None)
+    }
+
+    /// [`complete`](Self::complete), keeping this key for `retention` after
+    /// completion instead of the store's retention (never less than its
+    /// previous record's).
+    ///
+    /// # Errors
+    /// As `complete`, and [`Error::InvalidConfig`] for a retention longer
+    /// than 2^22 buckets.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(c) = store.begin(&Key::new("t", "refund"), Fingerprint::NONE)? else { unreachable!() };
+    /// store.complete_for(&c, b"re_1", Duration::from_secs(30 * 86_400))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn complete_for(&self, claim: &Claim, outcome: &[u8], retention: Duration) -> Result<()> {
+        let ms = self.engine().check_retention(retention)?;
+        self.engine()
+            .complete(claim.ticket(), TAG_RAW, outcome, Some(ms))
+    }
+
+    /// Completes a claim with a typed outcome, stored as JSON (`serde_json`);
+    /// read it back with [`Record::outcome_as`].
+    ///
+    /// The value is encoded, then decoded back as `T` before anything is
+    /// recorded: an outcome that would be stored but could not be replayed
+    /// is refused, and the claim stays usable (complete it with another
+    /// value, or fail it). Every serde attribute that `serde_json` round-trips
+    /// is supported: `rename`/`rename_all`, `default`,
+    /// `skip_serializing_if`, `flatten`, and externally, internally
+    /// (`tag`), adjacently (`tag` + `content`) tagged and `untagged` enums.
+    /// Not supported, and refused here: non-finite floats (JSON has no NaN
+    /// or infinity; they encode as `null`), map keys that JSON cannot
+    /// write as strings (a tuple or struct key), nesting deeper than 128
+    /// levels. JSON also cannot tell `Some(None)` from `None` in an
+    /// `Option<Option<_>>`: that reads back as `None`.
+    ///
+    /// # Errors
+    /// [`Error::Codec`] if the value cannot be encoded, or "cannot be read
+    /// back" as `T`; nothing is recorded then. Otherwise as
+    /// [`complete`](Self::complete).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Error, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(claim) = store.begin(&Key::new("t", "e"), Fingerprint::NONE)? else { unreachable!() };
+    /// // NaN would be stored as `null`, which does not read back as an f64:
+    /// assert!(matches!(store.complete_value(&claim, &f64::NAN), Err(Error::Codec(_))));
+    /// store.complete_value(&claim, &1.5f64)?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn complete_value<T>(&self, claim: &Claim, outcome: &T) -> Result<()>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let bytes = crate::codec::encode_outcome(outcome)?;
+        self.engine()
+            .complete(claim.ticket(), TAG_JSON, &bytes, None)
+    }
+
+    /// Fails a claim: [`Failure::Retryable`] frees the key for another
+    /// attempt; [`Failure::Permanent`] stores a terminal failure that later
+    /// `begin`s replay.
+    ///
+    /// # Errors
+    /// As [`complete`](Self::complete).
+    ///
+    /// # Examples
+    /// See [`Failure`].
+    pub fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
+        self.engine().fail(claim.ticket(), failure)
+    }
+
+    /// Extends a claim's lease to now + the configured lease; returns the
+    /// new expiry. A claim whose lease lapsed may still renew if nobody took
+    /// it over.
+    ///
+    /// # Errors
+    /// [`Error::ClaimLost`] if another attempt took the key over; otherwise
+    /// as [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, ManualClock, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(claim) = store.begin(&Key::new("t", "job"), Fingerprint::NONE)? else { unreachable!() };
+    /// clock.advance(Duration::from_secs(20));
+    /// let until = store.renew(&claim)?; // 30 s from now, not from the start
+    /// assert_eq!(until, claim.lease_expires_at());
+    /// # store.complete(&claim, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn renew(&self, claim: &Claim) -> Result<SystemTime> {
+        self.engine().renew(claim.ticket(), None)
+    }
+
+    /// [`renew`](Self::renew) to now + `by`, instead of now + the claim's
+    /// lease; `by` becomes the claim's lease for later renewals.
+    ///
+    /// # Errors
+    /// As `renew`, and [`Error::InvalidArgument`] for 0 or a span of 2^22
+    /// buckets or more.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, ManualClock, Store};
+    /// # use std::time::{Duration, UNIX_EPOCH};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(claim) = store.begin(&Key::new("t", "export"), Fingerprint::NONE)? else { unreachable!() };
+    /// // The export turned out large: hold the key for 10 more minutes.
+    /// let until = store.renew_for(&claim, Duration::from_secs(600))?;
+    /// assert_eq!(until, UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + 600_000));
+    /// # store.complete(&claim, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn renew_for(&self, claim: &Claim, by: Duration) -> Result<SystemTime> {
+        let ms = self.engine().check_lease(by)?;
+        self.engine().renew(claim.ticket(), Some(ms))
     }
 }

@@ -34,43 +34,15 @@ use std::time::Duration;
 
 use redb::{ReadableDatabase, ReadableTable};
 
+use super::Engine as Inner;
+use super::claims::claim_record;
+use super::write::{Next, Write};
 use crate::Result;
 use crate::index::SlotState;
 use crate::log::format::{Kind, RecordRef, read_row};
 use crate::log::{log_table, table_name};
-use crate::store::Inner;
 use crate::sync::{Arc, Condvar, JoinHandle, Mutex, Weak};
-
-/// What one eviction pass removed.
-///
-/// # Examples
-/// ```
-/// # use dedupkv::{Key, ManualClock, Store};
-/// # use std::time::Duration;
-/// # let dir = tempfile::tempdir().unwrap();
-/// let clock = ManualClock::new(1_700_000_000_000);
-/// let store = Store::builder()
-///     .clock(clock.clone())
-///     .retention(Duration::from_secs(3600))
-///     .background_eviction(false) // driven by hand below
-///     .open(dir.path().join("s.redb"))?;
-/// store.insert_if_absent(&Key::new("t", "e"))?;
-/// clock.advance(Duration::from_secs(2 * 3600));
-/// let ev = store.evict_expired()?;
-/// assert_eq!((ev.buckets, ev.keys), (1, 1));
-/// # Ok::<(), dedupkv::Error>(())
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Eviction {
-    /// Buckets deleted.
-    pub buckets: usize,
-    /// Keys (and entity states) removed from the index.
-    pub keys: u64,
-    /// Of the buckets, those evicted before they expired, to honour the
-    /// size bound.
-    pub early_buckets: usize,
-}
+use crate::types::Eviction;
 
 impl Inner {
     /// Evicts every expired bucket, and, over the size bound, the oldest
@@ -209,13 +181,11 @@ impl Inner {
                     // into the open batch, it is committed no later than
                     // this bucket's deletion (like an entity's core record).
                     let mut batch = self.log.batch()?;
-                    let mut carried = Self::claim_record(rec.scope, rec.id, &p, now);
-                    self.append(
-                        &mut shard,
+                    let mut carried = claim_record(rec.scope, rec.id, &p, now);
+                    Write::new(&mut shard, h, self.bucket_of(now)).append(
+                        self,
                         &mut batch,
-                        h,
-                        SlotState::Claimed,
-                        None,
+                        Next::Claimed(p),
                         &mut carried,
                     );
                     continue;

@@ -10,14 +10,18 @@
 //!   `Released` (a few per worker), and the first-attempt time of keys
 //!   whose slot is `Forgotten`, so the slot itself stays 24 bytes.
 
+pub(crate) mod counters;
+pub(crate) mod entity;
 mod grow;
 mod slot;
 mod table;
 
 use hashbrown::HashTable;
 
-use crate::key::KeyHash;
+use crate::key::{Key, KeyHash};
 use crate::sync::{Arc, Mutex, MutexGuard};
+pub(crate) use counters::Counters;
+use entity::Entity;
 use grow::GrowQueue;
 pub(crate) use grow::Grower;
 pub(crate) use slot::{MAX_BUCKET_SPAN, Slot, SlotState};
@@ -51,10 +55,10 @@ pub(crate) struct Shard {
     slots: SlotTable,
     pending: HashTable<Pending>,
     /// Entity states (versions, sequencers), in their own hash domain.
-    entities: HashTable<crate::order::Entity>,
+    entities: HashTable<Entity>,
     /// Operation counters, kept per shard so the hot path bumps a line it
     /// already owns.
-    pub counters: crate::stats::Counters,
+    pub counters: Counters,
     /// Where to ask for background growth, and this shard's number.
     grow: Option<(Arc<GrowQueue>, u32)>,
     /// Asked for growth, not yet grown.
@@ -155,6 +159,10 @@ impl Shard {
     }
 
     pub(crate) fn remove_pending(&mut self, h: KeyHash) {
+        // Most shards hold no claim at all (plain dedup): skip the lookup.
+        if self.pending.is_empty() {
+            return;
+        }
         if let Ok(e) = self.pending.find_entry(h.lo, |p| p.hash == h) {
             e.remove();
         }
@@ -166,44 +174,33 @@ impl Shard {
 
     /// The entity's state if it has one that has not expired (an entity
     /// with parked, held or unacknowledged events never expires).
-    pub(crate) fn entity(&self, h: KeyHash, now_bucket: u64) -> Option<&crate::order::Entity> {
+    pub(crate) fn entity(&self, h: KeyHash, now_bucket: u64) -> Option<&Entity> {
         self.entities
             .find(h.lo, |e| e.hash == h)
             .filter(|e| e.bucket >= now_bucket || e.has_events())
     }
 
     /// The entity's state if it has one that has not expired, to change.
-    pub(crate) fn entity_live_mut(
-        &mut self,
-        h: KeyHash,
-        now_bucket: u64,
-    ) -> Option<&mut crate::order::Entity> {
+    pub(crate) fn entity_live_mut(&mut self, h: KeyHash, now_bucket: u64) -> Option<&mut Entity> {
         self.entities
             .find_mut(h.lo, |e| e.hash == h)
             .filter(|e| e.bucket >= now_bucket || e.has_events())
     }
 
     /// The entity's state, created fresh if it has none or it expired.
-    pub(crate) fn entity_mut(
-        &mut self,
-        h: KeyHash,
-        now_bucket: u64,
-        key: &crate::Key<'_>,
-    ) -> &mut crate::order::Entity {
+    pub(crate) fn entity_mut(&mut self, h: KeyHash, now_bucket: u64, key: &Key<'_>) -> &mut Entity {
         let e = match self.entities.entry(h.lo, |e| e.hash == h, |e| e.hash.lo) {
             hashbrown::hash_table::Entry::Occupied(o) => o.into_mut(),
-            hashbrown::hash_table::Entry::Vacant(v) => {
-                v.insert(crate::order::Entity::new(h, key)).into_mut()
-            }
+            hashbrown::hash_table::Entry::Vacant(v) => v.insert(Entity::new(h, key)).into_mut(),
         };
         if e.bucket < now_bucket && !e.has_events() && e.row != 0 {
-            *e = crate::order::Entity::new(h, key);
+            *e = Entity::new(h, key);
         }
         e
     }
 
     /// The entity's state for recovery and eviction, without expiry checks.
-    pub(crate) fn entity_raw(&mut self, h: KeyHash) -> Option<&mut crate::order::Entity> {
+    pub(crate) fn entity_raw(&mut self, h: KeyHash) -> Option<&mut Entity> {
         self.entities.find_mut(h.lo, |e| e.hash == h)
     }
 
@@ -214,9 +211,7 @@ impl Shard {
     }
 
     /// Entities with parked, held or unacknowledged events.
-    pub(crate) fn entities_with_events(
-        &mut self,
-    ) -> impl Iterator<Item = &mut crate::order::Entity> {
+    pub(crate) fn entities_with_events(&mut self) -> impl Iterator<Item = &mut Entity> {
         self.entities.iter_mut().filter(|e| e.has_events())
     }
 
@@ -336,8 +331,8 @@ impl ShardedIndex {
     }
 
     /// Total keys and heap bytes, one shard at a time (not a snapshot).
-    pub(crate) fn usage(&self) -> (usize, usize, crate::stats::Counters) {
-        let mut c = crate::stats::Counters::default();
+    pub(crate) fn usage(&self) -> (usize, usize, Counters) {
+        let mut c = Counters::default();
         let (k, b) = self.shards.iter().fold((0, 0), |(k, b), s| {
             let g = s.0.lock();
             c.add(&g.counters);

@@ -38,7 +38,7 @@ const GATHER: Duration = Duration::from_micros(500);
 /// callers share a commit: a row is at most this plus one record.
 pub(crate) const ROW_SPLIT_BYTES: usize = 256 << 20;
 const _: () = assert!(
-    ROW_SPLIT_BYTES + crate::builder::FORMAT_MAX_RECORD < 3 << 30,
+    ROW_SPLIT_BYTES + crate::engine::config::FORMAT_MAX_RECORD < 3 << 30,
     "a row could pass redb's value limit"
 );
 

@@ -3,7 +3,6 @@
 use std::time::SystemTime;
 
 use crate::clock::to_system_time;
-use crate::log::format::{Kind, RecordRef};
 use crate::{Fingerprint, Key, Result};
 
 /// The state of a key, as of its latest record.
@@ -77,43 +76,6 @@ pub struct Record {
 }
 
 impl Record {
-    /// The record of `rec`, for a store whose key-hash secret is `secret`.
-    pub(crate) fn from_log(rec: &RecordRef<'_>, secret: &[u8; 16]) -> Record {
-        let state = match rec.kind {
-            // Entity records never reach here: `load` skips them.
-            Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold => State::Inserted,
-            Kind::Claim => State::InProgress,
-            Kind::Release => State::Retryable,
-            Kind::Complete => State::Completed,
-            Kind::Fail => State::Failed,
-            Kind::Forget => State::Forgotten,
-        };
-        let finished = matches!(rec.kind, Kind::Complete | Kind::Fail);
-        // An inserted key is no operation; nor is its forget record
-        // (attempt 0: every begun key has attempt 1 or more).
-        let operation = match rec.kind {
-            Kind::Insert => false,
-            Kind::Forget => rec.attempt > 0,
-            _ => true,
-        };
-        Record {
-            key: Key::owned(rec.scope.to_vec(), rec.id.to_vec()),
-            state,
-            attempts: rec.attempt,
-            token: rec.token,
-            first_seen: rec.first_at,
-            updated: rec.at,
-            expires: rec.expires,
-            lease_until: (rec.kind == Kind::Claim).then_some(rec.lease_until),
-            fingerprint: operation.then_some(Fingerprint(rec.params)),
-            provider_key: operation.then(|| {
-                crate::claim::provider_key(secret, rec.scope, rec.id, rec.first_at, rec.params)
-            }),
-            outcome_tag: rec.outcome_tag,
-            outcome: finished.then(|| rec.outcome.to_vec()),
-        }
-    }
-
     /// The key this record is about.
     ///
     /// # Examples

@@ -1,48 +1,4 @@
-//! Counters and gauges.
-
-/// Declares the per-shard counters once: the struct, summing two of them,
-/// and copying them into the [`Stats`] fields of the same names.
-macro_rules! counters {
-    ($($name:ident),+ $(,)?) => {
-        /// Per-shard operation counters (summed by
-        /// [`Store::stats`](crate::Store::stats)).
-        #[derive(Debug, Clone, Copy, Default)]
-        pub(crate) struct Counters {
-            $(pub $name: u64,)+
-        }
-
-        impl Counters {
-            pub(crate) fn add(&mut self, o: &Counters) {
-                $(self.$name += o.$name;)+
-            }
-
-            fn copy_into(&self, s: &mut Stats) {
-                $(s.$name = self.$name;)+
-            }
-        }
-    };
-}
-
-counters!(
-    new_keys,
-    duplicates,
-    started,
-    takeovers,
-    in_progress,
-    replays,
-    completed,
-    failed,
-    released,
-    conflicts,
-    fenced,
-    versions_applied,
-    versions_stale,
-    seq_delivered,
-    seq_parked,
-    seq_duplicates,
-    seq_held,
-    forgotten,
-);
+//! Counters and gauges: [`Stats`].
 
 /// A snapshot of a store's counters and sizes, taken shard by shard.
 ///
@@ -131,17 +87,4 @@ pub struct Stats {
     /// retained bucket's keys. Below `retention` while the store is young,
     /// or after early evictions.
     pub effective_window: std::time::Duration,
-}
-
-impl Stats {
-    pub(crate) fn from_parts(keys: usize, bytes: usize, commits: u64, c: &Counters) -> Stats {
-        let mut s = Stats {
-            keys: keys as u64,
-            index_bytes: bytes as u64,
-            commits,
-            ..Stats::default()
-        };
-        c.copy_into(&mut s);
-        s
-    }
 }

@@ -1,0 +1,305 @@
+//! The public face: [`Store`]. Each method delegates to the engine in a
+//! few lines; the claim and ordering calls are in `api/claim.rs` and
+//! `api/order.rs`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::engine::{Config, Engine, Location, Threads};
+use crate::sync::Arc;
+use crate::types::{Eviction, Forget, Record, Stats};
+#[cfg(doc)]
+use crate::{Durability, Error, State};
+use crate::{Key, Result, StoreBuilder};
+
+/// An embedded deduplication and idempotency store.
+///
+/// Cheap to clone (an `Arc`); share it between threads.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("dedup.redb"))?;
+/// assert!(store.insert_if_absent(&Key::new("shop-42", "evt_1"))?);  // new: handle it
+/// assert!(!store.insert_if_absent(&Key::new("shop-42", "evt_1"))?); // duplicate: skip
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Store {
+    // Declared first so they are dropped (stopped and joined) before the
+    // engine.
+    _threads: Threads,
+    engine: Arc<Engine>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cfg = self.engine.config();
+        f.debug_struct("Store")
+            .field("shards", &cfg.shards)
+            .field("durability", &cfg.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens the engine at `location` (the builder's way in).
+    pub(crate) fn open_with(
+        cfg: Config,
+        clock: Arc<dyn Clock>,
+        location: Location,
+    ) -> Result<Store> {
+        let (engine, threads) = Engine::open(cfg, clock, location)?;
+        Ok(Store {
+            _threads: threads,
+            engine,
+        })
+    }
+
+    /// The engine, for the face's other rooms.
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Opens the store at `path` with default settings, creating it if it
+    /// does not exist.
+    ///
+    /// # Errors
+    /// See [`StoreBuilder::open`].
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::open(dir.path().join("dedup.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        StoreBuilder::default().open(path)
+    }
+
+    /// Opens the store at `path` with default settings; unlike
+    /// [`open`](Self::open), a missing file is an error, never a new store.
+    ///
+    /// # Errors
+    /// See [`StoreBuilder::open_existing`].
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("dedup.redb");
+    /// # drop(dedupkv::Store::open(&path)?);
+    /// let store = dedupkv::Store::open_existing(&path)?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Store> {
+        StoreBuilder::default().open_existing(path)
+    }
+
+    /// A builder for a store with non-default settings.
+    ///
+    /// # Examples
+    /// See [`StoreBuilder`].
+    pub fn builder() -> StoreBuilder {
+        StoreBuilder::default()
+    }
+
+    /// Records `key` if it is not already recorded; `true` means it is new
+    /// and the caller should handle the event, `false` that it was seen.
+    ///
+    /// The check and the record are one step under the key's shard lock.
+    /// Under [`Durability::Immediate`] the call returns after the record is
+    /// durable.
+    ///
+    /// # Concurrent calls on the same key
+    /// Exactly one caller gets `true`; the others get `false` once the
+    /// winner's record is durable.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty scope or id,
+    /// [`Error::InvalidInput`] for a key over the limits,
+    /// [`Error::Poisoned`] after a failed commit, [`Error::Storage`].
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "evt_1");
+    /// if store.insert_if_absent(&key)? {
+    ///     // first delivery: handle the event
+    /// }
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
+        self.engine.insert(key, None)
+    }
+
+    /// [`insert_if_absent`](Self::insert_if_absent) with this key's own
+    /// retention instead of the store's. A key's retention can grow this
+    /// way but never end earlier than its previous record's.
+    ///
+    /// # Errors
+    /// As `insert_if_absent`, and [`Error::InvalidConfig`] for a retention
+    /// longer than 2^22 buckets.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// // This source retries for a week.
+    /// store.insert_if_absent_for(&Key::new("slow-partner", "evt-9"), Duration::from_secs(7 * 86_400))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn insert_if_absent_for(&self, key: &Key<'_>, retention: Duration) -> Result<bool> {
+        let ms = self.engine.check_retention(retention)?;
+        self.engine.insert(key, Some(ms))
+    }
+
+    /// Records many keys in one durable commit; the flag at index `i` says
+    /// whether `keys[i]` was new. A key repeated within `keys` is new at its
+    /// first position only.
+    ///
+    /// Every key is validated before any is recorded.
+    ///
+    /// # Errors
+    /// As [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let keys = [Key::new("t", "a"), Key::new("t", "b"), Key::new("t", "a")];
+    /// assert_eq!(store.insert_batch(&keys)?, vec![true, true, false]);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
+        self.engine.insert_batch(keys)
+    }
+
+    /// The latest record of `key`, or `None` if it is not recorded (or has
+    /// expired). Reads the log row the index points at.
+    ///
+    /// # Errors
+    /// As [`insert_if_absent`](Self::insert_if_absent), and
+    /// [`Error::Corrupt`] if the row fails its checksum.
+    ///
+    /// # Examples
+    /// See [`Record`].
+    pub fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
+        self.engine.get(key)
+    }
+
+    /// Forgets a key on purpose: a durable record that makes it absent, so
+    /// the next `insert_if_absent` is new and the next `begin` starts a new
+    /// operation (attempt 1, a new provider key). For an operator clearing
+    /// a bad outcome, or a caller reprocessing on purpose.
+    ///
+    /// A claim in progress is never removed: a key claimed by a live
+    /// attempt answers [`Forget::InProgress`] (fail or complete it first; a
+    /// claim whose lease lapsed, or whose process is gone, can be
+    /// forgotten). The forget record stays, for audit, for the store's
+    /// retention: [`get`](Self::get) shows it as [`State::Forgotten`] with
+    /// the attempts and fingerprint of what it replaced, and
+    /// [`Stats::forgotten`] counts them.
+    ///
+    /// # Concurrent calls on the same key
+    /// Decided under the key's shard lock like every write: a `begin`
+    /// racing a `forget` either sees the old record or starts anew.
+    ///
+    /// # Errors
+    /// As [`insert_if_absent`](Self::insert_if_absent).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Begin, Fingerprint, Forget, Key, State, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "report-7");
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.complete(&c, b"a bad report")?;
+    /// let Forget::Forgotten(old) = store.forget(&key)? else { unreachable!() };
+    /// assert_eq!(old.outcome(), Some(&b"a bad report"[..]));
+    /// assert_eq!(store.get(&key)?.map(|r| r.state()), Some(State::Forgotten));
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(c.attempt(), 1); // a new operation
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn forget(&self, key: &Key<'_>) -> Result<Forget> {
+        self.engine.forget(key)
+    }
+
+    /// Commits everything acknowledged so far and waits for it (useful in
+    /// [`Durability::Deferred`] mode before a planned shutdown; dropping the
+    /// store does the same).
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`] if a commit failed.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Durability, Key, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::builder()
+    ///     .durability(Durability::Deferred { max_delay: Duration::from_millis(50) })
+    ///     .open(dir.path().join("s.redb"))?;
+    /// store.insert_if_absent(&Key::new("t", "e"))?; // acknowledged, maybe not durable
+    /// store.flush()?;                                 // now durable
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn flush(&self) -> Result<()> {
+        self.engine.flush()
+    }
+
+    /// Evicts every expired time bucket now — from the index, then from
+    /// disk (one `delete_table` per bucket, in one commit) — and, when a
+    /// `max_keys` bound is exceeded, the oldest live buckets. The background
+    /// evictor calls this on every tick; call it yourself when you drive
+    /// time (a [`ManualClock`](crate::ManualClock)) or turned the background
+    /// evictor off.
+    ///
+    /// Expired keys are never answered as present, evicted or not.
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`] or [`Error::Storage`] if the deletion commit fails.
+    ///
+    /// # Examples
+    /// See [`Eviction`].
+    pub fn evict_expired(&self) -> Result<Eviction> {
+        self.engine.evict()
+    }
+
+    /// Compacts the store file now, giving the space freed by eviction back
+    /// to the file system. Commits wait while it runs (it needs the file to
+    /// itself), so prefer a quiet moment; the background evictor does it by
+    /// itself when more than the `compact_when_free` fraction of a file of
+    /// at least 64 MiB is free. Returns whether anything was compacted.
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`], [`Error::Storage`].
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::open(dir.path().join("s.redb"))?;
+    /// store.compact()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn compact(&self) -> Result<bool> {
+        self.engine.compact()
+    }
+
+    /// Counters and sizes.
+    ///
+    /// # Examples
+    /// See [`Stats`].
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
+    }
+}

@@ -1,0 +1,80 @@
+//! Buckets and expiry: which time bucket (log table) a record goes to.
+//!
+//! A record goes to the bucket its expiry falls in, but never to an earlier
+//! bucket than the one its key (or entity) was last written to — so if any
+//! record of a key is live, its latest record is live — and never to a
+//! bucket an early eviction has closed. Its expiry is widened to match.
+
+use super::Engine;
+use crate::index::{MAX_BUCKET_SPAN, Slot};
+use crate::log::commit::Batch;
+use crate::log::format::RecordRef;
+use crate::sync::Ordering;
+
+impl Engine {
+    /// The bucket of a time. The current bucket and its start are cached, so
+    /// the hot path compares instead of dividing.
+    pub(crate) fn bucket_of(&self, ms: u64) -> u64 {
+        let cached = self.cur_bucket.load(Ordering::Relaxed);
+        let g = self.cfg.granularity_ms;
+        let start = cached.saturating_mul(g);
+        if ms >= start && ms - start < g {
+            return cached;
+        }
+        let b = ms / g;
+        if b > cached {
+            self.cur_bucket.store(b, Ordering::Relaxed);
+        }
+        b
+    }
+
+    /// Appends `rec` to the bucket its expiry falls in, no earlier than
+    /// `floor` (the bucket of the key's or entity's previous record) and
+    /// no earlier than the first open bucket; widens its expiry to match.
+    /// Returns the bucket and the row. The caller holds the batch lock
+    /// (and the shard lock of whatever the record is about).
+    pub(crate) fn place(
+        &self,
+        batch: &mut Batch,
+        floor: Option<u64>,
+        rec: &mut RecordRef<'_>,
+    ) -> (u64, u64) {
+        let g = self.cfg.granularity_ms;
+        let mut bucket = rec.expires / g;
+        if let Some(pb) = floor
+            && pb > bucket
+        {
+            bucket = pb;
+            rec.expires = rec.expires.max(pb.saturating_mul(g));
+        }
+        let bucket = self.writable_bucket(bucket, rec);
+        (bucket, batch.push(bucket, rec))
+    }
+
+    /// `bucket`, unless an early eviction has closed it: then the first
+    /// open bucket, with `rec` expiring no earlier than it. A record with a
+    /// per-call (or entity) retention shorter than the store's can aim at a
+    /// bucket that eviction is deleting; written there after eviction read
+    /// the bucket, it would be deleted under a live slot. The caller holds
+    /// the batch lock, which orders this read after an eviction's
+    /// close-then-flush.
+    pub(crate) fn writable_bucket(&self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
+        let closed = self.closed_bucket.load(Ordering::Acquire);
+        if bucket > closed {
+            return bucket;
+        }
+        let open = closed.saturating_add(1);
+        rec.expires = rec
+            .expires
+            .max(open.saturating_mul(self.cfg.granularity_ms));
+        open
+    }
+}
+
+/// Whether a slot's latest record has not expired at `now_bucket`. No live
+/// record is further out than the longest retention; a bucket that widens
+/// past it is a long-expired one wrapping.
+pub(crate) fn unexpired(slot: &Slot, now_bucket: u64) -> bool {
+    let b = slot.bucket(now_bucket);
+    b >= now_bucket && b - now_bucket < MAX_BUCKET_SPAN
+}

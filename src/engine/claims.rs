@@ -1,0 +1,525 @@
+//! Claims: begin, complete, fail, renew, and the takeover of a dead
+//! attempt's claim.
+//!
+//! Invariants:
+//! - exactly one caller is told `Started` for a key at a time: the claim is
+//!   decided and recorded under the key's shard lock;
+//! - a claim finishes (complete, fail, renew) only while it is the key's
+//!   active claim: its fencing token is the one the index holds; any other
+//!   finish is refused (`ClaimLost`) and counted as fenced;
+//! - a claim whose lease lapsed, whose process is gone (token below this
+//!   run's first), or that was dropped without an answer is taken over,
+//!   and the next attempt is told it was interrupted.
+
+use std::time::SystemTime;
+
+use super::Engine;
+use super::input::{CLAIM_BYTES, key_bytes};
+use super::time::Op;
+use super::write::{Next, Write};
+use crate::clock::to_system_time;
+use crate::codec::TAG_RAW;
+use crate::index::{Pending, SlotState};
+use crate::key::KeyHash;
+use crate::log::format::{Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
+use crate::types::{BeginOptions, Failure, InProgress, Record, State};
+use crate::{Error, Fingerprint, Key, Result};
+
+/// The engine's side of a claim handle: which attempt of which key, its
+/// fencing token and lease, and whether it was finished. Dropped
+/// unfinished, it releases the key (the next attempt is interrupted).
+pub(crate) struct Ticket {
+    engine: Weak<Engine>,
+    pub(crate) key: Key<'static>,
+    hash: KeyHash,
+    pub(crate) attempt: u32,
+    pub(crate) token: u64,
+    pub(crate) provider_key: u128,
+    pub(crate) first_at: u64,
+    lease_until: AtomicU64,
+    finished: AtomicBool,
+    pub(crate) interrupted: bool,
+}
+
+impl Ticket {
+    /// The lease expiry, in ms since the epoch.
+    pub(crate) fn lease_until(&self) -> u64 {
+        self.lease_until.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.finished.swap(true, Ordering::AcqRel)
+            && let Some(engine) = self.engine.upgrade()
+        {
+            engine.release_dropped(self);
+        }
+    }
+}
+
+/// What `begin` found.
+pub(crate) enum Begun {
+    Started(Ticket),
+    Completed(Record),
+    InProgress(InProgress),
+}
+
+/// The log rows a call's answers rest on: `new`, its own records (made
+/// durable as the durability mode requires); `seen`, records written
+/// before that its answers were read from (durable before it answers, in
+/// `Immediate` mode).
+#[derive(Default)]
+struct Waits {
+    new: u64,
+    seen: u64,
+}
+
+impl Waits {
+    fn settle(&self, engine: &Engine) -> Result<()> {
+        if self.new > 0 {
+            engine.log.settle(self.new)?;
+        }
+        engine.settle_seen(self.seen)
+    }
+}
+
+impl Engine {
+    /// Starts an operation, or tells what became of it.
+    pub(crate) fn begin(
+        this: &Arc<Engine>,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+    ) -> Result<Begun> {
+        let op = this.op(options)?;
+        let mut waits = Waits::default();
+        let answer = Self::begin_waiting(this, key, fingerprint, op, &mut waits)?;
+        waits.settle(this)?;
+        Ok(answer)
+    }
+
+    /// Begins every item, the claims in one commit (usually).
+    pub(crate) fn begin_batch(
+        this: &Arc<Engine>,
+        items: &[(Key<'_>, Fingerprint)],
+    ) -> Result<Vec<Result<Begun>>> {
+        this.check_batch(
+            items
+                .iter()
+                .map(|(k, _)| this.check_key(k).map(|()| key_bytes(k) + CLAIM_BYTES)),
+        )?;
+        this.log.check()?;
+        let op = this.op(&BeginOptions::new())?;
+        let mut waits = Waits::default();
+        let mut out = Vec::with_capacity(items.len());
+        for (key, fingerprint) in items {
+            match Self::begin_waiting(this, key, *fingerprint, op, &mut waits) {
+                Ok(answer) => out.push(Ok(answer)),
+                Err(e @ Error::FingerprintMismatch { .. }) => out.push(Err(e)),
+                Err(e) => return Err(e),
+            }
+        }
+        waits.settle(this)?;
+        Ok(out)
+    }
+
+    /// Completes many claims, each with its outcome, in one commit
+    /// (usually).
+    pub(crate) fn complete_batch(&self, items: &[(&Ticket, &[u8])]) -> Result<Vec<Result<()>>> {
+        self.check_batch(
+            items
+                .iter()
+                .map(|(c, outcome)| Ok(key_bytes(&c.key) + CLAIM_BYTES + outcome.len())),
+        )?;
+        let mut last = 0;
+        let mut out = Vec::with_capacity(items.len());
+        for (claim, outcome) in items {
+            match self.finish(claim, Kind::Complete, TAG_RAW, outcome, None) {
+                Ok(row) => {
+                    last = last.max(row);
+                    out.push(Ok(()));
+                }
+                Err(e @ (Error::ClaimLost { .. } | Error::InvalidInput { .. })) => out.push(Err(e)),
+                Err(e) => return Err(e),
+            }
+        }
+        if last > 0 {
+            self.log.settle(last)?;
+        }
+        Ok(out)
+    }
+
+    /// `begin` without waiting for durability: the rows its answer waits
+    /// for go into `waits`.
+    fn begin_waiting(
+        this: &Arc<Engine>,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        op: Op,
+        waits: &mut Waits,
+    ) -> Result<Begun> {
+        loop {
+            // `None`: the key's record was evicted between the lookup and
+            // the read (it just expired); look again.
+            if let Some(answer) = Self::begin_once(this, key, fingerprint, op, waits)? {
+                return Ok(answer);
+            }
+        }
+    }
+
+    fn begin_once(
+        this: &Arc<Engine>,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        op: Op,
+        waits: &mut Waits,
+    ) -> Result<Option<Begun>> {
+        let (h, now, nb) = this.write_start(key)?;
+        let mut shard = this.index.lock(h);
+        let mut w = Write::new(&mut shard, h, nb);
+        let (attempt, first_at, interrupted) = match w.recorded() {
+            None => (1, now, false),
+            Some(s) => match s.state() {
+                // A new operation, first claimed later than the forgotten
+                // one (even within its millisecond, or while the store's
+                // time stands still), so its provider key differs.
+                SlotState::Forgotten => {
+                    let after = w.pending().map_or(0, |p| p.first_at.saturating_add(1));
+                    (1, now.max(after), false)
+                }
+                SlotState::Inserted | SlotState::Completed | SlotState::Failed => {
+                    let (bucket, row) = (s.bucket(nb), s.row(this.log.open_row()));
+                    // Counted here, under the lock already held; `replay`
+                    // corrects the count in the rare case it does not
+                    // replay.
+                    w.shard().counters.replays += 1;
+                    drop(shard);
+                    return this.replay(key, h, bucket, row, fingerprint);
+                }
+                SlotState::Claimed | SlotState::Released => {
+                    let p = w.pending().ok_or_else(|| super::read::lost_details(key))?;
+                    let freed = s.state() == SlotState::Released && p.any_request;
+                    if p.params != fingerprint.0 && !freed {
+                        w.shard().counters.conflicts += 1;
+                        return Err(mismatch(key, Fingerprint(p.params), fingerprint));
+                    }
+                    // A claim of an earlier process is taken over at once:
+                    // its holder is gone, and waiting out its lease only
+                    // stalls the restarted consumer.
+                    if s.state() == SlotState::Claimed
+                        && now < p.lease_until
+                        && !this.orphaned(p.token)
+                    {
+                        let row = s.row(this.log.open_row());
+                        w.shard().counters.in_progress += 1;
+                        drop(shard);
+                        waits.seen = waits.seen.max(row);
+                        return Ok(Some(Begun::InProgress(InProgress {
+                            attempt: p.attempt,
+                            lease_until: p.lease_until,
+                            first_at: p.first_at,
+                        })));
+                    }
+                    // An attempt that never answered: its process died,
+                    // its lease lapsed, or its claim was dropped.
+                    let interrupted = s.state() == SlotState::Claimed || p.abandoned;
+                    if interrupted {
+                        w.shard().counters.takeovers += 1;
+                    }
+                    (p.attempt.saturating_add(1), p.first_at, interrupted)
+                }
+            },
+        };
+        let (row, p) = {
+            let mut batch = this.log.batch()?;
+            let token = this.next_token(&mut batch);
+            let p = Pending {
+                hash: h,
+                attempt,
+                token,
+                first_at,
+                lease_until: now.saturating_add(op.lease_ms),
+                params: fingerprint.0,
+                lease_ms: op.lease_ms,
+                retention_ms: op.retention_ms,
+                any_request: false,
+                abandoned: false,
+            };
+            let mut rec = claim_record(key.scope(), key.id(), &p, now);
+            (w.append(this, &mut batch, Next::Claimed(p), &mut rec), p)
+        };
+        shard.counters.started += 1;
+        drop(shard);
+        waits.new = waits.new.max(row);
+        Ok(Some(Begun::Started(Self::ticket(
+            this,
+            key,
+            &p,
+            interrupted,
+        ))))
+    }
+
+    /// The handle of claim `p` just recorded on `key`.
+    fn ticket(this: &Arc<Engine>, key: &Key<'_>, p: &Pending, interrupted: bool) -> Ticket {
+        Ticket {
+            engine: Arc::downgrade(this),
+            key: key.clone().into_owned(),
+            hash: p.hash,
+            attempt: p.attempt,
+            token: p.token,
+            provider_key: crate::key::provider_key(
+                &this.hasher.secret(),
+                key.scope(),
+                key.id(),
+                p.first_at,
+                p.params,
+            ),
+            first_at: p.first_at,
+            lease_until: AtomicU64::new(p.lease_until),
+            finished: AtomicBool::new(false),
+            interrupted,
+        }
+    }
+
+    /// Completes a claim with `outcome` (tagged `tag`), kept for
+    /// `retention_ms` (the operation's if `None`).
+    pub(crate) fn complete(
+        &self,
+        claim: &Ticket,
+        tag: u8,
+        outcome: &[u8],
+        retention_ms: Option<u64>,
+    ) -> Result<()> {
+        self.finish(claim, Kind::Complete, tag, outcome, retention_ms)
+            .and_then(|row| self.log.settle(row))
+    }
+
+    /// Fails a claim.
+    pub(crate) fn fail(&self, claim: &Ticket, failure: Failure<'_>) -> Result<()> {
+        let res = match failure {
+            Failure::Retryable => self.finish(claim, Kind::Release, TAG_RAW, &[], None),
+            Failure::RetryableAnyRequest => {
+                self.finish(claim, Kind::Release, RELEASE_ANY_REQUEST, &[], None)
+            }
+            Failure::Permanent(payload) => self.finish(claim, Kind::Fail, TAG_RAW, payload, None),
+        };
+        res.and_then(|row| self.log.settle(row))
+    }
+
+    /// Extends a claim's lease to now + `lease_ms` (the claim's own lease
+    /// if `None`); returns the new expiry.
+    pub(crate) fn renew(&self, claim: &Ticket, lease_ms: Option<u64>) -> Result<SystemTime> {
+        self.log.check()?;
+        let (now, nb) = self.time()?;
+        self.check_owner(claim)?;
+        let h = claim.hash;
+        let mut shard = self.index.lock(h);
+        let mut w = Write::new(&mut shard, h, nb);
+        let p = Self::active(&mut w, claim)?;
+        let lease_ms = lease_ms.unwrap_or(p.lease_ms);
+        let lease_until = now.saturating_add(lease_ms);
+        let p = Pending {
+            lease_until,
+            lease_ms,
+            ..p
+        };
+        let mut rec = claim_record(claim.key.scope(), claim.key.id(), &p, now);
+        let row = {
+            let mut batch = self.log.batch()?;
+            w.append(self, &mut batch, Next::Claimed(p), &mut rec)
+        };
+        claim.lease_until.store(lease_until, Ordering::Release);
+        drop(shard);
+        self.log.settle(row)?;
+        Ok(to_system_time(lease_until))
+    }
+
+    /// Fails for a claim made by another store.
+    fn check_owner(&self, claim: &Ticket) -> Result<()> {
+        if std::ptr::eq(claim.engine.as_ptr(), self) {
+            return Ok(());
+        }
+        Err(self.fenced(claim, "the claim was made by another store"))
+    }
+
+    /// Counts a refused `complete`, `fail` or `renew` in `Stats::fenced`
+    /// and returns its error. The caller does not hold the shard lock.
+    fn fenced(&self, claim: &Ticket, reason: &'static str) -> Error {
+        self.index.lock(claim.hash).counters.fenced += 1;
+        lost(claim, reason)
+    }
+
+    /// The claim's pending details, if it is still the key's active claim;
+    /// else counts it as fenced and says why not.
+    fn active(w: &mut Write<'_>, claim: &Ticket) -> Result<Pending> {
+        let reason = match w.live() {
+            None if w.forgotten() => "the key was forgotten",
+            None => "the key expired",
+            Some(s) => match s.state() {
+                SlotState::Claimed => match w.pending() {
+                    Some(p) if p.token == claim.token => return Ok(p),
+                    _ => "its lease lapsed and a newer attempt took the key over",
+                },
+                SlotState::Released => "the key was released for a retry",
+                SlotState::Completed => "the key was already completed",
+                SlotState::Failed => "the key already failed permanently",
+                SlotState::Inserted => "the key was recorded by insert_if_absent",
+                SlotState::Forgotten => "the key was forgotten",
+            },
+        };
+        w.shard().counters.fenced += 1;
+        Err(lost(claim, reason))
+    }
+
+    /// Writes a Complete, Fail or Release record for an active claim;
+    /// returns its row (not yet settled).
+    fn finish(
+        &self,
+        claim: &Ticket,
+        kind: Kind,
+        tag: u8,
+        outcome: &[u8],
+        retention_ms: Option<u64>,
+    ) -> Result<u64> {
+        self.check_outcome(outcome)?;
+        self.log.check()?;
+        self.check_owner(claim)?;
+        if claim.finished.load(Ordering::Acquire) {
+            return Err(self.fenced(claim, "this claim was already finished"));
+        }
+        let (now, nb) = self.time()?;
+        let h = claim.hash;
+        let mut shard = self.index.lock(h);
+        let mut w = Write::new(&mut shard, h, nb);
+        let p = Self::active(&mut w, claim)?;
+        let mut rec = RecordRef {
+            kind,
+            idx: 0,
+            at: now,
+            expires: now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
+            scope: claim.key.scope(),
+            id: claim.key.id(),
+            attempt: p.attempt,
+            token: p.token,
+            first_at: p.first_at,
+            lease_until: p.lease_until,
+            params: p.params,
+            outcome_tag: tag,
+            outcome,
+        };
+        let next = match kind {
+            Kind::Complete => Next::Completed,
+            Kind::Fail => Next::Failed,
+            _ => Next::Released(Pending {
+                lease_until: 0,
+                any_request: tag == RELEASE_ANY_REQUEST,
+                abandoned: tag == RELEASE_ABANDONED,
+                ..p
+            }),
+        };
+        let row = {
+            let mut batch = self.log.batch()?;
+            w.append(self, &mut batch, next, &mut rec)
+        };
+        match kind {
+            Kind::Complete => shard.counters.completed += 1,
+            Kind::Fail => shard.counters.failed += 1,
+            _ => shard.counters.released += 1,
+        }
+        claim.finished.store(true, Ordering::Release);
+        Ok(row)
+    }
+
+    /// Releases a claim dropped without an answer. Does not wait: if the
+    /// record is lost in a crash, the lease lapses instead.
+    fn release_dropped(&self, claim: &Ticket) {
+        claim.finished.store(false, Ordering::Release);
+        match self.finish(claim, Kind::Release, RELEASE_ABANDONED, &[], None) {
+            Ok(_) => self.log.kick(),
+            Err(e) => tracing::debug!(key = %claim.key, error = %e, "dropped claim not released"),
+        }
+    }
+
+    /// Answers `begin` on a finished key from its log record (its replay
+    /// already counted by the caller).
+    fn replay(
+        &self,
+        key: &Key<'_>,
+        h: KeyHash,
+        bucket: u64,
+        row: u64,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<Begun>> {
+        let Some(rec) = self.load(key, bucket, row)? else {
+            // Its bucket was deleted under us: the key expired. Drop the
+            // slot if nobody rewrote it meanwhile, so the retry sees it
+            // absent (and the retry loop ends).
+            let mut shard = self.index.lock(h);
+            shard.counters.replays -= 1;
+            if shard
+                .get(h)
+                .is_some_and(|s| s.bucket(bucket) == bucket && s.row(row) == row)
+            {
+                shard.remove(h);
+            }
+            return Ok(None);
+        };
+        if rec.state != State::Inserted && rec.fingerprint != Some(fingerprint) {
+            let mut shard = self.index.lock(h);
+            shard.counters.replays -= 1;
+            shard.counters.conflicts += 1;
+            return Err(mismatch(
+                key,
+                rec.fingerprint.unwrap_or(Fingerprint::NONE),
+                fingerprint,
+            ));
+        }
+        Ok(Some(Begun::Completed(rec)))
+    }
+}
+
+/// The record of claim `p` on (`scope`, `id`), written at `now`: by
+/// `begin`, by `renew`, and by eviction carrying a live claim out of a
+/// bucket it deletes.
+pub(crate) fn claim_record<'k>(
+    scope: &'k [u8],
+    id: &'k [u8],
+    p: &Pending,
+    now: u64,
+) -> RecordRef<'k> {
+    RecordRef {
+        kind: Kind::Claim,
+        idx: 0,
+        at: now,
+        expires: now.saturating_add(p.retention_ms).max(p.lease_until),
+        scope,
+        id,
+        attempt: p.attempt,
+        token: p.token,
+        first_at: p.first_at,
+        lease_until: p.lease_until,
+        params: p.params,
+        outcome_tag: TAG_RAW,
+        outcome: &[],
+    }
+}
+
+/// The error for a claim that is not (or no longer) the key's active one.
+fn lost(claim: &Ticket, reason: &'static str) -> Error {
+    Error::ClaimLost {
+        key: claim.key.to_string(),
+        attempt: claim.attempt,
+        token: claim.token,
+        reason,
+    }
+}
+
+fn mismatch(key: &Key<'_>, recorded: Fingerprint, requested: Fingerprint) -> Error {
+    Error::FingerprintMismatch {
+        key: key.to_string(),
+        recorded,
+        requested,
+    }
+}

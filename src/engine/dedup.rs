@@ -1,0 +1,209 @@
+//! Plain deduplication: insert-if-absent, one key or a batch, and forget.
+
+use super::Engine;
+use super::input::key_bytes;
+use super::write::{Next, Write};
+use crate::index::{Pending, Shard, SlotState};
+use crate::key::KeyHash;
+use crate::log::format::{Kind, RecordRef};
+use crate::types::{Forget, InProgress};
+use crate::{Key, Result};
+
+impl Engine {
+    /// Records `key` if absent, kept for `retention_ms` (the store's if
+    /// `None`); `true` if it was new.
+    pub(crate) fn insert(&self, key: &Key<'_>, retention_ms: Option<u64>) -> Result<bool> {
+        let retention_ms = retention_ms.unwrap_or(self.cfg.retention_ms);
+        let (h, now, nb) = self.write_start(key)?;
+        let mut shard = self.index.lock(h);
+        let w = Write::new(&mut shard, h, nb);
+        if let Some(s) = w.live() {
+            let row = s.row(self.log.open_row());
+            shard.counters.duplicates += 1;
+            drop(shard);
+            self.settle_seen(row)?;
+            return Ok(false);
+        }
+        let row = {
+            let mut batch = self.log.batch()?;
+            let mut rec = insert_record(key, now, retention_ms);
+            w.append(self, &mut batch, Next::Inserted, &mut rec)
+        };
+        shard.counters.new_keys += 1;
+        drop(shard);
+        self.log.settle(row)?;
+        Ok(true)
+    }
+
+    /// Records many keys in one durable commit; the flag at index `i` says
+    /// whether `keys[i]` was new.
+    pub(crate) fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
+        self.check_batch(
+            keys.iter()
+                .map(|k| self.check_key(k).map(|()| key_bytes(k))),
+        )?;
+        self.log.check()?;
+        let (now, nb) = self.time()?;
+        let order = self.by_shard(keys);
+        let mut out = vec![false; keys.len()];
+        let mut wait_new = 0;
+        let mut wait_seen = 0;
+        let mut one_shard = |shard: &mut Shard, group: &[(u32, u32, KeyHash)]| -> Result<()> {
+            let warm = group.iter().fold(0, |acc, &(_, _, h)| acc ^ shard.touch(h));
+            std::hint::black_box(warm);
+            let mut batch = self.log.batch()?;
+            for &(_, i, h) in group {
+                let w = Write::new(shard, h, nb);
+                if let Some(s) = w.live() {
+                    wait_seen = wait_seen.max(s.row(self.log.open_row()));
+                    shard.counters.duplicates += 1;
+                    continue;
+                }
+                let mut rec = insert_record(&keys[i as usize], now, self.cfg.retention_ms);
+                let row = w.append(self, &mut batch, Next::Inserted, &mut rec);
+                wait_new = wait_new.max(row);
+                shard.counters.new_keys += 1;
+                out[i as usize] = true;
+            }
+            Ok(())
+        };
+        // A shard that is busy (the grower may be rehashing it) is left for
+        // last, so the batch does not follow the grower from shard to shard.
+        let mut busy = Vec::new();
+        for group in order.chunk_by(|a, b| a.0 == b.0) {
+            match self.index.try_lock_shard(group[0].0 as usize) {
+                Some(mut shard) => one_shard(&mut shard, group)?,
+                None => busy.push(group),
+            }
+        }
+        for group in busy {
+            one_shard(&mut self.index.lock_shard(group[0].0 as usize), group)?;
+        }
+        if wait_new > 0 {
+            self.log.settle(wait_new)?;
+        }
+        self.settle_seen(wait_seen)?;
+        Ok(out)
+    }
+
+    /// Each key's (shard, position in `keys`, hash), grouped by shard and
+    /// in input order within a shard: a counting sort, a pass to count and
+    /// one to place.
+    fn by_shard(&self, keys: &[Key<'_>]) -> Vec<(u32, u32, KeyHash)> {
+        let hashed: Vec<(u32, KeyHash)> = keys
+            .iter()
+            .map(|k| {
+                let h = self.hash(k);
+                (self.index.shard_of(h) as u32, h)
+            })
+            .collect();
+        // starts[s] = where shard s's keys begin.
+        let mut starts = vec![0usize; self.index.shard_count() + 1];
+        for &(s, _) in &hashed {
+            starts[s as usize + 1] += 1;
+        }
+        for s in 1..starts.len() {
+            starts[s] += starts[s - 1];
+        }
+        let mut order = vec![(0, 0, KeyHash::default()); keys.len()];
+        for (i, &(s, h)) in hashed.iter().enumerate() {
+            order[starts[s as usize]] = (s, i as u32, h);
+            starts[s as usize] += 1;
+        }
+        order
+    }
+
+    /// Forgets a key on purpose (see `Store::forget`).
+    pub(crate) fn forget(&self, key: &Key<'_>) -> Result<Forget> {
+        loop {
+            let (h, now, nb) = self.write_start(key)?;
+            let mut shard = self.index.lock(h);
+            let w = Write::new(&mut shard, h, nb);
+            let Some(s) = w.live() else {
+                return Ok(Forget::NotFound);
+            };
+            if s.state() == SlotState::Claimed
+                && let Some(p) = w.pending()
+                && now < p.lease_until
+                && !self.orphaned(p.token)
+            {
+                let row = s.row(self.log.open_row());
+                drop(shard);
+                self.settle_seen(row)?;
+                return Ok(Forget::InProgress(InProgress {
+                    attempt: p.attempt,
+                    lease_until: p.lease_until,
+                    first_at: p.first_at,
+                }));
+            }
+            let (bucket, row) = (s.bucket(nb), s.row(self.log.open_row()));
+            drop(shard);
+            // What is forgotten, for the caller's audit (read outside the
+            // lock; the decision below re-checks the slot).
+            let Some(old) = self.load(key, bucket, row)? else {
+                continue; // evicted meanwhile: look again
+            };
+            let mut shard = self.index.lock(h);
+            let w = Write::new(&mut shard, h, nb);
+            if w.live()
+                .is_none_or(|s2| s2.row(row) != row || s2.bucket(bucket) != bucket)
+            {
+                continue; // written meanwhile: decide again
+            }
+            let mut rec = RecordRef {
+                kind: Kind::Forget,
+                idx: 0,
+                at: now,
+                expires: now.saturating_add(self.cfg.retention_ms),
+                scope: key.scope(),
+                id: key.id(),
+                attempt: old.attempts,
+                token: old.token,
+                first_at: old.first_seen,
+                lease_until: 0,
+                params: old.fingerprint.map_or(0, |f| f.0),
+                outcome_tag: crate::codec::TAG_RAW,
+                outcome: &[],
+            };
+            let kept = Pending {
+                hash: h,
+                attempt: 0,
+                token: 0,
+                first_at: old.first_seen,
+                lease_until: 0,
+                params: 0,
+                lease_ms: 0,
+                retention_ms: 0,
+                any_request: false,
+                abandoned: false,
+            };
+            let row = {
+                let mut batch = self.log.batch()?;
+                w.append(self, &mut batch, Next::Forgotten(kept), &mut rec)
+            };
+            shard.counters.forgotten += 1;
+            drop(shard);
+            self.log.settle(row)?;
+            return Ok(Forget::Forgotten(old));
+        }
+    }
+}
+
+/// The Insert record of `key`, written at `now`.
+pub(crate) fn insert_record<'k>(key: &'k Key<'_>, now: u64, retention_ms: u64) -> RecordRef<'k> {
+    RecordRef {
+        kind: Kind::Insert,
+        idx: 0,
+        at: now,
+        expires: now.saturating_add(retention_ms),
+        scope: key.scope(),
+        id: key.id(),
+        attempt: 0,
+        token: 0,
+        first_at: now,
+        lease_until: 0,
+        params: 0,
+        outcome_tag: crate::codec::TAG_RAW,
+        outcome: &[],
+    }
+}

@@ -1,0 +1,201 @@
+//! Opening a store: the file, recovery (replaying the log into the index),
+//! the first commit, and the background threads.
+//!
+//! Invariants:
+//! - recovery replays in log order, the last record of a key wins, and
+//!   nothing expired is loaded — except entity records, which are applied
+//!   from expired tables too, so entities that still have events are
+//!   carried forward before those tables are deleted;
+//! - the open makes its first commit itself and fails with that commit's
+//!   error: a store that cannot write is never handed out;
+//! - a redb panic while opening is reported as damage, never a crash.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::counters::StoreCounters;
+use super::order::apply_entity_record;
+use super::time::MAX_TIME;
+use super::tokens::{TOKEN_BLOCK, Tokens};
+use super::{Config, Engine, Threads};
+use crate::clock::Clock;
+use crate::index::{Pending, Shard, ShardedIndex, SlotState};
+use crate::key::{KeyHash, KeyHasher};
+use crate::log::format::{Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
+use crate::log::{FileMeta, Location, Log, open_database};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
+use crate::{Error, Result};
+
+impl Engine {
+    /// Opens (or creates) the store at `location`; returns the engine and
+    /// its running threads.
+    pub(crate) fn open(
+        cfg: Config,
+        clock: Arc<dyn Clock>,
+        location: Location,
+    ) -> Result<(Arc<Engine>, Threads)> {
+        let place = location
+            .path()
+            .map_or_else(|| "the store".into(), |p| p.display().to_string());
+        // redb 4.6 can panic (rather than fail) on some damaged files; a
+        // damaged file must be an error for the caller, not a crash.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Self::open_unguarded(cfg, clock, location)
+        }))
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::Corrupt(format!(
+                "the storage engine panicked while opening the file: {what}"
+            )))
+        })
+        .map_err(|e| match e {
+            Error::Corrupt(why) => Error::Corrupt(format!(
+                "{place} is damaged ({why}); export what is readable, restore from a backup"
+            )),
+            other => other,
+        })
+    }
+
+    fn open_unguarded(
+        mut cfg: Config,
+        clock: Arc<dyn Clock>,
+        location: Location,
+    ) -> Result<(Arc<Engine>, Threads)> {
+        let path = location.path().map(Path::to_path_buf);
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret)
+            .map_err(|e| Error::Storage(redb::Error::Io(std::io::Error::other(e.to_string()))))?;
+        let wanted = FileMeta::new(KeyHasher::new(cfg.key_hashing, secret), cfg.granularity_ms);
+        let (db, meta) = open_database(
+            location,
+            cfg.cache_bytes,
+            &wanted,
+            cfg.hashing_set,
+            cfg.granularity_set,
+        )?;
+        cfg.granularity_ms = meta.granularity_ms;
+        if cfg.retention_ms / cfg.granularity_ms >= crate::index::MAX_BUCKET_SPAN {
+            return Err(Error::InvalidConfig(format!(
+                "retention spans too many buckets of the file's granularity ({} ms)",
+                cfg.granularity_ms
+            )));
+        }
+        let index = ShardedIndex::with_capacity(cfg.shards, cfg.expected_keys);
+        // The store's time never goes back: not below the floor persisted
+        // by earlier runs, nor (below) the latest record's time.
+        let time_floor = meta.time_floor.min(MAX_TIME);
+        let now_bucket = clock.now_millis().clamp(time_floor, MAX_TIME) / cfg.granularity_ms;
+        let mut max_token = 0;
+        let mut time_floor = time_floor;
+        let replayed = crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec| {
+            time_floor = time_floor.max(rec.at);
+            if rec.kind.is_entity() {
+                let h = meta.hasher.hash_entity(rec.scope, rec.id);
+                apply_entity_record(&mut index.lock(h), h, bucket, row, rec)
+            } else {
+                max_token = max_token.max(rec.token);
+                let h = meta.hasher.hash(rec.scope, rec.id);
+                apply_record(&mut index.lock(h), h, bucket, row, rec);
+                Ok(())
+            }
+        })?;
+        for i in 0..cfg.shards {
+            index.lock_shard(i).settle_entities(now_bucket);
+        }
+        // Fencing tokens never repeat, even once the records that held them
+        // expired: continue above the persisted floor, and reserve a block
+        // (persisted by the first commit).
+        let first_token = (max_token + 1).max(meta.token_floor);
+        tracing::debug!(
+            records = replayed.records,
+            expired_buckets = replayed.expired.len(),
+            "dedupkv store recovered"
+        );
+        let log = Log::start(
+            db,
+            replayed.last_row,
+            replayed.live.iter().copied().collect(),
+            first_token + TOKEN_BLOCK,
+            meta.manifest,
+            crate::log::commit::LogSettings {
+                durability: cfg.durability,
+                quick_repair: cfg.quick_repair,
+                split_at: cfg.row_split_bytes,
+                time_step: cfg.granularity_ms,
+            },
+        )
+        // The first commit: an open that cannot write (a full disk, a
+        // damaged page) fails here, saying why, instead of handing out a
+        // store whose every call then fails.
+        .map_err(|e| crate::log::at_path(e, path.as_deref()))?;
+        let background = cfg.background_eviction;
+        let tick = Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));
+        let engine = Arc::new(Engine {
+            index,
+            log,
+            hasher: meta.hasher,
+            clock,
+            cfg,
+            tokens: Tokens::starting_at(first_token),
+            cur_bucket: AtomicU64::new(0),
+            time: AtomicU64::new(time_floor),
+            clock_behind: AtomicBool::new(false),
+            evicted_through: AtomicU64::new(now_bucket),
+            // Replay wrote nothing before the current bucket: it is closed
+            // already (an eviction pass need not flush for it).
+            closed_bucket: AtomicU64::new(now_bucket.saturating_sub(1)),
+            evicting: Mutex::new(()),
+            compact_due: AtomicBool::new(true),
+            counters: StoreCounters::default(),
+            path,
+        });
+        // The expired tables go once the entities that still have events
+        // are carried out of them: the carried records are committed in the
+        // deletion's commit or before it.
+        engine.carry_expired(now_bucket)?;
+        engine.log.drop_buckets(&replayed.expired)?;
+        let threads = Threads::start(&engine, background, tick)?;
+        Ok((engine, threads))
+    }
+}
+
+/// Sets a key's slot (and pending details) from a replayed record.
+fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &RecordRef<'_>) {
+    let pending = Pending {
+        hash: h,
+        attempt: rec.attempt,
+        token: rec.token,
+        first_at: rec.first_at,
+        lease_until: rec.lease_until,
+        params: rec.params,
+        // Not recorded as such, and never read: a recovered claim belongs
+        // to a process that is gone, and the next attempt brings its own.
+        lease_ms: rec.lease_until.saturating_sub(rec.at).max(1),
+        retention_ms: rec.expires.saturating_sub(rec.at),
+        any_request: rec.kind == Kind::Release && rec.outcome_tag == RELEASE_ANY_REQUEST,
+        abandoned: rec.kind == Kind::Release && rec.outcome_tag == RELEASE_ABANDONED,
+    };
+    let state = match rec.kind {
+        Kind::Insert => SlotState::Inserted,
+        Kind::Claim => SlotState::Claimed,
+        Kind::Release => SlotState::Released,
+        Kind::Complete => SlotState::Completed,
+        Kind::Fail => SlotState::Failed,
+        Kind::Forget => SlotState::Forgotten,
+        // Entity records are applied by `order::apply_entity_record`.
+        Kind::Entity | Kind::Park | Kind::Hold => return,
+    };
+    shard.put(h, state, bucket, row);
+    if matches!(
+        state,
+        SlotState::Claimed | SlotState::Released | SlotState::Forgotten
+    ) {
+        shard.set_pending(pending);
+    } else {
+        shard.remove_pending(h);
+    }
+}

@@ -1,0 +1,163 @@
+//! The store's time: the clock's reading, never earlier than a time the
+//! store has used or recorded (persisted as the manifest's time floor),
+//! never past [`MAX_TIME`].
+//!
+//! Invariant: time as the store sees it never goes backwards. While the
+//! clock reads behind it, the store's time stands still (no lease lapses,
+//! no key expires), `Stats::clock_behind` counts, and a warning is logged.
+
+use std::time::Duration;
+
+use super::Engine;
+use crate::sync::Ordering;
+use crate::types::BeginOptions;
+use crate::{Error, Result};
+
+/// The latest time the store uses: 9999-12-31T23:59:59.999Z. A clock
+/// reading past it (a broken clock, a test's `u64::MAX`) is held there, so
+/// a lease or retention added to it never saturates into "forever ago".
+pub(crate) const MAX_TIME: u64 = 253_402_300_799_999;
+
+/// How far the clock may read behind the store's time before it counts
+/// as behind (callers racing across a millisecond always differ a little).
+const CLOCK_SLACK_MS: u64 = 1_000;
+
+/// How far the current bucket may move past the last eviction before a
+/// call evicts first. Slots widen their bucket exactly within 2^23 of the
+/// bucket they are compared with, and live slots reach up to
+/// [`MAX_BUCKET_SPAN`](crate::index::MAX_BUCKET_SPAN) (2^22) ahead: 2^21
+/// behind keeps every comparison inside that.
+const FORCE_EVICT_SPAN: u64 = crate::index::MAX_BUCKET_SPAN / 2;
+
+/// The lease and retention of one operation, in ms.
+#[derive(Clone, Copy)]
+pub(crate) struct Op {
+    pub lease_ms: u64,
+    pub retention_ms: u64,
+}
+
+impl Engine {
+    /// The store's time now.
+    pub(crate) fn now(&self) -> u64 {
+        let reading = self.clock.now_millis().min(MAX_TIME);
+        let time = self.time.load(Ordering::Relaxed);
+        if reading > time {
+            // Another caller may have moved it further meanwhile.
+            let time = self.time.fetch_max(reading, Ordering::Relaxed).max(reading);
+            if self.clock_behind.load(Ordering::Relaxed) {
+                self.clock_caught_up();
+            }
+            return time;
+        }
+        if time - reading > CLOCK_SLACK_MS {
+            self.clock_is_behind(reading, time);
+        }
+        time
+    }
+
+    #[cold]
+    fn clock_is_behind(&self, reading: u64, time: u64) {
+        self.counters.clock_behind.fetch_add(1, Ordering::Relaxed);
+        if !self.clock_behind.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                clock_ms = reading,
+                store_ms = time,
+                behind_ms = time - reading,
+                "dedupkv: the clock reads earlier than the store's time; the store's time \
+                 stands still (no lease lapses, no key expires) until the clock catches up"
+            );
+        }
+    }
+
+    #[cold]
+    fn clock_caught_up(&self) {
+        if self.clock_behind.swap(false, Ordering::Relaxed) {
+            tracing::warn!("dedupkv: the clock caught up with the store's time");
+        }
+    }
+
+    /// The store's time and its bucket, for a call about to read or write
+    /// slots. If the time has moved so far past the last eviction that a
+    /// slot's 24 bucket bits could wrap, evicts first (under no lock).
+    pub(crate) fn time(&self) -> Result<(u64, u64)> {
+        let now = self.now();
+        let nb = self.bucket_of(now);
+        if nb
+            >= self
+                .evicted_through
+                .load(Ordering::Relaxed)
+                .saturating_add(FORCE_EVICT_SPAN)
+        {
+            self.evict()?;
+        }
+        Ok((now, nb))
+    }
+
+    /// A per-call retention in ms: at least 1 ms, within the buckets a slot
+    /// can represent, and no shorter than the store's `max_retry_window`.
+    pub(crate) fn check_retention(&self, retention: Duration) -> Result<u64> {
+        let ms = crate::clock::millis(retention);
+        if ms == 0 {
+            return Err(Error::InvalidArgument {
+                what: "retention",
+                reason: "is 0: a key kept for no time deduplicates nothing".into(),
+            });
+        }
+        if ms / self.cfg.granularity_ms >= crate::index::MAX_BUCKET_SPAN {
+            return Err(Error::InvalidConfig(format!(
+                "a retention of {ms} ms spans more than {} buckets of {} ms",
+                crate::index::MAX_BUCKET_SPAN - 1,
+                self.cfg.granularity_ms
+            )));
+        }
+        if let Some(window) = self.cfg.max_retry_window_ms
+            && ms < window
+        {
+            return Err(Error::InvalidArgument {
+                what: "retention",
+                reason: format!(
+                    "of {ms} ms is shorter than the store's max retry window ({window} ms): \
+                     a redelivery after it would be handled twice"
+                ),
+            });
+        }
+        Ok(ms)
+    }
+
+    /// A per-call lease in ms: at least 1 ms, and short enough that a
+    /// claim's record stays within the buckets a slot can represent.
+    pub(crate) fn check_lease(&self, lease: Duration) -> Result<u64> {
+        let ms = crate::clock::millis(lease);
+        if ms == 0 {
+            return Err(Error::InvalidArgument {
+                what: "lease",
+                reason: "is 0; a claim's lease must be at least 1 ms".into(),
+            });
+        }
+        if ms / self.cfg.granularity_ms >= crate::index::MAX_BUCKET_SPAN {
+            return Err(Error::InvalidArgument {
+                what: "lease",
+                reason: format!(
+                    "of {ms} ms spans more than {} buckets of {} ms",
+                    crate::index::MAX_BUCKET_SPAN - 1,
+                    self.cfg.granularity_ms
+                ),
+            });
+        }
+        Ok(ms)
+    }
+
+    /// The lease and retention of an operation begun with `options`.
+    pub(crate) fn op(&self, options: &BeginOptions) -> Result<Op> {
+        Ok(Op {
+            lease_ms: match options.lease {
+                Some(d) => self.check_lease(d)?,
+                None => self.cfg.lease_ms,
+            },
+            retention_ms: match options.retention {
+                Some(d) => self.check_retention(d)?,
+                None => self.cfg.retention_ms,
+            },
+        })
+    }
+}

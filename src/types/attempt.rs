@@ -1,0 +1,128 @@
+//! What an attempt is told and tells: [`InProgress`] (someone else holds
+//! the key), [`Failure`] (how an attempt failed) and [`Forget`].
+
+use std::time::SystemTime;
+
+use crate::clock::to_system_time;
+use crate::types::record::Record;
+
+/// Details of a claim held by someone else.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Begin, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("t", "e");
+/// let _first = store.begin(&key, Fingerprint::NONE)?;
+/// let Begin::InProgress(info) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// assert_eq!(info.attempt(), 1);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InProgress {
+    pub(crate) attempt: u32,
+    pub(crate) lease_until: u64,
+    pub(crate) first_at: u64,
+}
+
+impl InProgress {
+    /// The running attempt's number (1 for the first).
+    ///
+    /// # Examples
+    /// See [`InProgress`].
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When the running attempt's lease lapses; after it, `begin` takes
+    /// the key over.
+    ///
+    /// # Examples
+    /// See [`Begin`].
+    pub fn lease_expires_at(&self) -> SystemTime {
+        to_system_time(self.lease_until)
+    }
+
+    /// When the key was first claimed.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let key = Key::new("t", "e");
+    /// # let _first = store.begin(&key, Fingerprint::NONE)?;
+    /// let Begin::InProgress(info) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert!(info.first_seen_at() < info.lease_expires_at());
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn first_seen_at(&self) -> SystemTime {
+        to_system_time(self.first_at)
+    }
+}
+
+/// The answer of [`Store::forget`](crate::Store::forget).
+///
+/// # Examples
+/// See [`Store::forget`](crate::Store::forget).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Forget {
+    /// The key's record is replaced by a forget record: this is what was
+    /// forgotten.
+    Forgotten(Record),
+    /// The key is not recorded (or expired, or was forgotten already).
+    NotFound,
+    /// A live attempt holds the key: nothing was forgotten.
+    InProgress(InProgress),
+}
+
+/// How an attempt failed, for [`Store::fail`](crate::Store::fail).
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// # let key = Key::new("t", "e");
+/// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// store.fail(&claim, Failure::Retryable)?; // the next begin starts attempt 2
+/// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// assert_eq!(claim.attempt(), 2);
+/// # store.complete(&claim, b"")?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Failure<'a> {
+    /// Free the key for another attempt of the same request; the attempt
+    /// is counted. The next `begin` must bring the same fingerprint (or
+    /// get [`FingerprintMismatch`](crate::Error::FingerprintMismatch)):
+    /// this is the default because a retry is the same operation, and a
+    /// different request under one key is usually a bug the mismatch
+    /// catches.
+    Retryable,
+    /// Free the key for another attempt with any request: the next
+    /// `begin` may bring a corrected request (another fingerprint), which
+    /// is recorded from then on. The attempt count and first-attempt time
+    /// are kept (the peer libraries delete the record instead, losing both).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "charge-7");
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::of("card 4242, expired"))? else { unreachable!() };
+    /// store.fail(&c, Failure::RetryableAnyRequest)?; // "card expired": the client fixes the request
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::of("card 5555"))? else { unreachable!() };
+    /// assert_eq!(c.attempt(), 2);
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    RetryableAnyRequest,
+    /// Record a terminal failure with this payload; every later `begin`
+    /// replays it as [`Begin::Completed`] with a [`Failed`](crate::State::Failed) record.
+    Permanent(&'a [u8]),
+}

@@ -1,0 +1,18 @@
+//! The contract's vocabulary: the plain data the engine answers with and
+//! the face hands out (records, attempt details, ordering answers,
+//! eviction reports, statistics, per-call options). No locks, no log, no
+//! engine: every room may use these.
+
+pub(crate) mod attempt;
+pub(crate) mod eviction;
+pub(crate) mod options;
+pub(crate) mod order;
+pub(crate) mod record;
+pub(crate) mod stats;
+
+pub use attempt::{Failure, Forget, InProgress};
+pub use eviction::Eviction;
+pub use options::BeginOptions;
+pub use order::{Advance, Delivered, Held, Sequenced, Update};
+pub use record::{Record, State};
+pub use stats::Stats;
