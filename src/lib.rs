@@ -39,6 +39,7 @@ mod claim;
 mod clock;
 mod codec;
 mod durability;
+mod effects;
 mod error;
 mod index;
 mod key;
@@ -55,6 +56,9 @@ pub use builder::StoreBuilder;
 pub use claim::{Begin, Claim, Failure, Forget, InProgress};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use durability::Durability;
+pub use effects::{
+    Decision, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder, Run,
+};
 pub use error::{Error, Result};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use options::BeginOptions;
