@@ -38,6 +38,7 @@ mod civil;
 mod clock;
 mod codec;
 mod durability;
+mod effects;
 mod engine;
 mod error;
 mod index;
@@ -49,6 +50,9 @@ mod types;
 pub use api::{Begin, Claim, Store, StoreBuilder};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use durability::Durability;
+pub use effects::{
+    Decision, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder, Run,
+};
 pub use error::{Error, Result};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use types::{
