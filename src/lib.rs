@@ -55,7 +55,7 @@ pub use builder::StoreBuilder;
 pub use claim::{Begin, Claim, Failure, Forget, InProgress};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use durability::Durability;
-pub use error::{Error, Result};
+pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use options::BeginOptions;
 pub use order::{Advance, Delivered, Held, Sequenced, Update};

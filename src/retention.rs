@@ -32,12 +32,9 @@
 
 use std::time::Duration;
 
-use redb::{ReadableDatabase, ReadableTable};
-
 use crate::Result;
 use crate::index::SlotState;
-use crate::log::format::{Kind, RecordRef, read_row};
-use crate::log::{log_table, table_name};
+use crate::log::record::{Kind, RecordRef};
 use crate::store::Inner;
 use crate::sync::{Arc, Condvar, JoinHandle, Mutex, Weak};
 
@@ -167,25 +164,16 @@ impl Inner {
         early: bool,
         slices: &mut Vec<(u64, std::ops::RangeInclusive<u64>)>,
     ) -> Result<u64> {
-        let read = self.log.db()?.begin_read()?;
-        let name = table_name(b);
-        let table = match read.open_table(log_table(&name)) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
-            Err(e) => return Err(e.into()),
-        };
         let mut removed = 0;
         let (mut first, mut bytes) = (None, 0);
-        for entry in table.iter()? {
-            let (n, row) = entry?;
-            let n = n.value();
+        self.log.scan_bucket(b, |n, len, records| {
             let first_row = *first.get_or_insert(n);
-            bytes += row.value().len();
+            bytes += len;
             if bytes >= self.cfg.evict_slice_bytes {
                 slices.push((b, first_row..=n));
                 (first, bytes) = (None, 0);
             }
-            for rec in read_row(row.value())? {
+            for rec in records {
                 let rec = rec?;
                 if rec.kind.is_entity() {
                     removed += self.evict_entity_record(b, now, &rec)?;
@@ -223,7 +211,8 @@ impl Inner {
                 shard.remove(h);
                 removed += 1;
             }
-        }
+            Ok(())
+        })?;
         Ok(removed)
     }
 }
@@ -250,13 +239,7 @@ impl Inner {
         if file < COMPACT_MIN_FILE {
             return Ok(false);
         }
-        let used = {
-            let db = self.log.db()?;
-            let txn = db.begin_write()?;
-            let st = txn.stats()?;
-            txn.abort()?;
-            st.allocated_pages() * st.page_size() as u64
-        };
+        let used = self.log.used_bytes()?;
         // Per-mille, in integers: exact enough for a threshold.
         let free =
             1.0 - f64::from(u32::try_from(used.min(file) * 1000 / file).unwrap_or(1000)) / 1000.0;
@@ -299,11 +282,11 @@ impl Inner {
                 let key = e.key.clone();
                 // The event's latest record may be of the other kind (a
                 // parked event held since); it is re-logged once, as that.
-                if let Some(ev) = e.event_mut(rec.token)
+                if let Some(ev) = e.event_mut(rec.event_seq())
                     && ev.bucket == b
                 {
                     let mut batch = self.log.batch()?;
-                    ev.bucket = self.log_event(&mut batch, &key, rec.token, ev, now);
+                    ev.bucket = self.log_event(&mut batch, &key, rec.event_seq(), ev, now);
                 }
             }
             _ => {}
@@ -359,7 +342,10 @@ impl Evictor {
                 }
             }
         })
-        .map_err(|e| crate::Error::Storage(redb::Error::Io(e)))?;
+        .map_err(|source| crate::Error::Io {
+            what: "starting the eviction thread",
+            source,
+        })?;
         Ok(Evictor {
             stop,
             thread: Some(thread),

@@ -186,7 +186,10 @@ impl Store {
         let path = location.path().map(Path::to_path_buf);
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret)
-            .map_err(|e| Error::Storage(redb::Error::Io(std::io::Error::other(e.to_string()))))?;
+            .map_err(|e| Error::Io {
+                what: "drawing the key secret from the operating system",
+                source: std::io::Error::other(e.to_string()),
+            })?;
         let wanted = FileMeta::new(KeyHasher::new(cfg.key_hashing, secret), cfg.granularity_ms);
         let (db, meta) = open_database(
             location,
@@ -295,7 +298,10 @@ impl Store {
         } else {
             Some(Arc::new(
                 crate::index::Grower::start(Arc::downgrade(&inner), |i: &Inner| &i.index)
-                    .map_err(|e| Error::Storage(redb::Error::Io(e)))?,
+                    .map_err(|source| Error::Io {
+                        what: "starting the index growth thread",
+                        source,
+                    })?,
             ))
         };
         Ok(Store {
@@ -1871,7 +1877,7 @@ impl Inner {
     /// Reads the key's latest record from the row its slot points at.
     fn load(&self, key: &Key<'_>, bucket: u64, row: u64) -> Result<Option<Record>> {
         self.log.wait_durable(row)?;
-        let Some(bytes) = crate::log::read_row(&*self.log.db()?, bucket, row)? else {
+        let Some(bytes) = self.log.read_row(bucket, row)? else {
             // The bucket was evicted between the lookup and the read.
             return Ok(None);
         };
