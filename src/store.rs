@@ -185,11 +185,10 @@ impl Store {
     fn open_unguarded(mut cfg: Config, clock: Arc<dyn Clock>, location: Location) -> Result<Store> {
         let path = location.path().map(Path::to_path_buf);
         let mut secret = [0u8; 16];
-        getrandom::fill(&mut secret)
-            .map_err(|e| Error::Io {
-                what: "drawing the key secret from the operating system",
-                source: std::io::Error::other(e.to_string()),
-            })?;
+        getrandom::fill(&mut secret).map_err(|e| Error::Io {
+            what: "drawing the key secret from the operating system",
+            source: std::io::Error::other(e.to_string()),
+        })?;
         let wanted = FileMeta::new(KeyHasher::new(cfg.key_hashing, secret), cfg.granularity_ms);
         let (db, meta) = open_database(
             location,
@@ -297,11 +296,12 @@ impl Store {
             None
         } else {
             Some(Arc::new(
-                crate::index::Grower::start(Arc::downgrade(&inner), |i: &Inner| &i.index)
-                    .map_err(|source| Error::Io {
+                crate::index::Grower::start(Arc::downgrade(&inner), |i: &Inner| &i.index).map_err(
+                    |source| Error::Io {
                         what: "starting the index growth thread",
                         source,
-                    })?,
+                    },
+                )?,
             ))
         };
         Ok(Store {

@@ -305,7 +305,6 @@ mod tests {
         }
     }
 
-
     #[test]
     fn damaged_runs_are_corrupt_not_panics() {
         let (row, _) = batch_row(3);

@@ -80,7 +80,10 @@ mod tests {
             Error::from(LogError::NotAStore("y".into())),
             Error::NotAStore(w) if w == "y"
         ));
-        assert!(matches!(Error::from(LogError::AlreadyOpen), Error::AlreadyOpen));
+        assert!(matches!(
+            Error::from(LogError::AlreadyOpen),
+            Error::AlreadyOpen
+        ));
     }
 
     #[test]

@@ -44,10 +44,6 @@
 //! allocates more than the input, and never yields more records than the
 //! row has bytes.
 
-
-
-
-
 pub(crate) use super::decode::read_row;
 use super::record::Body;
 pub(crate) use super::record::{Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
@@ -561,7 +557,6 @@ pub(super) mod tests {
         Ok(())
     }
 
-
     #[test]
     fn a_lone_plain_insert_is_not_a_run() {
         let (one, _) = batch_row(1);
@@ -611,5 +606,4 @@ pub(super) mod tests {
         );
         Ok(())
     }
-
 }

@@ -28,7 +28,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::store::{
-    Commit, LogStore, META_NAME, MetaChange, is_log_table_name, parse_table_name, table_name,
+    Commit, LogStore, META_NAME, MetaChange, MetaEntries, is_log_table_name, parse_table_name,
+    table_name,
 };
 use crate::key::{KeyHasher, KeyHashing};
 use crate::{Error, Result};
@@ -239,7 +240,7 @@ fn looks_like_ours(name: &str) -> bool {
 }
 
 /// The settings, checked, and the manifest as read (none in format 1).
-fn check_meta(entries: Vec<(String, Vec<u8>)>) -> Result<(FileMeta, Option<Decoded>)> {
+fn check_meta(entries: MetaEntries) -> Result<(FileMeta, Option<Decoded>)> {
     let entries: BTreeMap<String, Vec<u8>> = entries.into_iter().collect();
     let get = |k: &str| -> Result<&[u8]> {
         entries
@@ -421,7 +422,10 @@ fn init(db: &dyn LogStore, wanted: &FileMeta) -> Result<FileMeta> {
         .zip(values)
         .map(|(k, v)| (*k, Some(v.to_vec())))
         .collect();
-    meta.push((SETTINGS_SUM, Some(settings_sum(values).to_le_bytes().to_vec())));
+    meta.push((
+        SETTINGS_SUM,
+        Some(settings_sum(values).to_le_bytes().to_vec()),
+    ));
     meta.push((MANIFEST, Some(manifest.encode())));
     db.commit(Commit {
         meta,

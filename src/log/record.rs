@@ -414,7 +414,12 @@ mod tests {
     };
 
     /// A record as the engine built it by hand before the constructors.
-    fn by_hand(kind: Kind, nums: [u64; 3], c: (u32, u128, u8), outcome: &'static [u8]) -> RecordRef<'static> {
+    fn by_hand(
+        kind: Kind,
+        nums: [u64; 3],
+        c: (u32, u128, u8),
+        outcome: &'static [u8],
+    ) -> RecordRef<'static> {
         RecordRef {
             kind,
             idx: 0,
@@ -441,7 +446,10 @@ mod tests {
             RecordRef::insert(s, i, TIMES.0, TIMES.1),
             by_hand(Kind::Insert, [0, TIMES.0, 0], (0, 0, TAG_RAW), b"")
         );
-        assert_eq!(RecordRef::claim(s, i, TIMES, CLAIM), by_hand(Kind::Claim, claim, c, b""));
+        assert_eq!(
+            RecordRef::claim(s, i, TIMES, CLAIM),
+            by_hand(Kind::Claim, claim, c, b"")
+        );
         assert_eq!(
             RecordRef::complete(s, i, TIMES, CLAIM, (4, b"ok")),
             by_hand(Kind::Complete, claim, (c.0, c.1, 4), b"ok")
@@ -502,16 +510,29 @@ mod tests {
         assert_eq!(back[0].claim_fields(), CLAIM);
         let core = &back[1];
         assert_eq!(
-            (core.entity_version(), core.next_seq(), core.gap_since(), core.ack_mark()),
+            (
+                core.entity_version(),
+                core.next_seq(),
+                core.gap_since(),
+                core.ack_mark()
+            ),
             (Some(6), 12, 99, &b"mark"[..])
         );
         assert_eq!(back[2].entity_version(), None);
         assert_eq!(back[2].next_seq(), 3);
         let park = &back[3];
-        assert_eq!((park.event_seq(), park.parked_at(), park.event_payload()), (9, 55, &b"p"[..]));
+        assert_eq!(
+            (park.event_seq(), park.parked_at(), park.event_payload()),
+            (9, 55, &b"p"[..])
+        );
         let hold = &back[4];
         assert_eq!(
-            (hold.event_seq(), hold.held_missing(), hold.held_since(), hold.event_payload()),
+            (
+                hold.event_seq(),
+                hold.held_missing(),
+                hold.held_since(),
+                hold.event_payload()
+            ),
             (10, 8, 44, &b"h"[..])
         );
         Ok(())

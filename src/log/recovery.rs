@@ -12,9 +12,9 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::Storage;
 use super::decode::read_row;
 use super::record::RecordRef;
-use super::Storage;
 use super::store::table_name;
 use crate::{Error, Result};
 

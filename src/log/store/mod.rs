@@ -61,6 +61,9 @@ impl Location {
     }
 }
 
+/// The metadata entries as stored: (name, value).
+pub(crate) type MetaEntries = Vec<(String, Vec<u8>)>;
+
 /// A metadata change: `Some` writes the entry, `None` removes it.
 pub(crate) type MetaChange = (&'static str, Option<Vec<u8>>);
 
@@ -87,7 +90,7 @@ pub(crate) type Rows = Box<dyn Iterator<Item = StoreResult<(u64, Vec<u8>)>> + Se
 /// table scanned: nothing is called per record.
 pub(crate) trait LogStore: Send + Sync {
     /// The metadata entries, or `None` when the file has no metadata table.
-    fn read_meta(&self) -> StoreResult<Option<Vec<(String, Vec<u8>)>>>;
+    fn read_meta(&self) -> StoreResult<Option<MetaEntries>>;
 
     /// The name of every table in the file, the metadata table included.
     fn table_names(&self) -> StoreResult<Vec<String>>;

@@ -24,7 +24,8 @@ use redb::{
 };
 
 use super::{
-    Commit, Location, LogStore, META_NAME, Rows, StoreResult, parse_table_name, table_name,
+    Commit, Location, LogStore, META_NAME, MetaEntries, Rows, StoreResult, parse_table_name,
+    table_name,
 };
 use crate::error::StorageError;
 use crate::log::error::LogError;
@@ -89,7 +90,7 @@ impl RedbStore {
 }
 
 impl LogStore for RedbStore {
-    fn read_meta(&self) -> StoreResult<Option<Vec<(String, Vec<u8>)>>> {
+    fn read_meta(&self) -> StoreResult<Option<MetaEntries>> {
         let read = self.db.begin_read()?;
         let table = match read.open_table(META) {
             Ok(t) => t,
