@@ -112,39 +112,112 @@ pub enum Error {
     /// A typed payload could not be encoded or decoded.
     #[error("payload codec: {0}")]
     Codec(String),
-    /// The storage engine (redb) or the file system failed.
+    /// The storage engine or the file system failed; the message names the
+    /// path where it is known. The engine's own error is the
+    /// [`source`](std::error::Error::source) of the [`StorageError`].
     #[error("storage: {0}")]
-    Storage(#[source] redb::Error),
+    Storage(#[source] StorageError),
+    /// An operating-system facility other than storage failed: a
+    /// background thread could not be started, or the random number
+    /// generator that draws a new store's key secret failed. `what` says
+    /// which; nothing was written.
+    #[error("{what}: {source}")]
+    Io {
+        /// What the store was doing (`"starting the commit thread"`).
+        what: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-impl Error {
-    pub(crate) fn storage(err: impl Into<redb::Error>) -> Self {
-        match err.into() {
-            redb::Error::Corrupted(msg) => Error::Corrupt(msg),
-            redb::Error::DatabaseAlreadyOpen => Error::AlreadyOpen,
-            other => Error::Storage(other),
+/// A failure of the storage under the log (the storage engine or the file
+/// system beneath it), inside [`Error::Storage`].
+///
+/// Opaque: branch on [`io_kind`](Self::io_kind), print it, or walk its
+/// [`source`](std::error::Error::source) chain, which holds the engine's
+/// or the operating system's error.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Error, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let err = Store::builder().open_existing(dir.path().join("missing.redb")).unwrap_err();
+/// let Error::Storage(storage) = &err else { panic!("{err}") };
+/// assert_eq!(storage.io_kind(), Some(std::io::ErrorKind::NotFound));
+/// assert!(err.to_string().contains("missing.redb"));
+/// ```
+#[derive(Debug)]
+pub struct StorageError(Repr);
+
+#[derive(Debug)]
+enum Repr {
+    /// The file system (through the storage engine or directly).
+    Io(std::io::Error),
+    /// The storage engine itself.
+    Engine(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl StorageError {
+    /// The kind of the I/O error underneath, if this is one (a full disk,
+    /// a missing file, a permission problem); `None` for other failures of
+    /// the storage engine.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Error, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("none.redb");
+    /// match Store::builder().open_existing(&path) {
+    ///     Err(Error::Storage(e)) if e.io_kind() == Some(std::io::ErrorKind::NotFound) => {}
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// ```
+    #[must_use]
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match &self.0 {
+            Repr::Io(e) => Some(e.kind()),
+            Repr::Engine(_) => None,
+        }
+    }
+
+    /// The I/O error underneath, if this is one.
+    pub(crate) fn as_io(&self) -> Option<&std::io::Error> {
+        match &self.0 {
+            Repr::Io(e) => Some(e),
+            Repr::Engine(_) => None,
+        }
+    }
+
+    /// A failure of the storage engine that is not an I/O error.
+    pub(crate) fn engine(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StorageError(Repr::Engine(Box::new(e)))
+    }
+}
+
+impl From<std::io::Error> for StorageError {
+    fn from(e: std::io::Error) -> Self {
+        StorageError(Repr::Io(e))
+    }
+}
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Repr::Io(e) => write!(f, "I/O error: {e}"),
+            Repr::Engine(e) => e.fmt(f),
         }
     }
 }
 
-macro_rules! from_redb {
-    ($($t:ty),*) => {$(
-        impl From<$t> for Error {
-            fn from(err: $t) -> Self {
-                Error::storage(err)
-            }
+impl std::error::Error for StorageError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0 {
+            Repr::Io(e) => Some(e),
+            Repr::Engine(e) => Some(&**e),
         }
-    )*};
+    }
 }
-from_redb!(
-    redb::Error,
-    redb::DatabaseError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError,
-    redb::CompactionError
-);
 
 /// Renders a key for people: each part in double quotes, `"scope"/"id"`,
 /// with `"` and `\` escaped by a backslash, control characters as Rust

@@ -53,7 +53,7 @@ pub use durability::Durability;
 pub use effects::{
     Decision, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder, Run,
 };
-pub use error::{Error, Result};
+pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use types::{
     Advance, BeginOptions, Delivered, Eviction, Failure, Forget, Held, InProgress, Record,

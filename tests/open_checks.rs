@@ -434,7 +434,7 @@ fn open_existing_never_creates_a_store() -> Result<()> {
     let path = dir.path().join("typo.redb");
     let err = Store::open_existing(&path).expect_err("nothing there");
     assert!(
-        matches!(&err, Error::Storage(redb::Error::Io(io)) if io.kind() == std::io::ErrorKind::NotFound),
+        matches!(&err, Error::Storage(s) if s.io_kind() == Some(std::io::ErrorKind::NotFound)),
         "{err:?}"
     );
     assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");

@@ -8,7 +8,7 @@
 use super::Engine;
 use crate::index::{MAX_BUCKET_SPAN, Slot};
 use crate::log::commit::Batch;
-use crate::log::format::RecordRef;
+use crate::log::record::RecordRef;
 use crate::sync::Ordering;
 
 impl Engine {

@@ -21,7 +21,7 @@ use crate::clock::to_system_time;
 use crate::codec::TAG_RAW;
 use crate::index::{Pending, SlotState};
 use crate::key::KeyHash;
-use crate::log::format::{Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
+use crate::log::record::{ClaimFields, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
 use crate::types::{BeginOptions, Failure, InProgress, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
@@ -394,20 +394,15 @@ impl Engine {
         let mut shard = self.index.lock(h);
         let mut w = Write::new(&mut shard, h, nb);
         let p = Self::active(&mut w, claim)?;
-        let mut rec = RecordRef {
-            kind,
-            idx: 0,
-            at: now,
-            expires: now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
-            scope: claim.key.scope(),
-            id: claim.key.id(),
-            attempt: p.attempt,
-            token: p.token,
-            first_at: p.first_at,
-            lease_until: p.lease_until,
-            params: p.params,
-            outcome_tag: tag,
-            outcome,
+        let at = (
+            now,
+            now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
+        );
+        let (scope, id) = (claim.key.scope(), claim.key.id());
+        let mut rec = match kind {
+            Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
+            _ => RecordRef::release(scope, id, at, fields(&p), tag),
         };
         let next = match kind {
             Kind::Complete => Next::Completed,
@@ -489,20 +484,18 @@ pub(crate) fn claim_record<'k>(
     p: &Pending,
     now: u64,
 ) -> RecordRef<'k> {
-    RecordRef {
-        kind: Kind::Claim,
-        idx: 0,
-        at: now,
-        expires: now.saturating_add(p.retention_ms).max(p.lease_until),
-        scope,
-        id,
+    let expires = now.saturating_add(p.retention_ms).max(p.lease_until);
+    RecordRef::claim(scope, id, (now, expires), fields(p))
+}
+
+/// The claim fields a record of claim `p` carries.
+pub(crate) fn fields(p: &Pending) -> ClaimFields {
+    ClaimFields {
         attempt: p.attempt,
         token: p.token,
         first_at: p.first_at,
         lease_until: p.lease_until,
         params: p.params,
-        outcome_tag: TAG_RAW,
-        outcome: &[],
     }
 }
 

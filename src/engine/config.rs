@@ -2,12 +2,7 @@
 
 use crate::{Durability, KeyHashing};
 
-/// Hard caps imposed by the record format.
-pub(crate) const FORMAT_MAX_KEY_PART: usize = u16::MAX as usize;
-pub(crate) const FORMAT_MAX_OUTCOME: usize = 64 << 20;
-/// The largest one record can encode to: both key parts and an outcome at
-/// the format's limits, plus its fixed fields.
-pub(crate) const FORMAT_MAX_RECORD: usize = 2 * FORMAT_MAX_KEY_PART + FORMAT_MAX_OUTCOME + 128;
+pub(crate) use crate::log::record::{FORMAT_MAX_KEY_PART, FORMAT_MAX_OUTCOME};
 
 /// Settings the store reads on every call.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@ use super::input::key_bytes;
 use super::write::{Next, Write};
 use crate::index::{Pending, Shard, SlotState};
 use crate::key::KeyHash;
-use crate::log::format::{Kind, RecordRef};
+use crate::log::record::{ClaimFields, RecordRef};
 use crate::types::{Forget, InProgress};
 use crate::{Key, Result};
 
@@ -150,21 +150,18 @@ impl Engine {
             {
                 continue; // written meanwhile: decide again
             }
-            let mut rec = RecordRef {
-                kind: Kind::Forget,
-                idx: 0,
-                at: now,
-                expires: now.saturating_add(self.cfg.retention_ms),
-                scope: key.scope(),
-                id: key.id(),
-                attempt: old.attempts,
-                token: old.token,
-                first_at: old.first_seen,
-                lease_until: 0,
-                params: old.fingerprint.map_or(0, |f| f.0),
-                outcome_tag: crate::codec::TAG_RAW,
-                outcome: &[],
-            };
+            let mut rec = RecordRef::forget(
+                key.scope(),
+                key.id(),
+                (now, now.saturating_add(self.cfg.retention_ms)),
+                ClaimFields {
+                    attempt: old.attempts,
+                    token: old.token,
+                    first_at: old.first_seen,
+                    lease_until: 0,
+                    params: old.fingerprint.map_or(0, |f| f.0),
+                },
+            );
             let kept = Pending {
                 hash: h,
                 attempt: 0,
@@ -191,19 +188,5 @@ impl Engine {
 
 /// The Insert record of `key`, written at `now`.
 pub(crate) fn insert_record<'k>(key: &'k Key<'_>, now: u64, retention_ms: u64) -> RecordRef<'k> {
-    RecordRef {
-        kind: Kind::Insert,
-        idx: 0,
-        at: now,
-        expires: now.saturating_add(retention_ms),
-        scope: key.scope(),
-        id: key.id(),
-        attempt: 0,
-        token: 0,
-        first_at: now,
-        lease_until: 0,
-        params: 0,
-        outcome_tag: crate::codec::TAG_RAW,
-        outcome: &[],
-    }
+    RecordRef::insert(key.scope(), key.id(), now, now.saturating_add(retention_ms))
 }

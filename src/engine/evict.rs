@@ -29,22 +29,15 @@
 //!   currently being written, and never a claim whose lease is alive: such
 //!   a claim's record is carried into the open batch, so it is durable
 //!   elsewhere before its bucket is deleted.
-
-use std::time::Duration;
-
-use redb::{ReadableDatabase, ReadableTable};
-
-use super::Engine as Inner;
+use super::Engine;
 use super::claims::claim_record;
 use super::write::{Next, Write};
 use crate::Result;
 use crate::index::SlotState;
-use crate::log::format::{Kind, RecordRef, read_row};
-use crate::log::{log_table, table_name};
-use crate::sync::{Arc, Condvar, JoinHandle, Mutex, Weak};
+use crate::log::record::{Kind, RecordRef};
 use crate::types::Eviction;
 
-impl Inner {
+impl Engine {
     /// Evicts every expired bucket, and, over the size bound, the oldest
     /// live ones; then deletes their tables in one commit.
     pub(crate) fn evict(&self) -> Result<Eviction> {
@@ -139,25 +132,16 @@ impl Inner {
         early: bool,
         slices: &mut Vec<(u64, std::ops::RangeInclusive<u64>)>,
     ) -> Result<u64> {
-        let read = self.log.db()?.begin_read()?;
-        let name = table_name(b);
-        let table = match read.open_table(log_table(&name)) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
-            Err(e) => return Err(e.into()),
-        };
         let mut removed = 0;
         let (mut first, mut bytes) = (None, 0);
-        for entry in table.iter()? {
-            let (n, row) = entry?;
-            let n = n.value();
+        self.log.scan_bucket(b, |n, len, records| {
             let first_row = *first.get_or_insert(n);
-            bytes += row.value().len();
+            bytes += len;
             if bytes >= self.cfg.evict_slice_bytes {
                 slices.push((b, first_row..=n));
                 (first, bytes) = (None, 0);
             }
-            for rec in read_row(row.value())? {
+            for rec in records {
                 let rec = rec?;
                 if rec.kind.is_entity() {
                     removed += self.evict_entity_record(b, now, &rec)?;
@@ -169,7 +153,7 @@ impl Inner {
                     continue;
                 };
                 // Widened against `b` itself: exact however far the time
-                // jumped since the slot was written (see `Inner::time`).
+                // jumped since the slot was written (see `Engine::time`).
                 if slot.bucket(b) != b {
                     continue;
                 }
@@ -193,7 +177,8 @@ impl Inner {
                 shard.remove(h);
                 removed += 1;
             }
-        }
+            Ok(())
+        })?;
         Ok(removed)
     }
 }
@@ -201,7 +186,7 @@ impl Inner {
 /// Files smaller than this are never compacted automatically.
 const COMPACT_MIN_FILE: u64 = 64 << 20;
 
-impl Inner {
+impl Engine {
     /// Compacts the file if more than `compact_when_free` of it is free
     /// (and it is at least 64 MiB). Returns whether it compacted.
     ///
@@ -220,13 +205,7 @@ impl Inner {
         if file < COMPACT_MIN_FILE {
             return Ok(false);
         }
-        let used = {
-            let db = self.log.db()?;
-            let txn = db.begin_write()?;
-            let st = txn.stats()?;
-            txn.abort()?;
-            st.allocated_pages() * st.page_size() as u64
-        };
+        let used = self.log.used_bytes()?;
         // Per-mille, in integers: exact enough for a threshold.
         let free =
             1.0 - f64::from(u32::try_from(used.min(file) * 1000 / file).unwrap_or(1000)) / 1000.0;
@@ -269,80 +248,15 @@ impl Inner {
                 let key = e.key.clone();
                 // The event's latest record may be of the other kind (a
                 // parked event held since); it is re-logged once, as that.
-                if let Some(ev) = e.event_mut(rec.token)
+                if let Some(ev) = e.event_mut(rec.event_seq())
                     && ev.bucket == b
                 {
                     let mut batch = self.log.batch()?;
-                    ev.bucket = self.log_event(&mut batch, &key, rec.token, ev, now);
+                    ev.bucket = self.log_event(&mut batch, &key, rec.event_seq(), ev, now);
                 }
             }
             _ => {}
         }
         Ok(0)
-    }
-}
-
-/// The background evictor: wakes every `tick` and evicts. Dropping it stops
-/// and joins the thread.
-pub(crate) struct Evictor {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Evictor {
-    pub(crate) fn start(inner: Weak<Inner>, tick: Duration) -> Result<Evictor> {
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let s = Arc::clone(&stop);
-        let thread = crate::sync::spawn("dedupkv-evict", move || {
-            let mut last_sweep = std::time::Instant::now();
-            loop {
-                {
-                    let mut stopped = s.0.lock();
-                    if !*stopped {
-                        s.1.wait_for(&mut stopped, tick);
-                    }
-                    if *stopped {
-                        return;
-                    }
-                }
-                let Some(inner) = inner.upgrade() else { return };
-                // The parked-event sweep scans every entity: a quarter of
-                // `max_hold` apart (at least a second) is soon enough.
-                let sweep_every = Duration::from_millis((inner.cfg.max_hold_ms / 4).max(1_000));
-                let sweep_due = last_sweep.elapsed() >= sweep_every;
-                let pass = inner
-                    .evict()
-                    .and_then(|_| {
-                        if sweep_due {
-                            last_sweep = std::time::Instant::now();
-                            inner.sweep_parked().map(|_| ())
-                        } else {
-                            Ok(())
-                        }
-                    })
-                    .and_then(|()| inner.maybe_compact());
-                if let Err(e) = pass {
-                    tracing::warn!(error = %e, "dedupkv background eviction failed");
-                    if matches!(e, crate::Error::Poisoned(_)) {
-                        return;
-                    }
-                }
-            }
-        })
-        .map_err(|e| crate::Error::Storage(redb::Error::Io(e)))?;
-        Ok(Evictor {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Evictor {
-    fn drop(&mut self) {
-        *self.stop.0.lock() = true;
-        self.stop.1.notify_all();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }

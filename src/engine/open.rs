@@ -21,7 +21,7 @@ use super::{Config, Engine, Threads};
 use crate::clock::Clock;
 use crate::index::{Pending, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
-use crate::log::format::{Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
+use crate::log::record::{Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
 use crate::log::{FileMeta, Location, Log, open_database};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
 use crate::{Error, Result};
@@ -67,8 +67,10 @@ impl Engine {
     ) -> Result<(Arc<Engine>, Threads)> {
         let path = location.path().map(Path::to_path_buf);
         let mut secret = [0u8; 16];
-        getrandom::fill(&mut secret)
-            .map_err(|e| Error::Storage(redb::Error::Io(std::io::Error::other(e.to_string()))))?;
+        getrandom::fill(&mut secret).map_err(|e| Error::Io {
+            what: "drawing the key secret from the operating system",
+            source: std::io::Error::other(e.to_string()),
+        })?;
         let wanted = FileMeta::new(KeyHasher::new(cfg.key_hashing, secret), cfg.granularity_ms);
         let (db, meta) = open_database(
             location,
@@ -97,7 +99,9 @@ impl Engine {
                 let h = meta.hasher.hash_entity(rec.scope, rec.id);
                 apply_entity_record(&mut index.lock(h), h, bucket, row, rec)
             } else {
-                max_token = max_token.max(rec.token);
+                if rec.kind != Kind::Insert {
+                    max_token = max_token.max(rec.claim_fields().token);
+                }
                 let h = meta.hasher.hash(rec.scope, rec.id);
                 apply_record(&mut index.lock(h), h, bucket, row, rec);
                 Ok(())
@@ -165,29 +169,34 @@ impl Engine {
 
 /// Sets a key's slot (and pending details) from a replayed record.
 fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &RecordRef<'_>) {
+    if rec.kind == Kind::Insert {
+        shard.put(h, SlotState::Inserted, bucket, row);
+        shard.remove_pending(h);
+        return;
+    }
+    let c = rec.claim_fields();
     let pending = Pending {
         hash: h,
-        attempt: rec.attempt,
-        token: rec.token,
-        first_at: rec.first_at,
-        lease_until: rec.lease_until,
-        params: rec.params,
+        attempt: c.attempt,
+        token: c.token,
+        first_at: c.first_at,
+        lease_until: c.lease_until,
+        params: c.params,
         // Not recorded as such, and never read: a recovered claim belongs
         // to a process that is gone, and the next attempt brings its own.
-        lease_ms: rec.lease_until.saturating_sub(rec.at).max(1),
+        lease_ms: c.lease_until.saturating_sub(rec.at).max(1),
         retention_ms: rec.expires.saturating_sub(rec.at),
         any_request: rec.kind == Kind::Release && rec.outcome_tag == RELEASE_ANY_REQUEST,
         abandoned: rec.kind == Kind::Release && rec.outcome_tag == RELEASE_ABANDONED,
     };
     let state = match rec.kind {
-        Kind::Insert => SlotState::Inserted,
         Kind::Claim => SlotState::Claimed,
         Kind::Release => SlotState::Released,
         Kind::Complete => SlotState::Completed,
         Kind::Fail => SlotState::Failed,
         Kind::Forget => SlotState::Forgotten,
         // Entity records are applied by `order::apply_entity_record`.
-        Kind::Entity | Kind::Park | Kind::Hold => return,
+        Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold => return,
     };
     shard.put(h, state, bucket, row);
     if matches!(

@@ -31,32 +31,13 @@ use super::Engine;
 use super::write::{Next, Write};
 use crate::civil::rfc3339;
 use crate::clock::to_system_time;
-use crate::codec::TAG_RAW;
 use crate::index::Shard;
 use crate::index::entity::{Entity, EventState, FRESH, Stored};
 use crate::key::KeyHash;
 use crate::log::commit::Batch;
-use crate::log::format::{Kind, RecordRef};
+use crate::log::record::{Kind, RecordRef};
 use crate::types::{Advance, Delivered, Held, Sequenced, Update};
 use crate::{Error, Key, Result};
-
-fn record<'a>(kind: Kind, key: &'a Key<'_>, at: u64, expires: u64) -> RecordRef<'a> {
-    RecordRef {
-        kind,
-        idx: 0,
-        at,
-        expires,
-        scope: key.scope(),
-        id: key.id(),
-        attempt: 0,
-        token: 0,
-        first_at: 0,
-        lease_until: 0,
-        params: 0,
-        outcome_tag: TAG_RAW,
-        outcome: &[],
-    }
-}
 
 impl Engine {
     fn entity_expiry(&self, now: u64) -> u64 {
@@ -66,13 +47,15 @@ impl Engine {
     /// Appends the entity's core record; the bucket never moves earlier.
     pub(crate) fn log_core(&self, batch: &mut Batch, e: &mut Entity, now: u64) -> u64 {
         let key = e.key.clone();
-        let mut rec = record(Kind::Entity, &key, now, self.entity_expiry(now));
-        rec.token = e.version.map_or(0, |v| v.saturating_add(1));
-        rec.first_at = e.next;
-        rec.lease_until = e.gap_since;
         let mark = e.core_payload();
         e.fresh = false;
-        rec.outcome = &mark;
+        let mut rec = RecordRef::entity_core(
+            key.scope(),
+            key.id(),
+            (now, self.entity_expiry(now)),
+            (e.version, e.next, e.gap_since),
+            &mark,
+        );
         let (bucket, row) = self.place(batch, Some(e.bucket), &mut rec);
         e.bucket = bucket;
         e.row = row;
@@ -89,15 +72,16 @@ impl Engine {
         ev: &Stored,
         now: u64,
     ) -> u64 {
-        let (kind, aux, aux2) = match ev.state {
-            EventState::Parked { at } => (Kind::Park, at, 0),
-            EventState::Held { missing, since } => (Kind::Hold, missing, since),
+        let (scope, id) = (key.scope(), key.id());
+        let at = (now, self.entity_expiry(now));
+        let mut rec = match ev.state {
+            EventState::Parked { at: parked } => {
+                RecordRef::park(scope, id, at, (seq, parked), &ev.payload)
+            }
+            EventState::Held { missing, since } => {
+                RecordRef::hold(scope, id, at, (seq, missing, since), &ev.payload)
+            }
         };
-        let mut rec = record(kind, key, now, self.entity_expiry(now));
-        rec.token = seq;
-        rec.first_at = aux;
-        rec.lease_until = aux2;
-        rec.outcome = &ev.payload;
         self.place(batch, None, &mut rec).0
     }
 
@@ -511,13 +495,13 @@ pub(crate) fn apply_entity_record(
     e.fresh = false;
     let stored = |state| Stored {
         state,
-        payload: rec.outcome.to_vec(),
+        payload: rec.event_payload().to_vec(),
         bucket,
     };
     match rec.kind {
         Kind::Entity => {
-            let (acked, flags) = match *rec.outcome {
-                [] => (rec.first_at, 0),
+            let (acked, flags) = match *rec.ack_mark() {
+                [] => (rec.next_seq(), 0),
                 [a0, a1, a2, a3, a4, a5, a6, a7] => {
                     (u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]), 0)
                 }
@@ -529,7 +513,7 @@ pub(crate) fn apply_entity_record(
                         "the Entity record of {} in log row {row} has a malformed \
                          {}-byte payload",
                         crate::error::show_key(rec.scope, rec.id),
-                        rec.outcome.len()
+                        rec.ack_mark().len()
                     )));
                 }
             };
@@ -538,25 +522,29 @@ pub(crate) fn apply_entity_record(
                 *e = Entity::new(h, &key);
                 e.fresh = false;
             }
-            e.version = rec.token.checked_sub(1);
-            e.next = rec.first_at;
-            e.gap_since = rec.lease_until;
+            e.version = rec.entity_version();
+            e.next = rec.next_seq();
+            e.gap_since = rec.gap_since();
             e.acked = acked;
             e.bucket = bucket;
             e.row = row;
         }
         Kind::Park => {
-            e.held.remove(&rec.token);
-            e.parked
-                .insert(rec.token, stored(EventState::Parked { at: rec.first_at }));
+            e.held.remove(&rec.event_seq());
+            e.parked.insert(
+                rec.event_seq(),
+                stored(EventState::Parked {
+                    at: rec.parked_at(),
+                }),
+            );
         }
         Kind::Hold => {
-            e.parked.remove(&rec.token);
+            e.parked.remove(&rec.event_seq());
             e.held.insert(
-                rec.token,
+                rec.event_seq(),
                 stored(EventState::Held {
-                    missing: rec.first_at,
-                    since: rec.lease_until,
+                    missing: rec.held_missing(),
+                    since: rec.held_since(),
                 }),
             );
         }

@@ -3,7 +3,8 @@
 use super::Engine;
 use super::write::Write;
 use crate::error::show_key;
-use crate::log::format::{Kind, RecordRef, read_row};
+use crate::log::format::read_row;
+use crate::log::record::{ClaimFields, Kind, RecordRef};
 use crate::types::{Record, State};
 use crate::{Error, Fingerprint, Key, Result};
 
@@ -27,7 +28,7 @@ impl Engine {
     /// `None` if the bucket was evicted between the lookup and the read.
     pub(crate) fn load(&self, key: &Key<'_>, bucket: u64, row: u64) -> Result<Option<Record>> {
         self.log.wait_durable(row)?;
-        let Some(bytes) = crate::log::read_row(&*self.log.db()?, bucket, row)? else {
+        let Some(bytes) = self.log.read_row(bucket, row)? else {
             return Ok(None);
         };
         let where_ = |e: Error| match e {
@@ -65,28 +66,35 @@ impl Engine {
         let finished = matches!(rec.kind, Kind::Complete | Kind::Fail);
         // An inserted key is no operation; nor is its forget record
         // (attempt 0: every begun key has attempt 1 or more).
+        let c = match rec.kind {
+            Kind::Insert => ClaimFields {
+                first_at: rec.at,
+                ..ClaimFields::default()
+            },
+            _ => rec.claim_fields(),
+        };
         let operation = match rec.kind {
             Kind::Insert => false,
-            Kind::Forget => rec.attempt > 0,
+            Kind::Forget => c.attempt > 0,
             _ => true,
         };
         Record {
             key: Key::owned(rec.scope.to_vec(), rec.id.to_vec()),
             state,
-            attempts: rec.attempt,
-            token: rec.token,
-            first_seen: rec.first_at,
+            attempts: c.attempt,
+            token: c.token,
+            first_seen: c.first_at,
             updated: rec.at,
             expires: rec.expires,
-            lease_until: (rec.kind == Kind::Claim).then_some(rec.lease_until),
-            fingerprint: operation.then_some(Fingerprint(rec.params)),
+            lease_until: (rec.kind == Kind::Claim).then_some(c.lease_until),
+            fingerprint: operation.then_some(Fingerprint(c.params)),
             provider_key: operation.then(|| {
                 crate::key::provider_key(
                     &self.hasher.secret(),
                     rec.scope,
                     rec.id,
-                    rec.first_at,
-                    rec.params,
+                    c.first_at,
+                    c.params,
                 )
             }),
             outcome_tag: rec.outcome_tag,

@@ -22,7 +22,7 @@ use super::buckets::unexpired;
 use crate::index::{Pending, Probe, Shard, Slot, SlotState};
 use crate::key::KeyHash;
 use crate::log::commit::Batch;
-use crate::log::format::RecordRef;
+use crate::log::record::RecordRef;
 use crate::{Key, Result};
 
 /// A key's state after a write, with the details the index keeps for it.

@@ -1,6 +1,6 @@
 //! Group commit: whoever holds the commit lock (a waiting caller that
 //! leads, or the committer thread) turns everything appended since the last
-//! commit into one redb transaction, syncs once, then wakes every caller
+//! commit into one storage commit, which syncs once, then wakes every caller
 //! of that batch with one call.
 //!
 //! Invariants:
@@ -16,11 +16,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use redb::Database;
-
-use super::format::{RecordRef, RowWriter};
+use super::Storage;
+use super::decode::{RowReader, read_row};
+use super::format::RowWriter;
 use super::meta::{self, Manifest};
-use super::{log_table, table_name};
+use super::record::RecordRef;
+use super::store::Commit;
 use crate::sync::{
     Arc, AtomicBool, AtomicU32, AtomicU64, Futex, JoinHandle, MappedRwLockReadGuard, Mutex,
     MutexGuard, Ordering, Receiver, RwLock, RwLockReadGuard, Sender, bounded,
@@ -38,7 +39,7 @@ const GATHER: Duration = Duration::from_micros(500);
 /// callers share a commit: a row is at most this plus one record.
 pub(crate) const ROW_SPLIT_BYTES: usize = 256 << 20;
 const _: () = assert!(
-    ROW_SPLIT_BYTES + crate::engine::config::FORMAT_MAX_RECORD < 3 << 30,
+    ROW_SPLIT_BYTES + super::record::FORMAT_MAX_RECORD < 3 << 30,
     "a row could pass redb's value limit"
 );
 
@@ -161,7 +162,7 @@ struct Lead {
 struct Shared {
     /// Read-locked by every transaction; write-locked only by compaction,
     /// which needs the database to itself.
-    db: RwLock<Option<Database>>,
+    db: RwLock<Option<Storage>>,
     /// The storage engine panicked in a commit: its `Drop` may panic too,
     /// so the database is closed under `catch_unwind` (or leaked, when the
     /// log is dropped while a panic unwinds).
@@ -236,7 +237,7 @@ impl Log {
     /// run; its failure is the error ([`Error::Corrupt`] when the storage
     /// engine panicked, as it does on a damaged file).
     pub(crate) fn start(
-        db: Database,
+        db: Storage,
         last_row: u64,
         buckets: BTreeSet<u64>,
         token_floor: u64,
@@ -278,7 +279,10 @@ impl Log {
         };
         let s = Arc::clone(&shared);
         let committer = crate::sync::spawn("dedupkv-commit", move || run(&s, &kicked, wait))
-            .map_err(|e| Error::Storage(redb::Error::Io(e)))?;
+            .map_err(|source| Error::Io {
+                what: "starting the commit thread",
+                source,
+            })?;
         let log = Log {
             shared,
             durability,
@@ -299,8 +303,35 @@ impl Log {
         Ok(log)
     }
 
-    pub(crate) fn db(&self) -> Result<MappedRwLockReadGuard<'_, Database>> {
+    fn db(&self) -> Result<MappedRwLockReadGuard<'_, Storage>> {
         RwLockReadGuard::try_map(self.shared.db.read(), Option::as_ref).map_err(|_| Error::Closed)
+    }
+
+    /// Row `row` of `bucket`'s table as stored, if it is there.
+    pub(crate) fn read_row(&self, bucket: u64, row: u64) -> Result<Option<Vec<u8>>> {
+        Ok(self.db()?.read_row(bucket, row)?)
+    }
+
+    /// Calls `each(row, bytes, records)` for every row of `bucket`'s table,
+    /// in row order, with the row's stored size and its records; nothing
+    /// if the bucket has no table. Commits are not paused meanwhile: the
+    /// scan reads the state of the last commit before it began.
+    pub(crate) fn scan_bucket(
+        &self,
+        bucket: u64,
+        mut each: impl FnMut(u64, usize, RowReader<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let rows = self.db()?.rows(&[bucket])?;
+        for row in rows.into_iter().flatten().flatten() {
+            let (n, bytes) = row?;
+            each(n, bytes.len(), read_row(&bytes)?)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of the file in use (the rest is free space).
+    pub(crate) fn used_bytes(&self) -> Result<u64> {
+        Ok(self.db()?.used_bytes()?)
     }
 
     /// Compacts the file: waits for the commit in flight and pauses the
@@ -310,7 +341,7 @@ impl Log {
         self.check()?;
         let mut db = self.shared.db.write();
         let db = db.as_mut().ok_or(Error::Closed)?;
-        db.compact().map_err(Error::storage)
+        Ok(db.compact()?)
     }
 
     /// The batch to append to. Fails if the log is poisoned.
@@ -548,9 +579,9 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(s, batch)))
         .unwrap_or_else(|_| {
             s.panicked.store(true, Ordering::Release);
-            Err(Error::Storage(redb::Error::Io(std::io::Error::other(
-                "the storage engine panicked during a commit",
-            ))))
+            Err(Error::Storage(
+                std::io::Error::other("the storage engine panicked during a commit").into(),
+            ))
         });
     match outcome {
         Ok(()) => {
@@ -612,14 +643,12 @@ fn gather(s: &Shared, kicked: &Receiver<()>, last_records: u32) {
     }
 }
 
-/// One redb transaction for the batch. The manifest is rewritten in it
+/// One storage commit for the batch. The manifest is rewritten in it
 /// whenever the batch creates or deletes a bucket table or raises a floor,
 /// so the file's tables are the manifest's after every commit.
 fn write(s: &Shared, batch: Batch) -> Result<()> {
     let db = s.db.read();
     let db = db.as_ref().ok_or(Error::Closed)?;
-    let mut txn = db.begin_write()?;
-    txn.set_quick_repair(s.quick_repair);
     let mut manifest = s.manifest.lock();
     let mut next = Manifest {
         written: true,
@@ -637,33 +666,37 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
     // Deletions first: a bucket dropped and written in one commit keeps the
     // new rows.
     for bucket in &batch.drop_buckets {
-        let name = table_name(*bucket);
-        txn.delete_table(log_table(&name))?;
         next.buckets.remove(bucket);
     }
+    let mut trims = Vec::with_capacity(batch.trims.len());
     for (bucket, rows) in batch.trims {
-        // `open_table` would create a table deleted just above.
+        // Trimming would create a table deleted in this commit.
         if batch.drop_buckets.contains(&bucket) {
             continue;
         }
-        let name = table_name(bucket);
-        let mut table = txn.open_table(log_table(&name))?;
-        table.retain_in(rows, |_, _| false)?;
+        trims.push((bucket, rows));
         next.buckets.insert(bucket);
     }
+    let mut rows = Vec::with_capacity(batch.parts.len());
     let last = (batch.row, batch.parts);
     for (row, parts) in batch.closed.into_iter().chain(std::iter::once(last)) {
         for (bucket, part) in parts {
-            let name = table_name(bucket);
-            let mut table = txn.open_table(log_table(&name))?;
-            table.insert(row, part.finish().as_slice())?;
+            rows.push((bucket, row, part.finish()));
             next.buckets.insert(bucket);
         }
     }
-    if next != *manifest {
-        meta::put_manifest(&txn, &next, !manifest.written)?;
-    }
-    txn.commit()?;
+    let meta = if next == *manifest {
+        Vec::new()
+    } else {
+        meta::manifest_changes(&**db, &next, !manifest.written)?
+    };
+    db.commit(Commit {
+        quick_repair: s.quick_repair,
+        drop_buckets: &batch.drop_buckets,
+        trims,
+        rows,
+        meta,
+    })?;
     *manifest = next;
     Ok(())
 }
@@ -674,7 +707,7 @@ mod tests {
     use crate::key::{KeyHasher, KeyHashing};
     use crate::log::{FileMeta, Location, open_database};
 
-    fn open(path: &std::path::Path) -> Result<(Database, FileMeta)> {
+    fn open(path: &std::path::Path) -> Result<(Storage, FileMeta)> {
         let wanted = FileMeta::new(KeyHasher::new(KeyHashing::Xxh3, [7; 16]), 60_000);
         open_database(
             Location::Path(path.to_path_buf()),
@@ -685,7 +718,7 @@ mod tests {
         )
     }
 
-    fn start(db: Database, meta: &FileMeta) -> Result<Log> {
+    fn start(db: Storage, meta: &FileMeta) -> Result<Log> {
         Log::start(
             db,
             0,
@@ -703,7 +736,7 @@ mod tests {
 
     #[test]
     fn the_time_floor_persists_its_highest_value() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| Error::Storage(redb::Error::Io(e)))?;
+        let dir = tempfile::tempdir().map_err(|e| Error::Storage(e.into()))?;
         let path = dir.path().join("t.redb");
         let (db, meta) = open(&path)?;
         assert_eq!(meta.time_floor, 0, "a new file has none");

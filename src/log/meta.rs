@@ -27,16 +27,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use redb::{
-    Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableDefinition, TableHandle,
+use super::store::{
+    Commit, LogStore, META_NAME, MetaChange, MetaEntries, is_log_table_name, parse_table_name,
+    table_name,
 };
-
-use super::{log_table, parse_table_name, table_name};
 use crate::key::{KeyHasher, KeyHashing};
 use crate::{Error, Result};
 
-pub(crate) const META_NAME: &str = "dedupkv.meta";
-pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new(META_NAME);
 const MAGIC: &[u8] = b"dedupkv store";
 /// The newest store format this build understands (and the one it writes).
 pub(crate) const FORMAT_VERSION: u32 = 2;
@@ -61,7 +58,6 @@ pub(crate) struct FileMeta {
     pub hasher: KeyHasher,
     pub granularity_ms: u64,
     /// The highest clock reading the store has recorded (0 when none).
-    #[allow(dead_code)] // the clock-floor check is the lead's
     pub time_floor: u64,
     /// The lowest fencing token a reopened store may issue.
     pub token_floor: u64,
@@ -212,34 +208,26 @@ fn settings_sum(values: [&[u8]; 5]) -> u64 {
 }
 
 /// Reads and checks the metadata of an existing store, or writes it into
-/// an empty redb file.
-pub(crate) fn read_or_init(db: &Database, wanted: &FileMeta) -> Result<FileMeta> {
-    let read = db.begin_read()?;
-    match read.open_table(META) {
-        Ok(table) => {
-            let (meta, decoded) = check_meta(&table)?;
-            drop(table);
-            check_tables(&read, meta, decoded.as_ref())
-        }
-        Err(redb::TableError::TableDoesNotExist(_)) => {
-            let names = table_names(&read)?;
-            if names.is_empty() {
-                drop(read);
-                return init(db, wanted);
-            }
-            // Ours, with its metadata gone (a damaged table tree or a
-            // damaged name), or someone else's database.
-            if let Some(ours) = names.iter().find(|n| looks_like_ours(n)) {
-                return Err(Error::Corrupt(format!(
-                    "the table {META_NAME} is missing, but the file has the dedupkv table {ours:?}"
-                )));
-            }
-            Err(Error::NotAStore(
-                "a redb database without dedupkv tables".into(),
-            ))
-        }
-        Err(e) => Err(damaged_table(META_NAME, e)),
+/// an empty file.
+pub(crate) fn read_or_init(db: &dyn LogStore, wanted: &FileMeta) -> Result<FileMeta> {
+    if let Some(entries) = db.read_meta()? {
+        let (meta, decoded) = check_meta(entries)?;
+        return check_tables(db, meta, decoded.as_ref());
     }
+    let names = db.table_names()?;
+    if names.is_empty() {
+        return init(db, wanted);
+    }
+    // Ours, with its metadata gone (a damaged table tree or a damaged
+    // name), or someone else's database.
+    if let Some(ours) = names.iter().find(|n| looks_like_ours(n)) {
+        return Err(Error::Corrupt(format!(
+            "the table {META_NAME} is missing, but the file has the dedupkv table {ours:?}"
+        )));
+    }
+    Err(Error::NotAStore(
+        "a redb database without dedupkv tables".into(),
+    ))
 }
 
 /// A table of ours: a bucket table, or one byte off `dedupkv.meta`.
@@ -247,30 +235,12 @@ fn looks_like_ours(name: &str) -> bool {
     let off_by = |a: &str, b: &str| {
         a.len() == b.len() && a.bytes().zip(b.bytes()).filter(|(x, y)| x != y).count() <= 1
     };
-    name.starts_with(super::LOG_PREFIX) || off_by(name, META_NAME)
-}
-
-/// A table that exists but cannot be opened as ours is damage.
-fn damaged_table(name: &str, e: redb::TableError) -> Error {
-    match e {
-        redb::TableError::Storage(s) => Error::from(s),
-        other => Error::Corrupt(format!("the table {name:?} cannot be opened: {other}")),
-    }
-}
-
-fn table_names(read: &redb::ReadTransaction) -> Result<Vec<String>> {
-    let mut names: Vec<String> = read.list_tables()?.map(|t| t.name().to_string()).collect();
-    names.extend(read.list_multimap_tables()?.map(|t| t.name().to_string()));
-    Ok(names)
+    is_log_table_name(name) || off_by(name, META_NAME)
 }
 
 /// The settings, checked, and the manifest as read (none in format 1).
-fn check_meta(table: &redb::ReadOnlyTable<&str, &[u8]>) -> Result<(FileMeta, Option<Decoded>)> {
-    let mut entries = BTreeMap::new();
-    for entry in table.iter()? {
-        let (k, v) = entry?;
-        entries.insert(k.value().to_string(), v.value().to_vec());
-    }
+fn check_meta(entries: MetaEntries) -> Result<(FileMeta, Option<Decoded>)> {
+    let entries: BTreeMap<String, Vec<u8>> = entries.into_iter().collect();
     let get = |k: &str| -> Result<&[u8]> {
         entries
             .get(k)
@@ -367,12 +337,12 @@ fn check_meta(table: &redb::ReadOnlyTable<&str, &[u8]>) -> Result<(FileMeta, Opt
 /// has none: its tables are trusted once) and that each opens as a bucket
 /// table.
 fn check_tables(
-    read: &redb::ReadTransaction,
+    db: &dyn LogStore,
     mut meta: FileMeta,
     decoded: Option<&Decoded>,
 ) -> Result<FileMeta> {
     let mut found = BTreeSet::new();
-    for name in table_names(read)? {
+    for name in db.table_names()? {
         if name == META_NAME {
             continue;
         }
@@ -420,9 +390,7 @@ fn check_tables(
     }
     m.buckets = found;
     for b in &m.buckets {
-        let name = table_name(*b);
-        read.open_table(log_table(&name))
-            .map_err(|e| damaged_table(&name, e))?;
+        db.check_bucket(*b)?;
     }
     Ok(meta)
 }
@@ -433,7 +401,7 @@ fn in_runs(runs: &[(u64, u64)], b: u64) -> bool {
 }
 
 /// Writes a new file's metadata.
-fn init(db: &Database, wanted: &FileMeta) -> Result<FileMeta> {
+fn init(db: &dyn LogStore, wanted: &FileMeta) -> Result<FileMeta> {
     let hashing = [wanted.hasher.kind().tag()];
     let format = FORMAT_VERSION.to_le_bytes();
     let granularity = wanted.granularity_ms.to_le_bytes();
@@ -448,16 +416,20 @@ fn init(db: &Database, wanted: &FileMeta) -> Result<FileMeta> {
         written: true,
         ..Manifest::default()
     };
-    let txn = db.begin_write()?;
-    {
-        let mut t = txn.open_table(META)?;
-        for (k, v) in SETTINGS.iter().zip(values) {
-            t.insert(*k, v)?;
-        }
-        t.insert(SETTINGS_SUM, settings_sum(values).to_le_bytes().as_slice())?;
-        t.insert(MANIFEST, manifest.encode().as_slice())?;
-    }
-    txn.commit()?;
+    let mut meta: Vec<MetaChange> = SETTINGS
+        .iter()
+        .zip(values)
+        .map(|(k, v)| (*k, Some(v.to_vec())))
+        .collect();
+    meta.push((
+        SETTINGS_SUM,
+        Some(settings_sum(values).to_le_bytes().to_vec()),
+    ));
+    meta.push((MANIFEST, Some(manifest.encode())));
+    db.commit(Commit {
+        meta,
+        ..Commit::default()
+    })?;
     Ok(FileMeta {
         manifest,
         time_floor: 0,
@@ -466,35 +438,37 @@ fn init(db: &Database, wanted: &FileMeta) -> Result<FileMeta> {
     })
 }
 
-/// Writes `manifest` into an open write transaction; a format-1 file
-/// becomes format 2 in the same transaction (settings checksum added, the
-/// old token floor entry folded in).
-pub(crate) fn put_manifest(
-    txn: &redb::WriteTransaction,
+/// The metadata changes that write `manifest`; with `upgrade`, a format-1
+/// file also becomes format 2 in them (settings checksum added, the old
+/// token floor entry folded in), from its entries as `db` holds them.
+pub(crate) fn manifest_changes(
+    db: &dyn LogStore,
     manifest: &Manifest,
     upgrade: bool,
-) -> Result<()> {
-    let mut t = txn.open_table(META)?;
+) -> Result<Vec<MetaChange>> {
+    let mut out = Vec::with_capacity(4);
     if upgrade {
+        let entries: BTreeMap<String, Vec<u8>> =
+            db.read_meta()?.unwrap_or_default().into_iter().collect();
         let format = FORMAT_VERSION.to_le_bytes();
         let mut values: Vec<Vec<u8>> = Vec::with_capacity(SETTINGS.len());
         for k in SETTINGS {
             let v = if k == "format" {
                 format.to_vec()
             } else {
-                t.get(k)?.map(|v| v.value().to_vec()).ok_or_else(|| {
+                entries.get(k).cloned().ok_or_else(|| {
                     Error::Corrupt(format!("the {META_NAME} entry {k:?} is missing"))
                 })?
             };
             values.push(v);
         }
         let sum = settings_sum([&values[0], &values[1], &values[2], &values[3], &values[4]]);
-        t.insert("format", format.as_slice())?;
-        t.insert(SETTINGS_SUM, sum.to_le_bytes().as_slice())?;
-        t.remove(OLD_TOKEN_FLOOR)?;
+        out.push(("format", Some(format.to_vec())));
+        out.push((SETTINGS_SUM, Some(sum.to_le_bytes().to_vec())));
+        out.push((OLD_TOKEN_FLOOR, None));
     }
-    t.insert(MANIFEST, manifest.encode().as_slice())?;
-    Ok(())
+    out.push((MANIFEST, Some(manifest.encode())));
+    Ok(out)
 }
 
 fn fixed<const N: usize>(v: &[u8], what: &str) -> Result<[u8; N]> {

@@ -12,11 +12,11 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use redb::{Database, ReadableDatabase};
-
-use super::format::{RecordRef, read_row};
-use super::{buckets, log_table, table_name};
-use crate::Result;
+use super::Storage;
+use super::decode::read_row;
+use super::record::RecordRef;
+use super::store::table_name;
+use crate::{Error, Result};
 
 /// What replay found.
 pub(crate) struct Replayed {
@@ -34,31 +34,24 @@ pub(crate) struct Replayed {
 /// Calls `apply(bucket, row, record)` in log order for every record of every
 /// live bucket and every entity record of the expired ones.
 pub(crate) fn replay(
-    db: &Database,
+    db: &Storage,
     now_bucket: u64,
     mut apply: impl FnMut(u64, u64, &RecordRef<'_>) -> Result<()>,
 ) -> Result<Replayed> {
-    let all = buckets(db)?;
-    let read = db.begin_read()?;
+    let all = db.buckets()?;
     let names: Vec<String> = all.iter().map(|b| table_name(*b)).collect();
-    let tables = names
-        .iter()
-        .map(|n| read.open_table(log_table(n)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut iters = tables
-        .iter()
-        .map(redb::ReadableTable::iter)
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut iters = db
+        .rows(&all)?
+        .into_iter()
+        .zip(&names)
+        .map(|(rows, name)| {
+            rows.ok_or_else(|| Error::Corrupt(format!("the table {name:?} vanished at open")))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut heads: Vec<Option<(u64, Vec<u8>)>> = Vec::with_capacity(iters.len());
     let mut heap = BinaryHeap::new();
     for (i, it) in iters.iter_mut().enumerate() {
-        let first = match it.next() {
-            Some(r) => {
-                let (k, v) = r?;
-                Some((k.value(), v.value().to_vec()))
-            }
-            None => None,
-        };
+        let first = it.next().transpose()?;
         if let Some((row, _)) = &first {
             heap.push(Reverse((*row, i)));
         }
@@ -93,14 +86,13 @@ pub(crate) fn replay(
             }
             if let Some(next) = iters[i].next() {
                 let (k, v) = next?;
-                let k = k.value();
                 if k <= row {
-                    return Err(crate::Error::Corrupt(format!(
+                    return Err(Error::Corrupt(format!(
                         "log rows out of order in {}",
                         names[i]
                     )));
                 }
-                heads[i] = Some((k, v.value().to_vec()));
+                heads[i] = Some((k, v));
                 heap.push(Reverse((k, i)));
             }
         }

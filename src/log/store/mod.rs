@@ -1,0 +1,120 @@
+//! What the log needs from the storage under it, and nothing more: a
+//! metadata table of named entries, one table of rows per expiry bucket
+//! (row number to row bytes), and commits that change several of them at
+//! once, durably. [`redb`] implements it; nothing outside this folder
+//! names the storage engine, except the backend a caller may hand in
+//! ([`Location::Backend`]).
+//!
+//! Invariants an implementation keeps:
+//! - a [`Commit`] is applied whole or not at all, and is on stable storage
+//!   when [`LogStore::commit`] returns `Ok`;
+//! - within a commit, bucket tables are dropped first, then trimmed, then
+//!   rows are written, then metadata: a bucket dropped and written in one
+//!   commit keeps the new rows;
+//! - reads see the state of the last successful commit.
+
+pub(crate) mod redb;
+
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+
+use super::error::LogError;
+
+/// The result of a storage call.
+pub(crate) type StoreResult<T> = std::result::Result<T, LogError>;
+
+/// The metadata table's name. Part of the file format: a damaged file is
+/// recognised by it, and the bucket tables' names sit beside it.
+pub(crate) const META_NAME: &str = "dedupkv.meta";
+const LOG_PREFIX: &str = "log.";
+
+/// The name of `bucket`'s table (part of the file format).
+pub(crate) fn table_name(bucket: u64) -> String {
+    format!("{LOG_PREFIX}{bucket:012}")
+}
+
+/// The bucket of a bucket table's name, if it is one.
+pub(crate) fn parse_table_name(name: &str) -> Option<u64> {
+    name.strip_prefix(LOG_PREFIX)?.parse().ok()
+}
+
+/// Whether `name` is shaped like a bucket table's name.
+pub(crate) fn is_log_table_name(name: &str) -> bool {
+    name.starts_with(LOG_PREFIX)
+}
+
+/// Where the store lives: a path (created if missing), a path that must
+/// hold a store already, or a redb storage backend (tests, fault
+/// injection).
+pub(crate) enum Location {
+    Path(PathBuf),
+    Existing(PathBuf),
+    Backend(Box<dyn ::redb::StorageBackend>),
+}
+
+impl Location {
+    pub(crate) fn path(&self) -> Option<&Path> {
+        match self {
+            Location::Path(p) | Location::Existing(p) => Some(p),
+            Location::Backend(_) => None,
+        }
+    }
+}
+
+/// The metadata entries as stored: (name, value).
+pub(crate) type MetaEntries = Vec<(String, Vec<u8>)>;
+
+/// A metadata change: `Some` writes the entry, `None` removes it.
+pub(crate) type MetaChange = (&'static str, Option<Vec<u8>>);
+
+/// One durable commit: everything the log changes at once.
+#[derive(Default)]
+pub(crate) struct Commit<'a> {
+    /// One more sync per commit for a fast reopen after a crash (redb's
+    /// quick repair).
+    pub quick_repair: bool,
+    /// Bucket tables to delete, first.
+    pub drop_buckets: &'a [u64],
+    /// Rows to delete from a bucket's table (created if missing), next.
+    pub trims: Vec<(u64, RangeInclusive<u64>)>,
+    /// Rows to write, as (bucket, row number, sealed row bytes).
+    pub rows: Vec<(u64, u64, Vec<u8>)>,
+    /// Metadata entries to write or remove, last.
+    pub meta: Vec<MetaChange>,
+}
+
+/// The rows of one bucket table in row order, each as (row number, bytes).
+pub(crate) type Rows = Box<dyn Iterator<Item = StoreResult<(u64, Vec<u8>)>> + Send>;
+
+/// The storage under the log. One call per commit, per row read, or per
+/// table scanned: nothing is called per record.
+pub(crate) trait LogStore: Send + Sync {
+    /// The metadata entries, or `None` when the file has no metadata table.
+    fn read_meta(&self) -> StoreResult<Option<MetaEntries>>;
+
+    /// The name of every table in the file, the metadata table included.
+    fn table_names(&self) -> StoreResult<Vec<String>>;
+
+    /// Checks that `bucket`'s table opens as a bucket table.
+    fn check_bucket(&self, bucket: u64) -> StoreResult<()>;
+
+    /// The buckets that have a table, ascending.
+    fn buckets(&self) -> StoreResult<Vec<u64>>;
+
+    /// One row of a bucket table, if it is there.
+    fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>>;
+
+    /// The rows of each of `buckets`, as of one snapshot; `None` for a
+    /// bucket without a table.
+    fn rows(&self, buckets: &[u64]) -> StoreResult<Vec<Option<Rows>>>;
+
+    /// Applies `commit` durably (see the module's invariants).
+    fn commit(&self, commit: Commit<'_>) -> StoreResult<()>;
+
+    /// Bytes of the file in use (the rest is free space compaction could
+    /// give back).
+    fn used_bytes(&self) -> StoreResult<u64>;
+
+    /// Gives free space back to the file system; whether anything was.
+    fn compact(&mut self) -> StoreResult<bool>;
+}

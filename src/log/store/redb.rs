@@ -1,0 +1,353 @@
+//! [`LogStore`] in redb.
+//!
+//! redb is used as a log, never as the index: random keys in a redb B-tree
+//! copy a leaf page each, while one row per commit appended at an
+//! increasing key is nearly free. Layout:
+//!
+//! - table `dedupkv.meta` (`&str -> &[u8]`): the entries of
+//!   [`meta`](crate::log::meta);
+//! - one table per expiry bucket, `log.<bucket>` (`u64 -> &[u8]`): row
+//!   number to a row of records (see [`format`](mod@crate::log::format)).
+//!   Dropping a whole bucket is one `delete_table`.
+//!
+//! redb's errors become [`LogError`]s here: `Corrupted` is damage,
+//! `DatabaseAlreadyOpen` is [`LogError::AlreadyOpen`], I/O errors keep
+//! their kind, anything else is an opaque storage error with redb's as
+//! its source.
+
+use std::ops::Bound;
+use std::path::Path;
+
+use redb::{
+    Database, MultimapTableHandle, ReadableDatabase, ReadableTable, StorageBackend,
+    TableDefinition, TableHandle,
+};
+
+use super::{
+    Commit, Location, LogStore, META_NAME, MetaEntries, Rows, StoreResult, parse_table_name,
+    table_name,
+};
+use crate::error::StorageError;
+use crate::log::error::LogError;
+
+/// The first bytes of every redb file.
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new(META_NAME);
+
+fn log_table(name: &str) -> TableDefinition<'_, u64, &'static [u8]> {
+    TableDefinition::new(name)
+}
+
+impl From<redb::Error> for LogError {
+    fn from(e: redb::Error) -> Self {
+        match e {
+            redb::Error::Corrupted(msg) => LogError::Corrupt(msg),
+            redb::Error::DatabaseAlreadyOpen => LogError::AlreadyOpen,
+            redb::Error::Io(io) => LogError::Storage(io.into()),
+            other => LogError::Storage(StorageError::engine(other)),
+        }
+    }
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for LogError {
+            fn from(err: $t) -> Self {
+                LogError::from(redb::Error::from(err))
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::CompactionError
+);
+
+/// The log's storage: one redb database.
+pub(crate) struct RedbStore {
+    db: Database,
+}
+
+impl RedbStore {
+    /// Opens (or creates) the database at `location` with a page cache of
+    /// `cache_bytes`.
+    pub(crate) fn open(location: Location, cache_bytes: usize) -> StoreResult<RedbStore> {
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(cache_bytes);
+        let db = match location {
+            Location::Path(path) => open_path(&builder, &path, true)?,
+            Location::Existing(path) => open_path(&builder, &path, false)?,
+            Location::Backend(backend) => builder
+                .create_with_backend(Boxed(backend))
+                .map_err(|e| not_a_store_or(e.into(), None))?,
+        };
+        Ok(RedbStore { db })
+    }
+}
+
+impl LogStore for RedbStore {
+    fn read_meta(&self) -> StoreResult<Option<MetaEntries>> {
+        let read = self.db.begin_read()?;
+        let table = match read.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(damaged_table(META_NAME, e)),
+        };
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            let (k, v) = entry?;
+            out.push((k.value().to_string(), v.value().to_vec()));
+        }
+        Ok(Some(out))
+    }
+
+    fn table_names(&self) -> StoreResult<Vec<String>> {
+        let read = self.db.begin_read()?;
+        let mut names: Vec<String> = read.list_tables()?.map(|t| t.name().to_string()).collect();
+        names.extend(read.list_multimap_tables()?.map(|t| t.name().to_string()));
+        Ok(names)
+    }
+
+    fn check_bucket(&self, bucket: u64) -> StoreResult<()> {
+        let read = self.db.begin_read()?;
+        let name = table_name(bucket);
+        read.open_table(log_table(&name))
+            .map_err(|e| damaged_table(&name, e))?;
+        Ok(())
+    }
+
+    fn buckets(&self) -> StoreResult<Vec<u64>> {
+        let read = self.db.begin_read()?;
+        let mut out: Vec<u64> = read
+            .list_tables()?
+            .filter_map(|t| parse_table_name(t.name()))
+            .collect();
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>> {
+        let read = self.db.begin_read()?;
+        let name = table_name(bucket);
+        let table = match read.open_table(log_table(&name)) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(table.get(row)?.map(|v| v.value().to_vec()))
+    }
+
+    fn rows(&self, buckets: &[u64]) -> StoreResult<Vec<Option<Rows>>> {
+        let read = self.db.begin_read()?;
+        let mut out = Vec::with_capacity(buckets.len());
+        for &bucket in buckets {
+            let name = table_name(bucket);
+            let table = match read.open_table(log_table(&name)) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => {
+                    out.push(None);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            // The range keeps the read transaction alive.
+            let rows = table.range::<u64>(..)?.map(|entry| {
+                let (k, v) = entry?;
+                Ok((k.value(), v.value().to_vec()))
+            });
+            out.push(Some(Box::new(rows) as Rows));
+        }
+        Ok(out)
+    }
+
+    fn commit(&self, commit: Commit<'_>) -> StoreResult<()> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_quick_repair(commit.quick_repair);
+        for bucket in commit.drop_buckets {
+            let name = table_name(*bucket);
+            txn.delete_table(log_table(&name))?;
+        }
+        for (bucket, rows) in commit.trims {
+            let name = table_name(bucket);
+            let mut table = txn.open_table(log_table(&name))?;
+            table.retain_in(rows, |_, _| false)?;
+        }
+        for (bucket, row, bytes) in commit.rows {
+            let name = table_name(bucket);
+            let mut table = txn.open_table(log_table(&name))?;
+            table.insert(row, bytes.as_slice())?;
+        }
+        if !commit.meta.is_empty() {
+            let mut table = txn.open_table(META)?;
+            for (k, v) in commit.meta {
+                match v {
+                    Some(v) => {
+                        table.insert(k, v.as_slice())?;
+                    }
+                    None => {
+                        table.remove(k)?;
+                    }
+                }
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    fn used_bytes(&self) -> StoreResult<u64> {
+        let txn = self.db.begin_write()?;
+        let st = txn.stats()?;
+        txn.abort()?;
+        Ok(st.allocated_pages() * st.page_size() as u64)
+    }
+
+    fn compact(&mut self) -> StoreResult<bool> {
+        Ok(self.db.compact()?)
+    }
+}
+
+/// A table that exists but cannot be opened as ours is damage.
+fn damaged_table(name: &str, e: redb::TableError) -> LogError {
+    match e {
+        redb::TableError::Storage(s) => LogError::from(s),
+        other => LogError::Corrupt(format!("the table {name:?} cannot be opened: {other}")),
+    }
+}
+
+/// Forwards every call to a boxed backend (redb takes backends by value).
+#[derive(Debug)]
+struct Boxed(Box<dyn StorageBackend>);
+
+type Io<T> = std::result::Result<T, std::io::Error>;
+type Lock<T> = std::result::Result<T, redb::BackendError>;
+
+impl StorageBackend for Boxed {
+    fn len(&self) -> Io<u64> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Io<()> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Io<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> Io<()> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Io<()> {
+        self.0.write(offset, data)
+    }
+    fn close(&self) -> Io<()> {
+        self.0.close()
+    }
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<bool> {
+        self.0.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<bool> {
+        self.0.try_lock_shared_range(start, end)
+    }
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<()> {
+        self.0.lock_range(start, end)
+    }
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<()> {
+        self.0.lock_shared_range(start, end)
+    }
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<()> {
+        self.0.unlock_range(start, end)
+    }
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<bool> {
+        self.0.query_lock_range(start, end)
+    }
+}
+
+/// Opens the file at `path`; a missing one is created only if `create`.
+/// An empty file is refused: it is not a store, but it may be a truncated
+/// one, and making it a new empty store would hide that.
+fn open_path(builder: &redb::Builder, path: &Path, create: bool) -> StoreResult<Database> {
+    let res = match path.metadata() {
+        Ok(m) if m.is_file() && m.len() == 0 => {
+            return Err(LogError::NotAStore(format!(
+                "{} is an empty file (maybe a truncated store); remove it to start a new store",
+                path.display()
+            )));
+        }
+        Ok(_) => builder
+            .open(path)
+            .map_err(|e| not_a_store_or(e.into(), Some(path))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => {
+            return Err(io_at(
+                path,
+                &std::io::Error::new(
+                    e.kind(),
+                    "no store file here (open_existing never creates one)",
+                ),
+            ));
+        }
+        Err(_) => builder.create(path).map_err(LogError::from),
+    };
+    res.map_err(|e| match e {
+        LogError::Storage(s) => match s.as_io() {
+            Some(io) => io_at(path, io),
+            None => LogError::Storage(s),
+        },
+        e => e,
+    })
+}
+
+/// An I/O error with the path in its message.
+fn io_at(path: &Path, e: &std::io::Error) -> LogError {
+    LogError::Storage(crate::log::io_at(path, e))
+}
+
+/// A file that redb cannot parse: damaged if it starts as a redb file does
+/// or holds a dedupkv table name, otherwise not a store.
+fn not_a_store_or(e: redb::Error, path: Option<&Path>) -> LogError {
+    let why = match &e {
+        redb::Error::Corrupted(msg) => msg.clone(),
+        redb::Error::UpgradeRequired(v) => {
+            format!("redb file format {v} is not the one dedupkv uses")
+        }
+        redb::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => io.to_string(),
+        _ => return e.into(),
+    };
+    let Some(path) = path else {
+        return LogError::NotAStore(format!("not a redb file ({why})"));
+    };
+    match looks_like_a_store(path) {
+        Ok(true) => LogError::Corrupt(format!("redb cannot open the file: {why}")),
+        Ok(false) => LogError::NotAStore(format!("not a redb file ({why})")),
+        Err(io) => io_at(path, &io),
+    }
+}
+
+/// Whether the file starts with redb's header, or holds the name of
+/// dedupkv's metadata table anywhere (the header may be what is damaged).
+fn looks_like_a_store(path: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    const NEEDLE: &[u8] = META_NAME.as_bytes();
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut kept = 0;
+    let mut first = true;
+    loop {
+        let n = file.read(&mut buf[kept..])?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let filled = kept + n;
+        if first && buf[..filled].starts_with(&REDB_MAGIC) {
+            return Ok(true);
+        }
+        first = false;
+        if buf[..filled].windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+            return Ok(true);
+        }
+        // Keep the tail, in case the name straddles two reads.
+        kept = (NEEDLE.len() - 1).min(filled);
+        buf.copy_within(filled - kept..filled, 0);
+    }
+}
