@@ -136,12 +136,14 @@ impl Plan {
     /// # Examples
     ///
     /// ```
+    /// use std::panic::{AssertUnwindSafe, catch_unwind};
+    ///
     /// use dedupkv_testkit::{FaultBackend, Plan};
     /// use redb::StorageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0).panics());
-    /// let panicked = std::panic::catch_unwind(|| backend.set_len(4096));
+    /// let panicked = catch_unwind(AssertUnwindSafe(|| backend.set_len(4096)));
     /// assert!(panicked.is_err());
     /// ```
     pub fn panics(self) -> Self {
@@ -238,7 +240,7 @@ impl FaultBackend {
     /// use dedupkv::Store;
     /// use dedupkv_testkit::FaultBackend;
     ///
-    /// let store = Store::builder().open_with_backend(dedupkv_testkit::FaultBackend::new())?;
+    /// let _store = Store::builder().open_with_backend(FaultBackend::new())?;
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn new() -> Self {
