@@ -3,15 +3,12 @@
 use std::time::Duration;
 
 use dedupkv::{Begin, Durability, Error, Fingerprint, Key, KeyHashing, Result, Store};
+use dedupkv_testkit::tempdir;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
-
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
-}
 
 #[test]
 fn oversized_key_parts_and_outcomes_state_the_limit() -> Result<()> {
-    let dir = tmp();
+    let dir = tempdir();
     let store = Store::builder()
         .max_scope_len(8)
         .max_id_len(16)
@@ -86,7 +83,7 @@ fn is_empty_refusal(res: Result<impl std::fmt::Debug>, what: &str) -> bool {
 /// refuses an empty id or scope, and records nothing.
 #[test]
 fn empty_key_parts_are_refused_by_every_call() -> Result<()> {
-    let dir = tmp();
+    let dir = tempdir();
     let store = Store::open(dir.path().join("s.redb"))?;
     let ok = Key::new("s", "ok");
     for (what, key) in [("id", Key::new("s", "")), ("scope", Key::new("", "e"))] {
@@ -117,7 +114,7 @@ fn empty_key_parts_are_refused_by_every_call() -> Result<()> {
 
 #[test]
 fn bad_settings_are_refused_at_open() {
-    let dir = tmp();
+    let dir = tempdir();
     let p = dir.path().join("s.redb");
     let cases: Vec<(&str, dedupkv::StoreBuilder)> = vec![
         ("shards", Store::builder().shards(3)),
@@ -164,7 +161,7 @@ fn bad_settings_are_refused_at_open() {
 
 #[test]
 fn settings_fixed_at_creation_cannot_change() -> Result<()> {
-    let dir = tmp();
+    let dir = tempdir();
     let p = dir.path().join("s.redb");
     drop(
         Store::builder()
@@ -191,7 +188,7 @@ fn settings_fixed_at_creation_cannot_change() -> Result<()> {
 
 #[test]
 fn a_file_that_is_not_a_store_is_refused() {
-    let dir = tmp();
+    let dir = tempdir();
     let garbage = dir.path().join("garbage.redb");
     std::fs::write(&garbage, vec![0x5a; 10_000]).expect("write");
     let err = Store::open(&garbage).unwrap_err();
@@ -254,7 +251,7 @@ fn set_format(p: &std::path::Path, format: u32, reseal: bool) {
 
 #[test]
 fn a_newer_format_version_is_refused() -> Result<()> {
-    let dir = tmp();
+    let dir = tempdir();
     let p = dir.path().join("s.redb");
     drop(Store::open(&p)?);
     set_format(&p, 3, true);
@@ -281,7 +278,7 @@ fn a_newer_format_version_is_refused() -> Result<()> {
 
 #[test]
 fn a_corrupt_log_row_is_reported_not_panicked_on() -> Result<()> {
-    let dir = tmp();
+    let dir = tempdir();
     let p = dir.path().join("s.redb");
     {
         let store = Store::open(&p)?;
@@ -323,7 +320,7 @@ fn a_corrupt_log_row_is_reported_not_panicked_on() -> Result<()> {
 
 #[test]
 fn a_store_open_elsewhere_is_refused() -> Result<()> {
-    let dir = tmp();
+    let dir = tempdir();
     let p = dir.path().join("s.redb");
     let first = Store::open(&p)?;
     let err = Store::open(&p).unwrap_err();

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use dedupkv::{Begin, Claim, Error, Fingerprint, Key, ManualClock, Result, State, Store};
+use dedupkv_testkit::{started, tempdir};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -18,22 +19,15 @@ fn open(dir: &tempfile::TempDir, clock: &ManualClock) -> Result<Store> {
         .open(dir.path().join("s.redb"))
 }
 
-fn started(b: Result<Begin>) -> Claim {
-    match b {
-        Ok(Begin::Started(c)) => c,
-        other => panic!("expected Started, got {other:?}"),
-    }
-}
-
 #[test]
 fn begin_batch_answers_each_item_as_begin_would_in_one_commit() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let fp = Fingerprint::of("p");
-    let done = started(store.begin(&Key::new("t", "done"), fp));
+    let done = started(store.begin(&Key::new("t", "done"), fp)?);
     store.complete(&done, b"earlier")?;
-    let running = started(store.begin(&Key::new("t", "running"), fp));
+    let running = started(store.begin(&Key::new("t", "running"), fp)?);
     store.flush()?;
     let commits = store.stats().commits;
 
@@ -51,13 +45,13 @@ fn begin_batch_answers_each_item_as_begin_would_in_one_commit() -> Result<()> {
         commits + 1,
         "one commit for the batch"
     );
-    let new1 = started(out.next().expect("0"));
+    let new1 = started(out.next().expect("0")?);
     assert_eq!((new1.attempt(), new1.interrupted()), (1, false));
     assert!(
         matches!(out.next(), Some(Ok(Begin::Completed(r))) if r.outcome() == Some(&b"earlier"[..]))
     );
     assert!(matches!(out.next(), Some(Ok(Begin::InProgress(i))) if i.attempt() == 1));
-    let new2 = started(out.next().expect("3"));
+    let new2 = started(out.next().expect("3")?);
     assert!(
         matches!(out.next(), Some(Ok(Begin::InProgress(_)))),
         "a key repeated in the batch is in progress after its first position"
@@ -87,7 +81,7 @@ fn begin_batch_answers_each_item_as_begin_would_in_one_commit() -> Result<()> {
 
 #[test]
 fn complete_batch_fails_only_the_items_whose_claim_is_lost() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = Store::builder()
         .clock(clock.clone())
@@ -102,15 +96,15 @@ fn complete_batch_fails_only_the_items_whose_claim_is_lost() -> Result<()> {
     let mut claims: Vec<Claim> = store
         .begin_batch(&items)?
         .into_iter()
-        .map(started)
-        .collect();
+        .map(|b| b.map(started))
+        .collect::<Result<_>>()?;
     let d = claims.pop().expect("d");
     let c = claims.pop().expect("c");
     let b = claims.pop().expect("b");
     let a = claims.pop().expect("a");
     // b's lease lapses and another worker takes it over.
     clock.advance(Duration::from_secs(31));
-    let b2 = started(store.begin(&Key::new("t", "b"), fp));
+    let b2 = started(store.begin(&Key::new("t", "b"), fp)?);
     assert!(b2.interrupted());
     let fenced = store.stats().fenced;
     let results = store.complete_batch(&[
@@ -146,7 +140,7 @@ fn complete_batch_fails_only_the_items_whose_claim_is_lost() -> Result<()> {
 
 #[test]
 fn a_batch_call_with_a_bad_key_records_nothing() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = Store::builder()
         .clock(clock.clone())

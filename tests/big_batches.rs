@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use dedupkv::{Error, Key, Result, Store};
+use dedupkv_testkit::tempdir;
 use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition, TableHandle};
 
 fn ids(prefix: &str, n: usize) -> Vec<String> {
@@ -17,7 +18,7 @@ fn keys(ids: &[String]) -> Vec<Key<'_>> {
 
 #[test]
 fn a_batch_over_the_limit_fails_alone_and_everyone_else_goes_on() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let store = Store::builder()
         .max_batch_bytes(10_000)
         .open(dir.path().join("s.redb"))?;
@@ -82,7 +83,7 @@ fn rows_in(path: &std::path::Path) -> u64 {
 
 #[test]
 fn one_commit_larger_than_a_row_is_split_into_rows_and_reopens_whole() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     // No background eviction: its pass may commit on its own and the test
     // counts commits.

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Result, Store};
+use dedupkv_testkit::tempdir;
 use serde::Serialize;
 use serde_json::json;
 
@@ -178,7 +179,7 @@ fn an_empty_or_repeated_path_list_is_refused() {
 
 #[test]
 fn a_derived_key_dedups_a_retry_that_rebuilt_the_request() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let store = Store::builder()
         .clock(ManualClock::new(1_700_000_000_000))
         .open(dir.path().join("s.redb"))?;

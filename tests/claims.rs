@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use dedupkv::{Begin, Claim, Error, Failure, Fingerprint, Key, ManualClock, Result, State, Store};
+use dedupkv::{Begin, Error, Failure, Fingerprint, Key, ManualClock, Result, State, Store};
+use dedupkv_testkit::{started, tempdir};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -13,16 +14,9 @@ fn open(dir: &tempfile::TempDir, clock: &ManualClock) -> Result<Store> {
         .open(dir.path().join("s.redb"))
 }
 
-fn started(b: Begin) -> Claim {
-    match b {
-        Begin::Started(c) => c,
-        other => panic!("expected Started, got {other:?}"),
-    }
-}
-
 #[test]
 fn lease_lapse_lets_the_next_begin_take_over_and_fences_the_old_worker() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let key = Key::new("t", "job-1");
@@ -70,7 +64,7 @@ fn lease_lapse_lets_the_next_begin_take_over_and_fences_the_old_worker() -> Resu
 
 #[test]
 fn renew_moves_the_lease_forward() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let key = Key::new("t", "long-job");
@@ -88,7 +82,7 @@ fn renew_moves_the_lease_forward() -> Result<()> {
 
 #[test]
 fn a_lapsed_but_untaken_claim_may_still_complete() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let key = Key::new("t", "slow");
@@ -107,7 +101,7 @@ fn a_lapsed_but_untaken_claim_may_still_complete() -> Result<()> {
 /// another store, as well as on one taken over.
 #[test]
 fn every_refused_finish_counts_as_fenced() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let claim = started(store.begin(&Key::new("t", "done"), Fingerprint::NONE)?);
@@ -123,7 +117,7 @@ fn every_refused_finish_counts_as_fenced() -> Result<()> {
     }
     assert_eq!(store.stats().fenced, 4);
 
-    let other_dir = tempfile::tempdir().expect("tempdir");
+    let other_dir = tempdir();
     let other = open(&other_dir, &clock)?;
     let foreign = started(other.begin(&Key::new("t", "elsewhere"), Fingerprint::NONE)?);
     let err = store.complete(&foreign, b"wrong store").unwrap_err();
@@ -140,7 +134,7 @@ fn every_refused_finish_counts_as_fenced() -> Result<()> {
 
 #[test]
 fn a_different_fingerprint_is_rejected_naming_the_key() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let key = Key::new("shop-42", "pay-1");
@@ -164,7 +158,7 @@ fn a_different_fingerprint_is_rejected_naming_the_key() -> Result<()> {
 /// messages, `Display` and `Debug` must tell them apart too.
 #[test]
 fn keys_in_messages_tell_scope_from_id() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let (left, right) = (Key::new("a/b", "c"), Key::new("a", "b/c"));
@@ -186,7 +180,7 @@ fn keys_in_messages_tell_scope_from_id() -> Result<()> {
 
 #[test]
 fn scopes_isolate_tenants() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     assert!(store.insert_if_absent(&Key::new("tenant-a", "evt-1"))?);
@@ -209,7 +203,7 @@ fn scopes_isolate_tenants() -> Result<()> {
 
 #[test]
 fn outcomes_and_claims_survive_reopen() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let fp = Fingerprint::of("p");
     {
@@ -254,7 +248,7 @@ fn outcomes_and_claims_survive_reopen() -> Result<()> {
 
 #[test]
 fn tokens_keep_growing_across_reopen() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let first = {
         let store = open(&dir, &clock)?;
@@ -272,7 +266,7 @@ fn tokens_keep_growing_across_reopen() -> Result<()> {
 
 #[test]
 fn dropping_a_claim_releases_it_for_retry() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let key = Key::new("t", "dropped");
@@ -288,7 +282,7 @@ fn dropping_a_claim_releases_it_for_retry() -> Result<()> {
 
 #[test]
 fn complete_twice_is_rejected() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let c = started(store.begin(&Key::new("t", "x"), Fingerprint::NONE)?);
@@ -304,7 +298,7 @@ fn complete_twice_is_rejected() -> Result<()> {
 
 #[test]
 fn get_reports_what_an_incident_needs() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let key = Key::new("t", "incident");
@@ -338,7 +332,7 @@ fn typed_outcomes_round_trip() -> Result<()> {
         id: String,
         cents: u64,
     }
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let key = Key::new("t", "typed");
@@ -370,7 +364,7 @@ fn typed_outcomes_round_trip() -> Result<()> {
 
 #[test]
 fn a_claim_left_by_an_earlier_process_is_taken_over_at_once_and_says_so() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let key = Key::new("t", "orphan");
     let fp = Fingerprint::of("params");
@@ -405,7 +399,7 @@ fn a_claim_left_by_an_earlier_process_is_taken_over_at_once_and_says_so() -> Res
 
 #[test]
 fn interrupted_tells_a_lapsed_lease_from_a_released_retry() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let fp = Fingerprint::NONE;
@@ -448,7 +442,7 @@ fn recorded_provider_key(store: &Store, key: &Key<'_>) -> Result<String> {
 /// the fencing token changes with each attempt.
 #[test]
 fn the_provider_key_is_the_same_on_every_attempt_of_an_operation() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let key = Key::new("shop-42", "label-7");
     let fp = Fingerprint::of("ship order 7");
@@ -496,10 +490,7 @@ fn the_provider_key_is_the_same_on_every_attempt_of_an_operation() -> Result<()>
 #[test]
 fn provider_keys_differ_across_scopes_stores_and_operations() -> Result<()> {
     let clock = ManualClock::new(T0);
-    let (d1, d2) = (
-        tempfile::tempdir().expect("tempdir"),
-        tempfile::tempdir().expect("tempdir"),
-    );
+    let (d1, d2) = (tempdir(), tempdir());
     let (s1, s2) = (open(&d1, &clock)?, open(&d2, &clock)?);
     let a = started(s1.begin(&Key::new("shop-1", "order-9"), Fingerprint::NONE)?);
     let b = started(s1.begin(&Key::new("shop-2", "order-9"), Fingerprint::NONE)?);
@@ -525,7 +516,7 @@ fn provider_keys_differ_across_scopes_stores_and_operations() -> Result<()> {
 
 #[test]
 fn a_claim_dropped_without_an_answer_makes_the_next_attempt_interrupted() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir, &clock)?;
     let key = Key::new("t", "ship");

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use dedupkv::{Begin, Fingerprint, Key, ManualClock, Result, Store};
+use dedupkv_testkit::tempdir;
 
 const T0: u64 = 1_700_000_000_000;
 const MIN: u64 = 60_000;
@@ -27,7 +28,7 @@ fn completed(store: &Store, key: &Key<'_>) -> Result<bool> {
 
 #[test]
 fn a_clock_stepped_back_to_1970_forgets_nothing_before_or_after_reopen() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let seen = Key::new("t", "seen");
@@ -70,7 +71,7 @@ fn a_clock_stepped_back_to_1970_forgets_nothing_before_or_after_reopen() -> Resu
 
 #[test]
 fn a_forward_jump_of_2_pow_24_buckets_without_eviction_expires_every_key() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
     let seen = Key::new("t", "seen");
@@ -83,7 +84,7 @@ fn a_forward_jump_of_2_pow_24_buckets_without_eviction_expires_every_key() -> Re
     // The same low 24 bucket bits as now, 2^24 minutes later; and a few
     // jumps around it.
     for jump in [1u64 << 24, (1 << 24) + 1, 1 << 23, 1 << 22, (1 << 21) + 3] {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = tempdir();
         let c2 = ManualClock::new(T0);
         let s2 = builder(&c2).open(dir.path().join("s.redb"))?;
         assert!(s2.insert_if_absent(&seen)?);
@@ -108,7 +109,7 @@ fn a_forward_jump_of_2_pow_24_buckets_without_eviction_expires_every_key() -> Re
 
 #[test]
 fn a_clock_at_u64_max_never_gives_two_started() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(u64::MAX);
     let key = Key::new("t", "op");
@@ -134,7 +135,7 @@ fn a_clock_at_u64_max_never_gives_two_started() -> Result<()> {
 
 #[test]
 fn the_store_time_survives_a_reopen_after_every_record_expired() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     {

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Barrier;
 
 use dedupkv::{Begin, Fingerprint, Key, Result, Store};
+use dedupkv_testkit::tempdir;
 
 const THREADS: usize = 8;
 const KEYS: usize = 10_000;
@@ -57,7 +58,7 @@ fn race(store: &Store, op: impl Fn(&Store, &Key<'_>) -> Result<bool> + Sync) -> 
 
 #[test]
 fn insert_if_absent_has_exactly_one_winner_per_key() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let store = Store::open(dir.path().join("s.redb"))?;
     let per_key = race(&store, Store::insert_if_absent);
     assert_eq!(per_key.iter().sum::<usize>(), KEYS);
@@ -72,7 +73,7 @@ fn insert_if_absent_has_exactly_one_winner_per_key() -> Result<()> {
 
 #[test]
 fn begin_has_exactly_one_winner_per_key() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let store = Store::open(dir.path().join("s.redb"))?;
     let per_key = race(&store, |s, k| match s.begin(k, Fingerprint::of("p"))? {
         Begin::Started(claim) => {
@@ -106,7 +107,7 @@ fn begin_has_exactly_one_winner_per_key() -> Result<()> {
 
 #[test]
 fn insert_batch_from_many_threads_has_one_winner_per_key() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let store = Store::open(dir.path().join("s.redb"))?;
     let ids = ids();
     let wins = on_threads(4, |t| {

@@ -14,6 +14,7 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use dedupkv::{Begin, Claim, Fingerprint, Key, Result, State, Store};
+use dedupkv_testkit::tempdir;
 
 mod child;
 
@@ -85,7 +86,7 @@ fn batch_consumer_child() {
 }
 
 fn a_killed_batch_consumer_performs_every_effect_exactly_once() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("consumer.redb");
     let effects = dir.path().join("effects.txt");
     let exe = std::env::current_exe().expect("test binary");

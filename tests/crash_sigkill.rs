@@ -10,6 +10,7 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use dedupkv::{Begin, Fingerprint, Key, Result, Store};
+use dedupkv_testkit::tempdir;
 
 mod child;
 
@@ -75,7 +76,7 @@ fn this_binary() -> Command {
 }
 
 fn kills_never_lose_an_acknowledged_key() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("crash.redb");
     let mut seed = u64::from(std::process::id());
     let mut acked: Vec<String> = Vec::new();
@@ -138,7 +139,7 @@ fn kills_never_lose_an_acknowledged_key() -> Result<()> {
 /// names the missing variable, rather than streaming under a made-up id.
 #[allow(clippy::unnecessary_wraps)] // the signature of a `child::Test`
 fn a_child_without_its_run_id_fails_loudly() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let out = this_binary()
         .env(PATH_ENV, dir.path().join("crash.redb"))
         .output()

@@ -3,17 +3,16 @@
 //! acknowledged, the store is poisoned, and after reopening every
 //! acknowledged record is present.
 
-mod common;
-
 use std::sync::Mutex;
 
-use common::FaultyBackend;
 use dedupkv::{Begin, Error, Fingerprint, Key, Result, Store};
+use dedupkv_testkit::{FaultBackend, Plan, is_fault};
 
 const THREADS: usize = 4;
 const OPS: usize = 40;
 
-/// Runs a mixed workload until the injected fault stops it; returns the
+/// Runs a mixed workload until the injected fault stops it (a failure must
+/// be the injected I/O error or the poison that follows it); returns the
 /// acknowledged plain keys and claimed-and-completed keys.
 fn workload(store: &Store) -> (Vec<String>, Vec<String>) {
     let acked_insert = Mutex::new(Vec::new());
@@ -58,11 +57,6 @@ fn workload(store: &Store) -> (Vec<String>, Vec<String>) {
     )
 }
 
-/// A failure must be the injected I/O error or the poison that follows it.
-fn is_fault(e: &Error) -> bool {
-    matches!(e, Error::Poisoned(_) | Error::Storage(_))
-}
-
 fn check_all_present(store: &Store, inserts: &[String], done: &[String]) -> Result<()> {
     for id in inserts {
         assert!(
@@ -84,9 +78,9 @@ fn failed_commits_poison_and_lose_nothing_acknowledged() -> Result<()> {
     let mut tripped = 0;
     // Sweep the failure point over the workload's writes and syncs.
     for fail_after in (0..400).step_by(7) {
-        let backend = FaultyBackend::new(u64::MAX);
+        let backend = FaultBackend::new();
         let store = Store::builder().open_with_backend(backend.clone())?;
-        backend.arm(fail_after);
+        backend.arm(Plan::after(fail_after));
         let (inserts, done) = workload(&store);
         if backend.tripped() {
             tripped += 1;
@@ -114,7 +108,7 @@ fn failed_commits_poison_and_lose_nothing_acknowledged() -> Result<()> {
 fn a_power_cut_image_keeps_every_acknowledged_record() -> Result<()> {
     // Bytes written but never synced are dropped from the crash image.
     for round in 0..5 {
-        let backend = common::CrashBackend::new();
+        let backend = FaultBackend::new();
         let store = Store::builder().open_with_backend(backend.clone())?;
         let (inserts, done) = workload(&store);
         assert_eq!(inserts.len() + done.len(), THREADS * OPS, "round {round}");
@@ -132,8 +126,8 @@ fn a_power_cut_image_keeps_every_acknowledged_record() -> Result<()> {
 /// reopened as `Error::Poisoned` says, with every acknowledged record.
 #[test]
 fn a_panic_in_the_storage_engine_poisons_and_the_store_reopens() -> Result<()> {
-    let backend = FaultyBackend::new(u64::MAX);
-    let open = |b: FaultyBackend| {
+    let backend = FaultBackend::new();
+    let open = |b: FaultBackend| {
         Store::builder()
             .background_eviction(false)
             .open_with_backend(b)
@@ -141,7 +135,7 @@ fn a_panic_in_the_storage_engine_poisons_and_the_store_reopens() -> Result<()> {
     let store = open(backend.clone())?;
     assert!(store.insert_if_absent(&Key::new("p", "before"))?);
     let idle = backend.handles();
-    backend.arm_panic(0);
+    backend.arm(Plan::after(0).panics());
     let err = store
         .insert_if_absent(&Key::new("p", "during"))
         .expect_err("the commit panicked");

@@ -10,6 +10,7 @@ use dedupkv::{
     Advance, Begin, Error, Fingerprint, Key, ManualClock, Result, Sequenced, State, Store,
     StoreBuilder,
 };
+use dedupkv_testkit::tempdir;
 
 const T0: u64 = 1_700_000_040_000;
 
@@ -28,7 +29,7 @@ fn builder(clock: &ManualClock) -> StoreBuilder {
 
 /// A copy of a fixture in a temp dir (opening writes to the file).
 fn copy(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let to = dir.path().join(name);
     std::fs::copy(fixture(name), &to).expect("copy fixture");
     (dir, to)

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use dedupkv::{Begin, Claim, Fingerprint, Forget, Key, ManualClock, Result, State, Store};
+use dedupkv::{Begin, Fingerprint, Forget, Key, ManualClock, Result, State, Store};
+use dedupkv_testkit::{started, tempdir};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -16,16 +17,9 @@ fn open(path: &std::path::Path, clock: &ManualClock) -> Result<Store> {
         .open(path)
 }
 
-fn started(b: Begin) -> Claim {
-    match b {
-        Begin::Started(c) => c,
-        other => panic!("expected Started, got {other:?}"),
-    }
-}
-
 #[test]
 fn a_forgotten_key_is_absent_after_reopen_and_its_forgetting_is_on_record() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let done = Key::new("t", "done");
@@ -70,7 +64,7 @@ fn a_forgotten_key_is_absent_after_reopen_and_its_forgetting_is_on_record() -> R
 
 #[test]
 fn forget_never_removes_a_claim_a_live_attempt_holds() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir.path().join("s.redb"), &clock)?;
     let key = Key::new("t", "op");
@@ -94,7 +88,7 @@ fn forget_never_removes_a_claim_a_live_attempt_holds() -> Result<()> {
 
 #[test]
 fn a_key_recorded_again_after_forget_stays_recorded_across_reopen() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let key = Key::new("t", "op");
@@ -130,7 +124,7 @@ fn a_key_recorded_again_after_forget_stays_recorded_across_reopen() -> Result<()
 
 #[test]
 fn a_claim_on_a_forgotten_key_is_fenced_saying_so() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir.path().join("s.redb"), &clock)?;
     let key = Key::new("t", "op");

@@ -18,15 +18,12 @@
 //! reopened crash image.
 #![cfg(dedupkv_loom)]
 
-mod common;
-
-use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::CrashBackend;
 use dedupkv::{Begin, Durability, Error, Fingerprint, Key, ManualClock, Result, Store};
+use dedupkv_testkit::{FaultBackend, Plan, is_fault};
 use loom::thread::JoinHandle;
 use redb::StorageBackend;
 
@@ -107,7 +104,7 @@ fn race<R>(f: impl FnOnce() -> R) -> R {
 
 /// Reopens a crash image and asserts every id in `ids` (scope `t`) is
 /// recorded there.
-fn assert_recorded(image: CrashBackend, ids: &[&str], what: &str) -> Result<()> {
+fn assert_recorded(image: FaultBackend, ids: &[&str], what: &str) -> Result<()> {
     let store = open(image)?;
     for id in ids {
         assert!(
@@ -146,7 +143,7 @@ fn begin_and_complete(store: &Store) -> Result<Answer> {
 /// `racers` threads (the model's own included) insert `t/k`; asserts
 /// exactly one was told it is new.
 fn insert_race(racers: usize) -> Result<()> {
-    let store = open(CrashBackend::new())?;
+    let store = open(FaultBackend::new())?;
     let answers = race(|| {
         let others: Vec<_> = (1..racers)
             .map(|_| {
@@ -180,7 +177,7 @@ fn insert_if_absent_has_one_winner_of_three() {
 #[test]
 fn begin_has_one_winner() {
     check("begin + complete, 2 racers on one key", 2, || {
-        let store = open(CrashBackend::new())?;
+        let store = open(FaultBackend::new())?;
         let (mine, theirs) = race(|| {
             let racer = {
                 let store = store.clone();
@@ -198,7 +195,7 @@ fn begin_has_one_winner() {
 #[test]
 fn inserts_are_durable_when_acknowledged() {
     check("insert_if_absent / insert_batch: ack => durable", 2, || {
-        let backend = CrashBackend::new();
+        let backend = FaultBackend::new();
         let store = open(backend.clone())?;
         let ((mine, my_image), (theirs, their_image)) = race(|| {
             let racer = {
@@ -225,7 +222,7 @@ fn inserts_are_durable_when_acknowledged() {
 #[test]
 fn claims_and_completions_are_durable_when_acknowledged() {
     check("begin / complete: ack => durable", 2, || {
-        let backend = CrashBackend::new();
+        let backend = FaultBackend::new();
         let store = open(backend.clone())?;
         let answers = race(|| {
             let racer = {
@@ -262,7 +259,7 @@ fn claims_and_completions_are_durable_when_acknowledged() {
 #[test]
 fn deferred_flush_makes_earlier_acks_durable() {
     check("deferred: flush => durable", 2, || {
-        let backend = CrashBackend::new();
+        let backend = FaultBackend::new();
         let deferred = Durability::Deferred {
             max_delay: Duration::from_millis(5),
         };
@@ -287,80 +284,14 @@ fn deferred_flush_makes_earlier_acks_durable() {
     });
 }
 
-/// A [`CrashBackend`] whose syncs fail once armed: the failing commit's
-/// pages are written but never synced, and after the first failed sync
-/// every write and sync fails.
-#[derive(Debug, Clone)]
-struct FailingSync {
-    disk: CrashBackend,
-    /// Syncs still allowed; `u64::MAX` while disarmed.
-    syncs_left: Arc<AtomicU64>,
-    tripped: Arc<AtomicBool>,
-}
-
-impl FailingSync {
-    fn new(disk: CrashBackend) -> Self {
-        Self {
-            disk,
-            syncs_left: Arc::new(AtomicU64::new(u64::MAX)),
-            tripped: Arc::new(AtomicBool::new(false)),
-        }
-    }
-
-    /// Lets `n` more syncs succeed; the one after fails.
-    fn arm(&self, n: u64) {
-        self.syncs_left.store(n, Ordering::SeqCst);
-    }
-
-    fn check_tripped(&self) -> io::Result<()> {
-        if self.tripped.load(Ordering::SeqCst) {
-            return Err(io::Error::other("injected failure (after a failed sync)"));
-        }
-        Ok(())
-    }
-}
-
-impl StorageBackend for FailingSync {
-    fn len(&self) -> io::Result<u64> {
-        self.disk.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.disk.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.check_tripped()?;
-        self.disk.set_len(len)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.check_tripped()?;
-        match self.syncs_left.load(Ordering::SeqCst) {
-            0 => {
-                self.tripped.store(true, Ordering::SeqCst);
-                Err(io::Error::other("injected sync failure"))
-            }
-            u64::MAX => self.disk.sync_data(),
-            left => {
-                self.syncs_left.store(left - 1, Ordering::SeqCst);
-                self.disk.sync_data()
-            }
-        }
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.check_tripped()?;
-        self.disk.write(offset, data)
-    }
-}
-
-fn is_fault(e: &Error) -> bool {
-    matches!(e, Error::Poisoned(_) | Error::Storage(_))
-}
-
 /// A store whose first commit is done, and whose backend then lets `syncs`
 /// more syncs (one per commit) succeed before one fails.
-fn open_failing(syncs: u64) -> Result<(Store, FailingSync)> {
-    let backend = FailingSync::new(CrashBackend::new());
+/// The failing commit's pages are written but never synced, and after
+/// the failed sync every write and sync fails.
+fn open_failing(syncs: u64) -> Result<(Store, FaultBackend)> {
+    let backend = FaultBackend::new();
     let store = open(backend.clone())?;
-    backend.arm(syncs);
+    backend.arm(Plan::after(syncs).syncs_only());
     Ok((store, backend))
 }
 
@@ -407,14 +338,14 @@ fn failure_in_a_later_commit_keeps_earlier_acks_durable() {
             let (store, backend) = open_failing(1)?;
             let answers = race(|| {
                 let racer = {
-                    let (store, disk) = (store.clone(), backend.disk.clone());
+                    let (store, disk) = (store.clone(), backend.clone());
                     spawn(move || {
                         let res = store.insert_if_absent(&Key::new("t", "a"));
                         ("a", res, disk.crash_image())
                     })
                 };
                 let mine = store.insert_if_absent(&Key::new("t", "b"));
-                [("b", mine, backend.disk.crash_image()), join(racer)]
+                [("b", mine, backend.crash_image()), join(racer)]
             });
             drop(store);
             for (id, res, image) in answers {

@@ -1,19 +1,17 @@
 //! Model-based test: random operation sequences run against the store and
-//! against the model in `common/model.rs` (shared with the `ops` fuzz
-//! target); every answer must match, across clean reopens and crashes.
+//! against the model in `dedupkv_testkit::model` (shared with the `ops`
+//! fuzz target); every answer must match, across clean reopens and crashes.
 //!
 //! `PROPTEST_CASES` overrides the number of cases (default 128).
 
-mod common;
-
 use std::time::Duration;
 
-use common::CrashBackend;
-use common::model::{
+use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Store};
+use dedupkv_testkit::model::{
     ENTITIES, IDS, KEYS, MAX_SEQ, Op, PER_CALL, PRESETS, RENEW_FOR, Settings, Step, T0, TestResult,
     run,
 };
-use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Store};
+use dedupkv_testkit::{FaultBackend, Plan};
 use proptest::prelude::*;
 
 fn settings() -> impl Strategy<Value = Settings> {
@@ -214,7 +212,7 @@ fn expired_key_stays_expired_after_a_long_idle_period() -> dedupkv::Result<()> {
 #[test]
 fn tokens_are_not_reissued_after_their_records_expire() -> dedupkv::Result<()> {
     let clock = ManualClock::new(T0);
-    let backend = CrashBackend::new();
+    let backend = FaultBackend::new();
     let open = || {
         Store::builder()
             .clock(clock.clone())
@@ -239,44 +237,16 @@ fn tokens_are_not_reissued_after_their_records_expire() -> dedupkv::Result<()> {
     Ok(())
 }
 
-/// A backend that panics on every write once armed: a stand-in for a panic
-/// anywhere in the commit path (redb 4.6 panics instead of erroring on some
-/// damaged pages, which the `open_file` fuzz target hits in the committer).
-#[derive(Debug, Clone, Default)]
-struct PanickyBackend {
-    mem: std::sync::Arc<redb::backends::InMemoryBackend>,
-    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl redb::StorageBackend for PanickyBackend {
-    fn len(&self) -> std::io::Result<u64> {
-        self.mem.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.mem.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.mem.set_len(len)
-    }
-    fn sync_data(&self) -> std::io::Result<()> {
-        self.mem.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let armed = self.armed.load(std::sync::atomic::Ordering::SeqCst);
-        assert!(!armed, "injected panic in the storage layer");
-        self.mem.write(offset, data)
-    }
-}
-
-/// Opens a store on a `PanickyBackend`, arms it, and returns both.
-fn poisoned_by_a_panic() -> dedupkv::Result<(Store, PanickyBackend)> {
-    let backend = PanickyBackend::default();
+/// Opens a store on a backend that panics on its next write or sync (a
+/// stand-in for a panic anywhere in the commit path: redb 4.6 panics
+/// instead of erroring on some damaged pages, which the `open_file` fuzz
+/// target hits in the committer), and returns both.
+fn poisoned_by_a_panic() -> dedupkv::Result<(Store, FaultBackend)> {
+    let backend = FaultBackend::new();
     let store = Store::builder()
         .background_eviction(false)
         .open_with_backend(backend.clone())?;
-    backend
-        .armed
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    backend.arm(Plan::after(0).panics());
     Ok((store, backend))
 }
 
@@ -332,7 +302,7 @@ fn dropping_a_store_poisoned_by_a_panic_does_not_panic() -> dedupkv::Result<()> 
 /// `page_manager.rs:369`/`:1797`/`:2296`, `types.rs:109`.
 #[test]
 fn a_damaged_file_is_an_error_not_a_panic() -> dedupkv::Result<()> {
-    let backend = CrashBackend::new();
+    let backend = FaultBackend::new();
     drop(Store::builder().open_with_backend(backend.clone())?);
     let image = backend.crash_image();
     let size = redb::StorageBackend::len(&image).map_err(|e| Error::Storage(e.into()))?;
@@ -394,7 +364,7 @@ fn crash_loses_a_release_whose_claim_has_expired() -> TestResult {
 }
 
 /// A store with 1 h retention in 1 min buckets, on `backend`.
-fn hour_store(clock: &ManualClock, backend: &CrashBackend) -> dedupkv::Result<Store> {
+fn hour_store(clock: &ManualClock, backend: &FaultBackend) -> dedupkv::Result<Store> {
     Store::builder()
         .clock(clock.clone())
         .background_eviction(false)
@@ -414,7 +384,7 @@ fn hour_store(clock: &ManualClock, backend: &CrashBackend) -> dedupkv::Result<St
 #[test]
 fn a_key_written_after_forget_never_moves_to_an_earlier_bucket() -> dedupkv::Result<()> {
     let clock = ManualClock::new(T0);
-    let backend = CrashBackend::new();
+    let backend = FaultBackend::new();
     let (begun, inserted) = (Key::new("t", "begun"), Key::new("t", "inserted"));
     let short = Duration::from_secs(60);
     let latest = |store: &Store| -> dedupkv::Result<_> {
@@ -453,7 +423,7 @@ fn a_key_written_after_forget_never_moves_to_an_earlier_bucket() -> dedupkv::Res
 #[test]
 fn a_forgotten_insert_has_no_fingerprint_and_no_provider_key() -> dedupkv::Result<()> {
     let clock = ManualClock::new(T0);
-    let store = hour_store(&clock, &CrashBackend::new())?;
+    let store = hour_store(&clock, &FaultBackend::new())?;
     let key = Key::new("t", "seen");
     assert!(store.insert_if_absent(&key)?);
     assert!(matches!(store.forget(&key)?, dedupkv::Forget::Forgotten(_)));
@@ -477,7 +447,7 @@ fn a_forgotten_insert_has_no_fingerprint_and_no_provider_key() -> dedupkv::Resul
 #[test]
 fn a_new_operation_after_forget_has_a_new_provider_key() -> dedupkv::Result<()> {
     let clock = ManualClock::new(T0);
-    let store = hour_store(&clock, &CrashBackend::new())?;
+    let store = hour_store(&clock, &FaultBackend::new())?;
     let key = Key::new("t", "charge");
     let Begin::Started(first) = store.begin(&key, Fingerprint::NONE)? else {
         panic!("a new key starts")

@@ -2,13 +2,11 @@
 //! table name, in the settings or in a page of the file is an error that
 //! says the file is damaged, never an open that silently lost records.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::FaultyBackend;
 use dedupkv::{Clock, Error, Key, ManualClock, Result, Store, StoreBuilder};
+use dedupkv_testkit::{FaultBackend, Plan, tempdir};
 
 const T0: u64 = 1_700_000_000_000;
 /// Buckets written by [`write_store`], one second apart.
@@ -136,7 +134,7 @@ fn fresh(dir: &Path) -> Result<(PathBuf, Vec<u8>, ManualClock)> {
 
 #[test]
 fn a_flipped_byte_in_a_table_name_never_drops_a_bucket() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let (_path, bytes, clock) = fresh(dir.path())?;
     let pages = live_pages(dir.path(), &bytes, &clock, b"log.00");
     let names: Vec<usize> = find_all(&bytes, b"log.00")
@@ -166,7 +164,7 @@ fn a_flipped_byte_in_a_table_name_never_drops_a_bucket() -> Result<()> {
 /// turn: the settings checksum and the manifest catch what redb does not.
 #[test]
 fn a_flipped_byte_in_the_metadata_is_reported() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let (_path, bytes, clock) = fresh(dir.path())?;
     let mut cases = Vec::new();
     // The entries' values lie in key order after their keys, and "magic"
@@ -192,7 +190,7 @@ fn a_flipped_byte_in_the_metadata_is_reported() -> Result<()> {
 
 #[test]
 fn metadata_missing_beside_log_tables_is_damage_not_a_foreign_file() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let (path, mut bytes, clock) = fresh(dir.path())?;
     for at in find_all(&bytes, b"dedupkv.meta") {
         bytes[at + 7] ^= 0x01; // "dedupkv/meta"
@@ -210,8 +208,8 @@ fn metadata_missing_beside_log_tables_is_damage_not_a_foreign_file() -> Result<(
 /// and says why, or it succeeds and the store works.
 #[test]
 fn a_full_disk_at_open_fails_the_open_and_names_the_cause() -> Result<()> {
-    let backend = FaultyBackend::new(u64::MAX);
-    let open = |b: FaultyBackend| {
+    let backend = FaultBackend::new();
+    let open = |b: FaultBackend| {
         Store::builder()
             .background_eviction(false)
             .open_with_backend(b)
@@ -223,7 +221,7 @@ fn a_full_disk_at_open_fails_the_open_and_names_the_cause() -> Result<()> {
     let mut failed = 0;
     for n in 0..40 {
         let full = backend.healthy();
-        full.arm_full(n);
+        full.arm(Plan::after(n).disk_full());
         match open(full.clone()) {
             Err(err) => {
                 assert!(
@@ -235,7 +233,7 @@ fn a_full_disk_at_open_fails_the_open_and_names_the_cause() -> Result<()> {
             Ok(store) => {
                 // Whatever open had to write is written: the store works
                 // once the disk has room again.
-                full.arm(u64::MAX);
+                full.disarm();
                 let flushed = store.flush();
                 assert!(flushed.is_ok(), "after {n} writes: {flushed:?}");
                 assert!(store.get(&Key::new("d", "before"))?.is_some());
@@ -253,7 +251,7 @@ fn a_full_disk_at_open_fails_the_open_and_names_the_cause() -> Result<()> {
 /// or it has every record and commits.
 #[test]
 fn a_zeroed_page_is_refused_as_damaged_or_harmless() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let (path, _, _) = fresh(dir.path())?;
     let clock = ManualClock::new(T0 + (3_600 + BUCKETS / 2) * 1000 + 500);
     assert_eq!(live_buckets(&clock), BUCKETS / 2..BUCKETS);
@@ -299,7 +297,7 @@ fn first_table(path: &Path) -> String {
 
 #[test]
 fn a_bucket_table_missing_from_the_file_is_named() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let (path, _, clock) = fresh(dir.path())?;
     let gone = first_table(&path);
     with_db(&path, |txn| {
@@ -317,7 +315,7 @@ fn a_bucket_table_missing_from_the_file_is_named() -> Result<()> {
 
 #[test]
 fn a_table_the_manifest_does_not_list_is_named() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     for extra in ["log.000000000001", "log.1", "users"] {
         let (path, _, clock) = fresh(dir.path())?;
         with_db(&path, |txn| {
@@ -342,7 +340,7 @@ fn a_table_the_manifest_does_not_list_is_named() -> Result<()> {
 #[test]
 fn a_format_1_file_gets_a_manifest_and_keeps_its_token_floor() -> Result<()> {
     use redb::ReadableDatabase;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("v1.redb");
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-basic.redb");
     std::fs::copy(fixture, &path).expect("copy");
@@ -398,7 +396,7 @@ fn a_format_1_file_gets_a_manifest_and_keeps_its_token_floor() -> Result<()> {
 
 #[test]
 fn a_truncated_store_is_damaged_not_foreign() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let (path, bytes, clock) = fresh(dir.path())?;
     for len in [bytes.len() / 2, 4096, 600] {
         std::fs::write(&path, &bytes[..len]).expect("write");
@@ -413,7 +411,7 @@ fn a_truncated_store_is_damaged_not_foreign() -> Result<()> {
 
 #[test]
 fn an_empty_file_is_refused_not_made_a_store() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("empty.redb");
     std::fs::write(&path, b"").expect("write");
     let err = Store::open(&path).expect_err("an empty file");
@@ -430,7 +428,7 @@ fn an_empty_file_is_refused_not_made_a_store() {
 
 #[test]
 fn open_existing_never_creates_a_store() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("typo.redb");
     let err = Store::open_existing(&path).expect_err("nothing there");
     assert!(
@@ -447,7 +445,7 @@ fn open_existing_never_creates_a_store() -> Result<()> {
 
 #[test]
 fn an_io_error_at_open_names_the_path() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let err = Store::open(dir.path()).expect_err("a directory");
     assert!(
         err.to_string().contains(&*dir.path().to_string_lossy()),
@@ -461,8 +459,8 @@ fn an_io_error_at_open_names_the_path() {
 /// already poisoned it.
 #[test]
 fn a_panic_in_the_first_commit_fails_the_open_as_damage() -> Result<()> {
-    let backend = FaultyBackend::new(u64::MAX);
-    let open = |b: FaultyBackend| {
+    let backend = FaultBackend::new();
+    let open = |b: FaultBackend| {
         Store::builder()
             .background_eviction(false)
             .open_with_backend(b)
@@ -471,7 +469,7 @@ fn a_panic_in_the_first_commit_fails_the_open_as_damage() -> Result<()> {
     let mut failed = 0;
     for n in 0..20 {
         let faulty = backend.healthy();
-        faulty.arm_panic(n);
+        faulty.arm(Plan::after(n).panics());
         match open(faulty.clone()) {
             Err(err) => {
                 assert!(
@@ -481,7 +479,7 @@ fn a_panic_in_the_first_commit_fails_the_open_as_damage() -> Result<()> {
                 failed += 1;
             }
             Ok(store) => {
-                faulty.arm(u64::MAX);
+                faulty.disarm();
                 let flushed = store.flush();
                 assert!(flushed.is_ok(), "panic after {n} writes: {flushed:?}");
             }

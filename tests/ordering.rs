@@ -6,9 +6,8 @@ use std::time::Duration;
 use dedupkv::{
     Advance, Durability, Error, Key, ManualClock, Result, Sequenced, Store, StoreBuilder, Update,
 };
+use dedupkv_testkit::{FaultBackend, Plan, tempdir};
 use proptest::prelude::*;
-
-mod common;
 
 const T0: u64 = 1_700_000_040_000;
 const MIN: Duration = Duration::from_secs(60);
@@ -112,7 +111,7 @@ proptest! {
             let at = d % stream.len();
             stream.insert(at, order[d % order.len()]);
         }
-        let backend = common::CrashBackend::new();
+        let backend = FaultBackend::new();
         let mut store = builder(&clock).open_with_backend(backend.clone()).unwrap();
         let mut crashed = Vec::new();
         let acct = Key::new("bank", "acct");
@@ -150,7 +149,7 @@ proptest! {
 
 #[test]
 fn the_version_gate_rejects_stale_versions_and_survives_reopen() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let path = dir.path().join("s.redb");
     let order = Key::new("shop", "order-1");
@@ -186,7 +185,7 @@ fn the_version_gate_rejects_stale_versions_and_survives_reopen() -> Result<()> {
 
 #[test]
 fn an_expired_entity_accepts_its_next_version_as_first() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
     let e = Key::new("t", "e");
@@ -200,7 +199,7 @@ fn an_expired_entity_accepts_its_next_version_as_first() -> Result<()> {
 
 #[test]
 fn a_gap_past_max_hold_lands_in_the_holding_area_with_its_reason() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let acct = Key::new("bank", "acct-9");
@@ -253,7 +252,7 @@ fn a_gap_past_max_hold_lands_in_the_holding_area_with_its_reason() -> Result<()>
 
 #[test]
 fn release_held_gives_up_on_the_missing_predecessor() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
     let acct = Key::new("bank", "acct-2");
@@ -283,7 +282,7 @@ fn release_held_gives_up_on_the_missing_predecessor() -> Result<()> {
 
 #[test]
 fn racing_versions_of_one_entity_linearize() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let store = Store::open(dir.path().join("s.redb"))?;
     let e = Key::new("t", "hot");
     let answers: Vec<(u64, Advance)> = std::thread::scope(|s| {
@@ -344,7 +343,7 @@ fn racing_versions_of_one_entity_linearize() -> Result<()> {
 /// silently dropped.
 #[test]
 fn versions_and_sequence_numbers_outside_the_range_are_refused() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let (e, ev) = (Key::new("t", "e"), Key::new("t", "evt"));
@@ -415,7 +414,7 @@ fn check_parked_and_held(store: &Store) -> Result<()> {
 #[test]
 fn parked_and_held_events_survive_any_downtime() -> Result<()> {
     for downtime in [25 * 60 * MIN, 21 * 24 * 60 * MIN] {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = tempdir();
         let path = dir.path().join("s.redb");
         let clock = ManualClock::new(T0);
         park_and_hold(&builder(&clock).open(&path)?, &clock)?;
@@ -436,7 +435,7 @@ fn parked_and_held_events_survive_any_downtime() -> Result<()> {
 #[test]
 fn parked_events_carried_at_open_survive_a_crash_right_after() -> Result<()> {
     let clock = ManualClock::new(T0);
-    let backend = common::CrashBackend::new();
+    let backend = FaultBackend::new();
     park_and_hold(&builder(&clock).open_with_backend(backend.clone())?, &clock)?;
     clock.advance(21 * 24 * 60 * MIN);
     let store = builder(&clock).open_with_backend(backend.clone())?;
@@ -458,7 +457,7 @@ fn a_crash_part_way_through_eviction_brings_back_no_delivered_event() -> Result<
     // Sweep the failure over the eviction's writes and syncs.
     for fail_after in 0..40 {
         let clock = ManualClock::new(T0);
-        let backend = common::FaultyBackend::new(u64::MAX);
+        let backend = FaultBackend::new();
         let open = |b| {
             builder(&clock)
                 .durability(Durability::Deferred {
@@ -486,7 +485,7 @@ fn a_crash_part_way_through_eviction_brings_back_no_delivered_event() -> Result<
         store.flush()?;
         clock.advance(25 * 60 * MIN);
         let before = store.stats().commits;
-        backend.arm(fail_after);
+        backend.arm(Plan::after(fail_after));
         if store.evict_expired().is_err() && store.stats().commits > before {
             mid_way += 1;
         }
@@ -517,7 +516,7 @@ fn seqs(answer: &Sequenced) -> Vec<u64> {
 /// the successors lost them.
 #[test]
 fn delivered_events_are_handed_back_again_until_acked() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let acct = Key::new("bank", "acct");
@@ -562,7 +561,7 @@ fn delivered_events_are_handed_back_again_until_acked() -> Result<()> {
 /// unacknowledged events outlive eviction and downtime like parked ones.
 #[test]
 fn unacked_events_survive_eviction_and_downtime() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let acct = Key::new("bank", "acct");
@@ -620,7 +619,7 @@ fn delivered_events_survive_a_sigkill_until_acked() -> Result<()> {
     if let Ok(path) = std::env::var(SIGKILL_CHILD) {
         sigkill_child(&path);
     }
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .args([
@@ -666,7 +665,7 @@ fn delivered_events_survive_a_sigkill_until_acked() -> Result<()> {
 /// back at a reopen as parked events of the new one.
 #[test]
 fn a_new_incarnation_of_an_expired_entity_gets_no_ghost_events_at_reopen() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(1_700_000_040_000);
     let min = Duration::from_secs(60);

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use dedupkv::{Begin, BeginOptions, Claim, Error, Fingerprint, Key, ManualClock, Result, Store};
+use dedupkv::{Begin, BeginOptions, Error, Fingerprint, Key, ManualClock, Result, Store};
+use dedupkv_testkit::{started, tempdir};
 
 const T0: u64 = 1_700_000_000_000;
 const SEC: u64 = 1_000;
@@ -17,20 +18,13 @@ fn builder(clock: &ManualClock) -> dedupkv::StoreBuilder {
         .retention(Duration::from_secs(24 * 3_600))
 }
 
-fn started(b: Begin) -> Claim {
-    match b {
-        Begin::Started(c) => c,
-        other => panic!("expected Started, got {other:?}"),
-    }
-}
-
 fn at(ms: u64) -> std::time::SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 #[test]
 fn a_claim_keeps_the_lease_it_was_begun_with_and_renews_by_it() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
     let key = Key::new("t", "lambda");
@@ -60,7 +54,7 @@ fn a_claim_keeps_the_lease_it_was_begun_with_and_renews_by_it() -> Result<()> {
 
 #[test]
 fn an_operation_keeps_its_key_for_its_own_retention_shorter_or_longer() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
     let short = Key::new("t", "short");
@@ -110,7 +104,7 @@ fn an_operation_keeps_its_key_for_its_own_retention_shorter_or_longer() -> Resul
 
 #[test]
 fn complete_for_can_be_shorter_when_the_claim_was_begun_short() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
     let key = Key::new("t", "op");
@@ -131,7 +125,7 @@ fn complete_for_can_be_shorter_when_the_claim_was_begun_short() -> Result<()> {
 
 #[test]
 fn per_call_settings_out_of_range_are_refused_at_the_call() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock)
         .max_retry_window(Duration::from_secs(3_600))

@@ -1,11 +1,9 @@
 //! Retention: time buckets, eviction, the dedup window, and its guard rails.
 
-mod common;
-
 use std::time::Duration;
 
-use common::FaultyBackend;
 use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Result, Store, StoreBuilder};
+use dedupkv_testkit::{FaultBackend, Plan, is_fault, tempdir};
 
 const MIN: Duration = Duration::from_secs(60);
 /// A bucket boundary (a multiple of 60 s), so windows line up with buckets.
@@ -27,7 +25,7 @@ fn ids(window: usize, n: usize) -> Vec<String> {
 #[test]
 fn after_each_window_only_the_last_windows_keys_are_duplicates() -> Result<()> {
     const PER: usize = 300;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
     for w in 0..10 {
@@ -60,7 +58,7 @@ fn after_each_window_only_the_last_windows_keys_are_duplicates() -> Result<()> {
 
 #[test]
 fn a_redelivery_before_expiry_is_a_duplicate_and_after_it_is_new() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
     let key = Key::new("webhooks", "evt-1");
@@ -80,7 +78,7 @@ fn a_redelivery_before_expiry_is_a_duplicate_and_after_it_is_new() -> Result<()>
 
 #[test]
 fn per_call_retention_can_extend_a_key_but_never_shorten_it() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
     store.insert_if_absent_for(&Key::new("t", "long"), 60 * MIN)?;
@@ -113,7 +111,7 @@ fn per_call_retention_can_extend_a_key_but_never_shorten_it() -> Result<()> {
 
 #[test]
 fn live_claims_are_not_evicted_while_their_lease_is_alive() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock)
         .lease(8 * MIN)
@@ -138,7 +136,7 @@ fn live_claims_are_not_evicted_while_their_lease_is_alive() -> Result<()> {
 #[test]
 fn memory_and_disk_stay_bounded_under_churn() -> Result<()> {
     const PER_MINUTE: usize = 2_000;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(&path)?;
@@ -211,22 +209,19 @@ fn assert_holds_only(store: &Store, expired: &[String], live: &[String], when: &
 
 /// A failed eviction is the injected I/O error or the poison after it.
 fn assert_storage_fault(err: &Error) {
-    assert!(
-        matches!(err, Error::Storage(_) | Error::Poisoned(_)),
-        "{err}"
-    );
+    assert!(is_fault(err), "{err}");
 }
 
 #[test]
 fn a_crash_between_index_eviction_and_disk_deletion_loses_and_resurrects_nothing() -> Result<()> {
     let clock = ManualClock::new(T0);
-    let backend = FaultyBackend::new(u64::MAX);
+    let backend = FaultBackend::new();
     let store = builder(&clock).open_with_backend(backend.clone())?;
     let (old, live) = (ids(0, 200), ids(1, 200));
     insert_each(&store, &old)?;
     clock.advance(15 * MIN); // the old keys have expired
     insert_each(&store, &live)?;
-    backend.arm(0); // the deletion commit fails: the index is evicted, the disk is not
+    backend.arm(Plan::after(0)); // the deletion commit fails: the index is evicted, the disk is not
     let err = store
         .evict_expired()
         .expect_err("the deletion commit fails");
@@ -243,7 +238,7 @@ fn a_crash_between_index_eviction_and_disk_deletion_loses_and_resurrects_nothing
 #[test]
 fn open_returns_after_its_first_commit_and_reports_its_failure() -> Result<()> {
     let clock = ManualClock::new(T0);
-    let backend = FaultyBackend::new(u64::MAX);
+    let backend = FaultBackend::new();
     let (old, live) = (ids(0, 50), ids(1, 50));
     {
         let store = builder(&clock).open_with_backend(backend.clone())?;
@@ -255,7 +250,7 @@ fn open_returns_after_its_first_commit_and_reports_its_failure() -> Result<()> {
     let mut refused = 0;
     for fail_after in 0.. {
         let faulty = backend.healthy();
-        faulty.arm(fail_after);
+        faulty.arm(Plan::after(fail_after));
         match builder(&clock).open_with_backend(faulty.clone()) {
             Err(err) => {
                 assert_storage_fault(&err);
@@ -267,7 +262,7 @@ fn open_returns_after_its_first_commit_and_reports_its_failure() -> Result<()> {
                     "open {fail_after} returned a failed store"
                 );
                 assert_eq!(store.stats().commits, 1, "open {fail_after}");
-                faulty.arm(u64::MAX);
+                faulty.disarm();
                 assert_holds_only(&store, &old, &live, &format!("open {fail_after}"))?;
                 break;
             }
@@ -279,7 +274,7 @@ fn open_returns_after_its_first_commit_and_reports_its_failure() -> Result<()> {
 
 #[test]
 fn a_large_bucket_is_deleted_a_slice_per_commit() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     // One row per call: 40 rows in the old bucket.
     let (old, live) = (ids(0, 40), ids(1, 40));
@@ -316,14 +311,14 @@ fn a_crash_part_way_through_a_sliced_deletion_loses_and_resurrects_nothing() -> 
     // Sweep the failure over the slice commits' writes and syncs.
     for fail_after in 0..60 {
         let clock = ManualClock::new(T0);
-        let backend = FaultyBackend::new(u64::MAX);
+        let backend = FaultBackend::new();
         let open = |b| builder(&clock).evict_slice_bytes(1).open_with_backend(b);
         let store = open(backend.clone())?;
         insert_each(&store, &old)?;
         clock.advance(15 * MIN);
         insert_each(&store, &live)?;
         let before = store.stats().commits;
-        backend.arm(fail_after);
+        backend.arm(Plan::after(fail_after));
         match store.evict_expired() {
             Ok(ev) => assert_eq!(ev.keys, old.len() as u64),
             Err(err) => {
@@ -350,7 +345,7 @@ fn a_crash_part_way_through_a_sliced_deletion_loses_and_resurrects_nothing() -> 
 
 #[test]
 fn reopening_loads_nothing_expired() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     {
@@ -373,7 +368,7 @@ fn reopening_loads_nothing_expired() -> Result<()> {
 
 #[test]
 fn retention_shorter_than_the_retry_window_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let err = Store::builder()
         .retention(Duration::from_secs(3600))
         .max_retry_window(Duration::from_secs(7200))
@@ -404,7 +399,7 @@ fn fill_five_minutes(store: &Store, clock: &ManualClock) -> Result<()> {
 
 #[test]
 fn a_size_bound_evicts_early_and_says_so() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock)
         .lease(9 * MIN)
@@ -434,7 +429,7 @@ fn a_size_bound_evicts_early_and_says_so() -> Result<()> {
 
 #[test]
 fn a_claim_kept_by_early_eviction_survives_a_reopen() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let open = || builder(&clock).lease(9 * MIN).max_keys(1_000).open(&path);
@@ -475,7 +470,7 @@ fn a_claim_kept_by_early_eviction_survives_a_reopen() -> Result<()> {
 
 #[test]
 fn no_record_lands_in_a_bucket_an_early_eviction_closed() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let open = || builder(&clock).max_keys(1_000).open(&path);
@@ -506,7 +501,7 @@ fn no_record_lands_in_a_bucket_an_early_eviction_closed() -> Result<()> {
 
 #[test]
 fn compaction_gives_space_back_after_the_store_shrinks() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(&path)?;
@@ -539,7 +534,7 @@ fn keys_in_t(ids: &[String]) -> Vec<Key<'_>> {
 /// by record index and must get every key and its expiry back.
 #[test]
 fn one_commit_with_runs_in_two_bucket_tables_reopens_whole() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let open = || {

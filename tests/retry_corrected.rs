@@ -1,18 +1,12 @@
 //! A retry with a corrected request: `Failure::RetryableAnyRequest` frees
 //! the key's fingerprint for the next attempt; `Failure::Retryable` keeps it.
 
-use dedupkv::{Begin, Claim, Error, Failure, Fingerprint, Key, Result, Store};
-
-fn started(b: Begin) -> Claim {
-    match b {
-        Begin::Started(c) => c,
-        other => panic!("expected Started, got {other:?}"),
-    }
-}
+use dedupkv::{Begin, Error, Failure, Fingerprint, Key, Result, Store};
+use dedupkv_testkit::{started, tempdir};
 
 #[test]
 fn a_retryable_failure_keeps_the_fingerprint_by_default() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let store = Store::open(dir.path().join("s.redb"))?;
     let key = Key::new("t", "charge");
     let c = started(store.begin(&key, Fingerprint::of("v1"))?);
@@ -29,7 +23,7 @@ fn a_retryable_failure_keeps_the_fingerprint_by_default() -> Result<()> {
 
 #[test]
 fn retryable_any_request_lets_a_corrected_request_retry_and_survives_reopen() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let key = Key::new("t", "charge");
     {
@@ -64,7 +58,7 @@ fn retryable_any_request_lets_a_corrected_request_retry_and_survives_reopen() ->
 
 #[test]
 fn a_corrected_request_gets_a_provider_key_of_its_own() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let store = Store::open(dir.path().join("s.redb"))?;
     let key = Key::new("t", "charge");
     let first = started(store.begin(&key, Fingerprint::of("card 4242"))?);

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
-use dedupkv::{Begin, Claim, Error, Fingerprint, Key, ManualClock, Result, State, Store};
+use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Result, State, Store};
+use dedupkv_testkit::{started, tempdir};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -17,20 +18,13 @@ fn open(path: &Path, clock: &ManualClock) -> Result<Store> {
     Store::builder().clock(clock.clone()).open(path)
 }
 
-fn started(b: Begin) -> Claim {
-    match b {
-        Begin::Started(c) => c,
-        other => panic!("expected Started, got {other:?}"),
-    }
-}
-
 /// Completes a fresh key with `value`, then reads it back from the replay of
 /// a repeat `begin`, and again after reopening the store.
 fn replays<T>(id: &str, value: &T) -> Result<()>
 where
     T: Serialize + DeserializeOwned + PartialEq + Debug,
 {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let key = Key::new("t", id);
@@ -229,7 +223,7 @@ fn maps_floats_and_wide_integers_replay_exactly() -> Result<()> {
 /// nothing is recorded (also after reopen), and the same claim completes
 /// with a good value afterwards.
 fn refused<T: Serialize + DeserializeOwned>(id: &str, bad: &T, needle: &str) -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("s.redb");
     let clock = ManualClock::new(T0);
     let key = Key::new("t", id);
@@ -284,7 +278,7 @@ fn a_map_with_non_string_keys_is_refused() -> Result<()> {
 
 #[test]
 fn a_refused_outcome_leaves_the_same_claim_usable() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir.path().join("s.redb"), &clock)?;
     let key = Key::new("t", "same-claim");
@@ -308,7 +302,7 @@ fn a_refused_outcome_leaves_the_same_claim_usable() -> Result<()> {
 fn legacy_fixture() -> (tempfile::TempDir, PathBuf) {
     let from =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-postcard-outcome.redb");
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let to = dir.path().join("legacy.redb");
     std::fs::copy(from, &to).expect("copy fixture");
     (dir, to)
@@ -359,7 +353,7 @@ fn postcard_outcomes_of_earlier_builds_still_read_back() -> Result<()> {
 
 #[test]
 fn raw_outcomes_are_not_typed() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = open(&dir.path().join("s.redb"), &clock)?;
     let key = Key::new("t", "raw");

@@ -1,5 +1,5 @@
 //! `Arbitrary` operation sequences against the model that `tests/model.rs`
-//! runs under proptest (`tests/common/model.rs`): a store with a manual
+//! runs under proptest (`dedupkv_testkit::model`): a store with a manual
 //! clock on an in-memory file, clean reopens and power-cut crash images,
 //! every answer checked against a `HashMap` of what each key should say.
 //! Any disagreement panics. This target only maps libFuzzer's bytes onto
@@ -7,11 +7,8 @@
 
 #![no_main]
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
 use arbitrary::Arbitrary;
-use common::model::{FINGERPRINTS, KEYS, Op, PER_CALL, RENEW_FOR, Settings, Step, run};
+use dedupkv_testkit::model::{FINGERPRINTS, KEYS, Op, PER_CALL, RENEW_FOR, Settings, Step, run};
 use libfuzzer_sys::fuzz_target;
 
 /// Operations per input, at most.

@@ -4,7 +4,7 @@
 //! answer, across clean reopens and crashes. Any disagreement is an error.
 //!
 //! Time moves only through a `ManualClock`. Crashes reopen the bytes a power
-//! cut would leave (`CrashBackend::crash_image`): under
+//! cut would leave (`FaultBackend::crash_image`): under
 //! `Durability::Immediate` every acknowledged write survives; claims held at
 //! the crash (or a reopen) are taken over by the next `begin` at once, and
 //! their handles are dead. The one write that is not acknowledged is the release of a dropped
@@ -41,8 +41,9 @@ use dedupkv::{
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use super::CrashBackend;
+use crate::FaultBackend;
 
+/// The manual clock's start, in ms since the epoch.
 pub const T0: u64 = 1_700_000_000_000;
 const SCOPES: usize = 2;
 /// Ids per scope: key `k < SCOPES * IDS` is id `k % IDS` in scope `k / IDS`.
@@ -93,12 +94,16 @@ pub const ENTITIES: usize = 2;
 pub const MAX_SEQ: u64 = 6;
 const ENTITY_RETENTION: u64 = 7 * 86_400_000;
 
+/// A case's result: a disagreement with the model fails the case.
 pub type TestResult<T = ()> = Result<T, TestCaseError>;
 
+/// Entity `e` of the sequencer ops.
 pub fn entity(e: usize) -> Key<'static> {
     Key::owned(b"ent".to_vec(), format!("e{e}").into_bytes())
 }
 
+/// Key `k` of the pool: `k < SCOPES * IDS` is id `k % IDS` in scope
+/// `k / IDS`, the rest are the odd keys.
 pub fn key(k: usize) -> Key<'static> {
     match k.checked_sub(SCOPES * IDS) {
         None => Key::owned(
@@ -125,6 +130,7 @@ fn at(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
+/// `r`'s value, or a failed case naming `what` and the error.
 pub fn check<T>(r: dedupkv::Result<T>, what: &str) -> TestResult<T> {
     r.map_err(|e| TestCaseError::fail(format!("{what}: unexpected error: {e}")))
 }
@@ -134,16 +140,19 @@ pub fn check<T>(r: dedupkv::Result<T>, what: &str) -> TestResult<T> {
 /// Store settings for one case, in milliseconds.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
+    /// The store's lease.
     pub lease: u64,
+    /// The store's retention.
     pub retention: u64,
+    /// The store's bucket granularity.
     pub granularity: u64,
-    /// A real file (a crash then becomes a clean reopen) or a `CrashBackend`.
+    /// A real file (a crash then becomes a clean reopen) or a `FaultBackend`.
     pub file: bool,
 }
 
 impl Settings {
     /// Preset `i` of [`PRESETS`] (modulo their number), on a real file or
-    /// on a `CrashBackend`.
+    /// on a `FaultBackend`.
     pub fn preset(i: usize, file: bool) -> Settings {
         let (lease, retention, granularity) = PRESETS[i % PRESETS.len()];
         Settings {
@@ -160,6 +169,7 @@ impl Settings {
 /// How far to move the clock.
 #[derive(Debug, Clone, Copy)]
 pub enum Step {
+    /// Forward by this many ms.
     Millis(u64),
     /// Whole days (up to 40: eviction must run at least every 2^22
     /// buckets, 48 days at 1 s buckets), then an eviction pass, as the
@@ -173,10 +183,14 @@ pub enum Step {
     BucketEdge(u64, i64),
 }
 
+/// One operation, on keys, fingerprints and held claims by number.
 #[derive(Debug, Clone)]
 pub enum Op {
+    /// `insert_if_absent` of a key.
     Insert(usize),
+    /// `insert_batch` of keys.
     InsertBatch(Vec<usize>),
+    /// `begin` of (key, fingerprint).
     Begin(usize, usize),
     /// `begin_with` the per-call settings `PER_CALL[o]` (modulo their number).
     BeginWith(usize, usize, usize),
@@ -186,28 +200,39 @@ pub enum Op {
     Complete(usize, u8),
     /// `complete_batch` of (held claim, outcome) items.
     CompleteBatch(Vec<(usize, u8)>),
+    /// `fail` a held claim with `Failure::Retryable`.
     FailRetryable(usize),
     /// `fail` with `Failure::RetryableAnyRequest`.
     FailAnyRequest(usize),
+    /// `fail` a held claim with `Failure::Permanent` and an outcome.
     FailPermanent(usize, u8),
+    /// `renew` a held claim by its own lease.
     Renew(usize),
     /// `renew_for` by `RENEW_FOR[r]` (modulo their number).
     RenewFor(usize, usize),
+    /// Drop a held claim (it is released).
     DropClaim(usize),
+    /// `get` of a key.
     Get(usize),
+    /// `forget` of a key.
     Forget(usize),
     /// `Store::sequence(entity, seq, payload)`.
     Sequence(usize, u64, u8),
     /// `Store::ack(entity, upto)`.
     Ack(usize, u64),
+    /// Move the clock.
     Advance(Step),
     /// `Store::evict_expired`: must change no answer.
     Evict,
+    /// `flush`.
     Flush,
+    /// Close the store and reopen it.
     Reopen,
     /// Close the store, move the clock this many days (1 to 40) with the
     /// store closed, and reopen it: nothing evicts in between.
     Downtime(u64),
+    /// Reopen the bytes a power cut would leave (a clean reopen on a real
+    /// file).
     Crash,
 }
 
@@ -453,7 +478,7 @@ struct Held {
 
 enum Medium {
     File(tempfile::TempDir),
-    Crash(CrashBackend),
+    Crash(FaultBackend),
 }
 
 struct Harness {
@@ -485,7 +510,7 @@ impl Harness {
         let medium = if s.file {
             Medium::File(tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?)
         } else {
-            Medium::Crash(CrashBackend::new())
+            Medium::Crash(FaultBackend::new())
         };
         let mut h = Harness {
             clock: ManualClock::new(T0),
@@ -516,7 +541,7 @@ impl Harness {
         self.store.as_ref().expect("store is open")
     }
 
-    fn open(&mut self, image: Option<CrashBackend>) -> TestResult {
+    fn open(&mut self, image: Option<FaultBackend>) -> TestResult {
         let s = self.model.s;
         let builder = Store::builder()
             .clock(self.clock.clone())
@@ -1260,6 +1285,17 @@ impl Harness {
     }
 }
 
+/// Runs `ops` on a fresh store with settings `s` and on the model, and
+/// fails at the first answer that differs.
+///
+/// # Examples
+///
+/// ```
+/// use dedupkv_testkit::model::{Op, Settings, Step, run};
+///
+/// let ops = [Op::Insert(0), Op::Advance(Step::Millis(1)), Op::Crash, Op::Get(0)];
+/// run(Settings::preset(0, false), &ops).expect("the store agrees with the model");
+/// ```
 pub fn run(s: Settings, ops: &[Op]) -> TestResult {
     let mut h = Harness::new(s)?;
     for op in ops {

@@ -1,0 +1,100 @@
+//! dedupkv's test kit, shared by the integration tests, the loom models and
+//! the `ops` fuzz target:
+//!
+//! - [`FaultBackend`]: one redb `StorageBackend` for every fault and crash
+//!   test. Its bytes outlive the store; a [`Plan`] makes it fail writes or
+//!   syncs after N operations (an I/O error, `ENOSPC` or a panic); it keeps
+//!   durable bytes apart from written ones, so a power-cut image can be
+//!   reopened.
+//! - [`model`]: the model of the store's semantics that random operation
+//!   sequences are checked against.
+//! - Helpers the tests repeat: [`started`], [`is_fault`], [`tempdir`].
+//!
+//! It uses dedupkv's public API only, and `std`/`parking_lot` locks (never
+//! dedupkv's `sync` module), so it builds and behaves the same under
+//! `--cfg dedupkv_loom`.
+//!
+//! # Examples
+//!
+//! ```
+//! use dedupkv::{Fingerprint, Key, Store};
+//! use dedupkv_testkit::{FaultBackend, Plan, is_fault, started};
+//!
+//! let backend = FaultBackend::new();
+//! let store = Store::builder().open_with_backend(backend.clone())?;
+//! let claim = started(store.begin(&Key::new("t", "a"), Fingerprint::NONE)?);
+//! backend.arm(Plan::after(0).syncs_only());
+//! let err = store.complete(&claim, b"done").unwrap_err();
+//! assert!(is_fault(&err));
+//! # Ok::<(), dedupkv::Error>(())
+//! ```
+
+mod backend;
+pub mod model;
+
+pub use backend::{FaultBackend, Plan};
+
+use dedupkv::{Begin, Claim, Error};
+
+/// The claim of a `begin` that started the operation.
+///
+/// # Panics
+///
+/// On any other answer, naming it.
+///
+/// # Examples
+///
+/// ```
+/// use dedupkv::{Fingerprint, Key, Store};
+/// use dedupkv_testkit::{started, tempdir};
+///
+/// let dir = tempdir();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// let claim = started(store.begin(&Key::new("t", "job"), Fingerprint::NONE)?);
+/// store.complete(&claim, b"done")?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[track_caller]
+pub fn started(b: Begin) -> Claim {
+    match b {
+        Begin::Started(c) => c,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}
+
+/// Whether `e` is what an injected storage fault leads to: the failed
+/// commit's storage error, or the poison every later write gets.
+///
+/// # Examples
+///
+/// ```
+/// use dedupkv::{Key, Store};
+/// use dedupkv_testkit::{FaultBackend, Plan, is_fault};
+///
+/// let backend = FaultBackend::new();
+/// let store = Store::builder().open_with_backend(backend.clone())?;
+/// backend.arm(Plan::after(0));
+/// let err = store.insert_if_absent(&Key::new("t", "a")).unwrap_err();
+/// assert!(is_fault(&err));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub fn is_fault(e: &Error) -> bool {
+    matches!(e, Error::Poisoned(_) | Error::Storage(_))
+}
+
+/// A fresh temporary directory, removed when dropped.
+///
+/// # Panics
+///
+/// If the directory cannot be made.
+///
+/// # Examples
+///
+/// ```
+/// let dir = dedupkv_testkit::tempdir();
+/// assert!(dir.path().is_dir());
+/// ```
+#[track_caller]
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
