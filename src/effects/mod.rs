@@ -5,5 +5,8 @@
 //!   attempt of an operation under a claim.
 
 mod retry;
+mod rng;
+mod run;
 
-pub use retry::{Decision, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder, Run};
+pub use retry::{Decision, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder};
+pub use run::Run;

@@ -1,0 +1,379 @@
+//! The runner: one attempt of an operation under a claim, in the safe
+//! order (record, effect, outcome), answered as a [`Run`].
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::retry::{Decision, ErrorClass, GiveUpReason, MAX_FAILURE_TEXT, RetryPolicy};
+use crate::{Begin, Claim, Error, Failure, Fingerprint, Key, Record, Result, State, Store};
+
+/// What [`RetryPolicy::run`] did.
+///
+/// Exhausted operations are recorded as permanent failures today; a later
+/// change will also move them into a durable dead-letter area, and
+/// `GaveUp` will then carry that entry's id (the enum and its variants are
+/// `#[non_exhaustive]` so fields can be added).
+///
+/// # Examples
+/// See [`RetryPolicy::run`].
+#[derive(Debug)]
+#[non_exhaustive]
+#[must_use = "a Run says whether to wait and call again"]
+pub enum Run<T, E> {
+    /// This call claimed the key, ran the closure and recorded its outcome.
+    Done(T),
+    /// The operation completed before: its stored outcome. The closure did
+    /// not run.
+    Replayed(T),
+    /// The operation failed permanently before (a permanent error, or a
+    /// policy that gave up): its record, whose
+    /// [`outcome`](Record::outcome) is the failure text. The closure did
+    /// not run.
+    Failed(Record),
+    /// The closure failed with a retryable error; the key is released for
+    /// the next attempt. Call `run` again after `after`.
+    #[non_exhaustive]
+    RetryAfter {
+        /// How long to wait before the next attempt.
+        after: Duration,
+        /// The number of the attempt that failed (1 for the first).
+        attempt: u32,
+        /// The closure's error.
+        error: E,
+    },
+    /// The closure failed and the policy gave up; the operation is recorded
+    /// as a permanent failure (`"<reason>: <error>"`, cut to 1 KiB), which
+    /// every later `begin` replays.
+    #[non_exhaustive]
+    GaveUp {
+        /// Attempts made, this one included.
+        attempts: u32,
+        /// Why the policy stopped.
+        reason: GiveUpReason,
+        /// The closure's error.
+        error: E,
+    },
+    /// Another attempt holds a live lease; the closure did not run. Call
+    /// again after `retry_after`: the key is then finished, or free to take
+    /// over.
+    #[non_exhaustive]
+    InProgress {
+        /// Time until the running attempt's lease lapses, by the policy's
+        /// clock (zero if it has lapsed already).
+        retry_after: Duration,
+        /// When the running attempt's lease lapses.
+        lease_expires_at: SystemTime,
+        /// The running attempt's number.
+        attempt: u32,
+    },
+}
+
+impl<T, E> Run<T, E> {
+    /// How long to wait before calling `run` again: `Some` for
+    /// [`RetryAfter`](Run::RetryAfter) and [`InProgress`](Run::InProgress),
+    /// `None` when the operation is settled.
+    ///
+    /// # Examples
+    /// See [`RetryPolicy::run`].
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Run::RetryAfter { after, .. } => Some(*after),
+            Run::InProgress { retry_after, .. } => Some(*retry_after),
+            Run::Done(_) | Run::Replayed(_) | Run::Failed(_) | Run::GaveUp { .. } => None,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Performs one attempt of the operation on `key` under a claim, and
+    /// records what came of it; the outcome is bytes (see
+    /// [`run_value`](Self::run_value) for a typed one).
+    ///
+    /// By what [`Store::begin`] answers:
+    /// - `Started`: runs `work` with the claim. `Ok(outcome)` is recorded
+    ///   with [`Store::complete`]: [`Run::Done`]. An error `classify` calls
+    ///   [`Retryable`](ErrorClass::Retryable), while the policy permits
+    ///   (the attempt number from the claim, the elapsed time from the
+    ///   store's record of the first attempt), releases the key with
+    ///   [`Failure::Retryable`]: [`Run::RetryAfter`]. A permanent error, or
+    ///   a retryable one the policy gives up on, is recorded with
+    ///   [`Failure::Permanent`] and the text `"<reason>: <error>"`:
+    ///   [`Run::GaveUp`]. (Exhausted operations will also land in a
+    ///   dead-letter area in a later change.)
+    /// - `Completed`: the closure does not run. [`Run::Replayed`] with the
+    ///   stored outcome, or [`Run::Failed`] with a permanent failure's record.
+    /// - `InProgress`: the closure does not run. [`Run::InProgress`] with the
+    ///   time until that attempt's lease lapses.
+    ///
+    /// It never sleeps: the caller waits [`Run::retry_after`] and calls
+    /// again (below), or hands the key to a queue with that delay.
+    ///
+    /// A claim taken over from an attempt that never answered is
+    /// [`interrupted`](Claim::interrupted): `work` should then ask the
+    /// system it calls whether the first call went through (by
+    /// [`provider_key`](Claim::provider_key)) before calling again.
+    ///
+    /// # Concurrent calls on the same key
+    /// One caller runs `work`; the others get `InProgress` (or `Replayed`
+    /// once it finished), as with `begin`.
+    ///
+    /// # Errors
+    /// What `begin`, `complete` or `fail` return: [`Error::ClaimLost`] if
+    /// the lease lapsed during `work` and another attempt took the key over
+    /// (its result must not be published); [`Error::InvalidInput`] for an
+    /// outcome over the store's limit (the key is then released as a
+    /// retryable failure when the claim drops); [`Error::InvalidArgument`]
+    /// for a key recorded by `insert_if_absent`, which has no outcome to
+    /// replay. The work's own errors are not errors of `run`: they come
+    /// back in `RetryAfter` and `GaveUp`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{ErrorClass, Fingerprint, Key, RetryPolicy, Run, Store};
+    /// use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let policy = RetryPolicy::builder()
+    ///     .base(Duration::from_millis(1))
+    ///     .cap(Duration::from_millis(10))
+    ///     .build()?;
+    /// let key = Key::new("shop-42", "ship-order-7");
+    /// let transient = |_: &String| ErrorClass::Retryable; // every error here is worth a retry
+    /// let mut calls = 0;
+    /// let label = loop {
+    ///     let run = policy.run(&store, &key, Fingerprint::of("order 7"), transient, |claim| {
+    ///         calls += 1; // the provider times out once, then answers
+    ///         if calls == 1 {
+    ///             return Err("timeout".to_string());
+    ///         }
+    ///         Ok(format!("label for {}", claim.provider_key()).into_bytes())
+    ///     })?;
+    ///     match run {
+    ///         Run::Done(label) | Run::Replayed(label) => break label,
+    ///         Run::GaveUp { reason, error, .. } => panic!("{reason}: {error}"),
+    ///         Run::Failed(record) => panic!("failed before: {:?}", record.outcome()),
+    ///         other => std::thread::sleep(other.retry_after().unwrap_or_default()),
+    ///     }
+    /// };
+    /// assert!(label.starts_with(b"label for "));
+    /// assert_eq!(calls, 2);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn run<E, C, F>(
+        &self,
+        store: &Store,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        classify: C,
+        work: F,
+    ) -> Result<Run<Vec<u8>, E>>
+    where
+        E: fmt::Display,
+        C: FnOnce(&E) -> ErrorClass,
+        F: FnOnce(&Claim) -> std::result::Result<Vec<u8>, E>,
+    {
+        self.run_as::<Raw, _, _, _, _>(store, key, fingerprint, classify, work)
+    }
+
+    /// [`run`](Self::run) with a typed outcome: recorded with
+    /// [`Store::complete_value`] and replayed with
+    /// [`Record::outcome_as`].
+    ///
+    /// # Errors
+    /// As `run`, and [`Error::Codec`] if the outcome cannot be stored as
+    /// JSON, or a stored one does not decode as `T`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{ErrorClass, Fingerprint, Key, RetryPolicy, Run, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let policy = RetryPolicy::new();
+    /// let key = Key::new("shop-42", "refund-3");
+    /// let transient = |_: &String| ErrorClass::Retryable;
+    /// let first = policy.run_value(&store, &key, Fingerprint::NONE, transient, |_claim| {
+    ///     Ok((201u16, "re_1".to_string())) // (status, refund id)
+    /// })?;
+    /// assert!(matches!(first, Run::Done((201, _))));
+    /// let again: Run<(u16, String), String> =
+    ///     policy.run_value(&store, &key, Fingerprint::NONE, transient, |_claim| {
+    ///         unreachable!("replayed, not run")
+    ///     })?;
+    /// assert!(matches!(again, Run::Replayed((201, ref id)) if id == "re_1"));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn run_value<T, E, C, F>(
+        &self,
+        store: &Store,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        classify: C,
+        work: F,
+    ) -> Result<Run<T, E>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        E: fmt::Display,
+        C: FnOnce(&E) -> ErrorClass,
+        F: FnOnce(&Claim) -> std::result::Result<T, E>,
+    {
+        self.run_as::<Json, _, _, _, _>(store, key, fingerprint, classify, work)
+    }
+
+    fn run_as<K, T, E, C, F>(
+        &self,
+        store: &Store,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        classify: C,
+        work: F,
+    ) -> Result<Run<T, E>>
+    where
+        K: Outcome<T>,
+        E: fmt::Display,
+        C: FnOnce(&E) -> ErrorClass,
+        F: FnOnce(&Claim) -> std::result::Result<T, E>,
+    {
+        match store.begin_with(key, fingerprint, &self.begin)? {
+            Begin::Started(claim) => match work(&claim) {
+                Ok(outcome) => {
+                    K::record(store, &claim, &outcome)?;
+                    Ok(Run::Done(outcome))
+                }
+                Err(error) => {
+                    let class = classify(&error);
+                    self.failed(store, &claim, class, error)
+                }
+            },
+            Begin::Completed(record) => match record.state() {
+                State::Completed => Ok(Run::Replayed(K::replay(&record)?)),
+                State::Failed => Ok(Run::Failed(record)),
+                _ => Err(Error::InvalidArgument {
+                    what: "key",
+                    reason: format!(
+                        "{key} was recorded by insert_if_absent: it has no outcome to replay"
+                    ),
+                }),
+            },
+            Begin::InProgress(p) => {
+                let lease_expires_at = p.lease_expires_at();
+                Ok(Run::InProgress {
+                    retry_after: lease_expires_at
+                        .duration_since(self.now())
+                        .unwrap_or(Duration::ZERO),
+                    lease_expires_at,
+                    attempt: p.attempt(),
+                })
+            }
+        }
+    }
+
+    /// Records the failed attempt of `claim` as the policy decides.
+    fn failed<T, E: fmt::Display>(
+        &self,
+        store: &Store,
+        claim: &Claim,
+        class: ErrorClass,
+        error: E,
+    ) -> Result<Run<T, E>> {
+        let attempt = claim.attempt();
+        let reason = match class {
+            ErrorClass::Permanent => GiveUpReason::Permanent,
+            ErrorClass::Retryable => {
+                let elapsed = match self.max_elapsed {
+                    Some(_) => self.elapsed(claim),
+                    None => Duration::ZERO,
+                };
+                match self.decide(attempt, elapsed, None) {
+                    Decision::Retry { after } => {
+                        store.fail(claim, Failure::Retryable)?;
+                        return Ok(Run::RetryAfter {
+                            after,
+                            attempt,
+                            error,
+                        });
+                    }
+                    Decision::GiveUp(reason) => reason,
+                }
+            }
+        };
+        let text = failure_text(&reason, &error);
+        store.fail(claim, Failure::Permanent(text.as_bytes()))?;
+        Ok(Run::GaveUp {
+            attempts: attempt,
+            reason,
+            error,
+        })
+    }
+
+    /// Time since the operation's first attempt, as the store recorded it
+    /// (the same on every attempt, after restarts too).
+    fn elapsed(&self, claim: &Claim) -> Duration {
+        self.now()
+            .duration_since(claim.first_seen_at())
+            .unwrap_or(Duration::ZERO)
+    }
+
+    fn now(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.clock.now_millis())
+    }
+}
+
+/// How the runner records an outcome and replays a stored one.
+trait Outcome<T> {
+    fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<()>;
+    fn replay(record: &Record) -> Result<T>;
+}
+
+/// Raw bytes: `complete` and `Record::outcome`.
+struct Raw;
+
+impl Outcome<Vec<u8>> for Raw {
+    fn record(store: &Store, claim: &Claim, outcome: &Vec<u8>) -> Result<()> {
+        store.complete(claim, outcome)
+    }
+
+    fn replay(record: &Record) -> Result<Vec<u8>> {
+        Ok(record.outcome().unwrap_or_default().to_vec())
+    }
+}
+
+/// Typed values: `complete_value` and `Record::outcome_as`.
+struct Json;
+
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Outcome<T> for Json {
+    fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<()> {
+        store.complete_value(claim, outcome)
+    }
+
+    fn replay(record: &Record) -> Result<T> {
+        record.outcome_as()
+    }
+}
+
+/// `"<reason>: <error>"`, cut to [`MAX_FAILURE_TEXT`] bytes at a character
+/// boundary.
+fn failure_text(reason: &GiveUpReason, error: &dyn fmt::Display) -> String {
+    let mut text = format!("{reason}: {error}");
+    if text.len() > MAX_FAILURE_TEXT {
+        let mut end = MAX_FAILURE_TEXT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_text_is_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_FAILURE_TEXT);
+        let text = failure_text(&GiveUpReason::Permanent, &long);
+        assert!(text.len() <= MAX_FAILURE_TEXT);
+        assert!(text.len() >= MAX_FAILURE_TEXT - 1);
+        assert!(text.starts_with("permanent error: é"));
+    }
+}
