@@ -159,3 +159,45 @@ fn a_panic_in_the_storage_engine_poisons_and_the_store_reopens() -> Result<()> {
     assert!(store.insert_if_absent(&Key::new("p", "after"))?);
     Ok(())
 }
+
+/// `Stats::replays` counts `begin` calls answered `Completed` only: a
+/// `begin` whose read of the record fails is not one.
+#[test]
+fn a_begin_that_fails_reading_the_record_is_not_counted_as_a_replay() -> Result<()> {
+    let backend = FaultBackend::new();
+    let store = Store::builder()
+        .durability(dedupkv::Durability::Deferred {
+            max_delay: std::time::Duration::from_secs(3600),
+        })
+        .open_with_backend(backend.clone())?;
+    let key = Key::new("t", "paid");
+    let claim = dedupkv_testkit::started(store.begin(&key, Fingerprint::NONE)?);
+    store.complete(&claim, b"ok")?;
+    // The completion is acknowledged but not yet committed: the replay
+    // below waits for it, and that commit's sync fails.
+    backend.arm(Plan::after(0).syncs_only());
+    let err = match store.begin(&key, Fingerprint::NONE) {
+        Err(e) => e,
+        Ok(b) => panic!("the replay's read should have failed, got {b:?}"),
+    };
+    assert!(is_fault(&err), "{err}");
+    assert_eq!(store.stats().replays, 0, "no begin was answered Completed");
+    Ok(())
+}
+
+/// A replay is counted once; a mismatching begin is a conflict, not a replay.
+#[test]
+fn a_replay_is_counted_once() -> Result<()> {
+    let store = Store::builder().open_with_backend(FaultBackend::new())?;
+    let key = Key::new("t", "paid");
+    let claim = dedupkv_testkit::started(store.begin(&key, Fingerprint::NONE)?);
+    store.complete(&claim, b"ok")?;
+    assert!(matches!(
+        store.begin(&key, Fingerprint::NONE)?,
+        Begin::Completed(_)
+    ));
+    assert!(store.begin(&key, Fingerprint::of("other")).is_err());
+    assert_eq!(store.stats().replays, 1);
+    assert_eq!(store.stats().conflicts, 1);
+    Ok(())
+}

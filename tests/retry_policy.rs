@@ -518,3 +518,33 @@ fn one_policy_serves_many_threads() -> Result<()> {
     });
     Ok(())
 }
+
+/// A permanent error with a message longer than the store's
+/// `max_outcome_len` is still recorded (cut to fit), so the work never runs
+/// again.
+#[test]
+fn a_permanent_failure_is_recorded_under_a_small_max_outcome_len() -> Result<()> {
+    use dedupkv::{ErrorClass, RetryPolicy, Run};
+    let store = Store::builder()
+        .max_outcome_len(64)
+        .open_with_backend(dedupkv_testkit::FaultBackend::new())?;
+    let policy = RetryPolicy::new();
+    let key = Key::new("shop", "refund-1");
+    let permanent = |_: &String| ErrorClass::Permanent;
+    let long = "card declined: ".to_string() + &"x".repeat(200);
+    let first = policy.run(&store, &key, Fingerprint::NONE, permanent, |_| {
+        Err::<Vec<u8>, _>(long.clone())
+    });
+    assert!(
+        matches!(first, Ok(Run::GaveUp { .. })),
+        "a permanent error gives up and is recorded: {first:?}"
+    );
+    let mut ran = false;
+    let again = policy.run(&store, &key, Fingerprint::NONE, permanent, |_| {
+        ran = true;
+        Ok(Vec::new())
+    })?;
+    assert!(!ran, "the work ran again after a permanent failure");
+    assert!(matches!(again, Run::Failed(_)), "{again:?}");
+    Ok(())
+}

@@ -58,6 +58,11 @@ impl Store {
         })
     }
 
+    /// The longest outcome (or failure payload) this store records.
+    pub(crate) fn max_outcome_len(&self) -> usize {
+        self.engine.config().max_outcome
+    }
+
     /// The engine, for the face's other rooms.
     pub(crate) fn engine(&self) -> &Arc<Engine> {
         &self.engine

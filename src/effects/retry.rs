@@ -25,7 +25,7 @@ const DEFAULT_BASE: Duration = Duration::from_millis(100);
 const DEFAULT_CAP: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// The longest failure text the runner stores with a permanent failure, in
-/// bytes (cut at a character boundary): below the store's default
+/// bytes (cut at a character boundary), and never more than the store's
 /// `max_outcome_len`, so a long error message cannot make `fail` refuse it.
 pub(super) const MAX_FAILURE_TEXT: usize = 1024;
 

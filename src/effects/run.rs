@@ -296,7 +296,7 @@ impl RetryPolicy {
                 }
             }
         };
-        let text = failure_text(&reason, &error);
+        let text = failure_text(&reason, &error, store.max_outcome_len());
         store.fail(claim, Failure::Permanent(text.as_bytes()))?;
         Ok(Run::GaveUp {
             attempts: attempt,
@@ -350,12 +350,13 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Outcome<T> for Json {
     }
 }
 
-/// `"<reason>: <error>"`, cut to [`MAX_FAILURE_TEXT`] bytes at a character
-/// boundary.
-fn failure_text(reason: &GiveUpReason, error: &dyn fmt::Display) -> String {
+/// `"<reason>: <error>"`, cut to [`MAX_FAILURE_TEXT`] bytes (or `limit`, the
+/// store's `max_outcome_len`, if lower) at a character boundary.
+fn failure_text(reason: &GiveUpReason, error: &dyn fmt::Display, limit: usize) -> String {
     let mut text = format!("{reason}: {error}");
-    if text.len() > MAX_FAILURE_TEXT {
-        let mut end = MAX_FAILURE_TEXT;
+    let limit = limit.min(MAX_FAILURE_TEXT);
+    if text.len() > limit {
+        let mut end = limit;
         while !text.is_char_boundary(end) {
             end -= 1;
         }
@@ -371,9 +372,18 @@ mod tests {
     #[test]
     fn failure_text_is_cut_at_a_character_boundary() {
         let long = "é".repeat(MAX_FAILURE_TEXT);
-        let text = failure_text(&GiveUpReason::Permanent, &long);
+        let text = failure_text(&GiveUpReason::Permanent, &long, usize::MAX);
         assert!(text.len() <= MAX_FAILURE_TEXT);
         assert!(text.len() >= MAX_FAILURE_TEXT - 1);
         assert!(text.starts_with("permanent error: é"));
+    }
+
+    #[test]
+    fn failure_text_fits_the_stores_outcome_limit() {
+        let long = "x".repeat(300);
+        for limit in [0, 1, 17, 64] {
+            let text = failure_text(&GiveUpReason::Permanent, &long, limit);
+            assert!(text.len() <= limit, "{limit}: {}", text.len());
+        }
     }
 }

@@ -191,10 +191,6 @@ impl Engine {
                 }
                 SlotState::Inserted | SlotState::Completed | SlotState::Failed => {
                     let (bucket, row) = (s.bucket(nb), s.row(this.log.open_row()));
-                    // Counted here, under the lock already held; `replay`
-                    // corrects the count in the rare case it does not
-                    // replay.
-                    w.shard().counters.replays += 1;
                     drop(shard);
                     return this.replay(key, h, bucket, row, fingerprint);
                 }
@@ -437,8 +433,7 @@ impl Engine {
         }
     }
 
-    /// Answers `begin` on a finished key from its log record (its replay
-    /// already counted by the caller).
+    /// Answers `begin` on a finished key from its log record.
     fn replay(
         &self,
         key: &Key<'_>,
@@ -452,7 +447,6 @@ impl Engine {
             // slot if nobody rewrote it meanwhile, so the retry sees it
             // absent (and the retry loop ends).
             let mut shard = self.index.lock(h);
-            shard.counters.replays -= 1;
             if shard
                 .get(h)
                 .is_some_and(|s| s.bucket(bucket) == bucket && s.row(row) == row)
@@ -462,15 +456,15 @@ impl Engine {
             return Ok(None);
         };
         if rec.state != State::Inserted && rec.fingerprint != Some(fingerprint) {
-            let mut shard = self.index.lock(h);
-            shard.counters.replays -= 1;
-            shard.counters.conflicts += 1;
+            self.index.lock(h).counters.conflicts += 1;
             return Err(mismatch(
                 key,
                 rec.fingerprint.unwrap_or(Fingerprint::NONE),
                 fingerprint,
             ));
         }
+        // Counted store-wide: a replay needs no second visit to its shard.
+        self.counters.replays.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Begun::Completed(rec)))
     }
 }

@@ -13,6 +13,8 @@ pub(crate) struct StoreCounters {
     pub early_buckets: AtomicU64,
     pub evicted_keys: AtomicU64,
     pub clock_behind: AtomicU64,
+    /// `begin` calls answered from a finished key's record.
+    pub replays: AtomicU64,
 }
 
 impl Engine {
@@ -44,6 +46,7 @@ impl Engine {
         s.evicted_keys = self.counters.evicted_keys.load(Ordering::Relaxed);
         s.early_evicted_buckets = self.counters.early_buckets.load(Ordering::Relaxed);
         s.clock_behind = self.counters.clock_behind.load(Ordering::Relaxed);
+        s.replays = self.counters.replays.load(Ordering::Relaxed);
         s
     }
 }

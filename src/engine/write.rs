@@ -38,7 +38,8 @@ pub(crate) enum Next {
     Forgotten(Pending),
 }
 
-/// One key's write, under its shard lock (see the module docs).
+/// One key's write: the key's shard (borrowed from the guard of its lock,
+/// which the caller holds) and the one probe of its slot run.
 pub(crate) struct Write<'s> {
     shard: &'s mut Shard,
     h: KeyHash,

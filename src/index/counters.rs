@@ -32,7 +32,6 @@ counters!(
     started,
     takeovers,
     in_progress,
-    replays,
     completed,
     failed,
     released,
