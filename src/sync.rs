@@ -62,7 +62,7 @@ impl Futex {
     }
 }
 
-/// Spawns a named thread of the store's own (the committer).
+/// Spawns a named thread of the store's own (the committer, the evictor, the grower).
 #[cfg(not(dedupkv_loom))]
 pub(crate) fn spawn<F>(name: &str, f: F) -> std::io::Result<JoinHandle<()>>
 where

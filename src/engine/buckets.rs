@@ -14,6 +14,7 @@ use crate::sync::Ordering;
 impl Engine {
     /// The bucket of a time. The current bucket and its start are cached, so
     /// the hot path compares instead of dividing.
+    #[inline]
     pub(crate) fn bucket_of(&self, ms: u64) -> u64 {
         let cached = self.cur_bucket.load(Ordering::Relaxed);
         let g = self.cfg.granularity_ms;
@@ -33,6 +34,7 @@ impl Engine {
     /// no earlier than the first open bucket; widens its expiry to match.
     /// Returns the bucket and the row. The caller holds the batch lock
     /// (and the shard lock of whatever the record is about).
+    #[inline]
     pub(crate) fn place(
         &self,
         batch: &mut Batch,
@@ -58,6 +60,7 @@ impl Engine {
     /// the bucket, it would be deleted under a live slot. The caller holds
     /// the batch lock, which orders this read after an eviction's
     /// close-then-flush.
+    #[inline]
     pub(crate) fn writable_bucket(&self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
         let closed = self.closed_bucket.load(Ordering::Acquire);
         if bucket > closed {
@@ -74,6 +77,7 @@ impl Engine {
 /// Whether a slot's latest record has not expired at `now_bucket`. No live
 /// record is further out than the longest retention; a bucket that widens
 /// past it is a long-expired one wrapping.
+#[inline]
 pub(crate) fn unexpired(slot: &Slot, now_bucket: u64) -> bool {
     let b = slot.bucket(now_bucket);
     b >= now_bucket && b - now_bucket < MAX_BUCKET_SPAN

@@ -472,6 +472,7 @@ impl Engine {
 /// The record of claim `p` on (`scope`, `id`), written at `now`: by
 /// `begin`, by `renew`, and by eviction carrying a live claim out of a
 /// bucket it deletes.
+#[inline]
 pub(crate) fn claim_record<'k>(
     scope: &'k [u8],
     id: &'k [u8],
@@ -483,6 +484,7 @@ pub(crate) fn claim_record<'k>(
 }
 
 /// The claim fields a record of claim `p` carries.
+#[inline]
 pub(crate) fn fields(p: &Pending) -> ClaimFields {
     ClaimFields {
         attempt: p.attempt,

@@ -187,6 +187,7 @@ impl Engine {
 }
 
 /// The Insert record of `key`, written at `now`.
+#[inline]
 pub(crate) fn insert_record<'k>(key: &'k Key<'_>, now: u64, retention_ms: u64) -> RecordRef<'k> {
     RecordRef::insert(key.scope(), key.id(), now, now.saturating_add(retention_ms))
 }

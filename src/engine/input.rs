@@ -11,6 +11,7 @@ impl Engine {
     /// Fails for an empty scope or id (an empty id is a missing key: taken
     /// as one, every event without an id would be a duplicate of the first)
     /// and for parts over the limits.
+    #[inline]
     pub(crate) fn check_key(&self, key: &Key<'_>) -> Result<()> {
         for (what, part) in [("scope", key.scope()), ("id", key.id())] {
             if part.is_empty() {
@@ -27,6 +28,7 @@ impl Engine {
     /// Checks every item of a batch call (each gives its log bytes, or its
     /// error) and fails for a call over `max_batch_bytes`, before anything
     /// is recorded.
+    #[inline]
     pub(crate) fn check_batch(&self, items: impl Iterator<Item = Result<usize>>) -> Result<()> {
         let mut total = 0usize;
         for bytes in items {
@@ -47,6 +49,7 @@ impl Engine {
 }
 
 /// What a key costs a batch call's log, as `max_batch_bytes` counts it.
+#[inline]
 pub(crate) fn key_bytes(key: &Key<'_>) -> usize {
     key.scope().len() + key.id().len() + 32
 }

@@ -114,6 +114,7 @@ impl Engine {
 impl Engine {
     /// Waits, in `Immediate` mode, until the record an answer is based on
     /// is durable.
+    #[inline]
     pub(crate) fn settle_seen(&self, row: u64) -> crate::Result<()> {
         match self.cfg.durability {
             crate::Durability::Immediate => self.log.wait_durable(row),

@@ -38,6 +38,7 @@ pub(crate) struct Op {
 
 impl Engine {
     /// The store's time now.
+    #[inline]
     pub(crate) fn now(&self) -> u64 {
         let reading = self.clock.now_millis().min(MAX_TIME);
         let time = self.time.load(Ordering::Relaxed);
@@ -79,6 +80,7 @@ impl Engine {
     /// The store's time and its bucket, for a call about to read or write
     /// slots. If the time has moved so far past the last eviction that a
     /// slot's 24 bucket bits could wrap, evicts first (under no lock).
+    #[inline]
     pub(crate) fn time(&self) -> Result<(u64, u64)> {
         let now = self.now();
         let nb = self.bucket_of(now);

@@ -42,6 +42,7 @@ impl Tokens {
 impl Engine {
     /// The next fencing token, its reservation added to `batch` if it
     /// needs one. The caller holds the batch lock.
+    #[inline]
     pub(crate) fn next_token(&self, batch: &mut Batch) -> u64 {
         let t = &self.tokens;
         let token = t.next.fetch_add(1, Ordering::Relaxed);
@@ -54,6 +55,7 @@ impl Engine {
     }
 
     /// Whether a claim with `token` was made by an earlier process.
+    #[inline]
     pub(crate) fn orphaned(&self, token: u64) -> bool {
         token < self.tokens.run_first
     }

@@ -49,6 +49,7 @@ pub(crate) struct Write<'s> {
 
 impl Engine {
     /// The key's hash (the event-key domain).
+    #[inline]
     pub(crate) fn hash(&self, key: &Key<'_>) -> KeyHash {
         self.hasher.hash(key.scope(), key.id())
     }
@@ -56,6 +57,7 @@ impl Engine {
     /// What every write on an event key starts with: validate the key,
     /// refuse if poisoned, hash it, read the clock. Returns the hash, now
     /// and the current bucket.
+    #[inline]
     pub(crate) fn write_start(&self, key: &Key<'_>) -> Result<(KeyHash, u64, u64)> {
         self.check_key(key)?;
         self.log.check()?;
@@ -67,6 +69,7 @@ impl Engine {
 impl<'s> Write<'s> {
     /// Starts a write of key `h` in `shard` (whose lock the caller holds),
     /// at bucket `now_bucket`: walks the key's slot run once.
+    #[inline]
     pub(crate) fn new(shard: &'s mut Shard, h: KeyHash, now_bucket: u64) -> Self {
         let probe = shard.probe(h);
         Write {
@@ -79,6 +82,7 @@ impl<'s> Write<'s> {
 
     /// The key's slot if its latest record has not expired, forgotten or
     /// not.
+    #[inline]
     pub(crate) fn recorded(&self) -> Option<Slot> {
         self.shard
             .slot(self.probe)
@@ -88,23 +92,27 @@ impl<'s> Write<'s> {
 
     /// The key's slot if the key is present: recorded, not expired, not
     /// forgotten.
+    #[inline]
     pub(crate) fn live(&self) -> Option<Slot> {
         self.recorded()
             .filter(|s| s.state() != SlotState::Forgotten)
     }
 
     /// Whether the key's latest (unexpired) record is a forget record.
+    #[inline]
     pub(crate) fn forgotten(&self) -> bool {
         self.recorded()
             .is_some_and(|s| s.state() == SlotState::Forgotten)
     }
 
     /// The key's pending details (see [`Next`]).
+    #[inline]
     pub(crate) fn pending(&self) -> Option<Pending> {
         self.shard.pending(self.h).copied()
     }
 
     /// The shard, for its counters.
+    #[inline]
     pub(crate) fn shard(&mut self) -> &mut Shard {
         self.shard
     }
@@ -112,6 +120,7 @@ impl<'s> Write<'s> {
     /// Appends `rec` as the key's latest record and points its slot at it,
     /// in state `next` (whose details replace the pending ones). The caller
     /// holds the batch lock. Returns the record's row.
+    #[inline]
     pub(crate) fn append(
         self,
         engine: &Engine,

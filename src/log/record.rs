@@ -62,6 +62,7 @@ pub(crate) enum Body {
 }
 
 impl Kind {
+    #[inline]
     pub(super) fn from_u8(b: u8) -> Option<Kind> {
         Some(match b {
             1 => Kind::Insert,
@@ -77,6 +78,7 @@ impl Kind {
         })
     }
 
+    #[inline]
     pub(crate) fn body(self) -> Body {
         match self {
             Kind::Insert => Body::Empty,
@@ -86,6 +88,7 @@ impl Kind {
     }
 
     /// Entity records live in the entity namespace of the index.
+    #[inline]
     pub(crate) fn is_entity(self) -> bool {
         self.body() == Body::Entity
     }
@@ -120,6 +123,7 @@ pub(crate) struct RecordRef<'a> {
 impl<'a> RecordRef<'a> {
     /// A record with its header fields only, its body empty (what a plain
     /// insert decodes to; the decoder fills in any other body).
+    #[inline]
     pub(super) fn bare(
         kind: Kind,
         idx: u32,
@@ -160,6 +164,7 @@ pub(crate) struct ClaimFields {
 /// assigns it.
 impl<'a> RecordRef<'a> {
     /// A record of `kind` whose claim fields are `c`.
+    #[inline]
     fn with_claim(
         kind: Kind,
         (scope, id): (&'a [u8], &'a [u8]),
@@ -187,6 +192,7 @@ impl<'a> RecordRef<'a> {
 
     /// An entity-namespace record: `value`, `aux` and `aux2` of the format
     /// (see [`Kind::Entity`]) and a payload.
+    #[inline]
     fn with_entity(
         kind: Kind,
         (scope, id): (&'a [u8], &'a [u8]),
@@ -212,6 +218,7 @@ impl<'a> RecordRef<'a> {
     }
 
     /// A plain `insert_if_absent` key, recorded at `at`.
+    #[inline]
     pub(crate) fn insert(scope: &'a [u8], id: &'a [u8], at: u64, expires: u64) -> Self {
         RecordRef {
             outcome_tag: TAG_RAW,
@@ -220,6 +227,7 @@ impl<'a> RecordRef<'a> {
     }
 
     /// A claim began, was taken over or renewed.
+    #[inline]
     pub(crate) fn claim(
         scope: &'a [u8],
         id: &'a [u8],
@@ -230,6 +238,7 @@ impl<'a> RecordRef<'a> {
     }
 
     /// The claim completed with `outcome` (encoded under codec tag `tag`).
+    #[inline]
     pub(crate) fn complete(
         scope: &'a [u8],
         id: &'a [u8],
@@ -241,6 +250,7 @@ impl<'a> RecordRef<'a> {
     }
 
     /// The claim failed for good; `outcome` is the error payload.
+    #[inline]
     pub(crate) fn fail(
         scope: &'a [u8],
         id: &'a [u8],
@@ -253,6 +263,7 @@ impl<'a> RecordRef<'a> {
 
     /// The claim was released for a retry; `tag` is 0,
     /// [`RELEASE_ANY_REQUEST`] or [`RELEASE_ABANDONED`].
+    #[inline]
     pub(crate) fn release(
         scope: &'a [u8],
         id: &'a [u8],
@@ -265,6 +276,7 @@ impl<'a> RecordRef<'a> {
 
     /// The key was forgotten; `c` is the claim of the record it replaces
     /// (its lease is not kept).
+    #[inline]
     pub(crate) fn forget(
         scope: &'a [u8],
         id: &'a [u8],
@@ -281,6 +293,7 @@ impl<'a> RecordRef<'a> {
     /// An entity's core state: its version (`None` before the first),
     /// the next expected sequence number (0: no sequencer state), when
     /// the current gap opened (0: none) and the ack mark payload.
+    #[inline]
     pub(crate) fn entity_core(
         scope: &'a [u8],
         id: &'a [u8],
@@ -300,6 +313,7 @@ impl<'a> RecordRef<'a> {
 
     /// Event `seq` was parked at `parked_at` (or, the next expected one,
     /// delivered).
+    #[inline]
     pub(crate) fn park(
         scope: &'a [u8],
         id: &'a [u8],
@@ -318,6 +332,7 @@ impl<'a> RecordRef<'a> {
 
     /// Event `seq` went to the holding area: predecessor `missing` has
     /// been missing since `since`.
+    #[inline]
     pub(crate) fn hold(
         scope: &'a [u8],
         id: &'a [u8],
@@ -338,6 +353,7 @@ impl<'a> RecordRef<'a> {
 /// Accessors for the fields a kind reuses.
 impl<'a> RecordRef<'a> {
     /// The claim a claim-body record carries.
+    #[inline]
     pub(crate) fn claim_fields(&self) -> ClaimFields {
         debug_assert_eq!(self.kind.body(), Body::Claim);
         ClaimFields {
@@ -350,54 +366,63 @@ impl<'a> RecordRef<'a> {
     }
 
     /// An `Entity` record's version (`None`: no version yet).
+    #[inline]
     pub(crate) fn entity_version(&self) -> Option<u64> {
         debug_assert_eq!(self.kind, Kind::Entity);
         self.token.checked_sub(1)
     }
 
     /// An `Entity` record's next expected sequence number (0: none).
+    #[inline]
     pub(crate) fn next_seq(&self) -> u64 {
         debug_assert_eq!(self.kind, Kind::Entity);
         self.first_at
     }
 
     /// When an `Entity` record's current sequence gap opened (0: no gap).
+    #[inline]
     pub(crate) fn gap_since(&self) -> u64 {
         debug_assert_eq!(self.kind, Kind::Entity);
         self.lease_until
     }
 
     /// An `Entity` record's ack mark payload (see [`Kind::Entity`]).
+    #[inline]
     pub(crate) fn ack_mark(&self) -> &'a [u8] {
         debug_assert_eq!(self.kind, Kind::Entity);
         self.outcome
     }
 
     /// The sequence number of a `Park` or `Hold` record's event.
+    #[inline]
     pub(crate) fn event_seq(&self) -> u64 {
         debug_assert!(matches!(self.kind, Kind::Park | Kind::Hold));
         self.token
     }
 
     /// When a `Park` record's event was parked.
+    #[inline]
     pub(crate) fn parked_at(&self) -> u64 {
         debug_assert_eq!(self.kind, Kind::Park);
         self.first_at
     }
 
     /// The predecessor a `Hold` record's event waits for.
+    #[inline]
     pub(crate) fn held_missing(&self) -> u64 {
         debug_assert_eq!(self.kind, Kind::Hold);
         self.first_at
     }
 
     /// Since when a `Hold` record's predecessor has been missing.
+    #[inline]
     pub(crate) fn held_since(&self) -> u64 {
         debug_assert_eq!(self.kind, Kind::Hold);
         self.lease_until
     }
 
     /// A `Park` or `Hold` record's event payload.
+    #[inline]
     pub(crate) fn event_payload(&self) -> &'a [u8] {
         debug_assert!(matches!(self.kind, Kind::Park | Kind::Hold));
         self.outcome
