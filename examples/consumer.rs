@@ -221,6 +221,8 @@ fn handle(store: &Store, ev: Event, env: &Env<'_>, tally: &Tally) -> bool {
             tally.in_progress_requeued.fetch_add(1, Ordering::Relaxed);
             false
         }
+        // This consumer never dead-letters (it has no retry policy).
+        Begin::DeadLettered(dl) => panic!("unexpected dead letter: {}", dl.key()),
     }
 }
 

@@ -22,6 +22,7 @@
 //!     Begin::Started(claim) => store.complete(&claim, b"charge ch_1")?,
 //!     Begin::Completed(record) => assert_eq!(record.outcome(), Some(&b"charge ch_1"[..])),
 //!     Begin::InProgress(info) => println!("retry after {:?}", info.lease_expires_at()),
+//!     Begin::DeadLettered(dl) => println!("retries exhausted: {}", dl.reason()),
 //! }
 //! # Ok::<(), dedupkv::Error>(())
 //! ```
@@ -56,8 +57,8 @@ pub use effects::{
 pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use types::{
-    Advance, BeginOptions, Delivered, Eviction, Failure, Forget, Held, InProgress, Record,
-    Sequenced, State, Stats, Update,
+    Advance, BeginOptions, Cursor, DeadLetter, Delivered, Eviction, Failure, Forget, Held,
+    InProgress, Listing, Page, Record, Resolution, Sequenced, State, Stats, Update,
 };
 
 /// The README's code, compiled and run as doc tests so it cannot go stale.

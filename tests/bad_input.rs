@@ -254,14 +254,14 @@ fn a_newer_format_version_is_refused() -> Result<()> {
     let dir = tempdir();
     let p = dir.path().join("s.redb");
     drop(Store::open(&p)?);
-    set_format(&p, 3, true);
+    set_format(&p, 4, true);
     let err = Store::open(&p).unwrap_err();
     assert!(
         matches!(
             err,
             Error::UnsupportedVersion {
-                found: 3,
-                supported: 2
+                found: 4,
+                supported: 3
             }
         ),
         "{err}"
@@ -327,5 +327,44 @@ fn a_store_open_elsewhere_is_refused() -> Result<()> {
     assert!(matches!(err, Error::AlreadyOpen), "{err}");
     drop(first);
     drop(Store::open(&p)?);
+    Ok(())
+}
+
+/// The `format` entry of the file at `p`.
+fn format_of(p: &std::path::Path) -> u32 {
+    use redb::ReadableDatabase;
+    let db = redb::Database::open(p).expect("redb");
+    let txn = db.begin_read().expect("txn");
+    let t = txn.open_table(META).expect("meta");
+    let v = t
+        .get("format")
+        .expect("get")
+        .expect("format")
+        .value()
+        .to_vec();
+    u32::from_le_bytes(v.try_into().expect("4 bytes"))
+}
+
+#[test]
+fn a_format_2_file_opens_whole_and_is_rewritten_as_format_3() -> Result<()> {
+    let dir = tempdir();
+    let p = dir.path().join("s.redb");
+    {
+        let store = Store::open(&p)?;
+        store.insert_if_absent(&dedupkv::Key::new("t", "kept"))?;
+    }
+    assert_eq!(format_of(&p), 3, "a new file is format 3");
+    set_format(&p, 2, true); // as the build before dead letters wrote it
+    {
+        let store = Store::open(&p)?;
+        assert!(!store.insert_if_absent(&dedupkv::Key::new("t", "kept"))?);
+    }
+    assert_eq!(
+        format_of(&p),
+        3,
+        "the first commit rewrites it, so a format-2 build refuses the file as newer"
+    );
+    let store = Store::open(&p)?;
+    assert!(!store.insert_if_absent(&dedupkv::Key::new("t", "kept"))?);
     Ok(())
 }

@@ -80,7 +80,7 @@ fn begin_has_exactly_one_winner_per_key() -> Result<()> {
             s.complete(&claim, k.id())?;
             Ok(true)
         }
-        Begin::InProgress(_) | Begin::Completed(_) => Ok(false),
+        Begin::InProgress(_) | Begin::Completed(_) | Begin::DeadLettered(_) => Ok(false),
     });
     assert_eq!(per_key.iter().sum::<usize>(), KEYS);
     assert!(

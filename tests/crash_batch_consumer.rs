@@ -66,6 +66,7 @@ fn batch_consumer_child() {
                 Begin::Started(c) => claims.push(c),
                 Begin::Completed(_) => {}
                 Begin::InProgress(i) => panic!("a lone consumer met a live claim: {i:?}"),
+                Begin::DeadLettered(d) => panic!("nothing is dead-lettered here: {d:?}"),
             }
         }
         for c in &claims {

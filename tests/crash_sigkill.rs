@@ -121,6 +121,9 @@ fn kills_never_lose_an_acknowledged_key() -> Result<()> {
                 Begin::InProgress(_) => {
                     panic!("acknowledged key {id} is in progress after kill {run}")
                 }
+                Begin::DeadLettered(_) => {
+                    panic!("acknowledged key {id} is dead-lettered after kill {run}")
+                }
             }
         }
     }

@@ -396,13 +396,13 @@ fn attempts_continue_across_reopens_and_run_out_at_max_attempts() -> Result<()> 
             panic!("an exhausted operation must not be retried")
         },
     )?;
-    let Run::Failed(rec) = run else {
-        panic!("expected Failed, got {run:?}")
+    let Run::DeadLettered(dl) = run else {
+        panic!("expected DeadLettered, got {run:?}")
     };
-    assert_eq!(rec.attempts(), 3);
+    assert_eq!(dl.attempts(), 3);
     assert_eq!(
-        rec.outcome(),
-        Some(&b"gave up after 3 attempts (max_attempts): provider down"[..])
+        dl.reason(),
+        "gave up after 3 attempts (max_attempts): provider down"
     );
     Ok(())
 }
@@ -443,7 +443,11 @@ fn max_elapsed_counts_from_the_stored_first_attempt_across_a_reopen() -> Result<
         ),
         "{run:?}"
     );
-    assert_eq!(store.get(&key)?.expect("recorded").state(), State::Failed);
+    assert_eq!(
+        store.get(&key)?.expect("recorded").state(),
+        State::DeadLettered,
+        "exhausted retries go to the dead-letter area"
+    );
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::clock::to_system_time;
 use crate::codec::{TAG_JSON, TAG_RAW};
 use crate::engine::{Begun, Engine, Ticket};
-use crate::types::{BeginOptions, Failure, InProgress, Record};
+use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Record};
 #[cfg(doc)]
 use crate::{Durability, Error};
 use crate::{Fingerprint, Key, Result, Store};
@@ -25,6 +25,7 @@ use crate::{Fingerprint, Key, Result, Store};
 ///     Begin::Started(claim) => store.complete(&claim, b"charged")?,
 ///     Begin::Completed(record) => println!("replay: {:?}", record.outcome()),
 ///     Begin::InProgress(info) => println!("retry after {:?}", info.lease_expires_at()),
+///     Begin::DeadLettered(dl) => println!("retries exhausted: {}", dl.reason()),
 /// }
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
@@ -39,6 +40,11 @@ pub enum Begin {
     Completed(Record),
     /// Another attempt holds a live lease.
     InProgress(InProgress),
+    /// The operation's retries were exhausted and it is in the dead-letter
+    /// area: it is not retried until an operator
+    /// [`requeue`](crate::Store::requeue)s or
+    /// [`resolve`](crate::Store::resolve)s it.
+    DeadLettered(DeadLetter),
 }
 
 /// The right to perform one attempt of an operation, with a lease and a
@@ -86,6 +92,7 @@ impl From<Begun> for Begin {
             Begun::Started(ticket) => Begin::Started(Claim { ticket }),
             Begun::Completed(rec) => Begin::Completed(rec),
             Begun::InProgress(p) => Begin::InProgress(p),
+            Begun::DeadLettered(d) => Begin::DeadLettered(d),
         }
     }
 }
@@ -332,7 +339,7 @@ impl Store {
     /// for answer in store.begin_batch(&items)? {
     ///     match answer? {
     ///         Begin::Started(claim) => claims.push(claim), // handle it
-    ///         Begin::Completed(_) | Begin::InProgress(_) => {} // done, or someone has it
+    ///         Begin::Completed(_) | Begin::InProgress(_) | Begin::DeadLettered(_) => {} // done, or someone has it
     ///     }
     /// }
     /// assert_eq!(claims.len(), 2);

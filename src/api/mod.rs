@@ -3,6 +3,7 @@
 
 pub(crate) mod builder;
 pub(crate) mod claim;
+pub(crate) mod dead_letter;
 pub(crate) mod order;
 pub(crate) mod store;
 

@@ -3,6 +3,8 @@
 
 use crate::types::{Advance, Delivered, Held, Sequenced, Update};
 use crate::{Key, Result, Store};
+#[cfg(doc)]
+use crate::Error;
 
 impl Store {
     /// Compares `version` with the entity's recorded version and advances

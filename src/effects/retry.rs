@@ -17,6 +17,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::{BeginOptions, Clock, Error, Result, SystemClock};
+#[cfg(doc)]
+use crate::Store;
 use std::sync::Arc;
 
 use super::rng::{SplitMix64, random_seed};

@@ -5,14 +5,19 @@ use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::retry::{Decision, ErrorClass, GiveUpReason, MAX_FAILURE_TEXT, RetryPolicy};
-use crate::{Begin, Claim, Error, Failure, Fingerprint, Key, Record, Result, State, Store};
+use crate::{
+    Begin, Claim, DeadLetter, Error, Failure, Fingerprint, Key, Record, Result, State, Store,
+};
+
+/// What a dead letter's record adds to its reason (its time, lengths and
+/// flags: see the log's `DeadLetterBody`).
+const DEAD_LETTER_FRAMING: usize = 14;
 
 /// What [`RetryPolicy::run`] did.
 ///
-/// Exhausted operations are recorded as permanent failures today; a later
-/// change will also move them into a durable dead-letter area, and
-/// `GaveUp` will then carry that entry's id (the enum and its variants are
-/// `#[non_exhaustive]` so fields can be added).
+/// A permanent error is recorded as a permanent failure; retries that run
+/// out (attempts or elapsed time) move the operation to the dead-letter
+/// area ([`Store::dead_letters`]), where it waits for an operator.
 ///
 /// # Examples
 /// See [`RetryPolicy::run`].
@@ -41,18 +46,26 @@ pub enum Run<T, E> {
         /// The closure's error.
         error: E,
     },
-    /// The closure failed and the policy gave up; the operation is recorded
-    /// as a permanent failure (`"<reason>: <error>"`, cut to 1 KiB), which
-    /// every later `begin` replays.
+    /// The closure failed and the policy gave up, recording
+    /// `"<reason>: <error>"` (cut to 1 KiB and to the store's
+    /// `max_outcome_len`): for a permanent error as a permanent failure,
+    /// which every later `begin` replays; for exhausted retries as a dead
+    /// letter (`dead_lettered`), which every later `run` answers with
+    /// [`Run::DeadLettered`] until an operator requeues or resolves it.
     #[non_exhaustive]
     GaveUp {
         /// Attempts made, this one included.
         attempts: u32,
         /// Why the policy stopped.
         reason: GiveUpReason,
+        /// The operation went to the dead-letter area.
+        dead_lettered: bool,
         /// The closure's error.
         error: E,
     },
+    /// The operation is in the dead-letter area (its retries ran out
+    /// before); the closure did not run.
+    DeadLettered(DeadLetter),
     /// Another attempt holds a live lease; the closure did not run. Call
     /// again after `retry_after`: the key is then finished, or free to take
     /// over.
@@ -79,7 +92,11 @@ impl<T, E> Run<T, E> {
         match self {
             Run::RetryAfter { after, .. } => Some(*after),
             Run::InProgress { retry_after, .. } => Some(*retry_after),
-            Run::Done(_) | Run::Replayed(_) | Run::Failed(_) | Run::GaveUp { .. } => None,
+            Run::Done(_)
+            | Run::Replayed(_)
+            | Run::Failed(_)
+            | Run::GaveUp { .. }
+            | Run::DeadLettered(_) => None,
         }
     }
 }
@@ -254,6 +271,7 @@ impl RetryPolicy {
                     ),
                 }),
             },
+            Begin::DeadLettered(dl) => Ok(Run::DeadLettered(dl)),
             Begin::InProgress(p) => {
                 let lease_expires_at = p.lease_expires_at();
                 Ok(Run::InProgress {
@@ -296,11 +314,23 @@ impl RetryPolicy {
                 }
             }
         };
-        let text = failure_text(&reason, &error, store.max_outcome_len());
-        store.fail(claim, Failure::Permanent(text.as_bytes()))?;
+        let dead_lettered = reason != GiveUpReason::Permanent;
+        // A dead letter's record adds its time and framing to the text.
+        let limit = store.max_outcome_len().saturating_sub(DEAD_LETTER_FRAMING);
+        let text = failure_text(&reason, &error, limit);
+        let failure = if dead_lettered {
+            Failure::Exhausted {
+                reason: &text,
+                payload: None,
+            }
+        } else {
+            Failure::Permanent(text.as_bytes())
+        };
+        store.fail(claim, failure)?;
         Ok(Run::GaveUp {
             attempts: attempt,
             reason,
+            dead_lettered,
             error,
         })
     }

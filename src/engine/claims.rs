@@ -21,9 +21,11 @@ use crate::clock::to_system_time;
 use crate::codec::TAG_RAW;
 use crate::index::{Pending, SlotState};
 use crate::key::KeyHash;
-use crate::log::record::{ClaimFields, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
+use crate::log::record::{
+    ClaimFields, DeadLetterBody, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
+};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
-use crate::types::{BeginOptions, Failure, InProgress, Record, State};
+use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
 
 /// The engine's side of a claim handle: which attempt of which key, its
@@ -64,6 +66,7 @@ pub(crate) enum Begun {
     Started(Ticket),
     Completed(Record),
     InProgress(InProgress),
+    DeadLettered(DeadLetter),
 }
 
 /// The log rows a call's answers rest on: `new`, its own records (made
@@ -189,7 +192,10 @@ impl Engine {
                     let after = w.pending().map_or(0, |p| p.first_at.saturating_add(1));
                     (1, now.max(after), false)
                 }
-                SlotState::Inserted | SlotState::Completed | SlotState::Failed => {
+                SlotState::Inserted
+                | SlotState::Completed
+                | SlotState::Failed
+                | SlotState::DeadLettered => {
                     let (bucket, row) = (s.bucket(nb), s.row(this.log.open_row()));
                     drop(shard);
                     return this.replay(key, h, bucket, row, fingerprint);
@@ -242,6 +248,7 @@ impl Engine {
                 retention_ms: op.retention_ms,
                 any_request: false,
                 abandoned: false,
+                failed_at: 0,
             };
             let mut rec = claim_record(key.scope(), key.id(), &p, now);
             (w.append(this, &mut batch, Next::Claimed(p), &mut rec), p)
@@ -300,6 +307,15 @@ impl Engine {
                 self.finish(claim, Kind::Release, RELEASE_ANY_REQUEST, &[], None)
             }
             Failure::Permanent(payload) => self.finish(claim, Kind::Fail, TAG_RAW, payload, None),
+            Failure::Exhausted { reason, payload } => {
+                let body = DeadLetterBody {
+                    failed_at: self.now(),
+                    reason,
+                    payload,
+                }
+                .encode();
+                self.finish(claim, Kind::DeadLetter, TAG_RAW, &body, None)
+            }
         };
         res.and_then(|row| self.log.settle(row))
     }
@@ -362,6 +378,7 @@ impl Engine {
                 SlotState::Completed => "the key was already completed",
                 SlotState::Failed => "the key already failed permanently",
                 SlotState::Inserted => "the key was recorded by insert_if_absent",
+                SlotState::DeadLettered => "the key is in the dead-letter area",
                 SlotState::Forgotten => "the key was forgotten",
             },
         };
@@ -398,15 +415,24 @@ impl Engine {
         let mut rec = match kind {
             Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
             Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
             _ => RecordRef::release(scope, id, at, fields(&p), tag),
         };
         let next = match kind {
             Kind::Complete => Next::Completed,
             Kind::Fail => Next::Failed,
+            Kind::DeadLetter => Next::DeadLettered(Pending {
+                lease_until: 0,
+                any_request: false,
+                abandoned: false,
+                failed_at: DeadLetterBody::decode(outcome).map_or(now, |b| b.failed_at),
+                ..p
+            }),
             _ => Next::Released(Pending {
                 lease_until: 0,
                 any_request: tag == RELEASE_ANY_REQUEST,
                 abandoned: tag == RELEASE_ABANDONED,
+                failed_at: 0,
                 ..p
             }),
         };
@@ -417,6 +443,7 @@ impl Engine {
         match kind {
             Kind::Complete => shard.counters.completed += 1,
             Kind::Fail => shard.counters.failed += 1,
+            Kind::DeadLetter => shard.counters.dead_lettered += 1,
             _ => shard.counters.released += 1,
         }
         claim.finished.store(true, Ordering::Release);
@@ -442,8 +469,16 @@ impl Engine {
         row: u64,
         fingerprint: Fingerprint,
     ) -> Result<Option<Begun>> {
-        let Some(rec) = self.load(key, bucket, row)? else {
-            // Its bucket was deleted under us: the key expired. Drop the
+        let loaded = self.load_with(key, bucket, row, |r| {
+            let dead = match r.kind {
+                Kind::DeadLetter => Some(self.dead_letter_of(r)?),
+                _ => None,
+            };
+            Ok((self.record_of(r), dead))
+        })?;
+        let Some((rec, dead)) = loaded else {
+            // Its bucket was deleted under us: the key expired (or, a dead
+            // letter, was carried to another bucket). Drop the
             // slot if nobody rewrote it meanwhile, so the retry sees it
             // absent (and the retry loop ends).
             let mut shard = self.index.lock(h);
@@ -462,6 +497,9 @@ impl Engine {
                 rec.fingerprint.unwrap_or(Fingerprint::NONE),
                 fingerprint,
             ));
+        }
+        if let Some(dead) = dead {
+            return Ok(Some(Begun::DeadLettered(dead)));
         }
         // Counted store-wide: a replay needs no second visit to its shard.
         self.counters.replays.fetch_add(1, Ordering::Relaxed);

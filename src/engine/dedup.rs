@@ -173,6 +173,7 @@ impl Engine {
                 retention_ms: 0,
                 any_request: false,
                 abandoned: false,
+                failed_at: 0,
             };
             let row = {
                 let mut batch = self.log.batch()?;

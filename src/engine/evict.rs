@@ -157,6 +157,15 @@ impl Engine {
                 if slot.bucket(b) != b {
                     continue;
                 }
+                if slot.state() == SlotState::DeadLettered {
+                    // Never evicted: carried out of the bucket from its own
+                    // record (an older record of the key here is skipped).
+                    if rec.kind == Kind::DeadLetter && slot.row(self.log.open_row()) == n {
+                        let w = Write::new(&mut shard, h, self.bucket_of(now));
+                        self.carry_dead_letter(w, &rec, now)?;
+                    }
+                    continue;
+                }
                 if early
                     && slot.state() == SlotState::Claimed
                     && let Some(p) = shard.pending(h).filter(|p| p.lease_until > now).copied()

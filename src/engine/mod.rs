@@ -14,6 +14,8 @@
 //! - [`dedup`] (insert-if-absent, forget), [`read`] (a key's record),
 //!   [`claims`] (begin, complete, fail, renew), [`order`] (versions and the
 //!   sequencer): the operations;
+//! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
+//!   until requeued or resolved);
 //! - [`evict`]: retention, bucket by bucket; [`background`]: the threads;
 //! - [`counters`]: store-wide counters and the [`Stats`](crate::Stats)
 //!   snapshot.
@@ -35,6 +37,7 @@ pub(crate) mod buckets;
 pub(crate) mod claims;
 pub(crate) mod config;
 pub(crate) mod counters;
+pub(crate) mod dead_letter;
 pub(crate) mod dedup;
 pub(crate) mod evict;
 pub(crate) mod input;

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::counters::StoreCounters;
+use super::dead_letter::{ExpiredDeadLetter, ExpiredDeadLetters};
 use super::order::apply_entity_record;
 use super::time::MAX_TIME;
 use super::tokens::{TOKEN_BLOCK, Tokens};
@@ -93,20 +94,21 @@ impl Engine {
         let now_bucket = clock.now_millis().clamp(time_floor, MAX_TIME) / cfg.granularity_ms;
         let mut max_token = 0;
         let mut time_floor = time_floor;
-        let replayed = crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec| {
-            time_floor = time_floor.max(rec.at);
-            if rec.kind.is_entity() {
-                let h = meta.hasher.hash_entity(rec.scope, rec.id);
-                apply_entity_record(&mut index.lock(h), h, bucket, row, rec)
-            } else {
-                if rec.kind != Kind::Insert {
+        let mut expired_dead = ExpiredDeadLetters::new();
+        let replayed =
+            crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec, expired| {
+                time_floor = time_floor.max(rec.at);
+                if !expired && rec.kind.is_claim_body() {
                     max_token = max_token.max(rec.claim_fields().token);
                 }
-                let h = meta.hasher.hash(rec.scope, rec.id);
-                apply_record(&mut index.lock(h), h, bucket, row, rec);
-                Ok(())
-            }
-        })?;
+                apply(
+                    &index,
+                    &meta.hasher,
+                    &mut expired_dead,
+                    (bucket, row, expired),
+                    rec,
+                )
+            })?;
         for i in 0..cfg.shards {
             index.lock_shard(i).settle_entities(now_bucket);
         }
@@ -161,18 +163,62 @@ impl Engine {
         // are carried out of them: the carried records are committed in the
         // deletion's commit or before it.
         engine.carry_expired(now_bucket)?;
+        engine.carry_expired_dead_letters(expired_dead)?;
         engine.log.drop_buckets(&replayed.expired)?;
         let threads = Threads::start(&engine, background, tick)?;
         Ok((engine, threads))
     }
 }
 
+/// Applies one replayed record: an entity's to the entity (entities with
+/// events outlive their tables' expiry); a live event key's to its slot;
+/// an expired one's only if it is a dead letter (kept in `expired_dead`
+/// until a later record of its key supersedes it).
+fn apply(
+    index: &ShardedIndex,
+    hasher: &KeyHasher,
+    expired_dead: &mut ExpiredDeadLetters,
+    (bucket, row, expired): (u64, u64, bool),
+    rec: &RecordRef<'_>,
+) -> Result<()> {
+    if rec.kind.is_entity() {
+        let h = hasher.hash_entity(rec.scope, rec.id);
+        return apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
+    }
+    if !expired {
+        let h = hasher.hash(rec.scope, rec.id);
+        return apply_record(&mut index.lock(h), h, bucket, row, rec);
+    }
+    if rec.kind == Kind::DeadLetter {
+        let body = rec.dead_letter_body()?;
+        expired_dead.insert(
+            hasher.hash(rec.scope, rec.id),
+            ExpiredDeadLetter {
+                scope: rec.scope.to_vec(),
+                id: rec.id.to_vec(),
+                claim: rec.claim_fields(),
+                failed_at: body.failed_at,
+                body: rec.outcome.to_vec(),
+            },
+        );
+    } else if !expired_dead.is_empty() {
+        expired_dead.remove(&hasher.hash(rec.scope, rec.id));
+    }
+    Ok(())
+}
+
 /// Sets a key's slot (and pending details) from a replayed record.
-fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &RecordRef<'_>) {
+fn apply_record(
+    shard: &mut Shard,
+    h: KeyHash,
+    bucket: u64,
+    row: u64,
+    rec: &RecordRef<'_>,
+) -> Result<()> {
     if rec.kind == Kind::Insert {
         shard.put(h, SlotState::Inserted, bucket, row);
         shard.remove_pending(h);
-        return;
+        return Ok(());
     }
     let c = rec.claim_fields();
     let pending = Pending {
@@ -188,6 +234,10 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         retention_ms: rec.expires.saturating_sub(rec.at),
         any_request: rec.kind == Kind::Release && rec.outcome_tag == RELEASE_ANY_REQUEST,
         abandoned: rec.kind == Kind::Release && rec.outcome_tag == RELEASE_ABANDONED,
+        failed_at: match rec.kind {
+            Kind::DeadLetter => rec.dead_letter_body()?.failed_at,
+            _ => 0,
+        },
     };
     let state = match rec.kind {
         Kind::Claim => SlotState::Claimed,
@@ -195,16 +245,18 @@ fn apply_record(shard: &mut Shard, h: KeyHash, bucket: u64, row: u64, rec: &Reco
         Kind::Complete => SlotState::Completed,
         Kind::Fail => SlotState::Failed,
         Kind::Forget => SlotState::Forgotten,
+        Kind::DeadLetter => SlotState::DeadLettered,
         // Entity records are applied by `order::apply_entity_record`.
-        Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold => return,
+        Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold => return Ok(()),
     };
     shard.put(h, state, bucket, row);
     if matches!(
         state,
-        SlotState::Claimed | SlotState::Released | SlotState::Forgotten
+        SlotState::Claimed | SlotState::Released | SlotState::Forgotten | SlotState::DeadLettered
     ) {
         shard.set_pending(pending);
     } else {
         shard.remove_pending(h);
     }
+    Ok(())
 }

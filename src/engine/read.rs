@@ -3,9 +3,10 @@
 use super::Engine;
 use super::write::Write;
 use crate::error::show_key;
+use crate::key::KeyHash;
 use crate::log::format::read_row;
 use crate::log::record::{ClaimFields, Kind, RecordRef};
-use crate::types::{Record, State};
+use crate::types::{DeadLetter, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
 
 impl Engine {
@@ -27,14 +28,76 @@ impl Engine {
     /// Reads the key's latest record from the row its slot points at;
     /// `None` if the bucket was evicted between the lookup and the read.
     pub(crate) fn load(&self, key: &Key<'_>, bucket: u64, row: u64) -> Result<Option<Record>> {
+        self.load_with(key, bucket, row, |rec| Ok(self.record_of(rec)))
+    }
+
+    /// [`load`](Self::load), made into `T` by `f`.
+    pub(crate) fn load_with<T>(
+        &self,
+        key: &Key<'_>,
+        bucket: u64,
+        row: u64,
+        f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        let found = self.find_in_row(
+            bucket,
+            row,
+            |rec| rec.scope == key.scope() && rec.id == key.id(),
+            &|| show_key(key.scope(), key.id()),
+            f,
+        )?;
+        match found {
+            Found::Evicted => Ok(None),
+            Found::Record(t) => Ok(Some(t)),
+            Found::Missing => Err(lost_details(key)),
+        }
+    }
+
+    /// The latest record of the key hashed `h` in the row its slot points
+    /// at, made into `T` by `f` (listings, which know keys by hash only).
+    pub(crate) fn load_hashed<T>(
+        &self,
+        h: KeyHash,
+        bucket: u64,
+        row: u64,
+        f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        let found = self.find_in_row(
+            bucket,
+            row,
+            |rec| self.hasher.hash(rec.scope, rec.id) == h,
+            &|| format!("hashed {:016x}{:016x}", h.hi, h.lo),
+            f,
+        )?;
+        match found {
+            Found::Evicted => Ok(None),
+            Found::Record(t) => Ok(Some(t)),
+            Found::Missing => Err(Error::Corrupt(format!(
+                "the index points at log row {row} of bucket {bucket}, which has no record of \
+                 the key hashed {:016x}{:016x}",
+                h.hi, h.lo
+            ))),
+        }
+    }
+
+    /// The last event-key record in (`bucket`, `row`) that `is_it`, made
+    /// into `T` by `f`. `show` names the key in an error.
+    fn find_in_row<T>(
+        &self,
+        bucket: u64,
+        row: u64,
+        is_it: impl Fn(&RecordRef<'_>) -> bool,
+        show: &dyn Fn() -> String,
+        f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
+    ) -> Result<Found<T>> {
         self.log.wait_durable(row)?;
         let Some(bytes) = self.log.read_row(bucket, row)? else {
-            return Ok(None);
+            return Ok(Found::Evicted);
         };
         let where_ = |e: Error| match e {
             Error::Corrupt(m) => Error::Corrupt(format!(
                 "{m} (log row {row} of bucket {bucket}, read for key {}{})",
-                show_key(key.scope(), key.id()),
+                show(),
                 self.path
                     .as_deref()
                     .map(|p| format!(", in {}", p.display()))
@@ -45,11 +108,25 @@ impl Engine {
         let mut found = None;
         for rec in read_row(&bytes).map_err(where_)? {
             let rec = rec.map_err(where_)?;
-            if !rec.kind.is_entity() && rec.scope == key.scope() && rec.id == key.id() {
-                found = Some(self.record_of(&rec));
+            if !rec.kind.is_entity() && is_it(&rec) {
+                found = Some(rec);
             }
         }
-        found.map(Some).ok_or_else(|| lost_details(key))
+        match found {
+            Some(rec) => f(&rec).map(Found::Record).map_err(where_),
+            None => Ok(Found::Missing),
+        }
+    }
+
+    /// The dead letter a `DeadLetter` record holds.
+    pub(crate) fn dead_letter_of(&self, rec: &RecordRef<'_>) -> Result<DeadLetter> {
+        let body = rec.dead_letter_body()?;
+        Ok(DeadLetter {
+            record: self.record_of(rec),
+            failed_at: body.failed_at,
+            reason: body.reason.to_owned(),
+            payload: body.payload.map(<[u8]>::to_vec),
+        })
     }
 
     /// The public record of a log record.
@@ -62,6 +139,7 @@ impl Engine {
             Kind::Complete => State::Completed,
             Kind::Fail => State::Failed,
             Kind::Forget => State::Forgotten,
+            Kind::DeadLetter => State::DeadLettered,
         };
         let finished = matches!(rec.kind, Kind::Complete | Kind::Fail);
         // An inserted key is no operation; nor is its forget record
@@ -98,9 +176,24 @@ impl Engine {
                 )
             }),
             outcome_tag: rec.outcome_tag,
-            outcome: finished.then(|| rec.outcome.to_vec()),
+            outcome: if rec.kind == Kind::DeadLetter {
+                // The reason; `Store::dead_letters` gives the rest.
+                rec.dead_letter_body()
+                    .ok()
+                    .map(|b| b.reason.as_bytes().to_vec())
+            } else {
+                finished.then(|| rec.outcome.to_vec())
+            },
         }
     }
+}
+
+/// What a row holds of a key.
+enum Found<T> {
+    /// The row's bucket was evicted meanwhile.
+    Evicted,
+    Record(T),
+    Missing,
 }
 
 /// The index points at a row without the key: damage.

@@ -14,7 +14,8 @@
 //! - a key's record never goes to an earlier bucket than its previous
 //!   record's (see [`buckets`](super::buckets));
 //! - `pending` holds details exactly for keys whose slot is `Claimed`,
-//!   `Released` or `Forgotten`: [`Next`] carries them for those states and
+//!   `Released`, `Forgotten` or `DeadLettered`: [`Next`] carries them for
+//!   those states and
 //!   only for those, and every other append removes them.
 
 use super::Engine;
@@ -36,6 +37,8 @@ pub(crate) enum Next {
     /// Keeps the forgotten operation's first-attempt time (a new operation
     /// on the key must start later, so its provider key differs).
     Forgotten(Pending),
+    /// Keeps the last attempt's details and when it failed.
+    DeadLettered(Pending),
 }
 
 /// One key's write: the key's shard (borrowed from the guard of its lock,
@@ -137,6 +140,7 @@ impl<'s> Write<'s> {
             Next::Claimed(p) => (SlotState::Claimed, Some(p)),
             Next::Released(p) => (SlotState::Released, Some(p)),
             Next::Forgotten(p) => (SlotState::Forgotten, Some(p)),
+            Next::DeadLettered(p) => (SlotState::DeadLettered, Some(p)),
         };
         self.shard.put_at(self.probe, self.h, state, bucket, row);
         match pending {

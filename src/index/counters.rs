@@ -44,4 +44,5 @@ counters!(
     seq_duplicates,
     seq_held,
     forgotten,
+    dead_lettered,
 );

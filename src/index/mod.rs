@@ -6,9 +6,10 @@
 //!   the log's order for one key is the order of its decisions;
 //! - the shard comes from the top bits of `hi`; the slot table places a key
 //!   by `lo`, so the two never share bits;
-//! - `pending` holds the details of keys whose slot is `Claimed` or
-//!   `Released` (a few per worker), and the first-attempt time of keys
-//!   whose slot is `Forgotten`, so the slot itself stays 24 bytes.
+//! - `pending` holds the details of keys whose slot is `Claimed`,
+//!   `Released` (a few per worker) or `DeadLettered`, and the first-attempt
+//!   time of keys whose slot is `Forgotten`, so the slot itself stays 24
+//!   bytes.
 
 pub(crate) mod counters;
 pub(crate) mod entity;
@@ -47,6 +48,8 @@ pub(crate) struct Pending {
     pub any_request: bool,
     /// Released because its claim was dropped without an answer.
     pub abandoned: bool,
+    /// Dead-lettered: when its last attempt failed (0 otherwise).
+    pub failed_at: u64,
 }
 
 /// One shard: the slot table and the pending-claim details.
@@ -156,6 +159,13 @@ impl Shard {
                 self.pending.insert_unique(p.hash.lo, p, |q| q.hash.lo);
             }
         }
+    }
+
+    /// Every pending entry with its key's slot state.
+    pub(crate) fn pending_entries(&self) -> impl Iterator<Item = (&Pending, Option<SlotState>)> {
+        self.pending
+            .iter()
+            .map(|p| (p, self.slots.get(p.hash).map(Slot::state)))
     }
 
     pub(crate) fn remove_pending(&mut self, h: KeyHash) {
@@ -389,6 +399,7 @@ mod tests {
             retention_ms: 10,
             any_request: false,
             abandoned: false,
+            failed_at: 0,
         });
         assert_eq!(s.get(h).map(Slot::state), Some(SlotState::Claimed));
         assert_eq!(s.pending(h).map(|p| p.token), Some(9));

@@ -28,6 +28,9 @@ pub(crate) enum SlotState {
     Failed = 5,
     /// Forgotten on purpose: absent to every call but `get`.
     Forgotten = 6,
+    /// In the dead-letter area: retries exhausted, kept until requeued,
+    /// resolved or forgotten.
+    DeadLettered = 7,
 }
 
 impl SlotState {
@@ -38,6 +41,7 @@ impl SlotState {
             3 => SlotState::Released,
             4 => SlotState::Completed,
             6 => SlotState::Forgotten,
+            7 => SlotState::DeadLettered,
             _ => SlotState::Failed,
         }
     }

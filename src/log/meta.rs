@@ -3,11 +3,11 @@
 //! its own; and the check at open that the file holds exactly the tables
 //! the manifest lists.
 //!
-//! Entries (format 2):
+//! Entries (format 3; format 2 has the same entries):
 //!
 //! ```text
 //! magic          = "dedupkv store"
-//! format         = u32 LE (2)
+//! format         = u32 LE (3)
 //! key_hashing    = u8
 //! key_secret     = 16 bytes
 //! granularity_ms = u64 LE
@@ -22,8 +22,12 @@
 //!
 //! Format 1 (no checksum, no manifest, an optional `token_floor` = u64 LE)
 //! is read by trusting the tables present once; its first commit rewrites
-//! it as format 2. Every later format keeps `settings_sum` as defined here,
-//! so a build can tell a newer file from a damaged one.
+//! it as the current format. Format 2 differs from 3 only in the record
+//! kinds it may hold (3 adds `DeadLetter`): its first commit rewrites
+//! `format` and `settings_sum`, so a build that knows only format 2 refuses
+//! the file as newer rather than meeting a record kind it cannot read.
+//! Every later format keeps `settings_sum` as defined here, so a build can
+//! tell a newer file from a damaged one.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,7 +40,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8] = b"dedupkv store";
 /// The newest store format this build understands (and the one it writes).
-pub(crate) const FORMAT_VERSION: u32 = 2;
+pub(crate) const FORMAT_VERSION: u32 = 3;
 /// The entries the settings checksum covers, in its order.
 const SETTINGS: [&str; 5] = [
     "magic",
@@ -80,7 +84,8 @@ impl FileMeta {
 }
 
 /// What the manifest records: every bucket table in the file and the
-/// floors. `written` is false for a format-1 file until its first commit.
+/// floors. `written` is false for a file of an older format (1 or 2) until
+/// its first commit rewrites it as the current one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Manifest {
     pub buckets: BTreeSet<u64>,
@@ -327,7 +332,7 @@ fn check_meta(entries: MetaEntries) -> Result<(FileMeta, Option<Decoded>)> {
             buckets: BTreeSet::new(),
             token_floor,
             time_floor,
-            written: decoded.is_some(),
+            written: decoded.is_some() && version == FORMAT_VERSION,
         },
     };
     Ok((meta, decoded))

@@ -42,6 +42,12 @@ pub(crate) enum Kind {
     /// now on, the record kept for audit until it expires. Its claim
     /// fields are those of the record it replaced. (Tag 9 is a run.)
     Forget = 10,
+    /// The operation exhausted its retries and went to the dead-letter
+    /// area (format 3): claim fields of the last attempt (lease 0), the
+    /// body a [`DeadLetterBody`] (when, why, and an optional payload).
+    /// Eviction and recovery carry it forward: it leaves only by
+    /// `requeue`, `resolve` or `forget`.
+    DeadLetter = 11,
 }
 
 /// The `outcome_tag` of a `Release` record that frees the key for any
@@ -74,6 +80,7 @@ impl Kind {
             7 => Kind::Park,
             8 => Kind::Hold,
             10 => Kind::Forget,
+            11 => Kind::DeadLetter,
             _ => return None,
         })
     }
@@ -82,9 +89,20 @@ impl Kind {
     pub(crate) fn body(self) -> Body {
         match self {
             Kind::Insert => Body::Empty,
-            Kind::Claim | Kind::Complete | Kind::Fail | Kind::Release | Kind::Forget => Body::Claim,
+            Kind::Claim
+            | Kind::Complete
+            | Kind::Fail
+            | Kind::Release
+            | Kind::Forget
+            | Kind::DeadLetter => Body::Claim,
             Kind::Entity | Kind::Park | Kind::Hold => Body::Entity,
         }
+    }
+
+    /// Records with claim fields (every event-key kind but `Insert`).
+    #[inline]
+    pub(crate) fn is_claim_body(self) -> bool {
+        self.body() == Body::Claim
     }
 
     /// Entity records live in the entity namespace of the index.
@@ -290,6 +308,30 @@ impl<'a> RecordRef<'a> {
         Self::with_claim(Kind::Forget, (scope, id), (at, expires), c, TAG_RAW, &[])
     }
 
+    /// The operation went to the dead-letter area; `body` is an encoded
+    /// [`DeadLetterBody`].
+    #[inline]
+    pub(crate) fn dead_letter(
+        scope: &'a [u8],
+        id: &'a [u8],
+        (at, expires): (u64, u64),
+        c: ClaimFields,
+        body: &'a [u8],
+    ) -> Self {
+        let c = ClaimFields {
+            lease_until: 0,
+            ..c
+        };
+        Self::with_claim(
+            Kind::DeadLetter,
+            (scope, id),
+            (at, expires),
+            c,
+            TAG_RAW,
+            body,
+        )
+    }
+
     /// An entity's core state: its version (`None` before the first),
     /// the next expected sequence number (0: no sequencer state), when
     /// the current gap opened (0: none) and the ack mark payload.
@@ -426,6 +468,74 @@ impl<'a> RecordRef<'a> {
     pub(crate) fn event_payload(&self) -> &'a [u8] {
         debug_assert!(matches!(self.kind, Kind::Park | Kind::Hold));
         self.outcome
+    }
+
+    /// The body of a `DeadLetter` record; `Corrupt` if it is malformed.
+    pub(crate) fn dead_letter_body(&self) -> crate::Result<DeadLetterBody<'a>> {
+        debug_assert_eq!(self.kind, Kind::DeadLetter);
+        DeadLetterBody::decode(self.outcome).ok_or_else(|| {
+            crate::Error::Corrupt(format!(
+                "the DeadLetter record of {} has a malformed {}-byte body",
+                crate::error::show_key(self.scope, self.id),
+                self.outcome.len()
+            ))
+        })
+    }
+}
+
+/// What a `DeadLetter` record says besides its claim fields:
+///
+/// ```text
+/// version:u8 (=1) | failed_at:u64 LE | reason_len:u32 LE | reason (UTF-8)
+///                 | has_payload:u8 (0 or 1) | payload (the rest)
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeadLetterBody<'a> {
+    /// When the last attempt failed and the operation was dead-lettered.
+    pub failed_at: u64,
+    /// The caller's reason.
+    pub reason: &'a str,
+    /// The bytes the caller asked to keep, if any.
+    pub payload: Option<&'a [u8]>,
+}
+
+impl<'a> DeadLetterBody<'a> {
+    const VERSION: u8 = 1;
+
+    /// The encoded body.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let payload = self.payload.unwrap_or_default();
+        let mut out = Vec::with_capacity(14 + self.reason.len() + payload.len());
+        out.push(Self::VERSION);
+        out.extend_from_slice(&self.failed_at.to_le_bytes());
+        out.extend_from_slice(&(self.reason.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.reason.as_bytes());
+        out.push(u8::from(self.payload.is_some()));
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// The body encoded in `bytes`, if well formed.
+    pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
+        let (&version, rest) = bytes.split_first()?;
+        if version != Self::VERSION {
+            return None;
+        }
+        let (at, rest) = rest.split_at_checked(8)?;
+        let (len, rest) = rest.split_at_checked(4)?;
+        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+        let (reason, rest) = rest.split_at_checked(len)?;
+        let (&has, payload) = rest.split_first()?;
+        let payload = match has {
+            0 if payload.is_empty() => None,
+            1 => Some(payload),
+            _ => return None,
+        };
+        Some(DeadLetterBody {
+            failed_at: u64::from_le_bytes(at.try_into().ok()?),
+            reason: std::str::from_utf8(reason).ok()?,
+            payload,
+        })
     }
 }
 
@@ -568,5 +678,41 @@ mod tests {
             (10, 8, 44, &b"h"[..])
         );
         Ok(())
+    }
+
+    #[test]
+    fn a_dead_letter_body_round_trips_and_refuses_damage() {
+        for (reason, payload) in [
+            ("", None),
+            ("timeout after 5 attempts", Some(&b"{\"order\":7}"[..])),
+            ("é", Some(&b""[..])),
+        ] {
+            let body = DeadLetterBody {
+                failed_at: u64::MAX,
+                reason,
+                payload,
+            };
+            let bytes = body.encode();
+            assert_eq!(DeadLetterBody::decode(&bytes), Some(body));
+            // Every truncation up to the payload (whose end the row's
+            // checksum guards), and every bad version or flag, is refused.
+            let flag = 1 + 8 + 4 + reason.len();
+            for n in 0..=flag {
+                assert_eq!(DeadLetterBody::decode(&bytes[..n]), None, "{n}");
+            }
+            let mut bad = bytes.clone();
+            bad[0] = 2;
+            assert_eq!(DeadLetterBody::decode(&bad), None);
+            bad = bytes.clone();
+            bad[flag] = 2;
+            assert_eq!(DeadLetterBody::decode(&bad), None);
+        }
+        assert_eq!(DeadLetterBody::decode(&[1, 0, 0]), None);
+        // A reason that is not UTF-8.
+        let mut raw = vec![1];
+        raw.extend_from_slice(&0u64.to_le_bytes());
+        raw.extend_from_slice(&1u32.to_le_bytes());
+        raw.extend_from_slice(&[0xff, 0]);
+        assert_eq!(DeadLetterBody::decode(&raw), None);
     }
 }

@@ -3,11 +3,11 @@
 //! Log order is `(row, idx)`: rows grow with each commit and `idx` orders
 //! the records of one commit across the bucket tables it wrote. Because
 //! every record is self-contained, the last record of a key is its state.
-//! Of the tables of buckets that have already expired only the entity
-//! records are applied: parked, held and unacknowledged events are never
-//! dropped, however long the store was closed, so the caller carries them
-//! forward before it deletes those tables. Event keys in them have
-//! expired.
+//! The records of tables of buckets that have already expired are handed
+//! over too, flagged expired: their event keys have expired, but parked,
+//! held and unacknowledged events and dead letters are never dropped,
+//! however long the store was closed, so the caller keeps those and
+//! carries them forward before it deletes the tables.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -22,8 +22,7 @@ use crate::{Error, Result};
 pub(crate) struct Replayed {
     /// The newest row number seen in any table (0 when there is none).
     pub last_row: u64,
-    /// Buckets whose tables are expired at `now_bucket`: only their entity
-    /// records were applied.
+    /// Buckets whose tables are expired at `now_bucket`.
     pub expired: Vec<u64>,
     /// Records applied.
     pub records: u64,
@@ -31,12 +30,13 @@ pub(crate) struct Replayed {
     pub live: Vec<u64>,
 }
 
-/// Calls `apply(bucket, row, record)` in log order for every record of every
-/// live bucket and every entity record of the expired ones.
+/// Calls `apply(bucket, row, record, expired)` in log order for every
+/// record of every bucket table; `expired` says the bucket is before
+/// `now_bucket`.
 pub(crate) fn replay(
     db: &Storage,
     now_bucket: u64,
-    mut apply: impl FnMut(u64, u64, &RecordRef<'_>) -> Result<()>,
+    mut apply: impl FnMut(u64, u64, &RecordRef<'_>, bool) -> Result<()>,
 ) -> Result<Replayed> {
     let all = db.buckets()?;
     let names: Vec<String> = all.iter().map(|b| table_name(*b)).collect();
@@ -63,13 +63,9 @@ pub(crate) fn replay(
         records: 0,
         live: all.iter().copied().filter(|b| *b >= now_bucket).collect(),
     };
-    // An expired table's event keys have expired; its entity records have
-    // not, if their entity still has events.
     let mut apply = |bucket: u64, row: u64, rec: &RecordRef<'_>| -> Result<()> {
-        if bucket >= now_bucket || rec.kind.is_entity() {
-            apply(bucket, row, rec)?;
-            out.records += 1;
-        }
+        apply(bucket, row, rec, bucket < now_bucket)?;
+        out.records += 1;
         Ok(())
     };
     let mut last_row = 0;

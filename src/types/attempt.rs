@@ -5,6 +5,8 @@ use std::time::SystemTime;
 
 use crate::clock::to_system_time;
 use crate::types::record::Record;
+#[cfg(doc)]
+use crate::Begin;
 
 /// Details of a claim held by someone else.
 ///
@@ -125,4 +127,29 @@ pub enum Failure<'a> {
     /// Record a terminal failure with this payload; every later `begin`
     /// replays it as [`Begin::Completed`] with a [`Failed`](crate::State::Failed) record.
     Permanent(&'a [u8]),
+    /// The operation's retries are exhausted: move it to the dead-letter
+    /// area with `reason` (and, if given, `payload`, e.g. the request, for
+    /// whoever works the area). Every later `begin` answers
+    /// [`Begin::DeadLettered`](crate::Begin::DeadLettered) until it is
+    /// [`requeue`](crate::Store::requeue)d or
+    /// [`resolve`](crate::Store::resolve)d; retention never drops it.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "ship-7");
+    /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.fail(&claim, Failure::Exhausted { reason: "carrier down after 5 attempts", payload: None })?;
+    /// let Begin::DeadLettered(dl) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(dl.reason(), "carrier down after 5 attempts");
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    Exhausted {
+        /// Why, for the operator (kept whole, within `max_outcome_len`).
+        reason: &'a str,
+        /// Bytes to keep with it, if any.
+        payload: Option<&'a [u8]>,
+    },
 }

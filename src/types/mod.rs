@@ -4,6 +4,7 @@
 //! engine: every room may use these.
 
 pub(crate) mod attempt;
+pub(crate) mod dead_letter;
 pub(crate) mod eviction;
 pub(crate) mod options;
 pub(crate) mod order;
@@ -11,6 +12,7 @@ pub(crate) mod record;
 pub(crate) mod stats;
 
 pub use attempt::{Failure, Forget, InProgress};
+pub use dead_letter::{Cursor, DeadLetter, Listing, Page, Resolution};
 pub use eviction::Eviction;
 pub use options::BeginOptions;
 pub use order::{Advance, Delivered, Held, Sequenced, Update};

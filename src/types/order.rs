@@ -2,6 +2,8 @@
 //! [`Sequenced`], [`Delivered`] and [`Held`].
 
 use std::time::SystemTime;
+#[cfg(doc)]
+use crate::Store;
 
 /// The answer of [`Store::advance`].
 ///

@@ -38,6 +38,12 @@ pub enum State {
     /// attempts and fingerprint are those of the record it replaced) until
     /// this record expires.
     Forgotten,
+    /// In the dead-letter area: its retries were exhausted
+    /// ([`Failure::Exhausted`](crate::Failure::Exhausted)); `outcome` is the
+    /// reason. It stays until [`requeue`](crate::Store::requeue),
+    /// [`resolve`](crate::Store::resolve) or `forget`, whatever the
+    /// retention.
+    DeadLettered,
 }
 
 /// Everything recorded about one key: what a person needs during an incident,

@@ -81,6 +81,13 @@ pub struct Stats {
     /// Events the sequencer handed back that are not acknowledged yet
     /// ([`Store::ack`](crate::Store::ack)): they stay stored until then.
     pub unacked_now: u64,
+    /// Operations moved to the dead-letter area since open.
+    pub dead_lettered: u64,
+    /// Operations in the dead-letter area now.
+    pub dead_letters_now: u64,
+    /// How long the oldest dead letter has waited (`None`: the area is
+    /// empty). A dead-letter area is worked, not accumulated: alert on it.
+    pub oldest_dead_letter: Option<std::time::Duration>,
     /// The configured retention.
     pub retention: std::time::Duration,
     /// How far back the store actually remembers: the age of the oldest

@@ -106,7 +106,7 @@ impl Worker for DedupkvWorker {
                 Ok(true)
             }
             // Finished by an earlier op, or being run by another worker now.
-            Begin::Completed(_) | Begin::InProgress(_) => Ok(false),
+            Begin::Completed(_) | Begin::InProgress(_) | Begin::DeadLettered(_) => Ok(false),
         }
     }
 }

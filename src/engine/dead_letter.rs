@@ -1,0 +1,266 @@
+//! The dead-letter area: operations whose retries were exhausted
+//! (`Failure::Exhausted`), kept until an operator requeues or resolves
+//! them (or forgets the key).
+//!
+//! A dead letter is the key's latest record, a `DeadLetter` record, and
+//! its slot is `DeadLettered` with its details in `pending`. So it is in
+//! the same file and the same commits as every other record, and `begin`
+//! answers it from the index like any finished key.
+//!
+//! Invariants:
+//! - a dead letter is never evicted silently: eviction re-logs (carries)
+//!   a dead letter out of a bucket it deletes, in the open batch, so it is
+//!   committed no later than the deletion; a store closed past the
+//!   bucket's expiry does the same at open (recovery keeps the dead
+//!   letters of expired tables whose key has no later record, and carries
+//!   them before the tables are deleted);
+//! - a dead letter leaves only by a later record of its key: `requeue`
+//!   (a Release: the next `begin` is attempt n + 1), `resolve` (a Complete
+//!   or a Fail record), or `forget`;
+//! - listings read a snapshot shard by shard, oldest first by the time of
+//!   the last failure, then by key hash, so a cursor pages without repeats.
+
+use std::collections::HashMap;
+
+use super::Engine;
+use super::claims::fields;
+use super::write::{Next, Write};
+use crate::codec::TAG_RAW;
+use crate::index::{Pending, SlotState};
+use crate::key::KeyHash;
+use crate::log::record::{ClaimFields, RecordRef};
+use crate::types::{Cursor, DeadLetter, Listing, Page, Resolution};
+use crate::{Key, Result};
+
+/// A dead letter read from an expired table at open, kept until replay
+/// shows whether a later record of its key supersedes it.
+pub(crate) struct ExpiredDeadLetter {
+    pub scope: Vec<u8>,
+    pub id: Vec<u8>,
+    pub claim: ClaimFields,
+    pub body: Vec<u8>,
+    pub failed_at: u64,
+}
+
+/// Dead letters of expired tables found at open, by key hash.
+pub(crate) type ExpiredDeadLetters = HashMap<KeyHash, ExpiredDeadLetter>;
+
+impl Engine {
+    /// A page of the dead-letter area.
+    pub(crate) fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
+        let now = self.now();
+        let cutoff = listing
+            .older_than
+            .map(|age| now.saturating_sub(crate::clock::millis(age)));
+        let nb = self.bucket_of(now);
+        // (cursor, bucket, row) of every dead letter, shard by shard.
+        let mut all = Vec::new();
+        for i in 0..self.cfg.shards {
+            let shard = self.index.lock_shard(i);
+            for (p, state) in shard.pending_entries() {
+                if state != Some(SlotState::DeadLettered) || cutoff.is_some_and(|c| p.failed_at > c)
+                {
+                    continue;
+                }
+                let cursor = cursor_of(p);
+                if listing.after.is_some_and(|a| cursor <= a) {
+                    continue;
+                }
+                if let Some(s) = shard.get(p.hash) {
+                    all.push((cursor, p.hash, s.bucket(nb), s.row(self.log.open_row())));
+                }
+            }
+        }
+        all.sort_unstable_by_key(|e| e.0);
+        // One more than a page, to know whether there is a next one.
+        let mut items: Vec<(Cursor, DeadLetter)> = Vec::new();
+        for (cursor, h, bucket, row) in all {
+            // `None`: written or carried meanwhile; this snapshot skips it.
+            let Some(dl) = self.load_hashed(h, bucket, row, |r| self.dead_letter_of(r))? else {
+                continue;
+            };
+            if listing
+                .scope
+                .as_deref()
+                .is_some_and(|s| dl.key().scope() != s)
+            {
+                continue;
+            }
+            items.push((cursor, dl));
+            if items.len() > listing.limit {
+                break;
+            }
+        }
+        let next = if items.len() > listing.limit {
+            items.truncate(listing.limit);
+            items.last().map(|(c, _)| *c)
+        } else {
+            None
+        };
+        Ok(Page {
+            items: items.into_iter().map(|(_, d)| d).collect(),
+            next,
+        })
+    }
+
+    /// Requeues a dead letter: the key becomes claimable again, its next
+    /// attempt numbered after the last. `false` if it is not dead-lettered.
+    pub(crate) fn requeue(&self, key: &Key<'_>) -> Result<bool> {
+        self.leave_dead_letter(key, |p, scope, id, at| {
+            let p = Pending {
+                lease_until: 0,
+                failed_at: 0,
+                ..p
+            };
+            (
+                Next::Released(p),
+                RecordRef::release(scope, id, at, fields(&p), TAG_RAW),
+            )
+        })
+    }
+
+    /// Resolves a dead letter with a final outcome or a note. `false` if
+    /// it is not dead-lettered.
+    pub(crate) fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<bool> {
+        let (kind_done, bytes): (bool, &[u8]) = match resolution {
+            Resolution::Completed(outcome) => (true, outcome),
+            Resolution::Abandoned(note) => (false, note.as_bytes()),
+        };
+        self.check_outcome(bytes)?;
+        self.leave_dead_letter(key, |p, scope, id, at| {
+            let c = ClaimFields {
+                lease_until: 0,
+                ..fields(&p)
+            };
+            if kind_done {
+                (
+                    Next::Completed,
+                    RecordRef::complete(scope, id, at, c, (TAG_RAW, bytes)),
+                )
+            } else {
+                (
+                    Next::Failed,
+                    RecordRef::fail(scope, id, at, c, (TAG_RAW, bytes)),
+                )
+            }
+        })
+    }
+
+    /// Writes the record `make` gives for a dead-lettered key (under its
+    /// shard lock, like every write); `false` if the key is not one.
+    fn leave_dead_letter<'k>(
+        &self,
+        key: &'k Key<'_>,
+        make: impl FnOnce(Pending, &'k [u8], &'k [u8], (u64, u64)) -> (Next, RecordRef<'k>),
+    ) -> Result<bool> {
+        let (h, now, nb) = self.write_start(key)?;
+        let mut shard = self.index.lock(h);
+        let w = Write::new(&mut shard, h, nb);
+        let Some(p) = w
+            .live()
+            .filter(|s| s.state() == SlotState::DeadLettered)
+            .and_then(|_| w.pending())
+        else {
+            return Ok(false);
+        };
+        let at = (now, now.saturating_add(p.retention_ms));
+        let (next, mut rec) = make(p, key.scope(), key.id(), at);
+        let row = {
+            let mut batch = self.log.batch()?;
+            w.append(self, &mut batch, next, &mut rec)
+        };
+        drop(shard);
+        self.log.settle(row)?;
+        Ok(true)
+    }
+
+    /// How many dead letters there are, and when the oldest failed.
+    pub(crate) fn dead_letter_usage(&self) -> (u64, Option<u64>) {
+        let mut n = 0;
+        let mut oldest: Option<u64> = None;
+        for i in 0..self.cfg.shards {
+            let shard = self.index.lock_shard(i);
+            for (p, state) in shard.pending_entries() {
+                if state == Some(SlotState::DeadLettered) {
+                    n += 1;
+                    oldest = Some(oldest.map_or(p.failed_at, |o| o.min(p.failed_at)));
+                }
+            }
+        }
+        (n, oldest)
+    }
+
+    /// Re-logs the dead letter `rec` (read from bucket `b`, which is being
+    /// evicted) into the open batch, if its key's slot still points at it.
+    /// The caller holds the key's shard lock (`w`).
+    pub(crate) fn carry_dead_letter(
+        &self,
+        w: Write<'_>,
+        rec: &RecordRef<'_>,
+        now: u64,
+    ) -> Result<()> {
+        let Some(p) = w.pending() else {
+            return Ok(());
+        };
+        let mut carried = RecordRef::dead_letter(
+            rec.scope,
+            rec.id,
+            (
+                now,
+                now.saturating_add(p.retention_ms.max(self.cfg.retention_ms)),
+            ),
+            rec.claim_fields(),
+            rec.outcome,
+        );
+        let mut batch = self.log.batch()?;
+        w.append(self, &mut batch, Next::DeadLettered(p), &mut carried);
+        Ok(())
+    }
+
+    /// At open: puts the dead letters of expired tables that no later
+    /// record superseded back into the index, each carried into the open
+    /// batch (committed with or before the expired tables' deletion).
+    pub(crate) fn carry_expired_dead_letters(&self, found: ExpiredDeadLetters) -> Result<()> {
+        let now = self.now();
+        let nb = self.bucket_of(now);
+        for (h, d) in found {
+            let mut shard = self.index.lock(h);
+            let w = Write::new(&mut shard, h, nb);
+            if w.recorded().is_some() {
+                continue; // a live record of the key came later
+            }
+            let p = Pending {
+                hash: h,
+                attempt: d.claim.attempt,
+                token: d.claim.token,
+                first_at: d.claim.first_at,
+                lease_until: 0,
+                params: d.claim.params,
+                lease_ms: self.cfg.lease_ms,
+                retention_ms: self.cfg.retention_ms,
+                any_request: false,
+                abandoned: false,
+                failed_at: d.failed_at,
+            };
+            let mut rec = RecordRef::dead_letter(
+                &d.scope,
+                &d.id,
+                (now, now.saturating_add(p.retention_ms)),
+                d.claim,
+                &d.body,
+            );
+            let mut batch = self.log.batch()?;
+            w.append(self, &mut batch, Next::DeadLettered(p), &mut rec);
+        }
+        Ok(())
+    }
+}
+
+/// A dead letter's place in a listing.
+fn cursor_of(p: &Pending) -> Cursor {
+    Cursor {
+        at: p.failed_at,
+        id: (u128::from(p.hash.hi) << 64) | u128::from(p.hash.lo),
+        seq: 0,
+    }
+}

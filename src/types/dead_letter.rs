@@ -1,0 +1,253 @@
+//! The dead-letter area's vocabulary: [`DeadLetter`], how to list them
+//! ([`Listing`], [`Page`]) and how to work them ([`Resolution`]).
+
+use std::time::{Duration, SystemTime};
+
+use crate::clock::to_system_time;
+use crate::key::Key;
+use crate::types::record::Record;
+
+/// An operation whose retries were exhausted, as the dead-letter area
+/// keeps it.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Begin, Failure, Fingerprint, Key, Listing, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("shop-42", "ship-7");
+/// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// store.fail(&claim, Failure::Exhausted { reason: "carrier down", payload: Some(b"order 7") })?;
+/// let page = store.dead_letters(&Listing::new())?;
+/// let dl = &page.items[0];
+/// assert_eq!((dl.key(), dl.attempts(), dl.reason()), (&key, 1, "carrier down"));
+/// assert_eq!(dl.payload(), Some(&b"order 7"[..]));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub(crate) record: Record,
+    pub(crate) failed_at: u64,
+    pub(crate) reason: String,
+    pub(crate) payload: Option<Vec<u8>>,
+}
+
+impl DeadLetter {
+    /// The operation's key.
+    ///
+    /// # Examples
+    /// See [`DeadLetter`].
+    pub fn key(&self) -> &Key<'static> {
+        self.record.key()
+    }
+
+    /// How many attempts were made.
+    ///
+    /// # Examples
+    /// See [`DeadLetter`].
+    pub fn attempts(&self) -> u32 {
+        self.record.attempts()
+    }
+
+    /// When the operation's first attempt was claimed (its first failure
+    /// came after it).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Listing, ManualClock, Store};
+    /// # use std::time::{Duration, UNIX_EPOCH};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let Begin::Started(c) = store.begin(&Key::new("t", "op"), Fingerprint::NONE)? else { unreachable!() };
+    /// clock.advance(Duration::from_secs(90));
+    /// store.fail(&c, Failure::Exhausted { reason: "gave up", payload: None })?;
+    /// let dl = &store.dead_letters(&Listing::new())?.items[0];
+    /// assert_eq!(dl.first_attempt_at(), UNIX_EPOCH + Duration::from_millis(1_700_000_000_000));
+    /// assert_eq!(dl.failed_at(), UNIX_EPOCH + Duration::from_millis(1_700_000_090_000));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn first_attempt_at(&self) -> SystemTime {
+        self.record.first_seen_at()
+    }
+
+    /// When the last attempt failed and the operation was dead-lettered.
+    ///
+    /// # Examples
+    /// See [`first_attempt_at`](Self::first_attempt_at).
+    pub fn failed_at(&self) -> SystemTime {
+        to_system_time(self.failed_at)
+    }
+
+    /// The reason given with [`Failure::Exhausted`](crate::Failure::Exhausted).
+    ///
+    /// # Examples
+    /// See [`DeadLetter`].
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The payload given with it, if any.
+    ///
+    /// # Examples
+    /// See [`DeadLetter`].
+    pub fn payload(&self) -> Option<&[u8]> {
+        self.payload.as_deref()
+    }
+
+    /// The key's record (state [`State::DeadLettered`](crate::State::DeadLettered)):
+    /// fingerprint, provider key, token of the last attempt.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Listing, State, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let Begin::Started(c) = store.begin(&Key::new("t", "op"), Fingerprint::of("req"))? else { unreachable!() };
+    /// # store.fail(&c, Failure::Exhausted { reason: "gave up", payload: None })?;
+    /// let dl = &store.dead_letters(&Listing::new())?.items[0];
+    /// assert_eq!(dl.record().state(), State::DeadLettered);
+    /// assert_eq!(dl.record().fingerprint(), Some(Fingerprint::of("req")));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn record(&self) -> &Record {
+        &self.record
+    }
+}
+
+/// Which entries a listing returns: optionally one scope, optionally only
+/// those older than an age, oldest first, at most `limit` per page, from
+/// a cursor.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Listing, Store};
+/// use std::time::Duration;
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let mut listing = Listing::new().scope("shop-42").older_than(Duration::from_secs(3600)).limit(50);
+/// loop {
+///     let page = store.dead_letters(&listing)?;
+///     for dl in &page.items {
+///         println!("{}: {}", dl.key(), dl.reason());
+///     }
+///     match page.next {
+///         Some(cursor) => listing = listing.after(cursor),
+///         None => break,
+///     }
+/// }
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Listing {
+    pub(crate) scope: Option<Vec<u8>>,
+    pub(crate) older_than: Option<Duration>,
+    pub(crate) after: Option<Cursor>,
+    pub(crate) limit: usize,
+}
+
+impl Default for Listing {
+    fn default() -> Self {
+        Listing {
+            scope: None,
+            older_than: None,
+            after: None,
+            limit: 100,
+        }
+    }
+}
+
+impl Listing {
+    /// Every entry, 100 per page.
+    ///
+    /// # Examples
+    /// See [`Listing`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only entries of this scope. Default: every scope.
+    ///
+    /// # Examples
+    /// See [`Listing`].
+    pub fn scope(mut self, scope: impl AsRef<[u8]>) -> Self {
+        self.scope = Some(scope.as_ref().to_vec());
+        self
+    }
+
+    /// Only entries at least this old. Default: any age.
+    ///
+    /// # Examples
+    /// See [`Listing`].
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// At most `n` entries per page (0 counts as 1). Default: 100.
+    ///
+    /// # Examples
+    /// See [`Listing`].
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = n.max(1);
+        self
+    }
+
+    /// Entries after `cursor` (from the previous [`Page::next`]).
+    ///
+    /// # Examples
+    /// See [`Listing`].
+    pub fn after(mut self, cursor: Cursor) -> Self {
+        self.after = Some(cursor);
+        self
+    }
+}
+
+/// Where a listing stopped; pass it to [`Listing::after`] for the next
+/// page. Entries are ordered oldest first (ties in a fixed order), so
+/// paging never repeats or skips an entry that stays put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub(crate) at: u64,
+    pub(crate) id: u128,
+    pub(crate) seq: u64,
+}
+
+/// One page of a listing.
+///
+/// # Examples
+/// See [`Listing`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Page<T> {
+    /// The entries, oldest first.
+    pub items: Vec<T>,
+    /// Where the next page starts, if there is one.
+    pub next: Option<Cursor>,
+}
+
+/// How an operator closes a dead letter with [`resolve`](crate::Store::resolve).
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Begin, Failure, Fingerprint, Key, Resolution, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("shop-42", "ship-7");
+/// # let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// # store.fail(&c, Failure::Exhausted { reason: "carrier down", payload: None })?;
+/// // Shipped by hand: record the outcome every later begin replays.
+/// assert!(store.resolve(&key, Resolution::Completed(b"label 1Z999 (by hand)"))?);
+/// let Begin::Completed(rec) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// assert_eq!(rec.outcome(), Some(&b"label 1Z999 (by hand)"[..]));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolution<'a> {
+    /// The operation is done after all: store this outcome.
+    Completed(&'a [u8]),
+    /// It will not be done: store a final failure with this note.
+    Abandoned(&'a str),
+}
