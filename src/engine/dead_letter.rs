@@ -24,12 +24,13 @@ use std::collections::HashMap;
 
 use super::Engine;
 use super::claims::fields;
+use super::listings::page;
 use super::write::{Next, Write};
 use crate::codec::TAG_RAW;
 use crate::index::{Pending, SlotState};
 use crate::key::KeyHash;
 use crate::log::record::{ClaimFields, RecordRef};
-use crate::types::{Cursor, DeadLetter, Listing, Page, Resolution};
+use crate::types::{DeadLetter, Listing, Page, Resolution};
 use crate::{Key, Result};
 
 /// A dead letter read from an expired table at open, kept until replay
@@ -48,59 +49,15 @@ pub(crate) type ExpiredDeadLetters = HashMap<KeyHash, ExpiredDeadLetter>;
 impl Engine {
     /// A page of the dead-letter area.
     pub(crate) fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
-        let now = self.now();
-        let cutoff = listing
-            .older_than
-            .map(|age| now.saturating_sub(crate::clock::millis(age)));
-        let nb = self.bucket_of(now);
-        // (cursor, bucket, row) of every dead letter, shard by shard.
-        let mut all = Vec::new();
-        for i in 0..self.cfg.shards {
-            let shard = self.index.lock_shard(i);
-            for (p, state) in shard.pending_entries() {
-                if state != Some(SlotState::DeadLettered) || cutoff.is_some_and(|c| p.failed_at > c)
-                {
-                    continue;
-                }
-                let cursor = cursor_of(p);
-                if listing.after.is_some_and(|a| cursor <= a) {
-                    continue;
-                }
-                if let Some(s) = shard.get(p.hash) {
-                    all.push((cursor, p.hash, s.bucket(nb), s.row(self.log.open_row())));
-                }
-            }
-        }
-        all.sort_unstable_by_key(|e| e.0);
-        // One more than a page, to know whether there is a next one.
-        let mut items: Vec<(Cursor, DeadLetter)> = Vec::new();
-        for (cursor, h, bucket, row) in all {
-            // `None`: written or carried meanwhile; this snapshot skips it.
-            let Some(dl) = self.load_hashed(h, bucket, row, |r| self.dead_letter_of(r))? else {
-                continue;
-            };
-            if listing
-                .scope
-                .as_deref()
-                .is_some_and(|s| dl.key().scope() != s)
-            {
-                continue;
-            }
-            items.push((cursor, dl));
-            if items.len() > listing.limit {
-                break;
-            }
-        }
-        let next = if items.len() > listing.limit {
-            items.truncate(listing.limit);
-            items.last().map(|(c, _)| *c)
-        } else {
-            None
-        };
-        Ok(Page {
-            items: items.into_iter().map(|(_, d)| d).collect(),
-            next,
-        })
+        let found = self.keys_listed(listing, |p, state| {
+            (state == Some(SlotState::DeadLettered)).then_some(p.failed_at)
+        });
+        page(
+            listing,
+            found,
+            |(h, bucket, row)| self.load_hashed(h, bucket, row, |r| self.dead_letter_of(r)),
+            |d| d.key().scope(),
+        )
     }
 
     /// Requeues a dead letter: the key becomes claimable again, its next
@@ -253,14 +210,5 @@ impl Engine {
             w.append(self, &mut batch, Next::DeadLettered(p), &mut rec);
         }
         Ok(())
-    }
-}
-
-/// A dead letter's place in a listing.
-fn cursor_of(p: &Pending) -> Cursor {
-    Cursor {
-        at: p.failed_at,
-        id: (u128::from(p.hash.hi) << 64) | u128::from(p.hash.lo),
-        seq: 0,
     }
 }

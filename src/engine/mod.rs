@@ -16,6 +16,8 @@
 //!   sequencer): the operations;
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
 //!   until requeued or resolved);
+//! - [`listings`]: what an operator lists (dead letters, held events,
+//!   stranded claims), oldest first, paged;
 //! - [`evict`]: retention, bucket by bucket; [`background`]: the threads;
 //! - [`counters`]: store-wide counters and the [`Stats`](crate::Stats)
 //!   snapshot.
@@ -41,6 +43,7 @@ pub(crate) mod dead_letter;
 pub(crate) mod dedup;
 pub(crate) mod evict;
 pub(crate) mod input;
+pub(crate) mod listings;
 pub(crate) mod open;
 pub(crate) mod order;
 pub(crate) mod read;

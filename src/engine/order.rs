@@ -28,8 +28,8 @@
 use std::collections::BTreeMap;
 
 use super::Engine;
+use super::listings::held_reason;
 use super::write::{Next, Write};
-use crate::civil::rfc3339;
 use crate::clock::to_system_time;
 use crate::index::Shard;
 use crate::index::entity::{Entity, EventState, FRESH, Stored};
@@ -333,11 +333,12 @@ impl Engine {
                     EventState::Parked { at } => (seq, at),
                 };
                 Held {
+                    entity: entity.clone().into_owned(),
                     seq,
                     payload: ev.payload.clone(),
                     missing,
                     since: to_system_time(since),
-                    reason: format!("predecessor {missing} missing since {}", rfc3339(since)),
+                    reason: held_reason(missing, since),
                 }
             },
         )

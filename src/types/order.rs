@@ -2,8 +2,10 @@
 //! [`Sequenced`], [`Delivered`] and [`Held`].
 
 use std::time::SystemTime;
+
 #[cfg(doc)]
 use crate::Store;
+use crate::key::Key;
 
 /// The answer of [`Store::advance`].
 ///
@@ -139,6 +141,8 @@ pub enum Sequenced {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Held {
+    /// The entity it belongs to.
+    pub entity: Key<'static>,
     /// Its sequence number.
     pub seq: u64,
     /// Its payload.

@@ -1,0 +1,150 @@
+//! Listings for the people who work a store: the dead-letter area, the
+//! sequencer's holding area, and stranded claims — each oldest first,
+//! filtered by scope and age, paged by a [`Cursor`].
+//!
+//! A listing is a snapshot taken shard by shard (no store-wide lock): an
+//! entry written meanwhile may be left out or shown as it was. Entries are
+//! ordered by (time, key hash, sequence number), so a cursor pages without
+//! repeating or skipping an entry that stays put.
+
+use super::Engine;
+use crate::Result;
+use crate::civil::rfc3339;
+use crate::clock::to_system_time;
+use crate::index::entity::EventState;
+use crate::index::{Pending, SlotState};
+use crate::key::KeyHash;
+use crate::types::{Cursor, Held, Listing, Page, Record};
+
+impl Engine {
+    /// (cursor, (hash, bucket, row)) of every event key whose pending entry
+    /// `pick` gives a time for, within `listing`'s age and past its cursor.
+    pub(crate) fn keys_listed(
+        &self,
+        listing: &Listing,
+        pick: impl Fn(&Pending, Option<SlotState>) -> Option<u64>,
+    ) -> Vec<(Cursor, (KeyHash, u64, u64))> {
+        let now = self.now();
+        let nb = self.bucket_of(now);
+        let mut found = Vec::new();
+        for i in 0..self.cfg.shards {
+            let shard = self.index.lock_shard(i);
+            for (p, state) in shard.pending_entries() {
+                let Some(at) = pick(p, state) else { continue };
+                let cursor = cursor(at, p.hash, 0);
+                if !listed(listing, now, cursor) {
+                    continue;
+                }
+                if let Some(s) = shard.get(p.hash) {
+                    found.push((cursor, (p.hash, s.bucket(nb), s.row(self.log.open_row()))));
+                }
+            }
+        }
+        found
+    }
+
+    /// A page of claims whose lease lapsed (or whose process is gone) with
+    /// nobody back to finish them, by when the lease lapsed: what retention
+    /// would otherwise evict without a word.
+    pub(crate) fn stranded_claims(&self, listing: &Listing) -> Result<Page<Record>> {
+        let now = self.now();
+        let found = self.keys_listed(listing, |p, state| {
+            let lapsed = p.lease_until <= now || self.orphaned(p.token);
+            (state == Some(SlotState::Claimed) && lapsed).then_some(p.lease_until)
+        });
+        page(
+            listing,
+            found,
+            |(h, bucket, row)| self.load_hashed(h, bucket, row, |r| Ok(self.record_of(r))),
+            |r| r.key().scope(),
+        )
+    }
+
+    /// A page of the sequencer's holding area across every entity: events
+    /// whose predecessor never came, by when it went missing.
+    pub(crate) fn holding_area(&self, listing: &Listing) -> Result<Page<Held>> {
+        let now = self.now();
+        let mut found = Vec::new();
+        for i in 0..self.cfg.shards {
+            let mut shard = self.index.lock_shard(i);
+            for e in shard.entities_with_events() {
+                for (seq, ev) in &e.held {
+                    let EventState::Held { missing, since } = ev.state else {
+                        continue;
+                    };
+                    let cursor = cursor(since, e.hash, *seq);
+                    if listed(listing, now, cursor) {
+                        found.push((
+                            cursor,
+                            Held {
+                                entity: e.key.clone(),
+                                seq: *seq,
+                                payload: ev.payload.clone(),
+                                missing,
+                                since: to_system_time(since),
+                                reason: held_reason(missing, since),
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        page(listing, found, |h| Ok(Some(h)), |h| h.entity.scope())
+    }
+}
+
+/// "predecessor N missing since T".
+pub(crate) fn held_reason(missing: u64, since: u64) -> String {
+    format!("predecessor {missing} missing since {}", rfc3339(since))
+}
+
+fn cursor(at: u64, h: KeyHash, seq: u64) -> Cursor {
+    Cursor {
+        at,
+        id: (u128::from(h.hi) << 64) | u128::from(h.lo),
+        seq,
+    }
+}
+
+/// Whether an entry at `cursor` is within `listing`'s age and after its
+/// cursor.
+fn listed(listing: &Listing, now: u64, cursor: Cursor) -> bool {
+    let old_enough = listing
+        .older_than
+        .is_none_or(|age| cursor.at <= now.saturating_sub(crate::clock::millis(age)));
+    old_enough && listing.after.is_none_or(|a| cursor > a)
+}
+
+/// The page of `listing` from candidates in any order: sorted, each made
+/// into an entry by `take` (`None`: gone meanwhile, skipped), filtered by
+/// scope, at most `limit`, with the cursor of the last one if more follow.
+pub(crate) fn page<C, T>(
+    listing: &Listing,
+    mut found: Vec<(Cursor, C)>,
+    mut take: impl FnMut(C) -> Result<Option<T>>,
+    scope: impl Fn(&T) -> &[u8],
+) -> Result<Page<T>> {
+    found.sort_unstable_by_key(|e| e.0);
+    // One more than a page, to know whether there is a next one.
+    let mut items: Vec<(Cursor, T)> = Vec::new();
+    for (cursor, c) in found {
+        let Some(item) = take(c)? else { continue };
+        if listing.scope.as_deref().is_some_and(|s| scope(&item) != s) {
+            continue;
+        }
+        items.push((cursor, item));
+        if items.len() > listing.limit {
+            break;
+        }
+    }
+    let next = if items.len() > listing.limit {
+        items.truncate(listing.limit);
+        items.last().map(|(c, _)| *c)
+    } else {
+        None
+    };
+    Ok(Page {
+        items: items.into_iter().map(|(_, t)| t).collect(),
+        next,
+    })
+}
