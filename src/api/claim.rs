@@ -223,6 +223,17 @@ impl Claim {
         to_system_time(self.ticket.first_at)
     }
 
+    /// Whether an earlier attempt of this operation recorded an intent
+    /// ([`Store::begin_with_intent`]) that nobody marked answered: the call
+    /// may have happened. Ask the provider (with [`provider_key`](Self::provider_key))
+    /// before calling again.
+    ///
+    /// # Examples
+    /// See [`Store::duplicate_candidates`].
+    pub fn unanswered_intent(&self) -> bool {
+        self.ticket.unanswered_intent
+    }
+
     /// When this claim's lease lapses (moved by [`Store::renew`](crate::Store::renew)).
     ///
     /// # Examples

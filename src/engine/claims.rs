@@ -19,13 +19,15 @@ use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
 use crate::codec::TAG_RAW;
+use crate::index::intent::IntentState;
 use crate::index::{Pending, SlotState};
 use crate::key::KeyHash;
 use crate::log::record::{
-    ClaimFields, DeadLetterBody, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
+    ClaimFields, DeadLetterBody, INTENT_PENDING, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST,
+    RecordRef,
 };
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
-use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Record, State};
+use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Intent, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
 
 /// The engine's side of a claim handle: which attempt of which key, its
@@ -34,7 +36,7 @@ use crate::{Error, Fingerprint, Key, Result};
 pub(crate) struct Ticket {
     engine: Weak<Engine>,
     pub(crate) key: Key<'static>,
-    hash: KeyHash,
+    pub(crate) hash: KeyHash,
     pub(crate) attempt: u32,
     pub(crate) token: u64,
     pub(crate) provider_key: u128,
@@ -42,6 +44,8 @@ pub(crate) struct Ticket {
     lease_until: AtomicU64,
     finished: AtomicBool,
     pub(crate) interrupted: bool,
+    /// An earlier attempt recorded an intent nobody marked answered.
+    pub(crate) unanswered_intent: bool,
 }
 
 impl Ticket {
@@ -97,6 +101,37 @@ impl Engine {
         options: &BeginOptions,
     ) -> Result<Begun> {
         let op = this.op(options)?;
+        Self::begin_op(this, key, fingerprint, op)
+    }
+
+    /// `begin`, recording `intent` in the claim's commit if it starts one.
+    pub(crate) fn begin_with_intent(
+        this: &Arc<Engine>,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        intent: Intent<'_>,
+    ) -> Result<Begun> {
+        // Its record carries both, framed (see the log's `IntentBody`).
+        let framed = intent
+            .target
+            .len()
+            .saturating_add(intent.request.len())
+            .saturating_add(13);
+        this.check_intent_len(framed)?;
+        let op = Op {
+            intent: Some(intent),
+            ..this.op(options)?
+        };
+        Self::begin_op(this, key, fingerprint, op)
+    }
+
+    fn begin_op(
+        this: &Arc<Engine>,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        op: Op<'_>,
+    ) -> Result<Begun> {
         let mut waits = Waits::default();
         let answer = Self::begin_waiting(this, key, fingerprint, op, &mut waits)?;
         waits.settle(this)?;
@@ -160,7 +195,7 @@ impl Engine {
         this: &Arc<Engine>,
         key: &Key<'_>,
         fingerprint: Fingerprint,
-        op: Op,
+        op: Op<'_>,
         waits: &mut Waits,
     ) -> Result<Begun> {
         loop {
@@ -176,7 +211,7 @@ impl Engine {
         this: &Arc<Engine>,
         key: &Key<'_>,
         fingerprint: Fingerprint,
-        op: Op,
+        op: Op<'_>,
         waits: &mut Waits,
     ) -> Result<Option<Begun>> {
         let (h, now, nb) = this.write_start(key)?;
@@ -234,6 +269,10 @@ impl Engine {
                 }
             },
         };
+        let unanswered = w
+            .shard()
+            .intent(h)
+            .is_some_and(|i| i.state == IntentState::Pending);
         let (row, p) = {
             let mut batch = this.log.batch()?;
             let token = this.next_token(&mut batch);
@@ -251,7 +290,21 @@ impl Engine {
                 failed_at: 0,
             };
             let mut rec = claim_record(key.scope(), key.id(), &p, now);
-            (w.append(this, &mut batch, Next::Claimed(p), &mut rec), p)
+            let mut row = w.append(this, &mut batch, Next::Claimed(p), &mut rec);
+            if let Some(intent) = op.intent {
+                // In the claim's commit: no claim is durable without it.
+                let body = Engine::intent_body(&shard, h, now, intent.target, intent.request);
+                row = row.max(this.log_intent(
+                    &mut shard,
+                    &mut batch,
+                    (h, key.scope(), key.id()),
+                    fields(&p),
+                    (now, op.retention_ms),
+                    (IntentState::Pending, INTENT_PENDING),
+                    &body,
+                ));
+            }
+            (row, p)
         };
         shard.counters.started += 1;
         drop(shard);
@@ -260,12 +313,17 @@ impl Engine {
             this,
             key,
             &p,
-            interrupted,
+            (interrupted, unanswered),
         ))))
     }
 
     /// The handle of claim `p` just recorded on `key`.
-    fn ticket(this: &Arc<Engine>, key: &Key<'_>, p: &Pending, interrupted: bool) -> Ticket {
+    fn ticket(
+        this: &Arc<Engine>,
+        key: &Key<'_>,
+        p: &Pending,
+        (interrupted, unanswered_intent): (bool, bool),
+    ) -> Ticket {
         Ticket {
             engine: Arc::downgrade(this),
             key: key.clone().into_owned(),
@@ -283,6 +341,7 @@ impl Engine {
             lease_until: AtomicU64::new(p.lease_until),
             finished: AtomicBool::new(false),
             interrupted,
+            unanswered_intent,
         }
     }
 
@@ -349,7 +408,7 @@ impl Engine {
     }
 
     /// Fails for a claim made by another store.
-    fn check_owner(&self, claim: &Ticket) -> Result<()> {
+    pub(crate) fn check_owner(&self, claim: &Ticket) -> Result<()> {
         if std::ptr::eq(claim.engine.as_ptr(), self) {
             return Ok(());
         }
@@ -438,7 +497,18 @@ impl Engine {
         };
         let row = {
             let mut batch = self.log.batch()?;
-            w.append(self, &mut batch, next, &mut rec)
+            let row = w.append(self, &mut batch, next, &mut rec);
+            match kind {
+                // The operation is settled: its intent is no longer open.
+                Kind::Complete | Kind::Fail => row.max(self.close_intent(
+                    &mut shard,
+                    &mut batch,
+                    (h, claim.key.scope(), claim.key.id()),
+                    fields(&p),
+                    at,
+                )),
+                _ => row,
+            }
         };
         match kind {
             Kind::Complete => shard.counters.completed += 1,

@@ -55,7 +55,9 @@ impl Engine {
         page(
             listing,
             found,
-            |(h, bucket, row)| self.load_hashed(h, bucket, row, |r| self.dead_letter_of(r)),
+            |(h, bucket, row)| {
+                self.load_hashed((h, false), bucket, row, |r| self.dead_letter_of(r))
+            },
             |d| d.key().scope(),
         )
     }
@@ -122,9 +124,16 @@ impl Engine {
         };
         let at = (now, now.saturating_add(p.retention_ms));
         let (next, mut rec) = make(p, key.scope(), key.id(), at);
+        let settled = !matches!(next, Next::Released(_));
         let row = {
             let mut batch = self.log.batch()?;
-            w.append(self, &mut batch, next, &mut rec)
+            let row = w.append(self, &mut batch, next, &mut rec);
+            if settled {
+                let key = (h, key.scope(), key.id());
+                row.max(self.close_intent(&mut shard, &mut batch, key, fields(&p), at))
+            } else {
+                row
+            }
         };
         drop(shard);
         self.log.settle(row)?;

@@ -177,7 +177,20 @@ impl Engine {
             };
             let row = {
                 let mut batch = self.log.batch()?;
-                w.append(self, &mut batch, Next::Forgotten(kept), &mut rec)
+                let row = w.append(self, &mut batch, Next::Forgotten(kept), &mut rec);
+                row.max(self.close_intent(
+                    &mut shard,
+                    &mut batch,
+                    (h, key.scope(), key.id()),
+                    ClaimFields {
+                        attempt: old.attempts,
+                        token: old.token,
+                        first_at: old.first_seen,
+                        lease_until: 0,
+                        params: old.fingerprint.map_or(0, |f| f.0),
+                    },
+                    (now, now.saturating_add(self.cfg.retention_ms)),
+                ))
             };
             shard.counters.forgotten += 1;
             drop(shard);

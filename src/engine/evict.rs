@@ -149,6 +149,11 @@ impl Engine {
                 }
                 let h = self.hasher.hash(rec.scope, rec.id);
                 let mut shard = self.index.lock(h);
+                if rec.kind == Kind::Intent {
+                    // Beside the key's state: an unanswered one is carried.
+                    self.evict_intent(&mut shard, h, (b, n), &rec, now)?;
+                    continue;
+                }
                 let Some(slot) = shard.get(h).copied() else {
                     continue;
                 };

@@ -42,6 +42,12 @@ impl Engine {
         check_len("payload", payload.len(), self.cfg.max_outcome)
     }
 
+    /// Fails for an intent (target, request and framing) over
+    /// `max_outcome_len`.
+    pub(crate) fn check_intent_len(&self, len: usize) -> Result<()> {
+        check_len("intent", len, self.cfg.max_outcome)
+    }
+
     /// Fails for an outcome over `max_outcome_len`.
     pub(crate) fn check_outcome(&self, outcome: &[u8]) -> Result<()> {
         check_len("outcome", outcome.len(), self.cfg.max_outcome)

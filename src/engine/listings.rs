@@ -12,11 +12,34 @@ use crate::Result;
 use crate::civil::rfc3339;
 use crate::clock::to_system_time;
 use crate::index::entity::EventState;
-use crate::index::{Pending, SlotState};
+use crate::index::{Pending, Shard, SlotState};
 use crate::key::KeyHash;
 use crate::types::{Cursor, Held, Listing, Page, Record};
 
 impl Engine {
+    /// Every item `collect` finds, shard by shard, as (time, key hash,
+    /// sequence number, item), kept if within `listing`'s age and past its
+    /// cursor.
+    pub(crate) fn items_listed<T>(
+        &self,
+        listing: &Listing,
+        mut collect: impl FnMut(&mut Shard, &mut Vec<(u64, KeyHash, u64, T)>),
+    ) -> Vec<(Cursor, T)> {
+        let now = self.now();
+        let mut found = Vec::new();
+        let mut here = Vec::new();
+        for i in 0..self.cfg.shards {
+            collect(&mut self.index.lock_shard(i), &mut here);
+            for (at, h, seq, item) in here.drain(..) {
+                let c = cursor(at, h, seq);
+                if listed(listing, now, c) {
+                    found.push((c, item));
+                }
+            }
+        }
+        found
+    }
+
     /// (cursor, (hash, bucket, row)) of every event key whose pending entry
     /// `pick` gives a time for, within `listing`'s age and past its cursor.
     pub(crate) fn keys_listed(
@@ -24,23 +47,17 @@ impl Engine {
         listing: &Listing,
         pick: impl Fn(&Pending, Option<SlotState>) -> Option<u64>,
     ) -> Vec<(Cursor, (KeyHash, u64, u64))> {
-        let now = self.now();
-        let nb = self.bucket_of(now);
-        let mut found = Vec::new();
-        for i in 0..self.cfg.shards {
-            let shard = self.index.lock_shard(i);
+        let nb = self.bucket_of(self.now());
+        let open_row = self.log.open_row();
+        self.items_listed(listing, |shard, out| {
             for (p, state) in shard.pending_entries() {
-                let Some(at) = pick(p, state) else { continue };
-                let cursor = cursor(at, p.hash, 0);
-                if !listed(listing, now, cursor) {
-                    continue;
-                }
-                if let Some(s) = shard.get(p.hash) {
-                    found.push((cursor, (p.hash, s.bucket(nb), s.row(self.log.open_row()))));
+                if let Some(at) = pick(p, state)
+                    && let Some(s) = shard.get(p.hash)
+                {
+                    out.push((at, p.hash, 0, (p.hash, s.bucket(nb), s.row(open_row))));
                 }
             }
-        }
-        found
+        })
     }
 
     /// A page of claims whose lease lapsed (or whose process is gone) with
@@ -55,7 +72,7 @@ impl Engine {
         page(
             listing,
             found,
-            |(h, bucket, row)| self.load_hashed(h, bucket, row, |r| Ok(self.record_of(r))),
+            |(h, bucket, row)| self.load_hashed((h, false), bucket, row, |r| Ok(self.record_of(r))),
             |r| r.key().scope(),
         )
     }
@@ -63,32 +80,23 @@ impl Engine {
     /// A page of the sequencer's holding area across every entity: events
     /// whose predecessor never came, by when it went missing.
     pub(crate) fn holding_area(&self, listing: &Listing) -> Result<Page<Held>> {
-        let now = self.now();
-        let mut found = Vec::new();
-        for i in 0..self.cfg.shards {
-            let mut shard = self.index.lock_shard(i);
+        let found = self.items_listed(listing, |shard, out| {
             for e in shard.entities_with_events() {
                 for (seq, ev) in &e.held {
-                    let EventState::Held { missing, since } = ev.state else {
-                        continue;
-                    };
-                    let cursor = cursor(since, e.hash, *seq);
-                    if listed(listing, now, cursor) {
-                        found.push((
-                            cursor,
-                            Held {
-                                entity: e.key.clone(),
-                                seq: *seq,
-                                payload: ev.payload.clone(),
-                                missing,
-                                since: to_system_time(since),
-                                reason: held_reason(missing, since),
-                            },
-                        ));
+                    if let EventState::Held { missing, since } = ev.state {
+                        let held = Held {
+                            entity: e.key.clone(),
+                            seq: *seq,
+                            payload: ev.payload.clone(),
+                            missing,
+                            since: to_system_time(since),
+                            reason: held_reason(missing, since),
+                        };
+                        out.push((since, e.hash, *seq, held));
                     }
                 }
             }
-        }
+        });
         page(listing, found, |h| Ok(Some(h)), |h| h.entity.scope())
     }
 }

@@ -16,6 +16,7 @@
 //!   sequencer): the operations;
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
 //!   until requeued or resolved);
+//! - [`intents`]: intents recorded before external calls (an outbox);
 //! - [`listings`]: what an operator lists (dead letters, held events,
 //!   stranded claims), oldest first, paged;
 //! - [`evict`]: retention, bucket by bucket; [`background`]: the threads;
@@ -43,6 +44,7 @@ pub(crate) mod dead_letter;
 pub(crate) mod dedup;
 pub(crate) mod evict;
 pub(crate) mod input;
+pub(crate) mod intents;
 pub(crate) mod listings;
 pub(crate) mod open;
 pub(crate) mod order;

@@ -15,14 +15,18 @@ use std::time::Duration;
 
 use super::counters::StoreCounters;
 use super::dead_letter::{ExpiredDeadLetter, ExpiredDeadLetters};
+use super::intents::{ExpiredIntent, ExpiredIntents};
 use super::order::apply_entity_record;
 use super::time::MAX_TIME;
 use super::tokens::{TOKEN_BLOCK, Tokens};
 use super::{Config, Engine, Threads};
 use crate::clock::Clock;
+use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
-use crate::log::record::{Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
+use crate::log::record::{
+    INTENT_PENDING, INTENT_SENT, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
+};
 use crate::log::{FileMeta, Location, Log, open_database};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
 use crate::{Error, Result};
@@ -95,6 +99,7 @@ impl Engine {
         let mut max_token = 0;
         let mut time_floor = time_floor;
         let mut expired_dead = ExpiredDeadLetters::new();
+        let mut expired_intents = ExpiredIntents::new();
         let replayed =
             crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec, expired| {
                 time_floor = time_floor.max(rec.at);
@@ -104,7 +109,7 @@ impl Engine {
                 apply(
                     &index,
                     &meta.hasher,
-                    &mut expired_dead,
+                    (&mut expired_dead, &mut expired_intents),
                     (bucket, row, expired),
                     rec,
                 )
@@ -164,6 +169,7 @@ impl Engine {
         // deletion's commit or before it.
         engine.carry_expired(now_bucket)?;
         engine.carry_expired_dead_letters(expired_dead)?;
+        engine.carry_expired_intents(expired_intents)?;
         engine.log.drop_buckets(&replayed.expired)?;
         let threads = Threads::start(&engine, background, tick)?;
         Ok((engine, threads))
@@ -177,13 +183,16 @@ impl Engine {
 fn apply(
     index: &ShardedIndex,
     hasher: &KeyHasher,
-    expired_dead: &mut ExpiredDeadLetters,
+    (expired_dead, expired_intents): (&mut ExpiredDeadLetters, &mut ExpiredIntents),
     (bucket, row, expired): (u64, u64, bool),
     rec: &RecordRef<'_>,
 ) -> Result<()> {
     if rec.kind.is_entity() {
         let h = hasher.hash_entity(rec.scope, rec.id);
         return apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
+    }
+    if rec.kind == Kind::Intent {
+        return apply_intent_record(index, hasher, expired_intents, (bucket, row, expired), rec);
     }
     if !expired {
         let h = hasher.hash(rec.scope, rec.id);
@@ -204,6 +213,53 @@ fn apply(
     } else if !expired_dead.is_empty() {
         expired_dead.remove(&hasher.hash(rec.scope, rec.id));
     }
+    Ok(())
+}
+
+/// Applies a replayed `Intent` record: the latest of a key wins; an
+/// expired pending one is kept in `expired` until a later one supersedes
+/// it.
+fn apply_intent_record(
+    index: &ShardedIndex,
+    hasher: &KeyHasher,
+    expired_intents: &mut ExpiredIntents,
+    (bucket, row, expired): (u64, u64, bool),
+    rec: &RecordRef<'_>,
+) -> Result<()> {
+    let h = hasher.hash(rec.scope, rec.id);
+    let body = rec.intent_body()?;
+    expired_intents.remove(&h);
+    if expired {
+        if rec.outcome_tag == INTENT_PENDING {
+            expired_intents.insert(
+                h,
+                ExpiredIntent {
+                    scope: rec.scope.to_vec(),
+                    id: rec.id.to_vec(),
+                    claim: rec.claim_fields(),
+                    body: rec.outcome.to_vec(),
+                },
+            );
+        }
+        return Ok(());
+    }
+    let mut shard = index.lock(h);
+    let state = match rec.outcome_tag {
+        INTENT_PENDING => IntentState::Pending,
+        INTENT_SENT => IntentState::Sent,
+        _ => {
+            shard.remove_intent(h);
+            return Ok(());
+        }
+    };
+    shard.set_intent(IntentSlot {
+        hash: h,
+        bucket,
+        row,
+        recorded_at: body.recorded_at,
+        attempt: rec.claim_fields().attempt,
+        state,
+    });
     Ok(())
 }
 
@@ -247,7 +303,7 @@ fn apply_record(
         Kind::Forget => SlotState::Forgotten,
         Kind::DeadLetter => SlotState::DeadLettered,
         // Entity records are applied by `order::apply_entity_record`.
-        Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold => return Ok(()),
+        Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent => return Ok(()),
     };
     shard.put(h, state, bucket, row);
     if matches!(

@@ -42,7 +42,7 @@ impl Engine {
         let found = self.find_in_row(
             bucket,
             row,
-            |rec| rec.scope == key.scope() && rec.id == key.id(),
+            |rec| rec.kind.is_key_state() && rec.scope == key.scope() && rec.id == key.id(),
             &|| show_key(key.scope(), key.id()),
             f,
         )?;
@@ -54,10 +54,11 @@ impl Engine {
     }
 
     /// The latest record of the key hashed `h` in the row its slot points
-    /// at, made into `T` by `f` (listings, which know keys by hash only).
+    /// at (its intent record, if `intent`), made into `T` by `f`
+    /// (listings, which know keys by hash only).
     pub(crate) fn load_hashed<T>(
         &self,
-        h: KeyHash,
+        (h, intent): (KeyHash, bool),
         bucket: u64,
         row: u64,
         f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
@@ -65,7 +66,14 @@ impl Engine {
         let found = self.find_in_row(
             bucket,
             row,
-            |rec| self.hasher.hash(rec.scope, rec.id) == h,
+            |rec| {
+                let kind_ok = if intent {
+                    rec.kind == Kind::Intent
+                } else {
+                    rec.kind.is_key_state()
+                };
+                kind_ok && self.hasher.hash(rec.scope, rec.id) == h
+            },
             &|| format!("hashed {:016x}{:016x}", h.hi, h.lo),
             f,
         )?;
@@ -80,7 +88,7 @@ impl Engine {
         }
     }
 
-    /// The last event-key record in (`bucket`, `row`) that `is_it`, made
+    /// The last record in (`bucket`, `row`) that `is_it`, made
     /// into `T` by `f`. `show` names the key in an error.
     fn find_in_row<T>(
         &self,
@@ -108,7 +116,7 @@ impl Engine {
         let mut found = None;
         for rec in read_row(&bytes).map_err(where_)? {
             let rec = rec.map_err(where_)?;
-            if !rec.kind.is_entity() && is_it(&rec) {
+            if is_it(&rec) {
                 found = Some(rec);
             }
         }
@@ -133,7 +141,7 @@ impl Engine {
     pub(crate) fn record_of(&self, rec: &RecordRef<'_>) -> Record {
         let state = match rec.kind {
             // Entity records never reach here: `load` skips them.
-            Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold => State::Inserted,
+            Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent => State::Inserted,
             Kind::Claim => State::InProgress,
             Kind::Release => State::Retryable,
             Kind::Complete => State::Completed,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::Engine;
 use crate::sync::Ordering;
-use crate::types::BeginOptions;
+use crate::types::{BeginOptions, Intent};
 use crate::{Error, Result};
 
 /// The latest time the store uses: 9999-12-31T23:59:59.999Z. A clock
@@ -29,11 +29,13 @@ const CLOCK_SLACK_MS: u64 = 1_000;
 /// behind keeps every comparison inside that.
 const FORCE_EVICT_SPAN: u64 = crate::index::MAX_BUCKET_SPAN / 2;
 
-/// The lease and retention of one operation, in ms.
+/// The lease and retention of one operation, in ms, and the intent its
+/// claim records.
 #[derive(Clone, Copy)]
-pub(crate) struct Op {
+pub(crate) struct Op<'a> {
     pub lease_ms: u64,
     pub retention_ms: u64,
+    pub intent: Option<Intent<'a>>,
 }
 
 impl Engine {
@@ -150,7 +152,7 @@ impl Engine {
     }
 
     /// The lease and retention of an operation begun with `options`.
-    pub(crate) fn op(&self, options: &BeginOptions) -> Result<Op> {
+    pub(crate) fn op(&self, options: &BeginOptions) -> Result<Op<'static>> {
         Ok(Op {
             lease_ms: match options.lease {
                 Some(d) => self.check_lease(d)?,
@@ -160,6 +162,7 @@ impl Engine {
                 Some(d) => self.check_retention(d)?,
                 None => self.cfg.retention_ms,
             },
+            intent: None,
         })
     }
 }

@@ -14,6 +14,7 @@
 pub(crate) mod counters;
 pub(crate) mod entity;
 mod grow;
+pub(crate) mod intent;
 mod slot;
 mod table;
 
@@ -25,6 +26,7 @@ pub(crate) use counters::Counters;
 use entity::Entity;
 use grow::GrowQueue;
 pub(crate) use grow::Grower;
+use intent::IntentSlot;
 pub(crate) use slot::{MAX_BUCKET_SPAN, Slot, SlotState};
 pub(crate) use table::Probe;
 use table::SlotTable;
@@ -57,6 +59,8 @@ pub(crate) struct Pending {
 pub(crate) struct Shard {
     slots: SlotTable,
     pending: HashTable<Pending>,
+    /// Intents of operations, by the operation's key hash.
+    intents: HashTable<IntentSlot>,
     /// Entity states (versions, sequencers), in their own hash domain.
     entities: HashTable<Entity>,
     /// Operation counters, kept per shard so the hot path bumps a line it
@@ -176,6 +180,39 @@ impl Shard {
         if let Ok(e) = self.pending.find_entry(h.lo, |p| p.hash == h) {
             e.remove();
         }
+    }
+
+    /// The operation's intent, if it recorded one.
+    pub(crate) fn intent(&self, h: KeyHash) -> Option<&IntentSlot> {
+        if self.intents.is_empty() {
+            return None;
+        }
+        self.intents.find(h.lo, |i| i.hash == h)
+    }
+
+    /// Sets the operation's intent.
+    pub(crate) fn set_intent(&mut self, i: IntentSlot) {
+        match self.intents.find_mut(i.hash.lo, |q| q.hash == i.hash) {
+            Some(q) => *q = i,
+            None => {
+                self.intents.insert_unique(i.hash.lo, i, |q| q.hash.lo);
+            }
+        }
+    }
+
+    /// Forgets the operation's intent.
+    pub(crate) fn remove_intent(&mut self, h: KeyHash) {
+        if self.intents.is_empty() {
+            return;
+        }
+        if let Ok(e) = self.intents.find_entry(h.lo, |i| i.hash == h) {
+            e.remove();
+        }
+    }
+
+    /// Every intent in the shard.
+    pub(crate) fn intents(&self) -> impl Iterator<Item = &IntentSlot> {
+        self.intents.iter()
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -48,7 +48,20 @@ pub(crate) enum Kind {
     /// Eviction and recovery carry it forward: it leaves only by
     /// `requeue`, `resolve` or `forget`.
     DeadLetter = 11,
+    /// An intent to call an external system for the operation (format
+    /// 3), recorded in the claim's commit: claim fields of the attempt
+    /// that recorded it, `outcome_tag` [`INTENT_PENDING`] or
+    /// [`INTENT_SENT`], the body an [`IntentBody`]. It is the key's record
+    /// beside its state, never its state: an unanswered one is carried
+    /// forward past expiry like a dead letter.
+    Intent = 12,
 }
+
+/// The `outcome_tag` of an `Intent` record not answered yet.
+pub(crate) const INTENT_PENDING: u8 = 0;
+/// The `outcome_tag` of an `Intent` record the provider answered; its body
+/// holds the provider's reference instead of the request.
+pub(crate) const INTENT_SENT: u8 = 1;
 
 /// The `outcome_tag` of a `Release` record that frees the key for any
 /// request (`Failure::RetryableAnyRequest`); 0 keeps the fingerprint.
@@ -81,6 +94,7 @@ impl Kind {
             8 => Kind::Hold,
             10 => Kind::Forget,
             11 => Kind::DeadLetter,
+            12 => Kind::Intent,
             _ => return None,
         })
     }
@@ -94,9 +108,17 @@ impl Kind {
             | Kind::Fail
             | Kind::Release
             | Kind::Forget
-            | Kind::DeadLetter => Body::Claim,
+            | Kind::DeadLetter
+            | Kind::Intent => Body::Claim,
             Kind::Entity | Kind::Park | Kind::Hold => Body::Entity,
         }
+    }
+
+    /// Records that say what state their key is in (every event-key kind
+    /// but `Intent`, which is kept beside the state).
+    #[inline]
+    pub(crate) fn is_key_state(self) -> bool {
+        !self.is_entity() && self != Kind::Intent
     }
 
     /// Records with claim fields (every event-key kind but `Insert`).
@@ -332,6 +354,23 @@ impl<'a> RecordRef<'a> {
         )
     }
 
+    /// An intent of the operation (`tag` [`INTENT_PENDING`] or
+    /// [`INTENT_SENT`]); `body` is an encoded [`IntentBody`].
+    #[inline]
+    pub(crate) fn intent(
+        scope: &'a [u8],
+        id: &'a [u8],
+        (at, expires): (u64, u64),
+        c: ClaimFields,
+        (tag, body): (u8, &'a [u8]),
+    ) -> Self {
+        let c = ClaimFields {
+            lease_until: 0,
+            ..c
+        };
+        Self::with_claim(Kind::Intent, (scope, id), (at, expires), c, tag, body)
+    }
+
     /// An entity's core state: its version (`None` before the first),
     /// the next expected sequence number (0: no sequencer state), when
     /// the current gap opened (0: none) and the ack mark payload.
@@ -470,6 +509,24 @@ impl<'a> RecordRef<'a> {
         self.outcome
     }
 
+    /// The body of an `Intent` record; `Corrupt` if it is malformed.
+    pub(crate) fn intent_body(&self) -> crate::Result<IntentBody<'a>> {
+        debug_assert_eq!(self.kind, Kind::Intent);
+        IntentBody::decode(self.outcome).ok_or_else(|| {
+            crate::Error::Corrupt(format!(
+                "the Intent record of {} has a malformed {}-byte body",
+                crate::error::show_key(self.scope, self.id),
+                self.outcome.len()
+            ))
+        })
+    }
+
+    /// Whether an `Intent` record says the provider answered.
+    pub(crate) fn intent_sent(&self) -> bool {
+        debug_assert_eq!(self.kind, Kind::Intent);
+        self.outcome_tag == INTENT_SENT
+    }
+
     /// The body of a `DeadLetter` record; `Corrupt` if it is malformed.
     pub(crate) fn dead_letter_body(&self) -> crate::Result<DeadLetterBody<'a>> {
         debug_assert_eq!(self.kind, Kind::DeadLetter);
@@ -479,6 +536,54 @@ impl<'a> RecordRef<'a> {
                 crate::error::show_key(self.scope, self.id),
                 self.outcome.len()
             ))
+        })
+    }
+}
+
+/// What an `Intent` record says besides its claim fields:
+///
+/// ```text
+/// version:u8 (=1) | recorded_at:u64 LE | target_len:u32 LE | target (UTF-8)
+///                 | data (the rest: the request, or once sent the reference)
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IntentBody<'a> {
+    /// When the intent was first recorded.
+    pub recorded_at: u64,
+    /// What is called (the caller's name for it).
+    pub target: &'a str,
+    /// The request (pending), or the provider's reference (sent).
+    pub data: &'a [u8],
+}
+
+impl<'a> IntentBody<'a> {
+    const VERSION: u8 = 1;
+
+    /// The encoded body.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(13 + self.target.len() + self.data.len());
+        out.push(Self::VERSION);
+        out.extend_from_slice(&self.recorded_at.to_le_bytes());
+        out.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.target.as_bytes());
+        out.extend_from_slice(self.data);
+        out
+    }
+
+    /// The body encoded in `bytes`, if well formed.
+    pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
+        let (&version, rest) = bytes.split_first()?;
+        if version != Self::VERSION {
+            return None;
+        }
+        let (at, rest) = rest.split_at_checked(8)?;
+        let (len, rest) = rest.split_at_checked(4)?;
+        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+        let (target, data) = rest.split_at_checked(len)?;
+        Some(IntentBody {
+            recorded_at: u64::from_le_bytes(at.try_into().ok()?),
+            target: std::str::from_utf8(target).ok()?,
+            data,
         })
     }
 }
@@ -714,5 +819,24 @@ mod tests {
         raw.extend_from_slice(&1u32.to_le_bytes());
         raw.extend_from_slice(&[0xff, 0]);
         assert_eq!(DeadLetterBody::decode(&raw), None);
+    }
+
+    #[test]
+    fn an_intent_body_round_trips_and_refuses_damage() {
+        for (target, data) in [("", &b""[..]), ("shipping", &b"{\"order\":7}"[..])] {
+            let body = IntentBody {
+                recorded_at: 1_700_000_000_000,
+                target,
+                data,
+            };
+            let bytes = body.encode();
+            assert_eq!(IntentBody::decode(&bytes), Some(body));
+            for n in 0..13 + target.len() {
+                assert_eq!(IntentBody::decode(&bytes[..n]), None, "{n}");
+            }
+            let mut bad = bytes.clone();
+            bad[0] = 9;
+            assert_eq!(IntentBody::decode(&bad), None);
+        }
     }
 }

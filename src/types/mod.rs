@@ -6,6 +6,7 @@
 pub(crate) mod attempt;
 pub(crate) mod dead_letter;
 pub(crate) mod eviction;
+pub(crate) mod intent;
 pub(crate) mod options;
 pub(crate) mod order;
 pub(crate) mod record;
@@ -14,6 +15,7 @@ pub(crate) mod stats;
 pub use attempt::{Failure, Forget, InProgress};
 pub use dead_letter::{Cursor, DeadLetter, Listing, Page, Resolution};
 pub use eviction::Eviction;
+pub use intent::{Intent, IntentEntry};
 pub use options::BeginOptions;
 pub use order::{Advance, Delivered, Held, Sequenced, Update};
 pub use record::{Record, State};

@@ -88,6 +88,9 @@ pub struct Stats {
     /// How long the oldest dead letter has waited (`None`: the area is
     /// empty). A dead-letter area is worked, not accumulated: alert on it.
     pub oldest_dead_letter: Option<std::time::Duration>,
+    /// Intents recorded before an external call that nobody marked
+    /// answered: calls that may or may not have happened.
+    pub intents_pending: u64,
     /// The configured retention.
     pub retention: std::time::Duration,
     /// How far back the store actually remembers: the age of the oldest
