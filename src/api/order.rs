@@ -1,10 +1,10 @@
 //! The ordering calls of the face: per-entity versions and the sequencer
 //! (the engine's `order` room does the work).
 
-use crate::types::{Advance, Delivered, Held, Sequenced, Update};
-use crate::{Key, Result, Store};
 #[cfg(doc)]
 use crate::Error;
+use crate::types::{Advance, Delivered, Held, Sequenced, Update};
+use crate::{Key, Result, Store};
 
 impl Store {
     /// Compares `version` with the entity's recorded version and advances

@@ -16,9 +16,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{BeginOptions, Clock, Error, Result, SystemClock};
 #[cfg(doc)]
 use crate::Store;
+use crate::{BeginOptions, Clock, Error, Result, SystemClock};
 use std::sync::Arc;
 
 use super::rng::{SplitMix64, random_seed};

@@ -3,10 +3,10 @@
 
 use std::time::SystemTime;
 
-use crate::clock::to_system_time;
-use crate::types::record::Record;
 #[cfg(doc)]
 use crate::Begin;
+use crate::clock::to_system_time;
+use crate::types::record::Record;
 
 /// Details of a claim held by someone else.
 ///

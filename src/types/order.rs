@@ -1,9 +1,9 @@
 //! The answers of the ordering calls: [`Advance`], [`Update`],
 //! [`Sequenced`], [`Delivered`] and [`Held`].
 
-use std::time::SystemTime;
 #[cfg(doc)]
 use crate::Store;
+use std::time::SystemTime;
 
 /// The answer of [`Store::advance`].
 ///
