@@ -41,7 +41,7 @@
 //! duplicate, and `begin` answers `Begin::DeadLettered`. Every check of
 //! the whole pool also checks the listing, its paging and the stats.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dedupkv::{
@@ -895,15 +895,7 @@ impl Harness {
                 };
                 return self.check_record(k, rec, r);
             }
-            Some(r) if r.kind == Kind::DeadLettered => {
-                let Ok(Begin::DeadLettered(dl)) = &got else {
-                    return Err(TestCaseError::fail(format!(
-                        "begin on dead-lettered key {k} (model {r:?}): want DeadLettered, \
-                         got {got:?}"
-                    )));
-                };
-                return check_dead_letter(k, dl, r, self.provider_of(k, r));
-            }
+            Some(r) if r.kind == Kind::DeadLettered => return self.answer_dead_letter(k, r, &got),
             Some(r)
                 if r.kind == Kind::Claimed && now < r.lease_until && r.token > self.run_floor =>
             {
@@ -966,6 +958,16 @@ impl Harness {
         });
         self.settled();
         Ok(())
+    }
+
+    /// `begin` on a dead-lettered key answers `DeadLettered` with it.
+    fn answer_dead_letter(&self, k: usize, r: &MRec, got: &dedupkv::Result<Begin>) -> TestResult {
+        let Ok(Begin::DeadLettered(dl)) = got else {
+            return Err(TestCaseError::fail(format!(
+                "begin on dead-lettered key {k} (model {r:?}): want DeadLettered, got {got:?}"
+            )));
+        };
+        check_dead_letter(k, dl, r, self.provider_of(k, r))
     }
 
     /// Every attempt of one operation (key `k`, first attempt at
@@ -1333,7 +1335,7 @@ impl Harness {
             "dead_letters",
         )?;
         prop_assert!(page.next.is_none(), "one page holds them all");
-        let mut seen = BTreeMap::new();
+        let mut seen = BTreeSet::new();
         for dl in &page.items {
             let Some(k) = (0..KEYS).find(|k| &key(*k) == dl.key()) else {
                 return Err(TestCaseError::fail(format!(
@@ -1347,9 +1349,9 @@ impl Harness {
                 )));
             };
             check_dead_letter(k, dl, w, self.provider_of(k, w))?;
-            prop_assert!(seen.insert(k, ()).is_none(), "key {} listed twice", k);
+            prop_assert!(seen.insert(k), "key {} listed twice", k);
         }
-        let missing: Vec<&usize> = want.keys().filter(|k| !seen.contains_key(*k)).collect();
+        let missing: Vec<&usize> = want.keys().filter(|k| !seen.contains(*k)).collect();
         prop_assert!(missing.is_empty(), "dead letters not listed: {:?}", missing);
         prop_assert!(
             page.items
