@@ -3,9 +3,10 @@
 //! acknowledged, the store is poisoned, and after reopening every
 //! acknowledged record is present.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use dedupkv::{Begin, Error, Fingerprint, Key, Result, Store};
+use dedupkv::{Begin, Error, Failure, Fingerprint, Key, Listing, Resolution, Result, State, Store};
 use dedupkv_testkit::{FaultBackend, Plan, is_fault};
 
 const THREADS: usize = 4;
@@ -199,5 +200,198 @@ fn a_replay_is_counted_once() -> Result<()> {
     assert!(store.begin(&key, Fingerprint::of("other")).is_err());
     assert_eq!(store.stats().replays, 1);
     assert_eq!(store.stats().conflicts, 1);
+    Ok(())
+}
+
+/// What a dead-letter key is, as the workload was told: state, attempts,
+/// and the reason (dead letter), outcome (completed) or note (abandoned).
+type Seen = (State, u32, Option<Vec<u8>>);
+
+/// The dead-letter workload's acknowledged states, by id, and the one
+/// call in flight when the fault stopped it: its id and what its key was
+/// before, or would be if the call landed.
+#[derive(Default)]
+struct DeadLetterRun {
+    acked: BTreeMap<String, Seen>,
+    in_flight: Option<(String, Option<Seen>, Seen)>,
+}
+
+const DEAD_KEYS: usize = 12;
+
+fn dl_key(id: &str) -> Key<'_> {
+    Key::new("dl", id)
+}
+
+impl DeadLetterRun {
+    /// Runs `call` for `id`, which makes the key `next`; on an injected
+    /// fault records it as in flight and returns `None`.
+    fn step<T>(&mut self, id: &str, next: Seen, call: impl FnOnce() -> Result<T>) -> Option<T> {
+        match call() {
+            Ok(t) => {
+                self.acked.insert(id.to_string(), next);
+                Some(t)
+            }
+            Err(e) => {
+                assert!(is_fault(&e), "{id}: unexpected error {e}");
+                let before = self.acked.get(id).cloned();
+                self.in_flight = Some((id.to_string(), before, next));
+                None
+            }
+        }
+    }
+
+    /// Begins `id` (attempt `attempt`) and dead-letters it with `reason`.
+    fn dead_letter(&mut self, store: &Store, id: &str, attempt: u32, reason: &str) -> Option<()> {
+        let claimed = (State::InProgress, attempt, None);
+        let claim = self.step(id, claimed, || {
+            Ok(dedupkv_testkit::started(
+                store.begin(&dl_key(id), Fingerprint::of(id))?,
+            ))
+        })?;
+        assert_eq!(claim.attempt(), attempt, "{id}");
+        let dead = (
+            State::DeadLettered,
+            attempt,
+            Some(reason.as_bytes().to_vec()),
+        );
+        let payload = id.as_bytes();
+        self.step(id, dead, || {
+            store.fail(
+                &claim,
+                Failure::Exhausted {
+                    reason,
+                    payload: Some(payload),
+                },
+            )
+        })
+    }
+
+    /// Dead-letters every key, and on the way requeues (and dead-letters
+    /// again), resolves as completed and resolves as abandoned earlier
+    /// ones; stops at the first injected fault.
+    fn run(&mut self, store: &Store) -> Option<()> {
+        for i in 0..DEAD_KEYS {
+            let id = format!("d{i}");
+            self.dead_letter(store, &id, 1, &format!("r{i}"))?;
+            if i % 3 == 1 {
+                let id = format!("d{}", i - 1);
+                let requeued = self.step(&id, (State::Retryable, 1, None), || {
+                    store.requeue(&dl_key(&id))
+                })?;
+                assert!(requeued, "{id} was a dead letter");
+                self.dead_letter(store, &id, 2, "again")?;
+            }
+            if i % 4 == 2 {
+                let id = format!("d{}", i - 2);
+                let attempts = self.acked[&id].1;
+                let done = (State::Completed, attempts, Some(b"by hand".to_vec()));
+                let resolved = self.step(&id, done, || {
+                    store.resolve(&dl_key(&id), Resolution::Completed(b"by hand"))
+                })?;
+                assert!(resolved, "{id} was a dead letter");
+            }
+            if i % 4 == 3 {
+                let id = format!("d{}", i - 1);
+                let attempts = self.acked[&id].1;
+                let dropped = (State::Failed, attempts, Some(b"dropped".to_vec()));
+                let resolved = self.step(&id, dropped, || {
+                    store.resolve(&dl_key(&id), Resolution::Abandoned("dropped"))
+                })?;
+                assert!(resolved, "{id} was a dead letter");
+            }
+        }
+        Some(())
+    }
+
+    /// The reopened store shows every acknowledged state, the call in
+    /// flight either way, and nothing of the keys never reached; the
+    /// listing holds exactly the dead letters among them.
+    fn check(&self, store: &Store, what: &str) -> Result<()> {
+        let mut want_dead = BTreeMap::new();
+        for i in 0..DEAD_KEYS {
+            let id = format!("d{i}");
+            let got = store.get(&dl_key(&id))?.map(|r| {
+                let bytes = (r.state() != State::InProgress && r.state() != State::Retryable)
+                    .then(|| r.outcome().map(<[u8]>::to_vec))
+                    .flatten();
+                (r.state(), r.attempts(), bytes)
+            });
+            let acked = self.acked.get(&id).cloned();
+            let ok = match &self.in_flight {
+                Some((f, before, next)) if *f == id => got == *before || got.as_ref() == Some(next),
+                _ => got == acked,
+            };
+            assert!(
+                ok,
+                "{what}: {id} is {got:?}, acknowledged {acked:?}, in flight {:?}",
+                self.in_flight
+            );
+            if let Some((State::DeadLettered, attempts, reason)) = got {
+                want_dead.insert(id, (attempts, reason));
+            }
+        }
+        let listed = store.dead_letters(&Listing::new().limit(1_000))?.items;
+        let listed: BTreeMap<String, (u32, Option<Vec<u8>>)> = listed
+            .iter()
+            .map(|dl| {
+                assert_eq!(dl.payload(), Some(dl.key().id()), "{what}: payload");
+                let id = String::from_utf8(dl.key().id().to_vec()).expect("utf-8 id");
+                (id, (dl.attempts(), Some(dl.reason().as_bytes().to_vec())))
+            })
+            .collect();
+        assert_eq!(listed, want_dead, "{what}: the dead-letter listing");
+        assert_eq!(
+            store.stats().dead_letters_now,
+            want_dead.len() as u64,
+            "{what}"
+        );
+        Ok(())
+    }
+}
+
+/// The fault sweep over a workload that dead-letters, requeues and
+/// resolves keys: every write and sync of it fails once. After each
+/// fault the store is poisoned, and both the bytes written (a healthy
+/// reopen) and the bytes synced (a power cut) reopen with every
+/// acknowledged dead letter, requeue and resolution, and nothing that was
+/// not acknowledged as done.
+#[test]
+fn faults_in_dead_letter_commits_lose_nothing_acknowledged() -> Result<()> {
+    let mut tripped = 0;
+    for fail_after in 0.. {
+        let backend = FaultBackend::new();
+        let store = Store::builder()
+            .background_eviction(false)
+            .open_with_backend(backend.clone())?;
+        backend.arm(Plan::after(fail_after));
+        let mut run = DeadLetterRun::default();
+        let finished = run.run(&store).is_some();
+        assert_eq!(finished, !backend.tripped(), "fault {fail_after}");
+        if finished {
+            assert!(run.in_flight.is_none());
+            run.check(&store, "no fault")?;
+            break;
+        }
+        tripped += 1;
+        assert!(matches!(
+            store.insert_if_absent(&Key::new("f", "after")),
+            Err(Error::Poisoned(_))
+        ));
+        let image = backend.crash_image();
+        drop(store);
+        let what = format!("fault {fail_after}");
+        run.check(
+            &Store::builder().open_with_backend(image)?,
+            &format!("{what}, power cut"),
+        )?;
+        run.check(
+            &Store::builder().open_with_backend(backend.healthy())?,
+            &what,
+        )?;
+    }
+    assert!(
+        tripped >= 50,
+        "the sweep must hit the workload (tripped {tripped} times)"
+    );
     Ok(())
 }

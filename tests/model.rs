@@ -54,6 +54,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => sel.clone().prop_map(Op::FailRetryable),
         1 => sel.clone().prop_map(Op::FailAnyRequest),
         1 => (sel.clone(), 0u8..3).prop_map(|(c, o)| Op::FailPermanent(c, o)),
+        2 => (sel.clone(), 0u8..4, any::<bool>()).prop_map(|(c, r, p)| Op::FailExhausted(c, r, p)),
+        1 => key_index().prop_map(Op::Requeue),
+        1 => (key_index(), 0u8..3).prop_map(|(k, o)| Op::ResolveCompleted(k, o)),
+        1 => (key_index(), 0u8..3).prop_map(|(k, o)| Op::ResolveAbandoned(k, o)),
+        1 => Just(Op::ListDeadLetters),
         1 => sel.clone().prop_map(Op::Renew),
         1 => (sel.clone(), 0..RENEW_FOR.len()).prop_map(|(c, r)| Op::RenewFor(c, r)),
         2 => sel.prop_map(Op::DropClaim),
@@ -359,6 +364,55 @@ fn crash_loses_a_release_whose_claim_has_expired() -> TestResult {
             Op::DropClaim(0),
             Op::Advance(Step::NearLease(0)),
             Op::Crash,
+        ],
+    )
+}
+
+/// A dead letter across its whole life in the model: begun, answered
+/// `DeadLettered`, kept past its retention through eviction, downtime and
+/// a crash, requeued as attempt 2 of the same operation, dead-lettered
+/// again and resolved.
+#[test]
+fn a_dead_letter_outlives_retention_and_is_requeued_then_resolved() -> TestResult {
+    run(
+        settings_for_regressions(),
+        &[
+            Op::Begin(0, 1),
+            Op::FailExhausted(0, 1, true),
+            Op::Begin(0, 1),
+            Op::Insert(0),
+            Op::Begin(0, 2),
+            Op::Advance(Step::Days(2)),
+            Op::ListDeadLetters,
+            Op::Downtime(3),
+            Op::Crash,
+            Op::Requeue(0),
+            Op::Requeue(0),
+            Op::Begin(0, 1),
+            Op::FailExhausted(0, 2, false),
+            Op::ResolveCompleted(0, 2),
+            Op::Begin(0, 1),
+            Op::Reopen,
+        ],
+    )
+}
+
+/// Found by the model: a dead letter whose bucket's time has passed
+/// answers as an expired key until eviction (or an open) re-logs it:
+/// `get` is `None`, `begin` starts a new operation at attempt 1 (and
+/// overwrites the dead letter), `requeue` is `false`, while the listing
+/// and the stats still show it. A dead letter never expires.
+#[test]
+fn a_dead_letter_past_its_retention_before_eviction_is_still_one() -> TestResult {
+    run(
+        settings_for_regressions(),
+        &[
+            Op::Begin(0, 1),
+            Op::FailExhausted(0, 0, false),
+            Op::Advance(Step::NearRetention(60_000)),
+            Op::Get(0),
+            Op::Begin(0, 1),
+            Op::ListDeadLetters,
         ],
     )
 }

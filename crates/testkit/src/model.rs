@@ -30,13 +30,23 @@
 //! eviction, reopen, crash and downtime; an entity with neither expires
 //! `ENTITY_RETENTION` after its last write. `max_hold` is longer than any
 //! case, so nothing moves to the holding area.
+//!
+//! The dead-letter area (`FailExhausted`, `Requeue`, `ResolveCompleted`,
+//! `ResolveAbandoned`, `ListDeadLetters`): a dead letter never expires.
+//! Retention, eviction, reopen, downtime and crashes keep it; eviction of
+//! its bucket (and an open past its expiry) re-logs it with a fresh
+//! expiry, which `get` shows. It leaves only by `requeue` (the next
+//! `begin` is attempt n + 1 of the same operation), `resolve` (a replayed
+//! Completed or Failed record) or `forget`; `insert_if_absent` on it is a
+//! duplicate, and `begin` answers `Begin::DeadLettered`. Every check of
+//! the whole pool also checks the listing, its paging and the stats.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dedupkv::{
-    Begin, BeginOptions, Claim, Error, Failure, Fingerprint, Forget, Key, ManualClock, Record,
-    Sequenced, State, Store,
+    Begin, BeginOptions, Claim, DeadLetter, Error, Failure, Fingerprint, Forget, Key, Listing,
+    ManualClock, Record, Resolution, Sequenced, State, Store,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -206,6 +216,17 @@ pub enum Op {
     FailAnyRequest(usize),
     /// `fail` a held claim with `Failure::Permanent` and an outcome.
     FailPermanent(usize, u8),
+    /// `fail` a held claim with `Failure::Exhausted`: reason number, and
+    /// whether a payload goes with it.
+    FailExhausted(usize, u8, bool),
+    /// `requeue` of a key.
+    Requeue(usize),
+    /// `resolve` of a key with `Resolution::Completed` and an outcome.
+    ResolveCompleted(usize, u8),
+    /// `resolve` of a key with `Resolution::Abandoned` and a note.
+    ResolveAbandoned(usize, u8),
+    /// `dead_letters`, whole and paged, against the model.
+    ListDeadLetters,
     /// `renew` a held claim by its own lease.
     Renew(usize),
     /// `renew_for` by `RENEW_FOR[r]` (modulo their number).
@@ -244,6 +265,21 @@ fn payload(o: u8) -> Vec<u8> {
     vec![b'f'; usize::from(o) + 1]
 }
 
+/// The reason of `Failure::Exhausted` number `r`.
+fn reason(r: u8) -> String {
+    format!("gave up {r}")
+}
+
+/// The payload kept with a dead letter, by reason number.
+fn dead_payload(r: u8) -> Vec<u8> {
+    vec![b'd'; usize::from(r % 4) + 1]
+}
+
+/// The note of `Resolution::Abandoned` number `o`.
+fn note(o: u8) -> String {
+    "n".repeat(usize::from(o))
+}
+
 // ------------------------------------------------------------------- model
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,6 +290,7 @@ enum Kind {
     Completed,
     Failed,
     Forgotten,
+    DeadLettered,
 }
 
 /// The latest record of a key, as the model expects `get` to report it.
@@ -275,9 +312,15 @@ struct MRec {
     /// bring another fingerprint.
     any: bool,
     /// The claim's lease (what `renew` extends by) and the operation's
-    /// retention, for a claimed or released key.
+    /// retention, for a claimed or released key. For a dead letter, the
+    /// retention its requeue or resolution is written for: the
+    /// operation's, and after a reopen its record's (`expires - at`).
     lease_ms: u64,
     retention_ms: u64,
+    /// A dead letter's last failure time and payload (its reason is
+    /// `outcome`).
+    failed_at: u64,
+    payload: Option<Vec<u8>>,
 }
 
 impl MRec {
@@ -297,6 +340,8 @@ impl MRec {
             any: false,
             lease_ms: 0,
             retention_ms: 0,
+            failed_at: 0,
+            payload: None,
         }
     }
 
@@ -358,7 +403,38 @@ impl Model {
     fn live(&self, k: usize, now: u64) -> Option<&MRec> {
         self.keys
             .get(&k)
-            .filter(|r| now / self.s.granularity <= r.bucket)
+            .filter(|r| r.kind == Kind::DeadLettered || now / self.s.granularity <= r.bucket)
+    }
+
+    /// The dead letters, by key.
+    fn dead_letters(&self) -> BTreeMap<usize, &MRec> {
+        self.keys
+            .iter()
+            .filter(|(_, r)| r.kind == Kind::DeadLettered)
+            .map(|(k, r)| (*k, r))
+            .collect()
+    }
+
+    /// Re-logs every dead letter whose bucket has expired at `now`, as
+    /// eviction (`retention` `None`: for the longer of its own and the
+    /// store's) and open (`Some`: the store's, which its requeue then
+    /// uses) do.
+    fn carry_dead_letters(&mut self, now: u64, at_open: bool) {
+        let (g, store_retention) = (self.s.granularity, self.s.retention);
+        for r in self.keys.values_mut() {
+            if r.kind != Kind::DeadLettered || now / g <= r.bucket {
+                continue;
+            }
+            let retention = if at_open {
+                r.retention_ms = store_retention;
+                store_retention
+            } else {
+                r.retention_ms.max(store_retention)
+            };
+            r.at = now;
+            r.expires = now + retention;
+            r.bucket = r.expires / g;
+        }
     }
 
     /// The key's latest record if the key is present: live and not
@@ -399,6 +475,18 @@ impl Model {
         self.keys.insert(k, rec);
     }
 
+    /// At open: dead letters whose bucket expired while the store was
+    /// closed are re-logged for the store's retention; the others go on
+    /// with their record's retention.
+    fn reopened(&mut self, now: u64) {
+        self.carry_dead_letters(now, true);
+        for r in self.keys.values_mut() {
+            if r.kind == Kind::DeadLettered {
+                r.retention_ms = r.expires - r.at;
+            }
+        }
+    }
+
     /// The highest token of any live key: fresh tokens after a reopen must
     /// be above it.
     fn token_floor(&self, now: u64) -> u64 {
@@ -420,8 +508,13 @@ fn check_record(k: usize, got: &Record, want: &MRec, provider: Option<&String>) 
         Kind::Completed => State::Completed,
         Kind::Failed => State::Failed,
         Kind::Forgotten => State::Forgotten,
+        Kind::DeadLettered => State::DeadLettered,
     };
-    let finished = matches!(want.kind, Kind::Completed | Kind::Failed);
+    // A dead letter's outcome is its reason.
+    let finished = matches!(
+        want.kind,
+        Kind::Completed | Kind::Failed | Kind::DeadLettered
+    );
     prop_assert_eq!(got.key(), &key(k));
     prop_assert_eq!(got.state(), state, "key {} want {:?}", k, want);
     prop_assert_eq!(got.attempts(), want.attempt, "attempts of key {}", k);
@@ -463,6 +556,43 @@ fn check_record(k: usize, got: &Record, want: &MRec, provider: Option<&String>) 
     );
     prop_assert_eq!(got.is_failure(), want.kind == Kind::Failed);
     Ok(())
+}
+
+/// A dead letter as the listing or `begin` gives it, against the model's.
+fn check_dead_letter(
+    k: usize,
+    got: &DeadLetter,
+    want: &MRec,
+    provider: Option<&String>,
+) -> TestResult {
+    prop_assert_eq!(want.kind, Kind::DeadLettered, "key {} is no dead letter", k);
+    prop_assert_eq!(got.key(), &key(k));
+    prop_assert_eq!(
+        got.attempts(),
+        want.attempt,
+        "attempts of dead letter {}",
+        k
+    );
+    prop_assert_eq!(
+        got.reason().as_bytes(),
+        want.outcome.as_slice(),
+        "reason of dead letter {}",
+        k
+    );
+    prop_assert_eq!(
+        got.payload(),
+        want.payload.as_deref(),
+        "payload of dead letter {}",
+        k
+    );
+    prop_assert_eq!(got.failed_at(), at(want.failed_at), "failed_at of {}", k);
+    prop_assert_eq!(
+        got.first_attempt_at(),
+        at(want.first_at),
+        "first attempt of dead letter {}",
+        k
+    );
+    check_record(k, got.record(), want, provider)
 }
 
 // ----------------------------------------------------------------- harness
@@ -569,6 +699,8 @@ impl Harness {
             (Medium::Crash(backend), None) => builder.open_with_backend(backend.clone()),
         };
         self.store = Some(check(store, "open")?);
+        let now = self.now();
+        self.model.reopened(now);
         self.generation += 1;
         self.token_floor = self.model.token_floor(self.now()).max(self.token_floor);
         // Every claim made so far belongs to a process that is gone.
@@ -595,7 +727,8 @@ impl Harness {
             Op::Complete(..)
             | Op::FailRetryable(_)
             | Op::FailAnyRequest(_)
-            | Op::FailPermanent(..) => self.finish(op),
+            | Op::FailPermanent(..)
+            | Op::FailExhausted(..) => self.finish(op),
             Op::CompleteBatch(items) => self.complete_batch(items),
             Op::Renew(c) => self.renew(*c, None),
             Op::RenewFor(c, r) => self.renew(*c, Some(RENEW_FOR[r % RENEW_FOR.len()])),
@@ -605,13 +738,14 @@ impl Harness {
             }
             Op::Get(k) => self.get(*k),
             Op::Forget(k) => self.forget(*k),
+            Op::Requeue(k) => self.leave_dead_letter(*k, None),
+            Op::ResolveCompleted(k, o) => self.leave_dead_letter(*k, Some((true, *o))),
+            Op::ResolveAbandoned(k, o) => self.leave_dead_letter(*k, Some((false, *o))),
+            Op::ListDeadLetters => self.check_dead_letters(),
             Op::Sequence(e, seq, p) => self.sequence(*e, *seq, *p),
             Op::Ack(e, upto) => self.ack(*e, *upto),
             Op::Advance(step) => self.advance(*step),
-            Op::Evict => {
-                check(self.store().evict_expired(), "evict_expired")?;
-                Ok(())
-            }
+            Op::Evict => self.evict(),
             Op::Flush => {
                 check(self.store().flush(), "flush")?;
                 self.settled();
@@ -761,6 +895,7 @@ impl Harness {
                 };
                 return self.check_record(k, rec, r);
             }
+            Some(r) if r.kind == Kind::DeadLettered => return self.answer_dead_letter(k, r, &got),
             Some(r)
                 if r.kind == Kind::Claimed && now < r.lease_until && r.token > self.run_floor =>
             {
@@ -823,6 +958,16 @@ impl Harness {
         });
         self.settled();
         Ok(())
+    }
+
+    /// `begin` on a dead-lettered key answers `DeadLettered` with it.
+    fn answer_dead_letter(&self, k: usize, r: &MRec, got: &dedupkv::Result<Begin>) -> TestResult {
+        let Ok(Begin::DeadLettered(dl)) = got else {
+            return Err(TestCaseError::fail(format!(
+                "begin on dead-lettered key {k} (model {r:?}): want DeadLettered, got {got:?}"
+            )));
+        };
+        check_dead_letter(k, dl, r, self.provider_of(k, r))
     }
 
     /// Every attempt of one operation (key `k`, first attempt at
@@ -892,7 +1037,8 @@ impl Harness {
         let (Op::Complete(n, _)
         | Op::FailRetryable(n)
         | Op::FailAnyRequest(n)
-        | Op::FailPermanent(n, _)) = op
+        | Op::FailPermanent(n, _)
+        | Op::FailExhausted(n, ..)) = op
         else {
             unreachable!("not a finishing op")
         };
@@ -900,7 +1046,22 @@ impl Harness {
             return Ok(());
         };
         let (store, claim) = (self.store(), &self.held[i].claim);
+        let (reason, dead_payload) = match op {
+            Op::FailExhausted(_, r, with) => (reason(*r), with.then(|| dead_payload(*r))),
+            _ => (String::new(), None),
+        };
         let (got, kind, bytes) = match op {
+            Op::FailExhausted(..) => (
+                store.fail(
+                    claim,
+                    Failure::Exhausted {
+                        reason: &reason,
+                        payload: dead_payload.as_deref(),
+                    },
+                ),
+                Kind::DeadLettered,
+                reason.clone().into_bytes(),
+            ),
             Op::Complete(_, o) => (
                 store.complete(claim, &outcome(*o)),
                 Kind::Completed,
@@ -924,6 +1085,12 @@ impl Harness {
         };
         let any = matches!(op, Op::FailAnyRequest(_));
         if self.finished(op, i, got, kind, bytes, any)? {
+            if let Some(rec) = self.model.keys.get_mut(&self.held[i].key)
+                && rec.kind == Kind::DeadLettered
+            {
+                rec.failed_at = rec.at;
+                rec.payload = dead_payload;
+            }
             self.settled();
         }
         Ok(())
@@ -1095,11 +1262,124 @@ impl Harness {
             lease_until: 0,
             outcome: Vec::new(),
             any: false,
+            payload: None,
             ..prev.clone()
         };
         let expires = now + self.model.s.retention;
         self.model.write(k, rec, now, expires, Some(prev.bucket));
         self.settled();
+        Ok(())
+    }
+
+    /// `requeue` (`resolution` `None`) or `resolve` (`Some((completed,
+    /// o))`): `true` and a Released, Completed or Failed record, written
+    /// for the dead letter's retention in no earlier bucket, if the key
+    /// is a dead letter; else `false` and nothing written.
+    fn leave_dead_letter(&mut self, k: usize, resolution: Option<(bool, u8)>) -> TestResult {
+        let now = self.now();
+        let (o, n) = match resolution {
+            Some((_, o)) => (outcome(o), note(o)),
+            None => (Vec::new(), String::new()),
+        };
+        let got = match resolution {
+            None => self.store().requeue(&key(k)),
+            Some((true, _)) => self.store().resolve(&key(k), Resolution::Completed(&o)),
+            Some((false, _)) => self.store().resolve(&key(k), Resolution::Abandoned(&n)),
+        };
+        let got = check(got, "requeue/resolve")?;
+        let prev = self
+            .model
+            .present(k, now)
+            .filter(|r| r.kind == Kind::DeadLettered)
+            .cloned();
+        prop_assert_eq!(
+            got,
+            prev.is_some(),
+            "{:?} of key {} (model {:?})",
+            resolution,
+            k,
+            self.model.live(k, now)
+        );
+        let Some(prev) = prev else {
+            return Ok(());
+        };
+        let (kind, outcome) = match resolution {
+            None => (Kind::Released, Vec::new()),
+            Some((true, _)) => (Kind::Completed, o),
+            Some((false, _)) => (Kind::Failed, n.into_bytes()),
+        };
+        let rec = MRec {
+            kind,
+            outcome,
+            lease_until: 0,
+            abandoned: false,
+            any: false,
+            failed_at: 0,
+            payload: None,
+            ..prev.clone()
+        };
+        let expires = now + prev.retention_ms;
+        self.model.write(k, rec, now, expires, Some(prev.bucket));
+        self.settled();
+        Ok(())
+    }
+
+    /// The whole listing holds the model's dead letters, oldest failure
+    /// first; a listing paged two at a time gives the same entries in the
+    /// same order; the stats count them and age the oldest.
+    fn check_dead_letters(&self) -> TestResult {
+        let now = self.now();
+        let want = self.model.dead_letters();
+        let page = check(
+            self.store().dead_letters(&Listing::new().limit(1_000)),
+            "dead_letters",
+        )?;
+        prop_assert!(page.next.is_none(), "one page holds them all");
+        let mut seen = BTreeSet::new();
+        for dl in &page.items {
+            let Some(k) = (0..KEYS).find(|k| &key(*k) == dl.key()) else {
+                return Err(TestCaseError::fail(format!(
+                    "dead letter of a key outside the pool: {dl:?}"
+                )));
+            };
+            let Some(w) = want.get(&k) else {
+                return Err(TestCaseError::fail(format!(
+                    "key {k} is listed as a dead letter, model {:?}",
+                    self.model.keys.get(&k)
+                )));
+            };
+            check_dead_letter(k, dl, w, self.provider_of(k, w))?;
+            prop_assert!(seen.insert(k), "key {} listed twice", k);
+        }
+        let missing: Vec<&usize> = want.keys().filter(|k| !seen.contains(*k)).collect();
+        prop_assert!(missing.is_empty(), "dead letters not listed: {:?}", missing);
+        prop_assert!(
+            page.items
+                .windows(2)
+                .all(|w| w[0].failed_at() <= w[1].failed_at()),
+            "listing not oldest first: {:?}",
+            page.items
+        );
+        let mut paged = Vec::new();
+        let mut listing = Listing::new().limit(2);
+        for _ in 0..=KEYS {
+            let p = check(self.store().dead_letters(&listing), "dead_letters paged")?;
+            prop_assert!(p.items.len() <= 2, "a page over its limit");
+            paged.extend(p.items);
+            match p.next {
+                Some(c) => listing = listing.after(c),
+                None => break,
+            }
+        }
+        prop_assert_eq!(&paged, &page.items, "paged listing");
+        let st = self.store().stats();
+        prop_assert_eq!(st.dead_letters_now, want.len() as u64, "dead_letters_now");
+        let oldest = want.values().map(|r| r.failed_at).min();
+        prop_assert_eq!(
+            st.oldest_dead_letter,
+            oldest.map(|t| Duration::from_millis(now - t)),
+            "oldest_dead_letter"
+        );
         Ok(())
     }
 
@@ -1221,8 +1501,17 @@ impl Harness {
         };
         self.clock.advance(Duration::from_millis(by));
         if matches!(step, Step::Days(_)) {
-            check(self.store().evict_expired(), "evict_expired")?;
+            self.evict()?;
         }
+        Ok(())
+    }
+
+    /// `evict_expired`: changes no answer, but re-logs the dead letters of
+    /// the buckets it deletes.
+    fn evict(&mut self) -> TestResult {
+        check(self.store().evict_expired(), "evict_expired")?;
+        let now = self.now();
+        self.model.carry_dead_letters(now, false);
         Ok(())
     }
 
@@ -1281,7 +1570,8 @@ impl Harness {
         for k in 0..KEYS {
             self.get(k)?;
         }
-        self.check_entities()
+        self.check_entities()?;
+        self.check_dead_letters()
     }
 }
 
