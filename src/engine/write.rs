@@ -83,14 +83,14 @@ impl<'s> Write<'s> {
         }
     }
 
-    /// The key's slot if its latest record has not expired, forgotten or
-    /// not.
+    /// The key's slot if its latest record has not expired (a dead letter
+    /// never does: eviction carries it), forgotten or not.
     #[inline]
     pub(crate) fn recorded(&self) -> Option<Slot> {
         self.shard
             .slot(self.probe)
             .copied()
-            .filter(|s| unexpired(s, self.now_bucket))
+            .filter(|s| unexpired(s, self.now_bucket) || s.state() == SlotState::DeadLettered)
     }
 
     /// The key's slot if the key is present: recorded, not expired, not
