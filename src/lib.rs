@@ -58,8 +58,8 @@ pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use types::{
     Advance, BeginOptions, Cursor, DeadLetter, Delivered, Eviction, Failure, Forget, Held,
-    InProgress, Intent, IntentEntry, Listing, Page, Record, Resolution, Sequenced, State, Stats,
-    Update,
+    InProgress, Intent, IntentEntry, Listing, Page, Reconciliation, Record, Resolution, Sequenced,
+    State, Stats, Tally, Update, WindowDiff,
 };
 
 /// The README's code, compiled and run as doc tests so it cannot go stale.

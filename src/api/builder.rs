@@ -57,6 +57,8 @@ impl Default for StoreBuilder {
                 compact_when_free: Some(0.5),
                 evict_slice_bytes: 1 << 20,
                 max_batch_bytes: 256 << 20,
+                tally_window_ms: 3_600_000,
+                tally_retention_ms: 7 * 86_400_000,
                 row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
             },
             clock: Arc::new(SystemClock),
@@ -362,6 +364,44 @@ impl StoreBuilder {
         self
     }
 
+    /// The length of a reconciliation window: completed operations are
+    /// counted (and their amounts summed) per scope per window, durably,
+    /// for [`Store::reconcile`]. Default: 1 hour. `open` fails with
+    /// [`Error::InvalidConfig`] for 0 or a window longer than the
+    /// reconciliation retention.
+    ///
+    /// # Examples
+    /// ```
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::builder()
+    ///     .reconcile_window(Duration::from_secs(15 * 60))
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn reconcile_window(mut self, window: Duration) -> Self {
+        self.cfg.tally_window_ms = millis(window);
+        self
+    }
+
+    /// How long a reconciliation window's totals are kept after its last
+    /// completion. Default: 7 days. `open` fails with
+    /// [`Error::InvalidConfig`] for one spanning 2^22 buckets or more.
+    ///
+    /// # Examples
+    /// ```
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::builder()
+    ///     .reconcile_retention(Duration::from_secs(30 * 86_400))
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn reconcile_retention(mut self, retention: Duration) -> Self {
+        self.cfg.tally_retention_ms = millis(retention);
+        self
+    }
+
     /// The most log one batch call (`insert_batch`, `begin_batch`,
     /// `complete_batch`) may write, in bytes, counted as its keys and
     /// outcomes plus 32 bytes per key. A larger call fails with
@@ -502,6 +542,19 @@ impl StoreBuilder {
         }
         if c.lease_ms == 0 {
             return bad("the lease must be at least 1 ms".into());
+        }
+        if c.tally_window_ms == 0 || c.tally_window_ms > c.tally_retention_ms {
+            return bad(format!(
+                "the reconcile window ({} ms) must be at least 1 ms and at most the \
+                 reconcile retention ({} ms)",
+                c.tally_window_ms, c.tally_retention_ms
+            ));
+        }
+        if c.tally_retention_ms / c.granularity_ms.max(1) >= MAX_BUCKET_SPAN {
+            return bad(format!(
+                "the reconcile retention ({} ms) spans 2^22 buckets or more",
+                c.tally_retention_ms
+            ));
         }
         if c.granularity_ms < 1_000 {
             return bad(format!(

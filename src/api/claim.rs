@@ -400,7 +400,7 @@ impl Store {
     /// See [`begin`](Self::begin).
     pub fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
         self.engine()
-            .complete(claim.ticket(), TAG_RAW, outcome, None)
+            .complete(claim.ticket(), (TAG_RAW, outcome), None, 0)
     }
 
     /// [`complete`](Self::complete), keeping this key for `retention` after
@@ -424,7 +424,7 @@ impl Store {
     pub fn complete_for(&self, claim: &Claim, outcome: &[u8], retention: Duration) -> Result<()> {
         let ms = self.engine().check_retention(retention)?;
         self.engine()
-            .complete(claim.ticket(), TAG_RAW, outcome, Some(ms))
+            .complete(claim.ticket(), (TAG_RAW, outcome), Some(ms), 0)
     }
 
     /// Completes a claim with a typed outcome, stored as JSON (`serde_json`);
@@ -465,7 +465,7 @@ impl Store {
     {
         let bytes = crate::codec::encode_outcome(outcome)?;
         self.engine()
-            .complete(claim.ticket(), TAG_JSON, &bytes, None)
+            .complete(claim.ticket(), (TAG_JSON, &bytes), None, 0)
     }
 
     /// Fails a claim: [`Failure::Retryable`] frees the key for another

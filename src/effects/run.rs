@@ -9,10 +9,6 @@ use crate::{
     Begin, Claim, DeadLetter, Error, Failure, Fingerprint, Key, Record, Result, State, Store,
 };
 
-/// What a dead letter's record adds to its reason (its time, lengths and
-/// flags: see the log's `DeadLetterBody`).
-const DEAD_LETTER_FRAMING: usize = 14;
-
 /// What [`RetryPolicy::run`] did.
 ///
 /// A permanent error is recorded as a permanent failure; retries that run
@@ -315,9 +311,7 @@ impl RetryPolicy {
             }
         };
         let dead_lettered = reason != GiveUpReason::Permanent;
-        // A dead letter's record adds its time and framing to the text.
-        let limit = store.max_outcome_len().saturating_sub(DEAD_LETTER_FRAMING);
-        let text = failure_text(&reason, &error, limit);
+        let text = failure_text(&reason, &error, store.max_outcome_len());
         let failure = if dead_lettered {
             Failure::Exhausted {
                 reason: &text,

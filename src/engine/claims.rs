@@ -112,13 +112,7 @@ impl Engine {
         options: &BeginOptions,
         intent: Intent<'_>,
     ) -> Result<Begun> {
-        // Its record carries both, framed (see the log's `IntentBody`).
-        let framed = intent
-            .target
-            .len()
-            .saturating_add(intent.request.len())
-            .saturating_add(13);
-        this.check_intent_len(framed)?;
+        this.check_intent_len(intent.target, intent.request)?;
         let op = Op {
             intent: Some(intent),
             ..this.op(options)?
@@ -174,7 +168,7 @@ impl Engine {
         let mut last = 0;
         let mut out = Vec::with_capacity(items.len());
         for (claim, outcome) in items {
-            match self.finish(claim, Kind::Complete, TAG_RAW, outcome, None) {
+            match self.finish(claim, Kind::Complete, (TAG_RAW, outcome), None, 0) {
                 Ok(row) => {
                     last = last.max(row);
                     out.push(Ok(()));
@@ -350,30 +344,33 @@ impl Engine {
     pub(crate) fn complete(
         &self,
         claim: &Ticket,
-        tag: u8,
-        outcome: &[u8],
+        (tag, outcome): (u8, &[u8]),
         retention_ms: Option<u64>,
+        amount: i64,
     ) -> Result<()> {
-        self.finish(claim, Kind::Complete, tag, outcome, retention_ms)
+        self.finish(claim, Kind::Complete, (tag, outcome), retention_ms, amount)
             .and_then(|row| self.log.settle(row))
     }
 
     /// Fails a claim.
     pub(crate) fn fail(&self, claim: &Ticket, failure: Failure<'_>) -> Result<()> {
         let res = match failure {
-            Failure::Retryable => self.finish(claim, Kind::Release, TAG_RAW, &[], None),
+            Failure::Retryable => self.finish(claim, Kind::Release, (TAG_RAW, &[]), None, 0),
             Failure::RetryableAnyRequest => {
-                self.finish(claim, Kind::Release, RELEASE_ANY_REQUEST, &[], None)
+                self.finish(claim, Kind::Release, (RELEASE_ANY_REQUEST, &[]), None, 0)
             }
-            Failure::Permanent(payload) => self.finish(claim, Kind::Fail, TAG_RAW, payload, None),
+            Failure::Permanent(payload) => {
+                self.finish(claim, Kind::Fail, (TAG_RAW, payload), None, 0)
+            }
             Failure::Exhausted { reason, payload } => {
+                self.check_dead_letter(reason, payload)?;
                 let body = DeadLetterBody {
                     failed_at: self.now(),
                     reason,
                     payload,
                 }
                 .encode();
-                self.finish(claim, Kind::DeadLetter, TAG_RAW, &body, None)
+                self.finish(claim, Kind::DeadLetter, (TAG_RAW, &body), None, 0)
             }
         };
         res.and_then(|row| self.log.settle(row))
@@ -451,11 +448,14 @@ impl Engine {
         &self,
         claim: &Ticket,
         kind: Kind,
-        tag: u8,
-        outcome: &[u8],
+        (tag, outcome): (u8, &[u8]),
         retention_ms: Option<u64>,
+        amount: i64,
     ) -> Result<u64> {
-        self.check_outcome(outcome)?;
+        // A dead letter's body frames what `fail` checked.
+        if kind != Kind::DeadLetter {
+            self.check_outcome(outcome)?;
+        }
         self.log.check()?;
         self.check_owner(claim)?;
         if claim.finished.load(Ordering::Acquire) {
@@ -499,11 +499,21 @@ impl Engine {
             let mut batch = self.log.batch()?;
             let row = w.append(self, &mut batch, next, &mut rec);
             match kind {
+                // Counted for reconciliation, in the outcome's commit.
+                Kind::Complete => row
+                    .max(self.count_completion(&mut batch, claim.key.scope(), now, amount))
+                    .max(self.close_intent(
+                        &mut shard,
+                        &mut batch,
+                        ((h, claim.key.scope(), claim.key.id()), false),
+                        fields(&p),
+                        at,
+                    )),
                 // The operation is settled: its intent is no longer open.
-                Kind::Complete | Kind::Fail => row.max(self.close_intent(
+                Kind::Fail => row.max(self.close_intent(
                     &mut shard,
                     &mut batch,
-                    (h, claim.key.scope(), claim.key.id()),
+                    ((h, claim.key.scope(), claim.key.id()), false),
                     fields(&p),
                     at,
                 )),
@@ -524,7 +534,7 @@ impl Engine {
     /// record is lost in a crash, the lease lapses instead.
     fn release_dropped(&self, claim: &Ticket) {
         claim.finished.store(false, Ordering::Release);
-        match self.finish(claim, Kind::Release, RELEASE_ABANDONED, &[], None) {
+        match self.finish(claim, Kind::Release, (RELEASE_ABANDONED, &[]), None, 0) {
             Ok(_) => self.log.kick(),
             Err(e) => tracing::debug!(key = %claim.key, error = %e, "dropped claim not released"),
         }

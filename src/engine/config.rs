@@ -30,6 +30,10 @@ pub(crate) struct Config {
     pub compact_when_free: Option<f64>,
     pub evict_slice_bytes: usize,
     pub max_batch_bytes: usize,
+    /// The length of a reconciliation window, in ms.
+    pub tally_window_ms: u64,
+    /// How long a window's totals are kept after its last completion.
+    pub tally_retention_ms: u64,
     /// Where the log closes a row and opens the next (tests lower it).
     pub row_split_bytes: usize,
 }

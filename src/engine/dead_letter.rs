@@ -125,15 +125,24 @@ impl Engine {
         let at = (now, now.saturating_add(p.retention_ms));
         let (next, mut rec) = make(p, key.scope(), key.id(), at);
         let settled = !matches!(next, Next::Released(_));
+        let completed = matches!(next, Next::Completed);
         let row = {
             let mut batch = self.log.batch()?;
-            let row = w.append(self, &mut batch, next, &mut rec);
+            let mut row = w.append(self, &mut batch, next, &mut rec);
+            if completed {
+                row = row.max(self.count_completion(&mut batch, key.scope(), now, 0));
+            }
             if settled {
                 let key = (h, key.scope(), key.id());
-                row.max(self.close_intent(&mut shard, &mut batch, key, fields(&p), at))
-            } else {
-                row
+                row = row.max(self.close_intent(
+                    &mut shard,
+                    &mut batch,
+                    (key, false),
+                    fields(&p),
+                    at,
+                ));
             }
+            row
         };
         drop(shard);
         self.log.settle(row)?;

@@ -181,7 +181,7 @@ impl Engine {
                 row.max(self.close_intent(
                     &mut shard,
                     &mut batch,
-                    (h, key.scope(), key.id()),
+                    ((h, key.scope(), key.id()), true),
                     ClaimFields {
                         attempt: old.attempts,
                         token: old.token,

@@ -141,17 +141,23 @@ impl Engine {
                 slices.push((b, first_row..=n));
                 (first, bytes) = (None, 0);
             }
-            for rec in records {
-                let rec = rec?;
+            // Newest first: a key with several records in this row is
+            // decided (carried or removed) from its latest one.
+            let records = records.collect::<Result<Vec<_>>>()?;
+            for rec in records.iter().rev() {
                 if rec.kind.is_entity() {
-                    removed += self.evict_entity_record(b, now, &rec)?;
+                    removed += self.evict_entity_record(b, now, rec)?;
+                    continue;
+                }
+                if rec.kind == Kind::Tally {
+                    self.evict_tally((b, n), rec)?;
                     continue;
                 }
                 let h = self.hasher.hash(rec.scope, rec.id);
                 let mut shard = self.index.lock(h);
                 if rec.kind == Kind::Intent {
                     // Beside the key's state: an unanswered one is carried.
-                    self.evict_intent(&mut shard, h, (b, n), &rec, now)?;
+                    self.evict_intent(&mut shard, h, (b, n), rec, now)?;
                     continue;
                 }
                 let Some(slot) = shard.get(h).copied() else {
@@ -164,10 +170,10 @@ impl Engine {
                 }
                 if slot.state() == SlotState::DeadLettered {
                     // Never evicted: carried out of the bucket from its own
-                    // record (an older record of the key here is skipped).
+                    // (latest) record; older records of the key are skipped.
                     if rec.kind == Kind::DeadLetter && slot.row(self.log.open_row()) == n {
                         let w = Write::new(&mut shard, h, self.bucket_of(now));
-                        self.carry_dead_letter(w, &rec, now)?;
+                        self.carry_dead_letter(w, rec, now)?;
                     }
                     continue;
                 }

@@ -42,10 +42,21 @@ impl Engine {
         check_len("payload", payload.len(), self.cfg.max_outcome)
     }
 
-    /// Fails for an intent (target, request and framing) over
-    /// `max_outcome_len`.
-    pub(crate) fn check_intent_len(&self, len: usize) -> Result<()> {
-        check_len("intent", len, self.cfg.max_outcome)
+    /// Fails for an intent's target and request (or reference) over
+    /// `max_outcome_len` together.
+    pub(crate) fn check_intent_len(&self, target: &str, data: &[u8]) -> Result<()> {
+        check_len(
+            "intent",
+            target.len().saturating_add(data.len()),
+            self.cfg.max_outcome,
+        )
+    }
+
+    /// Fails for a dead letter's reason and payload over `max_outcome_len`
+    /// together.
+    pub(crate) fn check_dead_letter(&self, reason: &str, payload: Option<&[u8]>) -> Result<()> {
+        let len = reason.len().saturating_add(payload.map_or(0, <[u8]>::len));
+        check_len("dead letter", len, self.cfg.max_outcome)
     }
 
     /// Fails for an outcome over `max_outcome_len`.

@@ -110,19 +110,21 @@ impl Engine {
     }
 
     /// Closes the operation's pending intent in the commit of the record
-    /// that finishes it (complete, fail, resolve, forget); returns the
-    /// row (0: none to close). The caller holds the shard and batch locks.
+    /// that finishes it (complete, fail, resolve; `forget` closes a sent
+    /// one too, so it never sticks to the key's next operation); returns
+    /// the row (0: none to close). The caller holds the shard and batch
+    /// locks.
     pub(crate) fn close_intent(
         &self,
         shard: &mut Shard,
         batch: &mut Batch,
-        key: (KeyHash, &[u8], &[u8]),
+        (key, sent_too): ((KeyHash, &[u8], &[u8]), bool),
         c: ClaimFields,
         at: (u64, u64),
     ) -> u64 {
         if !shard
             .intent(key.0)
-            .is_some_and(|i| i.state == IntentState::Pending)
+            .is_some_and(|i| sent_too || i.state == IntentState::Pending)
         {
             return 0;
         }
@@ -147,7 +149,6 @@ impl Engine {
     /// Records that the provider answered the claim's intent, with its
     /// reference (a tracking number, a charge id).
     pub(crate) fn mark_sent(&self, claim: &Ticket, reference: &[u8]) -> Result<()> {
-        self.check_outcome(reference)?;
         self.log.check()?;
         let (now, nb) = self.time()?;
         let h = claim.hash;
@@ -163,6 +164,7 @@ impl Engine {
             });
         };
         let target = self.intent_target(h, slot)?;
+        self.check_intent_len(&target, reference)?;
         let body = IntentBody {
             recorded_at: slot.recorded_at,
             target: &target,

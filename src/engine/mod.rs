@@ -17,6 +17,8 @@
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
 //!   until requeued or resolved);
 //! - [`intents`]: intents recorded before external calls (an outbox);
+//! - [`reconcile`]: per-window counts of completions, against the
+//!   system of record;
 //! - [`listings`]: what an operator lists (dead letters, held events,
 //!   stranded claims), oldest first, paged;
 //! - [`evict`]: retention, bucket by bucket; [`background`]: the threads;
@@ -49,6 +51,7 @@ pub(crate) mod listings;
 pub(crate) mod open;
 pub(crate) mod order;
 pub(crate) mod read;
+pub(crate) mod reconcile;
 pub(crate) mod time;
 pub(crate) mod tokens;
 pub(crate) mod write;

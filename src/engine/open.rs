@@ -85,7 +85,9 @@ impl Engine {
             cfg.granularity_set,
         )?;
         cfg.granularity_ms = meta.granularity_ms;
-        if cfg.retention_ms / cfg.granularity_ms >= crate::index::MAX_BUCKET_SPAN {
+        if cfg.retention_ms.max(cfg.tally_retention_ms) / cfg.granularity_ms
+            >= crate::index::MAX_BUCKET_SPAN
+        {
             return Err(Error::InvalidConfig(format!(
                 "retention spans too many buckets of the file's granularity ({} ms)",
                 cfg.granularity_ms
@@ -190,6 +192,13 @@ fn apply(
     if rec.kind.is_entity() {
         let h = hasher.hash_entity(rec.scope, rec.id);
         return apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
+    }
+    if rec.kind == Kind::Tally {
+        // Counts of an expired window are gone with it.
+        if expired {
+            return Ok(());
+        }
+        return Engine::apply_tally(&mut index.tallies(), (bucket, row), rec);
     }
     if rec.kind == Kind::Intent {
         return apply_intent_record(index, hasher, expired_intents, (bucket, row, expired), rec);
@@ -303,7 +312,9 @@ fn apply_record(
         Kind::Forget => SlotState::Forgotten,
         Kind::DeadLetter => SlotState::DeadLettered,
         // Entity records are applied by `order::apply_entity_record`.
-        Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent => return Ok(()),
+        Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent | Kind::Tally => {
+            return Ok(());
+        }
     };
     shard.put(h, state, bucket, row);
     if matches!(

@@ -140,8 +140,10 @@ impl Engine {
     /// The public record of a log record.
     pub(crate) fn record_of(&self, rec: &RecordRef<'_>) -> Record {
         let state = match rec.kind {
-            // Entity records never reach here: `load` skips them.
-            Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent => State::Inserted,
+            // Only key-state records reach here: `load` skips the others.
+            Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent | Kind::Tally => {
+                State::Inserted
+            }
             Kind::Claim => State::InProgress,
             Kind::Release => State::Retryable,
             Kind::Complete => State::Completed,

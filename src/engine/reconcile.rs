@@ -11,7 +11,8 @@
 //!   latest record expires (`reconcile_retention` after the last
 //!   completion in it).
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
 
 use super::Engine;
 use crate::clock::to_system_time;
@@ -21,11 +22,20 @@ use crate::log::record::RecordRef;
 use crate::types::{Reconciliation, Tally, WindowDiff};
 use crate::{Error, Result};
 
+/// A count and an amount sum.
+type Totals = (u64, i128);
+
 impl Engine {
     /// Counts one completion of an operation in `scope` at `now` with
     /// `amount`, appending the window's new totals. The caller holds the
     /// batch lock.
-    pub(crate) fn count_completion(&self, batch: &mut Batch, scope: &[u8], now: u64, amount: i64) -> u64 {
+    pub(crate) fn count_completion(
+        &self,
+        batch: &mut Batch,
+        scope: &[u8],
+        now: u64,
+        amount: i64,
+    ) -> u64 {
         let window_ms = self.cfg.tally_window_ms;
         let start = now - now % window_ms;
         let mut tallies = self.index.tallies();
@@ -75,8 +85,7 @@ impl Engine {
     /// window either side counted, oldest first.
     pub(crate) fn reconcile(&self, scope: &[u8], theirs: &[Tally]) -> Result<Reconciliation> {
         let ours = self.tallies(scope)?;
-        let mut by_start: std::collections::BTreeMap<std::time::SystemTime, ((u64, i128), (u64, i128))> =
-            std::collections::BTreeMap::new();
+        let mut by_start: BTreeMap<SystemTime, (Totals, Totals)> = BTreeMap::new();
         for t in &ours {
             by_start.entry(t.window_start).or_default().0 = (t.count, t.amount);
         }
@@ -125,7 +134,10 @@ impl Engine {
         let (start, ..) = rec.tally_totals()?;
         let mut tallies = self.index.tallies();
         let key = (rec.scope.to_vec(), start);
-        if tallies.get(&key).is_some_and(|t| t.bucket == b && t.row == n) {
+        if tallies
+            .get(&key)
+            .is_some_and(|t| t.bucket == b && t.row == n)
+        {
             tallies.remove(&key);
         }
         Ok(())

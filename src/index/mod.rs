@@ -17,6 +17,7 @@ mod grow;
 pub(crate) mod intent;
 mod slot;
 mod table;
+pub(crate) mod tally;
 
 use hashbrown::HashTable;
 
@@ -304,6 +305,8 @@ pub(crate) struct ShardedIndex {
     shards: Box<[Padded]>,
     shift: u32,
     grow: Arc<GrowQueue>,
+    /// Reconciliation tallies (see [`tally`]).
+    tallies: Mutex<tally::Tallies>,
 }
 
 impl ShardedIndex {
@@ -323,7 +326,13 @@ impl ShardedIndex {
                 .collect(),
             shift: if bits == 0 { 64 } else { 64 - bits },
             grow,
+            tallies: Mutex::new(tally::Tallies::new()),
         }
+    }
+
+    /// The reconciliation tallies.
+    pub(crate) fn tallies(&self) -> MutexGuard<'_, tally::Tallies> {
+        self.tallies.lock()
     }
 
     /// [`new`](Self::new), with room for `keys` keys spread evenly.

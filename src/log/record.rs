@@ -55,6 +55,13 @@ pub(crate) enum Kind {
     /// beside its state, never its state: an unanswered one is carried
     /// forward past expiry like a dead letter.
     Intent = 12,
+    /// The running totals of one reconciliation window of one scope
+    /// (format 3): `scope` is the operation scope, `id` the window's start
+    /// (ms, 8 bytes big-endian); `value` = completed operations, `aux` =
+    /// the window's length in ms; payload = the sum of their amounts
+    /// (i128, 16 bytes little-endian). The latest one of a window wins; it
+    /// lives in its own namespace (neither an event key nor an entity).
+    Tally = 13,
 }
 
 /// The `outcome_tag` of an `Intent` record not answered yet.
@@ -95,6 +102,7 @@ impl Kind {
             10 => Kind::Forget,
             11 => Kind::DeadLetter,
             12 => Kind::Intent,
+            13 => Kind::Tally,
             _ => return None,
         })
     }
@@ -110,7 +118,7 @@ impl Kind {
             | Kind::Forget
             | Kind::DeadLetter
             | Kind::Intent => Body::Claim,
-            Kind::Entity | Kind::Park | Kind::Hold => Body::Entity,
+            Kind::Entity | Kind::Park | Kind::Hold | Kind::Tally => Body::Entity,
         }
     }
 
@@ -118,7 +126,7 @@ impl Kind {
     /// but `Intent`, which is kept beside the state).
     #[inline]
     pub(crate) fn is_key_state(self) -> bool {
-        !self.is_entity() && self != Kind::Intent
+        !self.is_entity() && !matches!(self, Kind::Intent | Kind::Tally)
     }
 
     /// Records with claim fields (every event-key kind but `Insert`).
@@ -130,7 +138,7 @@ impl Kind {
     /// Entity records live in the entity namespace of the index.
     #[inline]
     pub(crate) fn is_entity(self) -> bool {
-        self.body() == Body::Entity
+        matches!(self, Kind::Entity | Kind::Park | Kind::Hold)
     }
 }
 
@@ -371,6 +379,25 @@ impl<'a> RecordRef<'a> {
         Self::with_claim(Kind::Intent, (scope, id), (at, expires), c, tag, body)
     }
 
+    /// The totals of a reconciliation window: `window_id` is the window's
+    /// start as 8 big-endian bytes; `sum` the amounts' sum, 16 bytes LE.
+    #[inline]
+    pub(crate) fn tally(
+        scope: &'a [u8],
+        window_id: &'a [u8],
+        (at, expires): (u64, u64),
+        (count, window_ms): (u64, u64),
+        sum: &'a [u8],
+    ) -> Self {
+        Self::with_entity(
+            Kind::Tally,
+            (scope, window_id),
+            (at, expires),
+            [count, window_ms, 0],
+            sum,
+        )
+    }
+
     /// An entity's core state: its version (`None` before the first),
     /// the next expected sequence number (0: no sequencer state), when
     /// the current gap opened (0: none) and the ack mark payload.
@@ -507,6 +534,24 @@ impl<'a> RecordRef<'a> {
     pub(crate) fn event_payload(&self) -> &'a [u8] {
         debug_assert!(matches!(self.kind, Kind::Park | Kind::Hold));
         self.outcome
+    }
+
+    /// A `Tally` record's window (start, length in ms), count and sum;
+    /// `Corrupt` if malformed.
+    pub(crate) fn tally_totals(&self) -> crate::Result<(u64, u64, u64, i128)> {
+        debug_assert_eq!(self.kind, Kind::Tally);
+        let bad = || {
+            crate::Error::Corrupt(format!(
+                "the Tally record of scope {:?} is malformed",
+                String::from_utf8_lossy(self.scope)
+            ))
+        };
+        let start = u64::from_be_bytes(self.id.try_into().map_err(|_| bad())?);
+        let sum = i128::from_le_bytes(self.outcome.try_into().map_err(|_| bad())?);
+        if self.first_at == 0 {
+            return Err(bad());
+        }
+        Ok((start, self.first_at, self.token, sum))
     }
 
     /// The body of an `Intent` record; `Corrupt` if it is malformed.

@@ -9,6 +9,7 @@ pub(crate) mod eviction;
 pub(crate) mod intent;
 pub(crate) mod options;
 pub(crate) mod order;
+pub(crate) mod reconcile;
 pub(crate) mod record;
 pub(crate) mod stats;
 
@@ -18,5 +19,6 @@ pub use eviction::Eviction;
 pub use intent::{Intent, IntentEntry};
 pub use options::BeginOptions;
 pub use order::{Advance, Delivered, Held, Sequenced, Update};
+pub use reconcile::{Reconciliation, Tally, WindowDiff};
 pub use record::{Record, State};
 pub use stats::Stats;
