@@ -150,18 +150,16 @@ impl Engine {
             {
                 continue; // written meanwhile: decide again
             }
-            let mut rec = RecordRef::forget(
-                key.scope(),
-                key.id(),
-                (now, now.saturating_add(self.cfg.retention_ms)),
-                ClaimFields {
-                    attempt: old.attempts,
-                    token: old.token,
-                    first_at: old.first_seen,
-                    lease_until: 0,
-                    params: old.fingerprint.map_or(0, |f| f.0),
-                },
-            );
+            // The forgotten operation's claim fields, for audit.
+            let c = ClaimFields {
+                attempt: old.attempts,
+                token: old.token,
+                first_at: old.first_seen,
+                lease_until: 0,
+                params: old.fingerprint.map_or(0, |f| f.0),
+            };
+            let at = (now, now.saturating_add(self.cfg.retention_ms));
+            let mut rec = RecordRef::forget(key.scope(), key.id(), at, c);
             let kept = Pending {
                 hash: h,
                 attempt: 0,
@@ -178,19 +176,8 @@ impl Engine {
             let row = {
                 let mut batch = self.log.batch()?;
                 let row = w.append(self, &mut batch, Next::Forgotten(kept), &mut rec);
-                row.max(self.close_intent(
-                    &mut shard,
-                    &mut batch,
-                    ((h, key.scope(), key.id()), true),
-                    ClaimFields {
-                        attempt: old.attempts,
-                        token: old.token,
-                        first_at: old.first_seen,
-                        lease_until: 0,
-                        params: old.fingerprint.map_or(0, |f| f.0),
-                    },
-                    (now, now.saturating_add(self.cfg.retention_ms)),
-                ))
+                let key = (h, key.scope(), key.id());
+                row.max(self.close_intent(&mut shard, &mut batch, (key, true), c, at))
             };
             shard.counters.forgotten += 1;
             drop(shard);

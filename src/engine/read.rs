@@ -15,14 +15,28 @@ impl Engine {
     pub(crate) fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
         self.check_key(key)?;
         let h = self.hash(key);
-        let (_, nb) = self.time()?;
-        let mut shard = self.index.lock(h);
-        let Some(s) = Write::new(&mut shard, h, nb).recorded() else {
-            return Ok(None);
-        };
-        let (bucket, row) = (s.bucket(nb), s.row(self.log.open_row()));
-        drop(shard);
-        self.load(key, bucket, row)
+        loop {
+            let (_, nb) = self.time()?;
+            let mut shard = self.index.lock(h);
+            let Some(s) = Write::new(&mut shard, h, nb).recorded() else {
+                return Ok(None);
+            };
+            let (bucket, row) = (s.bucket(nb), s.row(self.log.open_row()));
+            drop(shard);
+            if let Some(rec) = self.load(key, bucket, row)? {
+                return Ok(Some(rec));
+            }
+            // Its bucket was deleted under us: expired, unless eviction
+            // carried the record elsewhere (a dead letter); look again.
+            let moved = self
+                .index
+                .lock(h)
+                .get(h)
+                .is_some_and(|s| s.bucket(bucket) != bucket || s.row(row) != row);
+            if !moved {
+                return Ok(None);
+            }
+        }
     }
 
     /// Reads the key's latest record from the row its slot points at;
@@ -46,11 +60,7 @@ impl Engine {
             &|| show_key(key.scope(), key.id()),
             f,
         )?;
-        match found {
-            Found::Evicted => Ok(None),
-            Found::Record(t) => Ok(Some(t)),
-            Found::Missing => Err(lost_details(key)),
-        }
+        found.or_else(|| lost_details(key))
     }
 
     /// The latest record of the key hashed `h` in the row its slot points
@@ -77,15 +87,13 @@ impl Engine {
             &|| format!("hashed {:016x}{:016x}", h.hi, h.lo),
             f,
         )?;
-        match found {
-            Found::Evicted => Ok(None),
-            Found::Record(t) => Ok(Some(t)),
-            Found::Missing => Err(Error::Corrupt(format!(
+        found.or_else(|| {
+            Error::Corrupt(format!(
                 "the index points at log row {row} of bucket {bucket}, which has no record of \
                  the key hashed {:016x}{:016x}",
                 h.hi, h.lo
-            ))),
-        }
+            ))
+        })
     }
 
     /// The last record in (`bucket`, `row`) that `is_it`, made
@@ -204,6 +212,18 @@ enum Found<T> {
     Evicted,
     Record(T),
     Missing,
+}
+
+impl<T> Found<T> {
+    /// The record, `None` if evicted, or `missing()` (damage) if the row
+    /// does not hold it.
+    fn or_else(self, missing: impl FnOnce() -> Error) -> Result<Option<T>> {
+        match self {
+            Found::Evicted => Ok(None),
+            Found::Record(t) => Ok(Some(t)),
+            Found::Missing => Err(missing()),
+        }
+    }
 }
 
 /// The index points at a row without the key: damage.
