@@ -1,5 +1,5 @@
 //! Runs `examples/webhook_shipping.rs` as a test: a payment webhook handler
-//! in a child process, SIGKILLed right after the carrier accepted a call,
+//! in a child process, `SIGKILL`ed right after the carrier accepted a call,
 //! under a sender that redelivers, duplicates and retries. Asserts each
 //! line the example prints. Built without the test harness, so the example
 //! can re-execute this binary as its child (`tests/child/mod.rs`).
