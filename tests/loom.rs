@@ -137,6 +137,7 @@ fn begin_and_complete(store: &Store) -> Result<Answer> {
             assert_eq!(rec.outcome(), Some(OUTCOME), "replayed outcome");
             Answer::Completed
         }
+        Begin::DeadLettered(d) => panic!("nothing is dead-lettered here: {d:?}"),
     })
 }
 
