@@ -146,8 +146,11 @@ fn bench(workers: usize, per: usize, runs: usize) -> Vec<String> {
         .enumerate()
         .map(|(i, shape)| {
             let c = median(commits[i].clone());
+            let (lo, hi) = ratio[i]
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
             format!(
-                "| {workers} | {} | {:.0} | {c:.2} | {:.3} | {:+.2} |",
+                "| {workers} | {} | {:.0} | {c:.2} | {:.3} ({lo:.2}–{hi:.2}) | {:+.2} |",
                 shape.name(),
                 median(rate[i].clone()),
                 median(ratio[i].clone()),
@@ -170,7 +173,7 @@ fn main() {
         "dedupkv effects bench: Immediate, {per_1} ops (1 worker) / {per_16} ops per worker (16 workers), {runs} alternating runs, medians"
     ));
     row(String::new());
-    row("| workers | per operation | ops/s | commits/op | ops/s ÷ begin + complete | commits/op − begin + complete |".into());
+    row("| workers | per operation | ops/s | commits/op | ops/s ÷ begin + complete, same round (range) | commits/op − begin + complete |".into());
     row("|---|---|---|---|---|---|".into());
     for (workers, per) in [(1, per_1), (16, per_16)] {
         for r in bench(workers, per, runs) {
