@@ -150,50 +150,52 @@ impl Engine {
     /// reference (a tracking number, a charge id).
     pub(crate) fn mark_sent(&self, claim: &Ticket, reference: &[u8]) -> Result<()> {
         self.log.check()?;
-        let (now, nb) = self.time()?;
         let h = claim.hash;
-        let mut shard = self.index.lock(h);
-        let p = self.active_claim(&mut shard, h, nb, claim)?;
-        let Some(slot) = shard.intent(h).copied() else {
-            return Err(Error::InvalidArgument {
-                what: "claim",
-                reason: format!(
-                    "{} recorded no intent (begin it with begin_with_intent)",
-                    claim.key
-                ),
-            });
-        };
-        let target = self.intent_target(h, slot)?;
-        self.check_intent_len(&target, reference)?;
-        let body = IntentBody {
-            recorded_at: slot.recorded_at,
-            target: &target,
-            data: reference,
+        loop {
+            // The target is read from the intent's record before the
+            // shard lock is taken (a row read, not to be done under it).
+            let Some(slot) = self.index.lock(h).intent(h).copied() else {
+                return Err(Error::InvalidArgument {
+                    what: "claim",
+                    reason: format!(
+                        "{} recorded no intent (begin it with begin_with_intent)",
+                        claim.key
+                    ),
+                });
+            };
+            let target = self
+                .load_of((&claim.key, true), slot.bucket, slot.row, |r| {
+                    Ok(r.intent_body()?.target.to_owned())
+                })?
+                .unwrap_or_default();
+            self.check_intent_len(&target, reference)?;
+            let (now, nb) = self.time()?;
+            let mut shard = self.index.lock(h);
+            let p = self.active_claim(&mut shard, h, nb, claim)?;
+            if shard.intent(h) != Some(&slot) {
+                continue; // carried or rewritten meanwhile: read it again
+            }
+            let body = IntentBody {
+                recorded_at: slot.recorded_at,
+                target: &target,
+                data: reference,
+            }
+            .encode();
+            let row = {
+                let mut batch = self.log.batch()?;
+                self.log_intent(
+                    &mut shard,
+                    &mut batch,
+                    (h, claim.key.scope(), claim.key.id()),
+                    fields(&p),
+                    (now, p.retention_ms),
+                    (IntentState::Sent, INTENT_SENT),
+                    &body,
+                )
+            };
+            drop(shard);
+            return self.log.settle(row);
         }
-        .encode();
-        let row = {
-            let mut batch = self.log.batch()?;
-            self.log_intent(
-                &mut shard,
-                &mut batch,
-                (h, claim.key.scope(), claim.key.id()),
-                fields(&p),
-                (now, p.retention_ms),
-                (IntentState::Sent, INTENT_SENT),
-                &body,
-            )
-        };
-        drop(shard);
-        self.log.settle(row)
-    }
-
-    /// The target of the intent at `slot`, read from its record.
-    fn intent_target(&self, h: KeyHash, slot: IntentSlot) -> Result<String> {
-        Ok(self
-            .load_hashed((h, true), slot.bucket, slot.row, |r| {
-                Ok(r.intent_body()?.target.to_owned())
-            })?
-            .unwrap_or_default())
     }
 
     /// The operation's intent, if it recorded one that is pending or sent.

@@ -53,10 +53,29 @@ impl Engine {
         row: u64,
         f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
+        self.load_of((key, false), bucket, row, f)
+    }
+
+    /// [`load_with`](Self::load_with) of the key's state record, or of
+    /// its Intent record if `intent`.
+    pub(crate) fn load_of<T>(
+        &self,
+        (key, intent): (&Key<'_>, bool),
+        bucket: u64,
+        row: u64,
+        f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
         let found = self.find_in_row(
             bucket,
             row,
-            |rec| rec.kind.is_key_state() && rec.scope == key.scope() && rec.id == key.id(),
+            |rec| {
+                let kind_ok = if intent {
+                    rec.kind == Kind::Intent
+                } else {
+                    rec.kind.is_key_state()
+                };
+                kind_ok && rec.scope == key.scope() && rec.id == key.id()
+            },
             &|| show_key(key.scope(), key.id()),
             f,
         )?;
