@@ -154,7 +154,13 @@ impl Engine {
         loop {
             // The target is read from the intent's record before the
             // shard lock is taken (a row read, not to be done under it).
-            let Some(slot) = self.index.lock(h).intent(h).copied() else {
+            let slot = {
+                let (_, nb) = self.time()?;
+                let mut shard = self.index.lock(h);
+                self.active_claim(&mut shard, h, nb, claim)?;
+                shard.intent(h).copied()
+            };
+            let Some(slot) = slot else {
                 return Err(Error::InvalidArgument {
                     what: "claim",
                     reason: format!(
