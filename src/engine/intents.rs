@@ -28,8 +28,9 @@ use crate::index::Shard;
 use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, SlotState};
 use crate::key::KeyHash;
+use crate::log::body::IntentBody;
 use crate::log::commit::Batch;
-use crate::log::record::{ClaimFields, INTENT_PENDING, INTENT_SENT, IntentBody, RecordRef};
+use crate::log::record::{ClaimFields, INTENT_PENDING, INTENT_SENT, RecordRef};
 use crate::types::{IntentEntry, Listing, Page};
 use crate::{Error, Key, Result};
 

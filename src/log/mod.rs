@@ -14,6 +14,7 @@
 //! later commits have larger numbers; the tables in the file are exactly
 //! the ones the manifest lists, as of every commit.
 
+pub(crate) mod body;
 pub(crate) mod commit;
 pub(crate) mod decode;
 pub(crate) mod error;

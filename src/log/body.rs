@@ -1,0 +1,166 @@
+//! The bodies of the records that carry more than an outcome: a dead
+//! letter's and an intent's (see `Kind::DeadLetter`, `Kind::Intent`).
+
+/// What an `Intent` record says besides its claim fields:
+///
+/// ```text
+/// version:u8 (=1) | recorded_at:u64 LE | target_len:u32 LE | target (UTF-8)
+///                 | data (the rest: the request, or once sent the reference)
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IntentBody<'a> {
+    /// When the intent was first recorded.
+    pub recorded_at: u64,
+    /// What is called (the caller's name for it).
+    pub target: &'a str,
+    /// The request (pending), or the provider's reference (sent).
+    pub data: &'a [u8],
+}
+
+impl<'a> IntentBody<'a> {
+    const VERSION: u8 = 1;
+
+    /// The encoded body.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(13 + self.target.len() + self.data.len());
+        out.push(Self::VERSION);
+        out.extend_from_slice(&self.recorded_at.to_le_bytes());
+        out.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.target.as_bytes());
+        out.extend_from_slice(self.data);
+        out
+    }
+
+    /// The body encoded in `bytes`, if well formed.
+    pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
+        let (&version, rest) = bytes.split_first()?;
+        if version != Self::VERSION {
+            return None;
+        }
+        let (at, rest) = rest.split_at_checked(8)?;
+        let (len, rest) = rest.split_at_checked(4)?;
+        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+        let (target, data) = rest.split_at_checked(len)?;
+        Some(IntentBody {
+            recorded_at: u64::from_le_bytes(at.try_into().ok()?),
+            target: std::str::from_utf8(target).ok()?,
+            data,
+        })
+    }
+}
+
+/// What a `DeadLetter` record says besides its claim fields:
+///
+/// ```text
+/// version:u8 (=1) | failed_at:u64 LE | reason_len:u32 LE | reason (UTF-8)
+///                 | has_payload:u8 (0 or 1) | payload (the rest)
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeadLetterBody<'a> {
+    /// When the last attempt failed and the operation was dead-lettered.
+    pub failed_at: u64,
+    /// The caller's reason.
+    pub reason: &'a str,
+    /// The bytes the caller asked to keep, if any.
+    pub payload: Option<&'a [u8]>,
+}
+
+impl<'a> DeadLetterBody<'a> {
+    const VERSION: u8 = 1;
+
+    /// The encoded body.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let payload = self.payload.unwrap_or_default();
+        let mut out = Vec::with_capacity(14 + self.reason.len() + payload.len());
+        out.push(Self::VERSION);
+        out.extend_from_slice(&self.failed_at.to_le_bytes());
+        out.extend_from_slice(&(self.reason.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.reason.as_bytes());
+        out.push(u8::from(self.payload.is_some()));
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// The body encoded in `bytes`, if well formed.
+    pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
+        let (&version, rest) = bytes.split_first()?;
+        if version != Self::VERSION {
+            return None;
+        }
+        let (at, rest) = rest.split_at_checked(8)?;
+        let (len, rest) = rest.split_at_checked(4)?;
+        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+        let (reason, rest) = rest.split_at_checked(len)?;
+        let (&has, payload) = rest.split_first()?;
+        let payload = match has {
+            0 if payload.is_empty() => None,
+            1 => Some(payload),
+            _ => return None,
+        };
+        Some(DeadLetterBody {
+            failed_at: u64::from_le_bytes(at.try_into().ok()?),
+            reason: std::str::from_utf8(reason).ok()?,
+            payload,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_letter_body_round_trips_and_refuses_damage() {
+        for (reason, payload) in [
+            ("", None),
+            ("timeout after 5 attempts", Some(&b"{\"order\":7}"[..])),
+            ("é", Some(&b""[..])),
+        ] {
+            let body = DeadLetterBody {
+                failed_at: u64::MAX,
+                reason,
+                payload,
+            };
+            let bytes = body.encode();
+            assert_eq!(DeadLetterBody::decode(&bytes), Some(body));
+            // Every truncation up to the payload (whose end the row's
+            // checksum guards), and every bad version or flag, is refused.
+            let flag = 1 + 8 + 4 + reason.len();
+            for n in 0..=flag {
+                assert_eq!(DeadLetterBody::decode(&bytes[..n]), None, "{n}");
+            }
+            let mut bad = bytes.clone();
+            bad[0] = 2;
+            assert_eq!(DeadLetterBody::decode(&bad), None);
+            bad = bytes.clone();
+            bad[flag] = 2;
+            assert_eq!(DeadLetterBody::decode(&bad), None);
+        }
+        assert_eq!(DeadLetterBody::decode(&[1, 0, 0]), None);
+        // A reason that is not UTF-8.
+        let mut raw = vec![1];
+        raw.extend_from_slice(&0u64.to_le_bytes());
+        raw.extend_from_slice(&1u32.to_le_bytes());
+        raw.extend_from_slice(&[0xff, 0]);
+        assert_eq!(DeadLetterBody::decode(&raw), None);
+    }
+
+    #[test]
+    fn an_intent_body_round_trips_and_refuses_damage() {
+        for (target, data) in [("", &b""[..]), ("shipping", &b"{\"order\":7}"[..])] {
+            let body = IntentBody {
+                recorded_at: 1_700_000_000_000,
+                target,
+                data,
+            };
+            let bytes = body.encode();
+            assert_eq!(IntentBody::decode(&bytes), Some(body));
+            for n in 0..13 + target.len() {
+                assert_eq!(IntentBody::decode(&bytes[..n]), None, "{n}");
+            }
+            let mut bad = bytes.clone();
+            bad[0] = 9;
+            assert_eq!(IntentBody::decode(&bad), None);
+        }
+    }
+}
