@@ -501,16 +501,16 @@ impl IntentRun {
                 let sent = (State::InProgress, attempt, intent.clone());
                 self.step(&id, (sent, None), || store.mark_sent(&claim, &reference))?;
             }
-            if i % 4 != 3 {
+            if i % 4 == 3 {
+                // Left in progress with its intent open.
+                self.held.push(claim);
+            } else {
                 let amount = i64::try_from(i).expect("small") * 100 - 300;
                 let kept = intent.filter(|(sent, ..)| *sent);
                 let done = (State::Completed, attempt, kept);
                 self.step(&id, (done, Some(amount)), || {
                     store.complete_with_amount(&claim, b"ok", amount)
                 })?;
-            } else {
-                // Left in progress with its intent open.
-                self.held.push(claim);
             }
         }
         Some(())

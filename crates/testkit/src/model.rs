@@ -53,7 +53,7 @@
 //! `Claim::unanswered_intent` says whether a pending one was there.
 //!
 //! Tallies (`CompleteWithAmount`, `Tallies`): every completion (complete,
-//! complete_batch, resolve Completed) counts in its scope's window
+//! `complete_batch`, resolve Completed) counts in its scope's window
 //! (`RECONCILE_WINDOW`), the record kept `RECONCILE_RETENTION` after the
 //! window's last one, in no earlier bucket; eviction or an open past its
 //! bucket drops the window.
@@ -1084,8 +1084,7 @@ impl Harness {
                 "begin on key {k} (model {prev:?}): want Started, got {got:?}"
             )));
         };
-        let (lease_ms, retention_ms) = op;
-        let lease_until = now + lease_ms;
+        let ((lease_ms, retention_ms), lease_until) = (op, now + op.0);
         prop_assert_eq!(claim.key(), &key(k));
         prop_assert_eq!(claim.attempt(), attempt);
         prop_assert_eq!(claim.interrupted(), interrupted, "interrupted, key {}", k);
@@ -1097,34 +1096,9 @@ impl Harness {
             self.token_floor
         );
         self.token_floor = claim.token();
-        let corrected = prev.as_ref().is_some_and(|r| r.fp != fp);
-        self.check_provider_key(k, (first_at, fp), attempt, corrected, &claim)?;
-        let earlier = self.model.intents.get(&k).cloned();
-        let pending = earlier.as_ref().filter(|i| !i.sent);
-        prop_assert_eq!(
-            claim.unanswered_intent(),
-            pending.is_some(),
-            "unanswered_intent of key {} (model {:?})",
-            k,
-            earlier
-        );
-        if let Some((target, data)) = intent {
-            let g = self.model.s.granularity;
-            let bucket = ((now + retention_ms) / g).max(earlier.as_ref().map_or(0, |i| i.bucket));
-            let recorded_at = pending.map_or(now, |i| i.recorded_at);
-            self.model.intents.insert(
-                k,
-                MIntent {
-                    sent: false,
-                    target,
-                    data,
-                    provider: claim.provider_key(),
-                    attempt,
-                    recorded_at,
-                    bucket,
-                },
-            );
-        }
+        let fixed = prev.as_ref().is_some_and(|r| r.fp != fp);
+        self.check_provider_key(k, (first_at, fp), attempt, fixed, &claim)?;
+        self.started_intent(k, &claim, (now, retention_ms), intent)?;
         let rec = MRec {
             kind: Kind::Claimed,
             fp,
@@ -1793,10 +1767,49 @@ impl Harness {
         Ok(())
     }
 
-    /// `mark_sent` of held claim `n`: the key's active claim with an
+    /// A `Started` claim says whether a pending intent was there, and
+    /// records `intent` (target, request), keeping a pending one's
+    /// first-recorded time, for the operation's retention.
+    fn started_intent(
+        &mut self,
+        k: usize,
+        claim: &Claim,
+        (now, retention_ms): (u64, u64),
+        intent: Option<(String, Vec<u8>)>,
+    ) -> TestResult {
+        let earlier = self.model.intents.get(&k).cloned();
+        let pending = earlier.as_ref().filter(|i| !i.sent);
+        prop_assert_eq!(
+            claim.unanswered_intent(),
+            pending.is_some(),
+            "unanswered_intent of key {} (model {:?})",
+            k,
+            earlier
+        );
+        if let Some((target, data)) = intent {
+            let g = self.model.s.granularity;
+            let bucket = ((now + retention_ms) / g).max(earlier.as_ref().map_or(0, |i| i.bucket));
+            let recorded_at = pending.map_or(now, |i| i.recorded_at);
+            self.model.intents.insert(
+                k,
+                MIntent {
+                    sent: false,
+                    target,
+                    data,
+                    provider: claim.provider_key(),
+                    attempt: claim.attempt(),
+                    recorded_at,
+                    bucket,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// `mark_sent` of held claim `nth`: the key's active claim with an
     /// intent marks it sent, as of its own attempt and provider key.
-    fn mark_sent(&mut self, n: usize, r: u8) -> TestResult {
-        let Some(i) = self.pick(n) else {
+    fn mark_sent(&mut self, nth: usize, r: u8) -> TestResult {
+        let Some(i) = self.pick(nth) else {
             return Ok(());
         };
         // A claim of a closed store deadlocks `mark_sent` (it re-locks the
