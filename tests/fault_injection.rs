@@ -6,7 +6,12 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use dedupkv::{Begin, Error, Failure, Fingerprint, Key, Listing, Resolution, Result, State, Store};
+use std::collections::BTreeSet;
+
+use dedupkv::{
+    Begin, BeginOptions, Error, Failure, Fingerprint, Intent, Key, Listing, ManualClock,
+    Resolution, Result, State, Store,
+};
 use dedupkv_testkit::{FaultBackend, Plan, is_fault};
 
 const THREADS: usize = 4;
@@ -391,6 +396,245 @@ fn faults_in_dead_letter_commits_lose_nothing_acknowledged() -> Result<()> {
     }
     assert!(
         tripped >= 50,
+        "the sweep must hit the workload (tripped {tripped} times)"
+    );
+    Ok(())
+}
+
+/// An intent key as the workload was told: its record's state and
+/// attempts, and its intent (sent, request or reference, attempt).
+type IntentSeen = (State, u32, Option<(bool, Vec<u8>, u32)>);
+
+/// The intent workload's acknowledged states by id, its acknowledged
+/// completions (count, amount), and the call in flight when the fault
+/// stopped it: id, the key before and after, and the amount it counts.
+#[derive(Default)]
+struct IntentRun {
+    acked: BTreeMap<String, IntentSeen>,
+    done: (u64, i128),
+    in_flight: Option<(String, Option<IntentSeen>, IntentSeen, Option<i64>)>,
+    /// Claims left in progress, held until the run is checked.
+    held: Vec<dedupkv::Claim>,
+}
+
+const INTENT_KEYS: usize = 10;
+
+fn in_key(id: &str) -> Key<'_> {
+    Key::new("in", id)
+}
+
+impl IntentRun {
+    /// Runs `call` for `id`, which makes the key `next` (a completion
+    /// counting `amount`); on an injected fault records it as in flight
+    /// and returns `None`.
+    fn step<T>(
+        &mut self,
+        id: &str,
+        (next, amount): (IntentSeen, Option<i64>),
+        call: impl FnOnce() -> Result<T>,
+    ) -> Option<T> {
+        match call() {
+            Ok(t) => {
+                self.acked.insert(id.to_string(), next);
+                if let Some(a) = amount {
+                    self.done = (self.done.0 + 1, self.done.1 + i128::from(a));
+                }
+                Some(t)
+            }
+            Err(e) => {
+                assert!(is_fault(&e), "{id}: unexpected error {e}");
+                let before = self.acked.get(id).cloned();
+                self.in_flight = Some((id.to_string(), before, next, amount));
+                None
+            }
+        }
+    }
+
+    /// `begin_with_intent` of `id` as attempt `attempt`.
+    fn begin(&mut self, store: &Store, id: &str, attempt: u32) -> Option<dedupkv::Claim> {
+        let request = id.as_bytes().to_vec();
+        let next = (
+            State::InProgress,
+            attempt,
+            Some((false, request.clone(), attempt)),
+        );
+        let claim = self.step(id, (next, None), || {
+            let intent = Intent {
+                target: "carrier",
+                request: &request,
+            };
+            let opts = BeginOptions::new();
+            Ok(dedupkv_testkit::started(store.begin_with_intent(
+                &in_key(id),
+                Fingerprint::of(id),
+                &opts,
+                intent,
+            )?))
+        })?;
+        assert_eq!(claim.attempt(), attempt, "{id}");
+        assert_eq!(claim.unanswered_intent(), attempt > 1, "{id}");
+        Some(claim)
+    }
+
+    /// Every key: recorded with an intent; every third fails retryably
+    /// and begins again (attempt 2, its intent still pending); every
+    /// second is marked sent; all but every fourth complete with an
+    /// amount. Stops at the first injected fault.
+    fn run(&mut self, store: &Store) -> Option<()> {
+        for i in 0..INTENT_KEYS {
+            let id = format!("i{i}");
+            let mut claim = self.begin(store, &id, 1)?;
+            let mut attempt = 1;
+            if i % 3 == 0 {
+                let request = id.as_bytes().to_vec();
+                let released = (State::Retryable, 1, Some((false, request, 1)));
+                self.step(&id, (released, None), || {
+                    store.fail(&claim, Failure::Retryable)
+                })?;
+                attempt = 2;
+                claim = self.begin(store, &id, 2)?;
+            }
+            let mut intent = Some((false, id.as_bytes().to_vec(), attempt));
+            if i % 2 == 0 {
+                let reference = format!("ref-{i}").into_bytes();
+                intent = Some((true, reference.clone(), attempt));
+                let sent = (State::InProgress, attempt, intent.clone());
+                self.step(&id, (sent, None), || store.mark_sent(&claim, &reference))?;
+            }
+            if i % 4 == 3 {
+                // Left in progress with its intent open.
+                self.held.push(claim);
+            } else {
+                let amount = i64::try_from(i).expect("small") * 100 - 300;
+                let kept = intent.filter(|(sent, ..)| *sent);
+                let done = (State::Completed, attempt, kept);
+                self.step(&id, (done, Some(amount)), || {
+                    store.complete_with_amount(&claim, b"ok", amount)
+                })?;
+            }
+        }
+        Some(())
+    }
+
+    /// The reopened store shows every acknowledged state and intent, the
+    /// call in flight either way, nothing of the keys never reached; the
+    /// listings and the pending count agree; the tallies count exactly
+    /// the completions that landed.
+    fn check(&self, store: &Store, what: &str) -> Result<()> {
+        let (mut pending, mut twice) = (BTreeSet::new(), BTreeSet::new());
+        let mut want_done = self.done;
+        for i in 0..INTENT_KEYS {
+            let id = format!("i{i}");
+            let record = store.get(&in_key(&id))?;
+            let intent = store.intent(&in_key(&id))?.map(|e| {
+                let data = e.reference().or(e.request()).map(<[u8]>::to_vec);
+                assert_eq!(e.target(), "carrier", "{what}: {id}");
+                (e.is_sent(), data.unwrap_or_default(), e.attempt())
+            });
+            let got = record.map(|r| (r.state(), r.attempts(), intent.clone()));
+            if got.is_none() {
+                assert!(
+                    intent.is_none(),
+                    "{what}: {id} has no record but {intent:?}"
+                );
+            }
+            let acked = self.acked.get(&id).cloned();
+            let ok = match &self.in_flight {
+                Some((f, before, next, amount)) if *f == id => {
+                    let landed = got.as_ref() == Some(next);
+                    if landed && let Some(a) = amount {
+                        want_done = (want_done.0 + 1, want_done.1 + i128::from(*a));
+                    }
+                    landed || got == *before
+                }
+                _ => got == acked,
+            };
+            assert!(
+                ok,
+                "{what}: {id} is {got:?}, acknowledged {acked:?}, in flight {:?}",
+                self.in_flight
+            );
+            match intent {
+                Some((false, ..)) => {
+                    pending.insert(id);
+                }
+                Some((true, _, attempt)) if attempt > 1 => {
+                    twice.insert(id);
+                }
+                _ => {}
+            }
+        }
+        let ids = |items: Vec<dedupkv::IntentEntry>| -> BTreeSet<String> {
+            items
+                .iter()
+                .map(|e| String::from_utf8(e.key().id().to_vec()).expect("utf-8 id"))
+                .collect()
+        };
+        let all = Listing::new().limit(1_000);
+        assert_eq!(ids(store.pending_intents(&all)?.items), pending, "{what}");
+        assert_eq!(
+            ids(store.duplicate_candidates(&all)?.items),
+            twice,
+            "{what}"
+        );
+        assert_eq!(
+            store.stats().intents_pending,
+            pending.len() as u64,
+            "{what}"
+        );
+        let tallies = store.tallies("in")?;
+        let got_done = tallies
+            .iter()
+            .fold((0, 0), |(n, a), t| (n + t.count, a + t.amount));
+        assert_eq!(got_done, want_done, "{what}: the tallies");
+        Ok(())
+    }
+}
+
+/// The fault sweep over a workload of intents and counted completions
+/// (`begin_with_intent`, a retry, `mark_sent`, `complete_with_amount`):
+/// every write and sync of it fails once. After each fault both the
+/// bytes written and the bytes synced reopen with every acknowledged
+/// intent state and tally, the call in flight whole or not at all (its
+/// count with its completion), and nothing never acknowledged.
+#[test]
+fn faults_in_intent_and_tally_commits_lose_nothing_acknowledged() -> Result<()> {
+    let mut tripped = 0;
+    for fail_after in 0.. {
+        let backend = FaultBackend::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let store = Store::builder()
+            .clock(clock.clone())
+            .background_eviction(false)
+            .open_with_backend(backend.clone())?;
+        backend.arm(Plan::after(fail_after));
+        let mut run = IntentRun::default();
+        let finished = run.run(&store).is_some();
+        assert_eq!(finished, !backend.tripped(), "fault {fail_after}");
+        if finished {
+            assert!(run.in_flight.is_none());
+            run.check(&store, "no fault")?;
+            break;
+        }
+        tripped += 1;
+        assert!(matches!(
+            store.insert_if_absent(&Key::new("f", "after")),
+            Err(Error::Poisoned(_))
+        ));
+        let image = backend.crash_image();
+        drop(store);
+        let what = format!("fault {fail_after}");
+        let reopen = |b: FaultBackend| {
+            Store::builder()
+                .clock(clock.clone())
+                .background_eviction(false)
+                .open_with_backend(b)
+        };
+        run.check(&reopen(image)?, &format!("{what}, power cut"))?;
+        run.check(&reopen(backend.healthy())?, &what)?;
+    }
+    assert!(
+        tripped >= 30,
         "the sweep must hit the workload (tripped {tripped} times)"
     );
     Ok(())

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Store};
+use dedupkv::{Begin, BeginOptions, Error, Fingerprint, Intent, Key, ManualClock, Store};
 use dedupkv_testkit::model::{
     ENTITIES, IDS, KEYS, MAX_SEQ, Op, PER_CALL, PRESETS, RENEW_FOR, Settings, Step, T0, TestResult,
     run,
@@ -59,6 +59,13 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key_index(), 0u8..3).prop_map(|(k, o)| Op::ResolveCompleted(k, o)),
         1 => (key_index(), 0u8..3).prop_map(|(k, o)| Op::ResolveAbandoned(k, o)),
         1 => Just(Op::ListDeadLetters),
+        3 => (key_index(), fp_index(), 0u8..3, 0u8..4)
+            .prop_map(|(k, f, t, r)| Op::BeginWithIntent(k, f, t, r)),
+        2 => (sel.clone(), 0u8..4).prop_map(|(c, r)| Op::MarkSent(c, r)),
+        2 => (sel.clone(), 0u8..3, any::<u8>()).prop_map(|(c, o, a)| Op::CompleteWithAmount(c, o, a)),
+        1 => Just(Op::ListPendingIntents),
+        1 => Just(Op::ListDuplicateCandidates),
+        1 => (0usize..8).prop_map(Op::Tallies),
         1 => sel.clone().prop_map(Op::Renew),
         1 => (sel.clone(), 0..RENEW_FOR.len()).prop_map(|(c, r)| Op::RenewFor(c, r)),
         2 => sel.prop_map(Op::DropClaim),
@@ -514,5 +521,44 @@ fn a_new_operation_after_forget_has_a_new_provider_key() -> dedupkv::Result<()> 
     assert_eq!(second.attempt(), 1, "a new operation");
     assert_ne!(second.provider_key(), first.provider_key());
     store.complete(&second, b"")?;
+    Ok(())
+}
+
+/// Found by the model's `MarkSent` on a claim held across a reopen: the
+/// call never returned. `mark_sent` holds the key's shard lock
+/// (src/engine/intents.rs:155) while `active_claim` runs `check_owner`
+/// (:334), whose refusal of another store's claim counts the fencing by
+/// locking that shard again (src/engine/claims.rs:418): a self-deadlock.
+/// The call runs on its own thread so a hang fails this test instead of
+/// stalling the suite (the stuck thread is left behind).
+#[test]
+fn mark_sent_with_a_claim_of_a_closed_store_is_refused() -> dedupkv::Result<()> {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("s.redb");
+    let key = Key::new("s", "k");
+    let intent = Intent {
+        target: "carrier",
+        request: b"r",
+    };
+    let store = Store::open(&path)?;
+    let Begin::Started(claim) =
+        store.begin_with_intent(&key, Fingerprint::NONE, &BeginOptions::new(), intent)?
+    else {
+        panic!("a new key starts")
+    };
+    drop(store);
+    let store = Store::open(&path)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let got = store.mark_sent(&claim, b"ref");
+        let _ = tx.send(matches!(got, Err(Error::ClaimLost { .. })));
+        drop(claim);
+    });
+    let answered = rx.recv_timeout(Duration::from_secs(30));
+    assert_eq!(
+        answered,
+        Ok(true),
+        "mark_sent with a stale claim must answer ClaimLost"
+    );
     Ok(())
 }

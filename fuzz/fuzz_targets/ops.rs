@@ -47,6 +47,16 @@ enum FuzzOp {
     ResolveCompleted(u8, u8),
     ResolveAbandoned(u8, u8),
     ListDeadLetters,
+    /// Key, fingerprint, the intent's target and request by number.
+    BeginWithIntent(u8, u8, u8, u8),
+    /// A held claim and a reference number.
+    MarkSent(u8, u8),
+    /// A held claim, an outcome and an amount number.
+    CompleteWithAmount(u8, u8, u8),
+    ListPendingIntents,
+    ListDuplicateCandidates,
+    /// A scope of the key pool, by number.
+    Tallies(u8),
     Renew(u8),
     /// A held claim, and one of the model's `renew_for` amounts.
     RenewFor(u8, u8),
@@ -105,6 +115,14 @@ impl FuzzOp {
             FuzzOp::ResolveCompleted(k, o) => Op::ResolveCompleted(key(k), *o),
             FuzzOp::ResolveAbandoned(k, o) => Op::ResolveAbandoned(key(k), *o),
             FuzzOp::ListDeadLetters => Op::ListDeadLetters,
+            FuzzOp::BeginWithIntent(k, f, t, r) => {
+                Op::BeginWithIntent(key(k), n(f) % FINGERPRINTS, *t, *r)
+            }
+            FuzzOp::MarkSent(c, r) => Op::MarkSent(n(c), *r),
+            FuzzOp::CompleteWithAmount(c, o, a) => Op::CompleteWithAmount(n(c), *o, *a),
+            FuzzOp::ListPendingIntents => Op::ListPendingIntents,
+            FuzzOp::ListDuplicateCandidates => Op::ListDuplicateCandidates,
+            FuzzOp::Tallies(s) => Op::Tallies(n(s)),
             FuzzOp::Renew(c) => Op::Renew(n(c)),
             FuzzOp::RenewFor(c, r) => Op::RenewFor(n(c), n(r) % RENEW_FOR.len()),
             FuzzOp::DropClaim(c) => Op::DropClaim(n(c)),
