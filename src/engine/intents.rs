@@ -151,6 +151,9 @@ impl Engine {
     /// reference (a tracking number, a charge id).
     pub(crate) fn mark_sent(&self, claim: &Ticket, reference: &[u8]) -> Result<()> {
         self.log.check()?;
+        // Before any shard lock: refusing another store's claim counts it
+        // under that lock.
+        self.check_owner(claim)?;
         let h = claim.hash;
         loop {
             // The target is read from the intent's record before the
@@ -332,7 +335,8 @@ impl Engine {
     }
 
     /// The claim's pending details if it is its key's active claim (for
-    /// `mark_sent`, which does not finish it).
+    /// `mark_sent`, which does not finish it). The caller checked that the
+    /// claim is this store's.
     fn active_claim(
         &self,
         shard: &mut Shard,
@@ -340,7 +344,6 @@ impl Engine {
         nb: u64,
         claim: &Ticket,
     ) -> Result<Pending> {
-        self.check_owner(claim)?;
         let w = super::write::Write::new(shard, h, nb);
         match (w.live().map(|s| s.state()), w.pending()) {
             (Some(SlotState::Claimed), Some(p)) if p.token == claim.token => Ok(p),
