@@ -161,7 +161,7 @@ impl Engine {
             let slot = {
                 let (_, nb) = self.time()?;
                 let mut shard = self.index.lock(h);
-                self.active_claim(&mut shard, h, nb, claim)?;
+                Self::active_claim(&mut shard, h, nb, claim)?;
                 shard.intent(h).copied()
             };
             let Some(slot) = slot else {
@@ -181,7 +181,7 @@ impl Engine {
             self.check_intent_len(&target, reference)?;
             let (now, nb) = self.time()?;
             let mut shard = self.index.lock(h);
-            let p = self.active_claim(&mut shard, h, nb, claim)?;
+            let p = Self::active_claim(&mut shard, h, nb, claim)?;
             if shard.intent(h) != Some(&slot) {
                 continue; // carried or rewritten meanwhile: read it again
             }
@@ -337,13 +337,7 @@ impl Engine {
     /// The claim's pending details if it is its key's active claim (for
     /// `mark_sent`, which does not finish it). The caller checked that the
     /// claim is this store's.
-    fn active_claim(
-        &self,
-        shard: &mut Shard,
-        h: KeyHash,
-        nb: u64,
-        claim: &Ticket,
-    ) -> Result<Pending> {
+    fn active_claim(shard: &mut Shard, h: KeyHash, nb: u64, claim: &Ticket) -> Result<Pending> {
         let w = super::write::Write::new(shard, h, nb);
         match (w.live().map(|s| s.state()), w.pending()) {
             (Some(SlotState::Claimed), Some(p)) if p.token == claim.token => Ok(p),
