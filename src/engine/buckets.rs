@@ -41,6 +41,19 @@ impl Engine {
         floor: Option<u64>,
         rec: &mut RecordRef<'_>,
     ) -> (u64, u64) {
+        self.place_as(batch, floor, rec, false)
+    }
+
+    /// [`place`](Self::place) of a record that rides with the caller's
+    /// own (`extra`: not counted as a caller's record by group commit).
+    #[inline]
+    pub(crate) fn place_as(
+        &self,
+        batch: &mut Batch,
+        floor: Option<u64>,
+        rec: &mut RecordRef<'_>,
+        extra: bool,
+    ) -> (u64, u64) {
         let g = self.cfg.granularity_ms;
         let mut bucket = rec.expires / g;
         if let Some(pb) = floor
@@ -50,7 +63,12 @@ impl Engine {
             rec.expires = rec.expires.max(pb.saturating_mul(g));
         }
         let bucket = self.writable_bucket(bucket, rec);
-        (bucket, batch.push(bucket, rec))
+        let row = if extra {
+            batch.push_extra(bucket, rec)
+        } else {
+            batch.push(bucket, rec)
+        };
+        (bucket, row)
     }
 
     /// `bucket`, unless an early eviction has closed it: then the first

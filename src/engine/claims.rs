@@ -294,7 +294,7 @@ impl Engine {
                     (h, key.scope(), key.id()),
                     fields(&p),
                     (now, op.retention_ms),
-                    (IntentState::Pending, INTENT_PENDING),
+                    (IntentState::Pending, INTENT_PENDING, true),
                     &body,
                 ));
             }

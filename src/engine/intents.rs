@@ -51,7 +51,7 @@ pub(crate) type ExpiredIntents = HashMap<KeyHash, ExpiredIntent>;
 
 impl Engine {
     /// Appends an `Intent` record for the operation `c` of `key` and sets
-    /// its intent slot. The caller holds the key's shard lock and the
+    /// its intent slot (`extra`: it rides with the caller's own record). The caller holds the key's shard lock and the
     /// batch lock.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn log_intent(
@@ -61,7 +61,7 @@ impl Engine {
         (h, scope, id): (KeyHash, &[u8], &[u8]),
         c: ClaimFields,
         (now, retention_ms): (u64, u64),
-        (state, tag): (IntentState, u8),
+        (state, tag, extra): (IntentState, u8, bool),
         body: &[u8],
     ) -> u64 {
         let previous = shard.intent(h).copied();
@@ -72,7 +72,7 @@ impl Engine {
             c,
             (tag, body),
         );
-        let (bucket, row) = self.place(batch, previous.map(|i| i.bucket), &mut rec);
+        let (bucket, row) = self.place_as(batch, previous.map(|i| i.bucket), &mut rec, extra);
         let recorded_at = IntentBody::decode(body).map_or(now, |b| b.recorded_at);
         if tag == INTENT_CLOSED {
             shard.remove_intent(h);
@@ -142,7 +142,7 @@ impl Engine {
             key,
             c,
             (at.0, retention),
-            (IntentState::Pending, INTENT_CLOSED),
+            (IntentState::Pending, INTENT_CLOSED, true),
             &body,
         )
     }
@@ -199,7 +199,7 @@ impl Engine {
                     (h, claim.key.scope(), claim.key.id()),
                     fields(&p),
                     (now, p.retention_ms),
-                    (IntentState::Sent, INTENT_SENT),
+                    (IntentState::Sent, INTENT_SENT, false),
                     &body,
                 )
             };
@@ -305,7 +305,7 @@ impl Engine {
             (h, rec.scope, rec.id),
             rec.claim_fields(),
             (now, self.cfg.retention_ms),
-            (IntentState::Pending, INTENT_PENDING),
+            (IntentState::Pending, INTENT_PENDING, false),
             rec.outcome,
         );
         Ok(())
@@ -327,7 +327,7 @@ impl Engine {
                 (h, &d.scope, &d.id),
                 d.claim,
                 (now, self.cfg.retention_ms),
-                (IntentState::Pending, INTENT_PENDING),
+                (IntentState::Pending, INTENT_PENDING, false),
                 &d.body,
             );
         }

@@ -55,7 +55,7 @@ impl Engine {
             &sum,
         );
         let floor = (slot.row > 0).then_some(slot.bucket);
-        let (bucket, row) = self.place(batch, floor, &mut rec);
+        let (bucket, row) = self.place_as(batch, floor, &mut rec, true);
         slot.bucket = bucket;
         slot.row = row;
         row

@@ -60,6 +60,9 @@ pub(crate) struct Batch {
     open_row: Arc<AtomicU64>,
     /// Records in the batch (the next record's `idx`).
     next_idx: u32,
+    /// Of them, records that ride with a caller's own record (a tally, an
+    /// intent): group commit counts callers' records, not these.
+    extras: u32,
     bytes: usize,
     parts: Vec<(u64, RowWriter)>,
     /// Bucket tables to delete in this commit, before its rows are written.
@@ -87,6 +90,7 @@ impl Batch {
             closed: Vec::new(),
             open_row: Arc::clone(open_row),
             next_idx: 0,
+            extras: 0,
             bytes: 0,
             parts: Vec::new(),
             drop_buckets: Vec::new(),
@@ -121,6 +125,19 @@ impl Batch {
         self.time_floor = Some(self.time_floor.map_or(ms, |f| f.max(ms)));
     }
 
+    /// [`push`](Self::push) of a record that rides with the caller's own
+    /// (a tally with a completion, an intent with a claim): the same bytes,
+    /// but not counted as a caller's record by group commit.
+    pub(crate) fn push_extra(&mut self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
+        self.extras += 1;
+        self.push(bucket, rec)
+    }
+
+    /// The callers' records in the batch (all but the extras).
+    fn own_records(&self) -> u32 {
+        self.next_idx - self.extras
+    }
+
     /// Appends a record to the part for `bucket`; returns the row number.
     /// The caller holds the key's shard lock.
     pub(crate) fn push(&mut self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
@@ -153,7 +170,7 @@ impl Batch {
 /// with what the previous commit carried.
 #[derive(Default)]
 struct Lead {
-    /// Records in the previous commit.
+    /// Callers' records in the previous commit (extras not counted).
     last_records: u32,
     /// Callers that waited for the previous commit's row.
     last_callers: u32,
@@ -424,7 +441,7 @@ impl Log {
             && lead.last_callers <= 1
         {
             // Its own statement: no batch guard outlives the count.
-            let pending = s.batch.lock().next_idx;
+            let pending = s.batch.lock().own_records();
             if pending >= lead.last_records {
                 commit_pending(s, &mut lead);
                 return;
@@ -565,7 +582,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
         std::mem::replace(&mut *b, next)
     };
     let (first_row, row) = (batch.first_row, batch.row);
-    lead.last_records = batch.next_idx;
+    lead.last_records = batch.own_records();
     let dropped = batch.drop_buckets.clone();
     let written: Vec<u64> = batch
         .closed
@@ -635,7 +652,7 @@ fn gather(s: &Shared, kicked: &Receiver<()>, last_records: u32) {
     // Every waiting caller kicks after appending; sleep between kicks
     // rather than spin, so the callers have the processors to themselves.
     let deadline = std::time::Instant::now() + GATHER;
-    while s.batch.lock().next_idx < last_records {
+    while s.batch.lock().own_records() < last_records {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() || kicked.recv_timeout(left).is_err() {
             break;
