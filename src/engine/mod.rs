@@ -2,11 +2,11 @@
 //!
 //! Every operation: validate, hash, lock the key's shard, decide and append
 //! the log record under that lock (through the write primitive in
-//! [`write`]), unlock, then wait for durability as the mode requires.
+//! [`write`](mod@write)), unlock, then wait for durability as the mode requires.
 //!
 //! Rooms, by concern:
 //! - [`open`]: opening a file, recovery (replaying the log into the index);
-//! - [`write`]: the write primitive every key write goes through;
+//! - [`write`](mod@write): the write primitive every key write goes through;
 //! - [`buckets`] and [`time`]: which bucket a record goes to and when it
 //!   expires; the store's time, which never goes back;
 //! - [`tokens`]: fencing tokens and their persisted floor;

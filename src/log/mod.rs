@@ -1,5 +1,5 @@
 //! The write-ahead log: rows of records in one table per expiry bucket,
-//! and a metadata table, kept by a [`LogStore`](store::LogStore) (redb,
+//! and a metadata table, kept by a `LogStore` (store/mod.rs) (redb,
 //! see [`store::redb`] for the layout).
 //!
 //! - [`record`]: what a record says, with a constructor per kind;

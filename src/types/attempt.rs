@@ -130,7 +130,7 @@ pub enum Failure<'a> {
     /// The operation's retries are exhausted: move it to the dead-letter
     /// area with `reason` (and, if given, `payload`, e.g. the request, for
     /// whoever works the area). Every later `begin` answers
-    /// [`Begin::DeadLettered`](crate::Begin::DeadLettered) until it is
+    /// [`Begin::DeadLettered`] until it is
     /// [`requeue`](crate::Store::requeue)d or
     /// [`resolve`](crate::Store::resolve)d; retention never drops it.
     ///

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 /// The completed operations of one scope in one window: how many, and the
 /// sum of their amounts ([`Store::complete_with_amount`](crate::Store::complete_with_amount);
 /// a plain `complete` counts with amount 0). Also what the caller gives
-/// [`Store::reconcile`] from the system of record (then `window` is
+/// [`Store::reconcile`](crate::Store::reconcile) from the system of record (then `window` is
 /// ignored).
 ///
 /// # Examples
