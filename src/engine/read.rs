@@ -68,14 +68,7 @@ impl Engine {
         let found = self.find_in_row(
             bucket,
             row,
-            |rec| {
-                let kind_ok = if intent {
-                    rec.kind == Kind::Intent
-                } else {
-                    rec.kind.is_key_state()
-                };
-                kind_ok && rec.scope == key.scope() && rec.id == key.id()
-            },
+            |rec| wanted(rec, intent) && rec.scope == key.scope() && rec.id == key.id(),
             &|| show_key(key.scope(), key.id()),
             f,
         )?;
@@ -95,14 +88,7 @@ impl Engine {
         let found = self.find_in_row(
             bucket,
             row,
-            |rec| {
-                let kind_ok = if intent {
-                    rec.kind == Kind::Intent
-                } else {
-                    rec.kind.is_key_state()
-                };
-                kind_ok && self.hasher.hash(rec.scope, rec.id) == h
-            },
+            |rec| wanted(rec, intent) && self.hasher.hash(rec.scope, rec.id) == h,
             &|| format!("hashed {:016x}{:016x}", h.hi, h.lo),
             f,
         )?;
@@ -222,6 +208,15 @@ impl Engine {
                 finished.then(|| rec.outcome.to_vec())
             },
         }
+    }
+}
+
+/// Whether `rec` is a key's state record, or (`intent`) its Intent record.
+fn wanted(rec: &RecordRef<'_>, intent: bool) -> bool {
+    if intent {
+        rec.kind == Kind::Intent
+    } else {
+        rec.kind.is_key_state()
     }
 }
 

@@ -22,27 +22,21 @@ impl<'a> IntentBody<'a> {
 
     /// The encoded body.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(13 + self.target.len() + self.data.len());
-        out.push(Self::VERSION);
-        out.extend_from_slice(&self.recorded_at.to_le_bytes());
-        out.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
-        out.extend_from_slice(self.target.as_bytes());
+        let mut out = head(
+            Self::VERSION,
+            self.recorded_at,
+            self.target,
+            self.data.len(),
+        );
         out.extend_from_slice(self.data);
         out
     }
 
     /// The body encoded in `bytes`, if well formed.
     pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
-        let (&version, rest) = bytes.split_first()?;
-        if version != Self::VERSION {
-            return None;
-        }
-        let (at, rest) = rest.split_at_checked(8)?;
-        let (len, rest) = rest.split_at_checked(4)?;
-        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
-        let (target, data) = rest.split_at_checked(len)?;
+        let (recorded_at, target, data) = read_head(bytes, Self::VERSION)?;
         Some(IntentBody {
-            recorded_at: u64::from_le_bytes(at.try_into().ok()?),
+            recorded_at,
             target: std::str::from_utf8(target).ok()?,
             data,
         })
@@ -71,11 +65,12 @@ impl<'a> DeadLetterBody<'a> {
     /// The encoded body.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let payload = self.payload.unwrap_or_default();
-        let mut out = Vec::with_capacity(14 + self.reason.len() + payload.len());
-        out.push(Self::VERSION);
-        out.extend_from_slice(&self.failed_at.to_le_bytes());
-        out.extend_from_slice(&(self.reason.len() as u32).to_le_bytes());
-        out.extend_from_slice(self.reason.as_bytes());
+        let mut out = head(
+            Self::VERSION,
+            self.failed_at,
+            self.reason,
+            1 + payload.len(),
+        );
         out.push(u8::from(self.payload.is_some()));
         out.extend_from_slice(payload);
         out
@@ -83,14 +78,7 @@ impl<'a> DeadLetterBody<'a> {
 
     /// The body encoded in `bytes`, if well formed.
     pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
-        let (&version, rest) = bytes.split_first()?;
-        if version != Self::VERSION {
-            return None;
-        }
-        let (at, rest) = rest.split_at_checked(8)?;
-        let (len, rest) = rest.split_at_checked(4)?;
-        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
-        let (reason, rest) = rest.split_at_checked(len)?;
+        let (failed_at, reason, rest) = read_head(bytes, Self::VERSION)?;
         let (&has, payload) = rest.split_first()?;
         let payload = match has {
             0 if payload.is_empty() => None,
@@ -98,11 +86,36 @@ impl<'a> DeadLetterBody<'a> {
             _ => return None,
         };
         Some(DeadLetterBody {
-            failed_at: u64::from_le_bytes(at.try_into().ok()?),
+            failed_at,
             reason: std::str::from_utf8(reason).ok()?,
             payload,
         })
     }
+}
+
+/// The head both bodies share: `version | time:u64 LE | len:u32 LE |
+/// text`, with room for `rest` more bytes.
+fn head(version: u8, time: u64, text: &str, rest: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(13 + text.len() + rest);
+    out.push(version);
+    out.extend_from_slice(&time.to_le_bytes());
+    out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+/// The time, the text's bytes and the rest of a body whose head is
+/// `version`'s, if well formed (the text's UTF-8 is the caller's check).
+fn read_head(bytes: &[u8], version: u8) -> Option<(u64, &[u8], &[u8])> {
+    let (&v, rest) = bytes.split_first()?;
+    if v != version {
+        return None;
+    }
+    let (at, rest) = rest.split_at_checked(8)?;
+    let (len, rest) = rest.split_at_checked(4)?;
+    let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+    let (text, rest) = rest.split_at_checked(len)?;
+    Some((u64::from_le_bytes(at.try_into().ok()?), text, rest))
 }
 
 #[cfg(test)]
