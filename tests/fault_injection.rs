@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use dedupkv::{
     Begin, BeginOptions, Error, Failure, Fingerprint, Intent, Key, Listing, ManualClock,
-    Resolution, Result, State, Store,
+    Resolution, Result, State, Store, StoreBuilder,
 };
 use dedupkv_testkit::{FaultBackend, Plan, is_fault};
 
@@ -362,43 +362,7 @@ impl DeadLetterRun {
 /// not acknowledged as done.
 #[test]
 fn faults_in_dead_letter_commits_lose_nothing_acknowledged() -> Result<()> {
-    let mut tripped = 0;
-    for fail_after in 0.. {
-        let backend = FaultBackend::new();
-        let store = Store::builder()
-            .background_eviction(false)
-            .open_with_backend(backend.clone())?;
-        backend.arm(Plan::after(fail_after));
-        let mut run = DeadLetterRun::default();
-        let finished = run.run(&store).is_some();
-        assert_eq!(finished, !backend.tripped(), "fault {fail_after}");
-        if finished {
-            assert!(run.in_flight.is_none());
-            run.check(&store, "no fault")?;
-            break;
-        }
-        tripped += 1;
-        assert!(matches!(
-            store.insert_if_absent(&Key::new("f", "after")),
-            Err(Error::Poisoned(_))
-        ));
-        let image = backend.crash_image();
-        drop(store);
-        let what = format!("fault {fail_after}");
-        run.check(
-            &Store::builder().open_with_backend(image)?,
-            &format!("{what}, power cut"),
-        )?;
-        run.check(
-            &Store::builder().open_with_backend(backend.healthy())?,
-            &what,
-        )?;
-    }
-    assert!(
-        tripped >= 50,
-        "the sweep must hit the workload (tripped {tripped} times)"
-    );
-    Ok(())
+    sweep::<DeadLetterRun>(|| Store::builder().background_eviction(false), 50)
 }
 
 /// An intent key as the workload was told: its record's state and
@@ -599,20 +563,66 @@ impl IntentRun {
 /// count with its completion), and nothing never acknowledged.
 #[test]
 fn faults_in_intent_and_tally_commits_lose_nothing_acknowledged() -> Result<()> {
+    let clock = ManualClock::new(1_700_000_000_000);
+    sweep::<IntentRun>(
+        || {
+            Store::builder()
+                .clock(clock.clone())
+                .background_eviction(false)
+        },
+        30,
+    )
+}
+
+/// A workload a fault sweep drives: `run` stops at the first failed call
+/// (`None`), remembering the call in flight; `check` compares a reopened
+/// store with what was acknowledged.
+trait Workload: Default {
+    fn run(&mut self, store: &Store) -> Option<()>;
+    fn check(&self, store: &Store, what: &str) -> Result<()>;
+    fn settled(&self) -> bool;
+}
+
+impl Workload for DeadLetterRun {
+    fn run(&mut self, store: &Store) -> Option<()> {
+        DeadLetterRun::run(self, store)
+    }
+    fn check(&self, store: &Store, what: &str) -> Result<()> {
+        DeadLetterRun::check(self, store, what)
+    }
+    fn settled(&self) -> bool {
+        self.in_flight.is_none()
+    }
+}
+
+impl Workload for IntentRun {
+    fn run(&mut self, store: &Store) -> Option<()> {
+        IntentRun::run(self, store)
+    }
+    fn check(&self, store: &Store, what: &str) -> Result<()> {
+        IntentRun::check(self, store, what)
+    }
+    fn settled(&self) -> bool {
+        self.in_flight.is_none()
+    }
+}
+
+/// Fails every write and sync of `W`'s workload in turn (a store opened by
+/// `builder`); after each fault, the store is poisoned, and both the bytes
+/// written (a reopen) and the bytes synced (a power cut) reopen with
+/// everything acknowledged. The sweep must hit the workload at least
+/// `min_trips` times.
+fn sweep<W: Workload>(builder: impl Fn() -> StoreBuilder, min_trips: u32) -> Result<()> {
     let mut tripped = 0;
     for fail_after in 0.. {
         let backend = FaultBackend::new();
-        let clock = ManualClock::new(1_700_000_000_000);
-        let store = Store::builder()
-            .clock(clock.clone())
-            .background_eviction(false)
-            .open_with_backend(backend.clone())?;
+        let store = builder().open_with_backend(backend.clone())?;
         backend.arm(Plan::after(fail_after));
-        let mut run = IntentRun::default();
+        let mut run = W::default();
         let finished = run.run(&store).is_some();
         assert_eq!(finished, !backend.tripped(), "fault {fail_after}");
         if finished {
-            assert!(run.in_flight.is_none());
+            assert!(run.settled());
             run.check(&store, "no fault")?;
             break;
         }
@@ -624,17 +634,14 @@ fn faults_in_intent_and_tally_commits_lose_nothing_acknowledged() -> Result<()> 
         let image = backend.crash_image();
         drop(store);
         let what = format!("fault {fail_after}");
-        let reopen = |b: FaultBackend| {
-            Store::builder()
-                .clock(clock.clone())
-                .background_eviction(false)
-                .open_with_backend(b)
-        };
-        run.check(&reopen(image)?, &format!("{what}, power cut"))?;
-        run.check(&reopen(backend.healthy())?, &what)?;
+        run.check(
+            &builder().open_with_backend(image)?,
+            &format!("{what}, power cut"),
+        )?;
+        run.check(&builder().open_with_backend(backend.healthy())?, &what)?;
     }
     assert!(
-        tripped >= 30,
+        tripped >= min_trips,
         "the sweep must hit the workload (tripped {tripped} times)"
     );
     Ok(())
