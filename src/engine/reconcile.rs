@@ -39,7 +39,11 @@ impl Engine {
         let window_ms = self.cfg.tally_window_ms;
         let start = now - now % window_ms;
         let mut tallies = self.index.tallies();
-        let slot = tallies.entry((scope.to_vec(), start)).or_insert(TallySlot {
+        if !tallies.contains_key(scope) {
+            tallies.insert(scope.to_vec(), BTreeMap::new());
+        }
+        let windows = tallies.get_mut(scope).expect("inserted above");
+        let slot = windows.entry(start).or_insert(TallySlot {
             window_ms,
             ..TallySlot::default()
         });
@@ -71,8 +75,10 @@ impl Engine {
         }
         let tallies = self.index.tallies();
         Ok(tallies
-            .range((scope.to_vec(), 0)..=(scope.to_vec(), u64::MAX))
-            .map(|((_, start), t)| Tally {
+            .get(scope)
+            .into_iter()
+            .flatten()
+            .map(|(start, t)| Tally {
                 window_start: to_system_time(*start),
                 window: Duration::from_millis(t.window_ms),
                 count: t.count,
@@ -116,8 +122,8 @@ impl Engine {
         rec: &RecordRef<'_>,
     ) -> Result<()> {
         let (start, window_ms, count, sum) = rec.tally_totals()?;
-        tallies.insert(
-            (rec.scope.to_vec(), start),
+        tallies.entry(rec.scope.to_vec()).or_default().insert(
+            start,
             TallySlot {
                 window_ms,
                 count,
@@ -133,12 +139,16 @@ impl Engine {
     pub(crate) fn evict_tally(&self, (b, n): (u64, u64), rec: &RecordRef<'_>) -> Result<()> {
         let (start, ..) = rec.tally_totals()?;
         let mut tallies = self.index.tallies();
-        let key = (rec.scope.to_vec(), start);
-        if tallies
-            .get(&key)
-            .is_some_and(|t| t.bucket == b && t.row == n)
-        {
-            tallies.remove(&key);
+        if let Some(windows) = tallies.get_mut(rec.scope) {
+            if windows
+                .get(&start)
+                .is_some_and(|t| t.bucket == b && t.row == n)
+            {
+                windows.remove(&start);
+            }
+            if windows.is_empty() {
+                tallies.remove(rec.scope);
+            }
         }
         Ok(())
     }

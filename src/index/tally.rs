@@ -17,5 +17,6 @@ pub(crate) struct TallySlot {
     pub row: u64,
 }
 
-/// Every window's totals, by (scope, window start).
-pub(crate) type Tallies = BTreeMap<(Vec<u8>, u64), TallySlot>;
+/// Every window's totals, by scope, then window start (a completion finds
+/// its scope by borrow: the scope is copied only the first time).
+pub(crate) type Tallies = BTreeMap<Vec<u8>, BTreeMap<u64, TallySlot>>;
