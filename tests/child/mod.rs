@@ -179,3 +179,14 @@ pub fn next(seed: &mut u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
 }
+
+/// Asserts that `this` (the test binary, child environment removed) run
+/// with `--ignored` passes nothing: a child is never a test entry that
+/// could pass without its parent.
+#[allow(dead_code)] // only the SIGKILL tests check this
+pub fn nothing_passes_under_ignored(mut this: std::process::Command) {
+    let out = this.arg("--ignored").output().expect("run");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(" 0 passed;"), "{text}");
+}
