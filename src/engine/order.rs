@@ -323,6 +323,7 @@ impl Engine {
     }
 
     pub(crate) fn held(&self, entity: &Key<'_>) -> Result<Vec<Held>> {
+        self.check_readable()?;
         self.stored_events(
             entity,
             |e| &e.held,
@@ -413,6 +414,7 @@ impl Engine {
     }
 
     pub(crate) fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
+        self.check_readable()?;
         self.stored_events(
             entity,
             |e| &e.unacked,
