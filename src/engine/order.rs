@@ -16,6 +16,10 @@
 //! - what the sequencer hands back stays stored until `ack`: a delivered
 //!   event is written as a Park record in the batch that delivers it, and
 //!   successors keep the records they were parked or held with;
+//! - an unacknowledged event is handed to one live handler at a time: it
+//!   carries its hand-back's lease end, in memory only (a restart means its
+//!   holder is gone, so replay gives it none and it is handed back at
+//!   once), and a redelivery before that end answers `Handling`;
 //! - an entity's core records never move to an earlier bucket, and eviction
 //!   re-logs (carries forward) the records of parked, held and
 //!   unacknowledged events and of entities that still have some, in the
