@@ -45,6 +45,8 @@ mod error;
 mod index;
 mod key;
 mod log;
+#[cfg(feature = "replica")]
+pub mod replica;
 mod sync;
 mod types;
 

@@ -38,4 +38,9 @@ pub(crate) struct Config {
     pub tally_retention_ms: u64,
     /// Where the log closes a row and opens the next (tests lower it).
     pub row_split_bytes: usize,
+    /// The replica the log hands its commits to (feature "replica").
+    pub ship: Option<crate::log::ship::Ship>,
+    /// The lowest fencing token this run may issue (a replica's epoch
+    /// sets it, so a new owner's tokens exceed every earlier owner's).
+    pub token_base: u64,
 }

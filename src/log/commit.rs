@@ -21,6 +21,7 @@ use super::decode::{RowReader, read_row};
 use super::format::RowWriter;
 use super::meta::{self, Manifest};
 use super::record::RecordRef;
+use super::ship::{AckTarget, Acks, Ship, Shipped};
 use super::store::Commit;
 use crate::sync::{
     Arc, AtomicBool, AtomicU32, AtomicU64, Futex, JoinHandle, MappedRwLockReadGuard, Mutex,
@@ -218,10 +219,58 @@ struct Shared {
     /// The manifest as of the last commit (every bucket table, expired
     /// ones included, and the floors); only `write` takes it.
     manifest: Mutex<Manifest>,
+    /// The replica (`log::ship`), handed every durable commit; `None`
+    /// without one.
+    ship: Option<Ship>,
+    /// With a synchronous replica: the newest row in the replica, which
+    /// callers wait for instead of `durable_row` (a shipped row is one
+    /// whose commit returned `Ok`, so it is durable even before
+    /// `durable_row` says so).
+    replicated_row: AtomicU64,
+    /// The poison is the replica's fencing ([`Error::Fenced`]).
+    fenced: AtomicBool,
+}
+
+impl Shared {
+    /// The row callers are acknowledged up to: the durable row, or with a
+    /// synchronous replica the replicated one.
+    #[inline]
+    fn acked_row(&self) -> u64 {
+        match &self.ship {
+            Some(ship) if ship.synchronous => self.replicated_row.load(Ordering::Acquire),
+            _ => self.durable_row.load(Ordering::Acquire),
+        }
+    }
+}
+
+impl AckTarget for Shared {
+    fn replicated(&self, row: u64) {
+        // Only rows whose commit returned `Ok` are shipped, so `row` is on
+        // stable storage, though `durable_row` may not say so yet.
+        if self.replicated_row.fetch_max(row, Ordering::AcqRel) < row {
+            for w in &self.woke {
+                w.wake_all();
+            }
+        }
+    }
+
+    fn fence(&self, why: String) {
+        {
+            let mut p = self.poison.lock();
+            if p.is_none() {
+                *p = Some(why);
+            }
+        }
+        self.fenced.store(true, Ordering::Release);
+        self.poisoned.store(true, Ordering::Release);
+        for w in &self.woke {
+            w.wake_all();
+        }
+    }
 }
 
 /// How the log commits.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct LogSettings {
     pub durability: Durability,
     /// redb's quick repair: one more sync per commit, fast reopen.
@@ -232,6 +281,8 @@ pub(crate) struct LogSettings {
     /// a commit rewrites it (the bucket granularity: a reopened store's
     /// time then starts at most this far behind the latest record's).
     pub time_step: u64,
+    /// The replica, if any (`log::ship`).
+    pub ship: Option<Ship>,
 }
 
 /// The log: append under a shard lock, then wait for durability.
@@ -243,7 +294,11 @@ pub(crate) struct Log {
 
 /// A poisoned log reports why.
 fn poisoned_error(s: &Shared) -> Error {
-    Error::Poisoned(s.poison.lock().clone().unwrap_or_else(|| "unknown".into()))
+    let why = s.poison.lock().clone().unwrap_or_else(|| "unknown".into());
+    if s.fenced.load(Ordering::Acquire) {
+        return Error::Fenced(why);
+    }
+    Error::Poisoned(why)
 }
 
 impl Log {
@@ -266,7 +321,12 @@ impl Log {
             quick_repair,
             split_at,
             time_step,
+            ship,
         } = settings;
+        let replicated = match &ship {
+            Some(s) if s.behind => 0,
+            _ => last_row,
+        };
         let (kick, kicked) = bounded(1);
         let open_row = Arc::new(AtomicU64::new(last_row + 1));
         let mut first = Batch::new(last_row + 1, split_at.min(ROW_SPLIT_BYTES), &open_row);
@@ -289,7 +349,14 @@ impl Log {
             time_step,
             buckets: Mutex::new(buckets),
             manifest: Mutex::new(manifest),
+            ship,
+            replicated_row: AtomicU64::new(replicated),
+            fenced: AtomicBool::new(false),
         });
+        if let Some(ship) = &shared.ship {
+            let target: crate::sync::Weak<dyn AckTarget> = Arc::downgrade(&shared) as _;
+            ship.sink.attach(Acks(target));
+        }
         let wait = match durability {
             Durability::Deferred { max_delay } => Some(max_delay),
             Durability::Immediate => None,
@@ -410,7 +477,7 @@ impl Log {
     /// and debug builds stop at the mistake.
     pub(crate) fn wait_durable(&self, row: u64) -> Result<()> {
         let s = &*self.shared;
-        if s.durable_row.load(Ordering::Acquire) >= row {
+        if s.acked_row() >= row {
             return Ok(());
         }
         let row = if row > s.open_row.load(Ordering::Acquire) {
@@ -420,7 +487,7 @@ impl Log {
         } else {
             row
         };
-        if s.durable_row.load(Ordering::Acquire) >= row {
+        if s.acked_row() >= row {
             return Ok(());
         }
         let parity = (row % 2) as usize;
@@ -432,7 +499,7 @@ impl Log {
         // so the wait returns at once instead of missing the wake-up.
         loop {
             let seen = s.woke[parity].load();
-            if s.durable_row.load(Ordering::Acquire) >= row {
+            if s.acked_row() >= row {
                 return Ok(());
             }
             if s.poisoned.load(Ordering::Acquire) {
@@ -523,6 +590,9 @@ impl Drop for Log {
         let _ = self.shared.kick.try_send(());
         if let Some(h) = self.committer.take() {
             let _ = h.join();
+        }
+        if let Some(ship) = &self.shared.ship {
+            ship.sink.closed();
         }
         if self.shared.panicked.load(Ordering::Acquire)
             && let Some(db) = self.shared.db.write().take()
@@ -723,14 +793,21 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
     } else {
         meta::manifest_changes(&**db, &next, !manifest.written)?
     };
-    db.commit(Commit {
+    let commit = Commit {
         quick_repair: s.quick_repair,
         drop_buckets: &batch.drop_buckets,
         trims,
         rows,
         meta,
-    })?;
+        raw_meta: Vec::new(),
+    };
+    // The replica's copy (`log::ship`): only when there is one.
+    let shipped = s.ship.as_ref().map(|_| Shipped::of(batch.row, &commit));
+    db.commit(commit)?;
     *manifest = next;
+    if let (Some(ship), Some(shipped)) = (&s.ship, shipped) {
+        ship.sink.shipped(shipped, &**db);
+    }
     Ok(())
 }
 
@@ -763,6 +840,7 @@ mod tests {
                 quick_repair: false,
                 split_at: ROW_SPLIT_BYTES,
                 time_step: u64::MAX,
+                ship: None,
             },
         )
     }

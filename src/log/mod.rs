@@ -7,6 +7,8 @@
 //! - [`commit`]: group commit, the log's one write path;
 //! - [`meta`]: the settings fixed at creation and the manifest;
 //! - [`recovery`]: replay at open;
+//! - [`ship`]: the seam a replica (feature "replica") reads durable
+//!   commits through, and rebuilds a file with;
 //! - [`store`]: the storage trait and its redb implementation;
 //! - [`error`]: what the storage reports, in the log's terms.
 //!
@@ -22,6 +24,7 @@ pub(crate) mod format;
 pub(crate) mod meta;
 pub(crate) mod record;
 pub(crate) mod recovery;
+pub(crate) mod ship;
 pub(crate) mod store;
 
 use std::path::Path;

@@ -1,0 +1,241 @@
+//! Opening a store with a replica: take ownership, fence earlier owners,
+//! then open the local file as it is or restore it first.
+//!
+//! 1. **Claim**: create the owner object of the epoch after the newest
+//!    one (create-only). Of owners racing for it exactly one succeeds;
+//!    the others fail with [`Error::Fenced`] and open nothing.
+//! 2. **Fence**: create this epoch's first segment (FENCE) at the first
+//!    free place of the segment sequence, moving past places an earlier
+//!    owner fills meanwhile. From then on every upload of an earlier
+//!    owner finds its place taken: it is fenced. The segment before the
+//!    fence is where the earlier epoch ended.
+//! 3. **Choose**: the local file is used as it is when the local state
+//!    file says the epoch that wrote the last segment before the fence
+//!    wrote it too (nobody took over since) and it is not older than
+//!    that segment; it holds everything that epoch shipped (the file is
+//!    durable first), and, after a crash, possibly more, which a RESET
+//!    snapshot then ships before anything else. Otherwise the file is
+//!    missing, older, or left by a fenced owner: it is moved aside and
+//!    restored from the chain up to the fence.
+//! 4. The local state file records this epoch before the store opens.
+//!
+//! The epoch feeds the fencing tokens: this run's first token is at least
+//! `epoch · 2^40`, above every token of an earlier epoch (each issues
+//! fewer than 2^40).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::format::{self, FENCE, Local, Owner, SEGMENT_HEAD, SegmentHead};
+use super::objects::{Created, Objects, number_in, owner_name, segment_name};
+use super::uploader::{Settings, Uploader, read_local, write_local};
+use super::{Replica, ReplicaMode, RestoreReason};
+use crate::log::ship::{self, Ship};
+use crate::{Error, Result};
+
+/// Bits of a fencing token below the epoch.
+pub(crate) const EPOCH_SHIFT: u32 = 40;
+/// Places tried for the fence before giving up (each taken by an earlier
+/// owner still shipping).
+const FENCE_TRIES: u64 = 10_000;
+/// Owner objects kept (older ones are deleted).
+const OWNERS_KEPT: u64 = 16;
+
+/// What the store's open needs from its replica.
+pub(crate) struct Prepared {
+    pub ship: Ship,
+    pub token_base: u64,
+    pub uploader: Arc<Uploader>,
+}
+
+/// The local state file of the store at `path`.
+pub(crate) fn local_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".replica");
+    PathBuf::from(p)
+}
+
+fn head_of(objects: &Objects, seq: u64) -> Result<Option<SegmentHead>> {
+    let name = segment_name(seq);
+    objects
+        .head_bytes(&name, SEGMENT_HEAD as u64)?
+        .map(|b| format::segment_head(&b, objects.path(&name).as_ref()))
+        .transpose()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Takes ownership of `replica` for the store at `path`, restoring the
+/// file first when it must.
+pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Result<Prepared> {
+    let objects = Objects::new(Arc::clone(&replica.objects), replica.prefix.clone());
+    // 1. Claim.
+    let owners: Vec<u64> = objects
+        .list("owner")?
+        .iter()
+        .filter_map(|n| number_in(n, "owner"))
+        .collect();
+    let newest = owners.iter().copied().max().unwrap_or(0);
+    let epoch = newest + 1;
+    if epoch >= 1 << (64 - EPOCH_SHIFT) {
+        return Err(Error::InvalidConfig(format!(
+            "the replica at {} has used every epoch",
+            objects.path("")
+        )));
+    }
+    let owner = format::owner(&Owner {
+        epoch,
+        at_ms: now_ms(),
+        label: replica.label.clone(),
+    });
+    if objects.create(&owner_name(epoch), owner)? == Created::Exists {
+        let name = owner_name(epoch);
+        let who = objects
+            .get(&name)?
+            .and_then(|b| format::read_owner(&b, &name).ok())
+            .map_or_else(|| "another owner".into(), |o| format!("{:?}", o.label));
+        return Err(Error::Fenced(format!(
+            "{who} took epoch {epoch} of the replica at {} at the same time; this one \
+             opened nothing",
+            objects.path("")
+        )));
+    }
+    for old in owners.iter().filter(|e| **e + OWNERS_KEPT < epoch) {
+        let _ = objects.delete(&owner_name(*old));
+    }
+    // 2. Fence.
+    let last = objects
+        .list("seg")?
+        .iter()
+        .filter_map(|n| number_in(n, "seg"))
+        .max();
+    let mut before = match last {
+        Some(s) => head_of(&objects, s)?,
+        None => None,
+    };
+    let mut fence = last.map_or(0, |s| s + 1);
+    let mut placed = false;
+    for _ in 0..FENCE_TRIES {
+        let head = SegmentHead {
+            flags: FENCE,
+            epoch,
+            seq: fence,
+            max_row: before.map_or(0, |h| h.max_row),
+            commits: 0,
+        };
+        if objects.create(&segment_name(fence), format::segment(head, &[]))? == Created::Created {
+            placed = true;
+            break;
+        }
+        let taken = head_of(&objects, fence)?;
+        if let Some(h) = taken
+            && h.epoch > epoch
+        {
+            return Err(Error::Fenced(format!(
+                "epoch {} took the replica at {} while epoch {epoch} was taking it",
+                h.epoch,
+                objects.path("")
+            )));
+        }
+        before = taken;
+        fence += 1;
+    }
+    if !placed {
+        return Err(Error::Replica {
+            what: format!("fencing the replica at {}", objects.path("")),
+            source: "an earlier owner keeps filling the segment sequence".into(),
+        });
+    }
+    // 3. Choose.
+    let local_file = local_path(path);
+    let local = read_local(&local_file)?;
+    let file = ship::inspect(path)?;
+    let reason = match (&file, local, before) {
+        (None, _, None) => None,
+        (None, _, Some(_)) => Some(RestoreReason::Missing),
+        (Some(_), _, None) => None,
+        (Some(f), Some(l), Some(h)) if h.epoch == l.epoch => {
+            if (l.clean && l.seq < h.seq) || f.last_row < h.max_row {
+                Some(RestoreReason::Older)
+            } else {
+                None
+            }
+        }
+        (Some(_), Some(l), Some(h)) if h.epoch > l.epoch => Some(RestoreReason::Fenced),
+        (Some(_), _, Some(_)) => Some(RestoreReason::Foreign),
+    };
+    let (restored, reset, max_row) = match reason {
+        Some(reason) => {
+            let replaced = if file.is_some() {
+                let mut aside = path.as_os_str().to_owned();
+                aside.push(".replaced");
+                let aside = PathBuf::from(aside);
+                std::fs::rename(path, &aside)
+                    .map_err(|e| Error::Storage(crate::log::io_at(path, &e)))?;
+                Some(aside)
+            } else {
+                None
+            };
+            let upto = fence.saturating_sub(1);
+            let mut r = super::restore::restore(&objects, path, cache_bytes, upto, reason)?;
+            r.replaced = replaced;
+            tracing::info!(
+                records = r.records,
+                bytes = r.bytes,
+                seconds = r.duration.as_secs_f64(),
+                epoch,
+                ?reason,
+                "dedupkv store restored from its replica"
+            );
+            let max_row = ship::inspect(path)?.map_or(0, |f| f.last_row);
+            (Some(r), false, max_row)
+        }
+        None => {
+            // The file is the chain's (or the chain is empty): it goes on
+            // from the fence, after a RESET unless it is exactly the chain.
+            let exact = matches!((local, before), (Some(l), Some(h))
+                if l.clean && h.epoch == l.epoch && l.seq == h.seq);
+            (None, !exact, file.map_or(0, |f| f.last_row))
+        }
+    };
+    // 4. Record the epoch before the file is written.
+    write_local(
+        &local_file,
+        Local {
+            epoch,
+            seq: fence,
+            clean: false,
+        },
+    )?;
+    let synchronous = replica.mode == ReplicaMode::Synchronous;
+    let uploader = Uploader::start(
+        objects,
+        Settings {
+            mode: replica.mode,
+            interval: replica.segment_interval,
+            segment_bytes: replica.segment_bytes,
+            max_lag_bytes: replica.max_lag_bytes,
+            snapshot_after: replica.snapshot_after_bytes,
+            close_timeout: replica.close_timeout,
+            epoch,
+            local: local_file,
+        },
+        fence + 1,
+        max_row,
+        reset,
+        restored,
+    )?;
+    Ok(Prepared {
+        ship: Ship {
+            sink: Arc::clone(&uploader) as Arc<dyn crate::log::ship::Sink>,
+            synchronous,
+            behind: reset,
+        },
+        token_base: epoch << EPOCH_SHIFT,
+        uploader,
+    })
+}
