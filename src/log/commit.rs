@@ -78,6 +78,9 @@ pub(crate) struct Batch {
     /// The latest `at` of the batch's records: the commit persists it as
     /// the time floor once it passes the persisted one by `time_step`.
     max_at: u64,
+    /// Commit even if nothing else is in the batch (a replica wants a
+    /// view of the store, which it takes in a commit).
+    touched: bool,
 }
 
 impl Batch {
@@ -99,6 +102,7 @@ impl Batch {
             token_floor: None,
             time_floor: None,
             max_at: 0,
+            touched: false,
         }
     }
 
@@ -109,6 +113,7 @@ impl Batch {
             && self.trims.is_empty()
             && self.token_floor.is_none()
             && self.time_floor.is_none()
+            && !self.touched
     }
 
     /// Persists `floor` as the lowest token a reopened store may issue,
@@ -252,6 +257,11 @@ impl AckTarget for Shared {
                 w.wake_all();
             }
         }
+    }
+
+    fn commit_soon(&self) {
+        self.batch.lock().touched = true;
+        let _ = self.kick.try_send(());
     }
 
     fn fence(&self, why: String) {

@@ -130,6 +130,7 @@ pub(crate) struct Acks(pub(super) crate::sync::Weak<dyn AckTarget>);
 /// The log's side of [`Acks`].
 pub(crate) trait AckTarget: Send + Sync {
     fn replicated(&self, row: u64);
+    fn commit_soon(&self);
     fn fence(&self, why: String);
 }
 
@@ -138,6 +139,14 @@ impl Acks {
     pub(crate) fn replicated(&self, row: u64) {
         if let Some(t) = self.0.upgrade() {
             t.replicated(row);
+        }
+    }
+
+    /// Makes the log commit soon, even with nothing to commit (the sink
+    /// then gets a commit to take a view in).
+    pub(crate) fn commit_soon(&self) {
+        if let Some(t) = self.0.upgrade() {
+            t.commit_soon();
         }
     }
 

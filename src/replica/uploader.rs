@@ -416,8 +416,13 @@ impl Uploader {
         // Commits dropped here are in the coming view; what it covers.
         st.shipped_row = st.shipped_row.max(row);
         let Some(view) = view else {
-            // The view is still to come (its commit is being handed over).
+            // The view is still to come: with the commit being handed
+            // over, or with one the log makes for it.
+            self.want_view.store(true, Ordering::Release);
             drop(st);
+            if let Some(a) = self.acks.get() {
+                a.commit_soon();
+            }
             std::thread::sleep(Duration::from_millis(1));
             return Ok(false);
         };
@@ -434,6 +439,9 @@ impl Uploader {
             Err(e) => {
                 // The view is spent: the next commit brings another.
                 self.want_view.store(true, Ordering::Release);
+                if let Some(a) = self.acks.get() {
+                    a.commit_soon();
+                }
                 return Err(e);
             }
         };

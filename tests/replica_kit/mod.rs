@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use dedupkv::replica::object_store::path::Path;
 use dedupkv::replica::object_store::{
     self, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use futures_util::stream::BoxStream;
 
@@ -116,6 +116,9 @@ pub struct Faulty {
     pub delay_ms: AtomicU64,
     pub puts: AtomicU64,
     pub failed: AtomicU64,
+    /// The next owner object created is taken by a rival an instant
+    /// before (a lost race for the epoch).
+    pub rival_owner: AtomicBool,
 }
 
 impl Faulty {
@@ -127,6 +130,7 @@ impl Faulty {
             delay_ms: AtomicU64::new(0),
             puts: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            rival_owner: AtomicBool::new(false),
         })
     }
 
@@ -167,6 +171,11 @@ impl ObjectStore for Faulty {
         }
         self.refuse(location)?;
         self.puts.fetch_add(1, Ordering::SeqCst);
+        if location.as_ref().contains("/owner/") && self.rival_owner.swap(false, Ordering::SeqCst) {
+            self.inner
+                .put(location, PutPayload::from_static(b"a rival's owner object"))
+                .await?;
+        }
         self.inner.put_opts(location, payload, opts).await
     }
 
