@@ -179,24 +179,24 @@ fn several_segments(b: &Bucket, path: &std::path::Path) -> TestResult<Vec<String
         assert!(s.insert_if_absent(&Key::new("t", &format!("k{i}")))?);
     }
     drop(s);
-    let mut segs: Vec<String> = list(b, "seg")?;
+    let mut segs: Vec<String> = list(b, "seg");
     segs.sort();
     Ok(segs)
 }
 
-fn list(b: &Bucket, dir: &str) -> TestResult<Vec<String>> {
+fn list(b: &Bucket, dir: &str) -> Vec<String> {
     use futures_util::StreamExt;
     let prefix = dedupkv::replica::object_store::path::Path::from(format!("{}/{dir}", b.at("s")));
     let objects = Arc::clone(&b.objects);
     let rt = tokio_rt();
-    Ok(rt.block_on(async move {
+    rt.block_on(async move {
         let mut out = Vec::new();
         let mut l = objects.list(Some(&prefix));
         while let Some(m) = l.next().await {
             out.push(m.expect("list").location.to_string());
         }
         out
-    }))
+    })
 }
 
 fn tokio_rt() -> tokio::runtime::Runtime {
@@ -270,7 +270,7 @@ fn a_damaged_snapshot_part_is_an_error_naming_it() -> TestResult {
     let b = Bucket::new();
     let dir = tempfile::tempdir()?;
     several_segments(&b, &dir.path().join("a.redb"))?;
-    let parts: Vec<String> = list(&b, "snap")?
+    let parts: Vec<String> = list(&b, "snap")
         .into_iter()
         .filter(|n| n.contains("part-"))
         .collect();

@@ -80,7 +80,7 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// `bytes` without its checksum, once the checksum and `magic` match.
-    fn open(bytes: &'a [u8], magic: &[u8; 8], what: &'a str) -> Result<Reader<'a>> {
+    fn open(bytes: &'a [u8], magic: [u8; 8], what: &'a str) -> Result<Reader<'a>> {
         if bytes.len() < 16 {
             return Err(damaged(what, "it is too short"));
         }
@@ -90,7 +90,7 @@ impl<'a> Reader<'a> {
         if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(want) {
             return Err(damaged(what, "it fails its checksum"));
         }
-        if &body[..8] != magic {
+        if body[..8] != magic {
             return Err(damaged(what, "it is not an object of this kind"));
         }
         Ok(Reader {
@@ -241,7 +241,7 @@ pub(crate) fn segment_head(bytes: &[u8], what: &str) -> Result<SegmentHead> {
 
 /// Decodes a whole segment, checksum first.
 pub(crate) fn read_segment(bytes: &[u8], what: &str) -> Result<(SegmentHead, Vec<Shipped>)> {
-    let mut r = Reader::open(bytes, SEGMENT, what)?;
+    let mut r = Reader::open(bytes, *SEGMENT, what)?;
     let head = SegmentHead {
         flags: r.u8()?,
         epoch: r.u64()?,
@@ -312,7 +312,7 @@ pub(crate) fn read_part(
     part: u32,
     what: &str,
 ) -> Result<Vec<(u64, u64, Vec<u8>)>> {
-    let mut r = Reader::open(bytes, PART, what)?;
+    let mut r = Reader::open(bytes, *PART, what)?;
     if r.u64()? != seq || r.u32()? != part {
         return Err(damaged(what, "it belongs to another snapshot or place"));
     }
@@ -362,7 +362,7 @@ pub(crate) fn index(ix: &Index) -> Vec<u8> {
 
 /// Decodes a snapshot index.
 pub(crate) fn read_index(bytes: &[u8], what: &str) -> Result<Index> {
-    let mut r = Reader::open(bytes, INDEX, what)?;
+    let mut r = Reader::open(bytes, *INDEX, what)?;
     let (epoch, seq, max_row, rows, total) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
     let n = r.u32()? as usize;
     if n > bytes.len() / 16 {
@@ -411,7 +411,7 @@ pub(crate) fn owner(o: &Owner) -> Vec<u8> {
 
 /// Decodes an owner object.
 pub(crate) fn read_owner(bytes: &[u8], what: &str) -> Result<Owner> {
-    let mut r = Reader::open(bytes, OWNER, what)?;
+    let mut r = Reader::open(bytes, *OWNER, what)?;
     let (epoch, at_ms) = (r.u64()?, r.u64()?);
     let label = String::from_utf8_lossy(r.bytes()?).into_owned();
     r.done()?;
@@ -444,7 +444,7 @@ pub(crate) fn local(l: Local) -> Vec<u8> {
 
 /// Decodes the local state.
 pub(crate) fn read_local(bytes: &[u8], what: &str) -> Result<Local> {
-    let mut r = Reader::open(bytes, LOCAL, what)?;
+    let mut r = Reader::open(bytes, *LOCAL, what)?;
     let l = Local {
         epoch: r.u64()?,
         seq: r.u64()?,

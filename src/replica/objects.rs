@@ -33,6 +33,19 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime> {
     })
 }
 
+/// Runs `fut` on the replica's runtime and waits for it.
+fn block<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> Result<T> {
+    let rt = runtime()?;
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    rt.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv().map_err(|_| Error::Io {
+        what: "waiting for the replica's runtime",
+        source: std::io::Error::other("the task was dropped"),
+    })
+}
+
 /// What a create-only write found.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Created {
@@ -71,22 +84,6 @@ impl Objects {
         p
     }
 
-    /// Runs `fut` on the replica's runtime and waits for it.
-    pub(crate) fn block<T: Send + 'static>(
-        &self,
-        fut: impl Future<Output = T> + Send + 'static,
-    ) -> Result<T> {
-        let rt = runtime()?;
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        rt.spawn(async move {
-            let _ = tx.send(fut.await);
-        });
-        rx.recv().map_err(|_| Error::Io {
-            what: "waiting for the replica's runtime",
-            source: std::io::Error::other("the task was dropped"),
-        })
-    }
-
     /// Starts fetching `name` now; the receiver yields it (or `None`
     /// when it does not exist).
     pub(crate) fn prefetch(
@@ -111,7 +108,7 @@ impl Objects {
     /// Writes `bytes` at `name` unless an object is there.
     pub(crate) fn create(&self, name: &str, bytes: Vec<u8>) -> Result<Created> {
         let (store, path) = (Arc::clone(&self.store), self.path(name));
-        let out = self.block(async move {
+        let out = block(async move {
             let opts = PutOptions {
                 mode: PutMode::Create,
                 ..PutOptions::default()
@@ -128,7 +125,7 @@ impl Objects {
     /// Writes `bytes` at `name`, replacing what is there.
     pub(crate) fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
         let (store, path) = (Arc::clone(&self.store), self.path(name));
-        self.block(async move { store.put(&path, PutPayload::from(bytes)).await })?
+        block(async move { store.put(&path, PutPayload::from(bytes)).await })?
             .map(|_| ())
             .map_err(|e| failed(format!("writing {}", self.path(name)), e))
     }
@@ -147,7 +144,7 @@ impl Objects {
     /// The first `len` bytes of `name` (fewer if it is shorter), or `None`.
     pub(crate) fn head_bytes(&self, name: &str, len: u64) -> Result<Option<Bytes>> {
         let (store, path) = (Arc::clone(&self.store), self.path(name));
-        let out = self.block(async move {
+        let out = block(async move {
             let size = match store.head(&path).await {
                 Ok(m) => m.size,
                 Err(object_store::Error::NotFound { .. }) => return Ok(None),
@@ -165,7 +162,7 @@ impl Objects {
     /// The names under `dir` (relative to the prefix), sorted.
     pub(crate) fn list(&self, dir: &str) -> Result<Vec<String>> {
         let (store, path) = (Arc::clone(&self.store), self.path(dir));
-        let out = self.block(async move {
+        let out = block(async move {
             let mut names = Vec::new();
             let mut s = store.list(Some(&path));
             while let Some(m) = s.next().await {
@@ -189,7 +186,7 @@ impl Objects {
     /// Deletes `name` (nothing if it is gone already).
     pub(crate) fn delete(&self, name: &str) -> Result<()> {
         let (store, path) = (Arc::clone(&self.store), self.path(name));
-        match self.block(async move { store.delete(&path).await })? {
+        match block(async move { store.delete(&path).await })? {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(failed(format!("deleting {}", self.path(name)), e)),
         }

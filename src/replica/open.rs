@@ -69,18 +69,14 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Takes ownership of `replica` for the store at `path`, restoring the
-/// file first when it must.
-pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Result<Prepared> {
-    let objects = Objects::new(Arc::clone(&replica.objects), replica.prefix.clone());
-    // 1. Claim.
+/// Step 1: the epoch after the newest, taken create-only.
+fn claim(objects: &Objects, label: &str) -> Result<u64> {
     let owners: Vec<u64> = objects
         .list("owner")?
         .iter()
         .filter_map(|n| number_in(n, "owner"))
         .collect();
-    let newest = owners.iter().copied().max().unwrap_or(0);
-    let epoch = newest + 1;
+    let epoch = owners.iter().copied().max().unwrap_or(0) + 1;
     if epoch >= 1 << (64 - EPOCH_SHIFT) {
         return Err(Error::InvalidConfig(format!(
             "the replica at {} has used every epoch",
@@ -90,7 +86,7 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
     let owner = format::owner(&Owner {
         epoch,
         at_ms: now_ms(),
-        label: replica.label.clone(),
+        label: label.to_string(),
     });
     if objects.create(&owner_name(epoch), owner)? == Created::Exists {
         let name = owner_name(epoch);
@@ -107,31 +103,35 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
     for old in owners.iter().filter(|e| **e + OWNERS_KEPT < epoch) {
         let _ = objects.delete(&owner_name(*old));
     }
-    // 2. Fence.
+    Ok(epoch)
+}
+
+/// Step 2: this epoch's first segment at the first free place. Returns
+/// its place and the head of the segment before it (where the earlier
+/// epoch ended), if any.
+fn fence(objects: &Objects, epoch: u64) -> Result<(u64, Option<SegmentHead>)> {
     let last = objects
         .list("seg")?
         .iter()
         .filter_map(|n| number_in(n, "seg"))
         .max();
     let mut before = match last {
-        Some(s) => head_of(&objects, s)?,
+        Some(s) => head_of(objects, s)?,
         None => None,
     };
-    let mut fence = last.map_or(0, |s| s + 1);
-    let mut placed = false;
-    for _ in 0..FENCE_TRIES {
+    let first = last.map_or(0, |s| s + 1);
+    for place in first..first.saturating_add(FENCE_TRIES) {
         let head = SegmentHead {
             flags: FENCE,
             epoch,
-            seq: fence,
+            seq: place,
             max_row: before.map_or(0, |h| h.max_row),
             commits: 0,
         };
-        if objects.create(&segment_name(fence), format::segment(head, &[]))? == Created::Created {
-            placed = true;
-            break;
+        if objects.create(&segment_name(place), format::segment(head, &[]))? == Created::Created {
+            return Ok((place, before));
         }
-        let taken = head_of(&objects, fence)?;
+        let taken = head_of(objects, place)?;
         if let Some(h) = taken
             && h.epoch > epoch
         {
@@ -142,72 +142,87 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
             )));
         }
         before = taken;
-        fence += 1;
     }
-    if !placed {
-        return Err(Error::Replica {
-            what: format!("fencing the replica at {}", objects.path("")),
-            source: "an earlier owner keeps filling the segment sequence".into(),
-        });
-    }
-    // 3. Choose.
-    let local_file = local_path(path);
-    let local = read_local(&local_file)?;
-    let file = ship::inspect(path)?;
-    let reason = match (&file, local, before) {
-        (None, _, None) => None,
+    Err(Error::Replica {
+        what: format!("fencing the replica at {}", objects.path("")),
+        source: "an earlier owner keeps filling the segment sequence".into(),
+    })
+}
+
+/// Step 3: why the local file must be restored, if it must.
+fn choose(
+    file: Option<&ship::LocalFile>,
+    local: Option<Local>,
+    before: Option<SegmentHead>,
+) -> Option<RestoreReason> {
+    match (file, local, before) {
+        (_, _, None) => None,
         (None, _, Some(_)) => Some(RestoreReason::Missing),
-        (Some(_), _, None) => None,
         (Some(f), Some(l), Some(h)) if h.epoch == l.epoch => {
-            if (l.clean && l.seq < h.seq) || f.last_row < h.max_row {
-                Some(RestoreReason::Older)
-            } else {
-                None
-            }
+            ((l.clean && l.seq < h.seq) || f.last_row < h.max_row).then_some(RestoreReason::Older)
         }
         (Some(_), Some(l), Some(h)) if h.epoch > l.epoch => Some(RestoreReason::Fenced),
         (Some(_), _, Some(_)) => Some(RestoreReason::Foreign),
+    }
+}
+
+/// Restores the file at `path` from the chain up to `upto`, moving the
+/// local file (if any) aside first.
+fn restore_aside(
+    objects: &Objects,
+    path: &Path,
+    cache_bytes: usize,
+    upto: u64,
+    reason: RestoreReason,
+) -> Result<super::Restored> {
+    let replaced = if path.exists() {
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".replaced");
+        let aside = PathBuf::from(aside);
+        std::fs::rename(path, &aside).map_err(|e| Error::Storage(crate::log::io_at(path, &e)))?;
+        Some(aside)
+    } else {
+        None
     };
-    let (restored, reset, max_row) = match reason {
-        Some(reason) => {
-            let replaced = if file.is_some() {
-                let mut aside = path.as_os_str().to_owned();
-                aside.push(".replaced");
-                let aside = PathBuf::from(aside);
-                std::fs::rename(path, &aside)
-                    .map_err(|e| Error::Storage(crate::log::io_at(path, &e)))?;
-                Some(aside)
-            } else {
-                None
-            };
-            let upto = fence.saturating_sub(1);
-            let mut r = super::restore::restore(&objects, path, cache_bytes, upto, reason)?;
-            r.replaced = replaced;
-            tracing::info!(
-                records = r.records,
-                bytes = r.bytes,
-                seconds = r.duration.as_secs_f64(),
-                epoch,
-                ?reason,
-                "dedupkv store restored from its replica"
-            );
-            let max_row = ship::inspect(path)?.map_or(0, |f| f.last_row);
-            (Some(r), false, max_row)
-        }
-        None => {
-            // The file is the chain's (or the chain is empty): it goes on
-            // from the fence, after a RESET unless it is exactly the chain.
-            let exact = matches!((local, before), (Some(l), Some(h))
-                if l.clean && h.epoch == l.epoch && l.seq == h.seq);
-            (None, !exact, file.map_or(0, |f| f.last_row))
-        }
+    let mut r = super::restore::restore(objects, path, cache_bytes, upto, reason)?;
+    r.replaced = replaced;
+    tracing::info!(
+        records = r.records,
+        bytes = r.bytes,
+        seconds = r.duration.as_secs_f64(),
+        ?reason,
+        "dedupkv store restored from its replica"
+    );
+    Ok(r)
+}
+
+/// Takes ownership of `replica` for the store at `path`, restoring the
+/// file first when it must.
+pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Result<Prepared> {
+    let objects = Objects::new(Arc::clone(&replica.objects), replica.prefix.clone());
+    let epoch = claim(&objects, &replica.label)?;
+    let (place, before) = fence(&objects, epoch)?;
+    let local_file = local_path(path);
+    let local = read_local(&local_file)?;
+    let file = ship::inspect(path)?;
+    let (restored, reset, max_row) = if let Some(reason) = choose(file.as_ref(), local, before) {
+        let upto = place.saturating_sub(1);
+        let r = restore_aside(&objects, path, cache_bytes, upto, reason)?;
+        let max_row = ship::inspect(path)?.map_or(0, |f| f.last_row);
+        (Some(r), false, max_row)
+    } else {
+        // The file is the chain's (or the chain is empty): it goes on
+        // from the fence, after a RESET unless it is exactly the chain.
+        let exact = matches!((local, before), (Some(l), Some(h))
+            if l.clean && h.epoch == l.epoch && l.seq == h.seq);
+        (None, !exact, file.map_or(0, |f| f.last_row))
     };
-    // 4. Record the epoch before the file is written.
+    // Step 4: record the epoch before the file is written.
     write_local(
         &local_file,
         Local {
             epoch,
-            seq: fence,
+            seq: place,
             clean: false,
         },
     )?;
@@ -224,7 +239,7 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
             epoch,
             local: local_file,
         },
-        fence + 1,
+        place + 1,
         max_row,
         reset,
         restored,

@@ -54,7 +54,8 @@ fn each_fetched(
     names: &[String],
     mut each: impl FnMut(usize, &str, Bytes) -> Result<()>,
 ) -> Result<()> {
-    let mut pending: std::collections::VecDeque<(usize, Fetch)> = Default::default();
+    let mut pending: std::collections::VecDeque<(usize, Fetch)> =
+        std::collections::VecDeque::default();
     let mut next = 0;
     loop {
         while pending.len() < AHEAD && next < names.len() {

@@ -49,7 +49,7 @@ pub(crate) fn write(
         let bytes = format::part(seq, n, rows);
         let sum = xxhash_rust::xxh3::xxh3_64(&bytes);
         let len = bytes.len() as u64;
-        put_retrying(objects, &part_name(seq, n), bytes)?;
+        put_retrying(objects, &part_name(seq, n), &bytes)?;
         ix.parts.push((len, sum));
         ix.bytes += len;
         rows.clear();
@@ -73,16 +73,16 @@ pub(crate) fn write(
     }
     let bytes = format::index(&ix);
     ix.bytes += bytes.len() as u64;
-    put_retrying(objects, &index_name(seq), bytes)?;
+    put_retrying(objects, &index_name(seq), &bytes)?;
     Ok(ix)
 }
 
 /// A write retried a few times (a part is written again whole).
-fn put_retrying(objects: &Objects, name: &str, bytes: Vec<u8>) -> Result<()> {
+fn put_retrying(objects: &Objects, name: &str, bytes: &[u8]) -> Result<()> {
     let mut wait = std::time::Duration::from_millis(20);
     let mut tries = 0;
     loop {
-        match objects.put(name, bytes.clone()) {
+        match objects.put(name, bytes.to_vec()) {
             Ok(()) => return Ok(()),
             Err(e) if tries >= 5 => return Err(e),
             Err(_) => {

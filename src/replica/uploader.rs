@@ -56,6 +56,7 @@ enum Item {
 }
 
 #[derive(Default)]
+#[allow(clippy::struct_excessive_bools)] // independent conditions of one queue
 struct State {
     queue: VecDeque<Item>,
     bytes: usize,
@@ -300,7 +301,7 @@ impl Uploader {
         drop(st);
         let body = format::segment(head, &commits);
         let len = body.len() as u64;
-        self.create_segment(head.seq, body)?;
+        self.create_segment(head.seq, &body)?;
         let mut st = self.state.lock();
         let row = commits.last().map_or(0, |c| c.row);
         for _ in 0..commits.len() {
@@ -452,7 +453,7 @@ impl Uploader {
             max_row: ix.max_row,
             commits: 0,
         };
-        self.create_segment(seq, format::segment(head, &[]))?;
+        self.create_segment(seq, &format::segment(head, &[]))?;
         let mut st = self.state.lock();
         st.reset_pending = false;
         st.next_seq = seq + 1;
@@ -475,14 +476,14 @@ impl Uploader {
 
     /// Creates segment `seq`; a place taken by another owner fences this
     /// one (an error that is never retried: the thread stops).
-    fn create_segment(&self, seq: u64, body: Vec<u8>) -> Result<()> {
+    fn create_segment(&self, seq: u64, body: &[u8]) -> Result<()> {
         let name = segment_name(seq);
-        match self.objects.create(&name, body.clone())? {
+        match self.objects.create(&name, body.to_vec())? {
             Created::Created => Ok(()),
             Created::Exists => {
                 // Ours, if an earlier attempt went through unseen.
                 let there = self.objects.get(&name)?;
-                if there.as_deref() == Some(&body[..]) {
+                if there.as_deref() == Some(body) {
                     return Ok(());
                 }
                 let theirs = there

@@ -223,3 +223,13 @@ impl ObjectStore for Faulty {
 
 /// What a replica test returns.
 pub type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// The objects of a bucket made by [`Bucket::new`] in another process:
+/// local files under `dir`, or the S3 API.
+pub fn objects_at(dir: Option<&std::path::Path>) -> Arc<dyn ObjectStore> {
+    if let Some(b) = s3() {
+        return b;
+    }
+    let dir = dir.expect("a bucket directory");
+    Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir).expect("local"))
+}
