@@ -229,19 +229,41 @@ impl Restorer {
         Ok(())
     }
 
-    /// Applies one shipped commit, as the log applied it.
-    pub(crate) fn apply(&self, c: Shipped) -> Result<()> {
-        let trims: Vec<(u64, RangeInclusive<u64>)> =
-            c.trims.into_iter().map(|(b, s, e)| (b, s..=e)).collect();
+    /// Applies shipped commits in order, as one storage commit. Only the
+    /// first may delete tables or rows (a commit's deletions come before
+    /// its writes, so later deletions would move ahead of earlier writes);
+    /// [`Restorer::can_join`] says whether a commit may join a group.
+    pub(crate) fn apply(&self, group: Vec<Shipped>) -> Result<()> {
+        let mut it = group.into_iter();
+        let Some(first) = it.next() else {
+            return Ok(());
+        };
+        let trims: Vec<(u64, RangeInclusive<u64>)> = first
+            .trims
+            .into_iter()
+            .map(|(b, s, e)| (b, s..=e))
+            .collect();
+        let (mut rows, mut raw_meta) = (first.rows, first.meta);
+        for c in it {
+            debug_assert!(Self::can_join(&c));
+            rows.extend(c.rows);
+            raw_meta.extend(c.meta);
+        }
         self.db.commit(Commit {
             quick_repair: false,
-            drop_buckets: &c.drops,
+            drop_buckets: &first.drops,
             trims,
-            rows: c.rows,
+            rows,
             meta: Vec::new(),
-            raw_meta: c.meta,
+            raw_meta,
         })?;
         Ok(())
+    }
+
+    /// Whether `c` may join a group after its first commit (it deletes
+    /// nothing).
+    pub(crate) fn can_join(c: &Shipped) -> bool {
+        c.drops.is_empty() && c.trims.is_empty()
     }
 
     /// Closes the rebuilt file and moves it to the store's path (replacing

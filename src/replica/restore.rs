@@ -27,6 +27,8 @@ use crate::{Error, Result};
 
 /// Objects fetched ahead of the one being written.
 const AHEAD: usize = 8;
+/// Bytes of segment commits written per storage commit.
+const GROUP_BYTES: usize = 64 << 20;
 
 type Fetch = Receiver<std::result::Result<Option<Bytes>, object_store::Error>>;
 
@@ -170,6 +172,9 @@ pub(crate) fn restore(
         }
     }
     let mut epoch = ix.epoch;
+    // Commits are written a group per storage commit (one sync each).
+    let mut group: Vec<crate::log::ship::Shipped> = Vec::new();
+    let mut group_bytes = 0;
     each_fetched(objects, &names, |i, name, bytes| {
         let what = objects.path(name);
         let (head, commits) = format::read_segment(&bytes, what.as_ref())?;
@@ -195,10 +200,16 @@ pub(crate) fn restore(
         report.segments += 1;
         for c in commits {
             count(&mut report, &c.rows);
-            out.apply(c)?;
+            if group_bytes >= GROUP_BYTES || !Restorer::can_join(&c) {
+                out.apply(std::mem::take(&mut group))?;
+                group_bytes = 0;
+            }
+            group_bytes += c.bytes();
+            group.push(c);
         }
         Ok(())
     })?;
+    out.apply(group)?;
     out.finish()?;
     report.duration = t0.elapsed();
     Ok(report)

@@ -60,6 +60,8 @@ enum Item {
 struct State {
     queue: VecDeque<Item>,
     bytes: usize,
+    /// Views in the queue.
+    views: usize,
     /// The place of the next segment.
     next_seq: u64,
     /// The newest row any shipped commit wrote (see `SegmentHead::max_row`).
@@ -239,7 +241,7 @@ impl Uploader {
                     || self.synchronous()
                     || st.bytes >= self.cfg.segment_bytes
                     || age >= self.cfg.interval
-                    || st.queue.iter().any(|i| matches!(i, Item::View(_)));
+                    || st.views > 0;
                 if due {
                     break;
                 }
@@ -345,6 +347,7 @@ impl Uploader {
         let Some(Item::View(view)) = st.queue.pop_front() else {
             return;
         };
+        st.views -= 1;
         let (Some(seq), false) = (st.last_segment, st.snapshotting) else {
             return;
         };
@@ -409,6 +412,7 @@ impl Uploader {
                     st.handed_row = st.handed_row.max(c.row);
                 }
                 Item::View(v) => {
+                    st.views -= 1;
                     view = Some(v);
                     break;
                 }
@@ -556,12 +560,25 @@ impl Sink for Uploader {
         if st.fenced.is_some() || st.done {
             return;
         }
+        // The uploader needs waking only when this changes what it waits
+        // for: a first commit (its interval starts), a full segment, a
+        // view, or any commit of a synchronous replica.
+        let was_empty = st.queue.is_empty();
+        let was_short = st.bytes < self.cfg.segment_bytes;
         st.bytes += commit.bytes();
         st.queue.push_back(Item::Commit(commit, Instant::now()));
+        let wake = self.synchronous()
+            || was_empty
+            || st.flush
+            || view.is_some()
+            || (was_short && st.bytes >= self.cfg.segment_bytes);
         if let Some(v) = view {
             st.queue.push_back(Item::View(v));
+            st.views += 1;
         }
-        self.more.notify_one();
+        if wake {
+            self.more.notify_one();
+        }
     }
 
     fn closed(&self) {
