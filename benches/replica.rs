@@ -10,7 +10,8 @@
 //! run under `scripts/with-s3.sh` for moto's column). Without the feature
 //! it measures the plain store only: run both to see the seam's cost.
 //! `DEDUPKV_BENCH_SECS` per figure (default 3), `DEDUPKV_BENCH_RUNS`
-//! (default 3, medians).
+//! (default 3, medians); `DEDUPKV_BENCH_ONLY=none` (the plain store only)
+//! or `=restore`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::cast_precision_loss)]
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
@@ -141,6 +142,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn modes() -> Vec<Mode> {
+    if std::env::var("DEDUPKV_BENCH_ONLY").is_ok_and(|v| v == "none") {
+        return vec![Mode::None];
+    }
     #[cfg(feature = "replica")]
     return vec![Mode::None, Mode::Async, Mode::Sync];
     #[cfg(not(feature = "replica"))]
@@ -205,7 +209,9 @@ fn main() {
         }
     }
     #[cfg(feature = "replica")]
-    restore(env_or("DEDUPKV_BENCH_KEYS", 1_000_000));
+    if std::env::var("DEDUPKV_BENCH_ONLY").is_err() || only_restore {
+        restore(env_or("DEDUPKV_BENCH_KEYS", 1_000_000));
+    }
 }
 
 fn dir_bytes(p: &std::path::Path) -> u64 {
