@@ -15,6 +15,7 @@ use std::time::SystemTime;
 
 use super::Engine;
 use super::input::{CLAIM_BYTES, key_bytes};
+use super::reconcile::Completion;
 use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
@@ -499,9 +500,19 @@ impl Engine {
             let mut batch = self.log.batch()?;
             let row = w.append(self, &mut batch, next, &mut rec);
             match kind {
-                // Counted for reconciliation, in the outcome's commit.
+                // Counted for reconciliation, with the outcome.
                 Kind::Complete => row
-                    .max(self.count_completion(&mut batch, claim.key.scope(), now, amount))
+                    .max(self.count_completion(
+                        &mut shard,
+                        &mut batch,
+                        &Completion {
+                            scope,
+                            id,
+                            provider_key: claim.provider_key,
+                            at,
+                            amount,
+                        },
+                    ))
                     .max(self.close_intent(
                         &mut shard,
                         &mut batch,

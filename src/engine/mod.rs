@@ -17,8 +17,9 @@
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
 //!   until requeued or resolved);
 //! - [`intents`]: intents recorded before external calls (an outbox);
-//! - [`reconcile`]: per-window counts of completions, against the
-//!   system of record;
+//! - [`reconcile`]: per-window counts of completions (and, for a scope
+//!   that keeps them, their keys); [`reconcile_keys`]: those keys against
+//!   the system of record's;
 //! - [`listings`]: what an operator lists (dead letters, held events,
 //!   stranded claims), oldest first, paged;
 //! - [`evict`]: retention, bucket by bucket; [`background`]: the threads;
@@ -52,6 +53,7 @@ pub(crate) mod open;
 pub(crate) mod order;
 pub(crate) mod read;
 pub(crate) mod reconcile;
+pub(crate) mod reconcile_keys;
 pub(crate) mod time;
 pub(crate) mod tokens;
 pub(crate) mod write;

@@ -54,9 +54,8 @@
 //!
 //! Tallies (`CompleteWithAmount`, `Tallies`): every completion (complete,
 //! `complete_batch`, resolve Completed) counts in its scope's window
-//! (`RECONCILE_WINDOW`), the record kept `RECONCILE_RETENTION` after the
-//! window's last one, in no earlier bucket; eviction or an open past its
-//! bucket drops the window.
+//! (`RECONCILE_WINDOW`), kept `RECONCILE_RETENTION` after the window's
+//! end; eviction or an open past that bucket drops the window.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -461,7 +460,7 @@ struct MIntent {
     bucket: u64,
 }
 
-/// A window's totals, and the bucket of its latest record.
+/// A window's totals, and the bucket its retention ends in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct MTally {
     count: u64,
@@ -599,7 +598,7 @@ impl Model {
             });
         t.count += 1;
         t.sum += i128::from(amount);
-        t.bucket = t.bucket.max((now + RECONCILE_RETENTION) / g);
+        t.bucket = (start + RECONCILE_WINDOW + RECONCILE_RETENTION) / g;
     }
 
     /// The operation of `k` finished (complete, permanent failure,
