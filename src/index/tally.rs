@@ -169,6 +169,13 @@ impl ShardTallies {
 
     /// Takes out every window that starts before `start`.
     pub(crate) fn take_before(&mut self, start: u64, out: &mut Vec<(Vec<u8>, u64, Window)>) {
+        if self
+            .scopes
+            .values()
+            .all(|windows| windows.iter().all(|(s, _)| *s >= start))
+        {
+            return;
+        }
         self.scopes.retain(|scope, windows| {
             let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(windows)
                 .into_iter()
