@@ -9,7 +9,9 @@
 //!
 //! `cargo bench --bench effects` (`DEDUPKV_BENCH_RUNS` runs per figure,
 //! default 5; `DEDUPKV_EFFECTS_OPS_1` and `DEDUPKV_EFFECTS_OPS_16`
-//! operations per worker, defaults 1,000 and 500).
+//! operations per worker, defaults 1,000 and 500;
+//! `DEDUPKV_EFFECTS_DEFERRED=1` for `Durability::Deferred` (10 ms), which
+//! takes the syncs out and leaves the engine's own cost).
 #![allow(missing_docs, clippy::unwrap_used, clippy::cast_precision_loss)]
 
 #[path = "common/mod.rs"]
@@ -19,7 +21,7 @@ use common::env_or;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Barrier;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dedupkv::{Begin, BeginOptions, Durability, Fingerprint, Intent, Key, Store};
 
@@ -90,7 +92,7 @@ impl Shape {
 /// a fresh store. Returns (ops/s, durable commits per op).
 fn run(dir: &Path, shape: Shape, workers: usize, per: usize, tag: usize) -> (f64, f64) {
     let store = Store::builder()
-        .durability(Durability::Immediate)
+        .durability(durability())
         .open(dir.join(format!("effects-{tag}.redb")))
         .unwrap();
     let barrier = Barrier::new(workers);
@@ -113,6 +115,16 @@ fn run(dir: &Path, shape: Shape, workers: usize, per: usize, tag: usize) -> (f64
     let commits = store.stats().commits - commits0;
     assert_eq!(store.stats().completed, (workers * per) as u64);
     (ops / secs, commits as f64 / ops)
+}
+
+fn durability() -> Durability {
+    if env_or("DEDUPKV_EFFECTS_DEFERRED", 0) == 1 {
+        Durability::Deferred {
+            max_delay: Duration::from_millis(10),
+        }
+    } else {
+        Durability::Immediate
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -169,8 +181,12 @@ fn main() {
         println!("{line}");
         writeln!(out, "{line}").unwrap();
     };
+    let mode = match durability() {
+        Durability::Immediate => "Immediate",
+        _ => "Deferred 10 ms",
+    };
     row(format!(
-        "dedupkv effects bench: Immediate, {per_1} ops (1 worker) / {per_16} ops per worker (16 workers), {runs} alternating runs, medians"
+        "dedupkv effects bench: {mode}, {per_1} ops (1 worker) / {per_16} ops per worker (16 workers), {runs} alternating runs, medians"
     ));
     row(String::new());
     row("| workers | per operation | ops/s | commits/op | ops/s ÷ begin + complete, same round (range) | commits/op − begin + complete |".into());
