@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use std::time::Duration;
 
 use crate::clock::to_system_time;
-use crate::codec::{TAG_JSON, TAG_RAW};
+use crate::codec::{self, TAG_RAW};
 use crate::engine::{Begun, Engine, Ticket};
 use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Record};
 #[cfg(doc)]
@@ -427,45 +427,60 @@ impl Store {
             .complete(claim.ticket(), (TAG_RAW, outcome), Some(ms), 0)
     }
 
-    /// Completes a claim with a typed outcome, stored as JSON (`serde_json`);
-    /// read it back with [`Record::outcome_as`].
+    /// Completes a claim with a typed outcome, stored as CBOR (RFC 8949, a
+    /// self-describing binary encoding); read it back with
+    /// [`Record::outcome_as`].
+    ///
+    /// Every value serde can serialize reads back as its type: NaN (with
+    /// its sign and payload), infinities and `-0.0` bit for bit, the whole
+    /// `u128`/`i128` range, bytes (`serde_bytes` or `Vec<u8>`), maps with any
+    /// key type, and every serde attribute: `rename`/`rename_all`,
+    /// `default`, `skip_serializing_if`, `flatten`, and externally,
+    /// internally (`tag`), adjacently (`tag` + `content`) tagged and
+    /// `untagged` enums. One bit is not kept: an `f32` signalling NaN reads
+    /// back quiet (same sign and payload); every `f64` reads back exactly.
+    /// (A value that CBOR does not read back but JSON does, such as a `()`
+    /// inside a `flatten`ed or `untagged` type, is stored as JSON, as
+    /// earlier builds stored every typed outcome.)
     ///
     /// The value is encoded, then decoded back as `T` before anything is
     /// recorded: an outcome that would be stored but could not be replayed
-    /// is refused, and the claim stays usable (complete it with another
-    /// value, or fail it). Every serde attribute that `serde_json` round-trips
-    /// is supported: `rename`/`rename_all`, `default`,
-    /// `skip_serializing_if`, `flatten`, and externally, internally
-    /// (`tag`), adjacently (`tag` + `content`) tagged and `untagged` enums.
-    /// Not supported, and refused here: non-finite floats (JSON has no NaN
-    /// or infinity; they encode as `null`), map keys that JSON cannot
-    /// write as strings (a tuple or struct key), nesting deeper than 128
-    /// levels. JSON also cannot tell `Some(None)` from `None` in an
-    /// `Option<Option<_>>`: that reads back as `None`.
+    /// is refused, and the claim stays usable (the work already happened:
+    /// complete it with bytes or another value, or fail it). Refused that
+    /// way is what serde cannot read back from any self-describing
+    /// encoding, a `u128`/`i128` inside a `flatten`ed, `untagged` or
+    /// internally tagged type (serde buffers those without 128-bit
+    /// integers), and a `Serialize` that fails or nests deeper than 128
+    /// levels. What such an encoding cannot tell apart reads back as one
+    /// value: `Some(None)` and `Some(())` as `None`.
     ///
     /// # Errors
     /// [`Error::Codec`] if the value cannot be encoded, or "cannot be read
-    /// back" as `T`; nothing is recorded then. Otherwise as
-    /// [`complete`](Self::complete).
+    /// back" as `T`; [`Error::InvalidInput`] if its encoding is over
+    /// `max_outcome_len`. Nothing is recorded then, and the claim can still
+    /// be completed or failed. Otherwise as [`complete`](Self::complete).
     ///
     /// # Examples
     /// ```
-    /// # use dedupkv::{Begin, Error, Fingerprint, Key, Store};
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let store = Store::open(dir.path().join("s.redb"))?;
-    /// let Begin::Started(claim) = store.begin(&Key::new("t", "e"), Fingerprint::NONE)? else { unreachable!() };
-    /// // NaN would be stored as `null`, which does not read back as an f64:
-    /// assert!(matches!(store.complete_value(&claim, &f64::NAN), Err(Error::Codec(_))));
-    /// store.complete_value(&claim, &1.5f64)?;
+    /// # let key = Key::new("t", "quote");
+    /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// // (ratio, limit): 0/0 and unbounded are ordinary values.
+    /// store.complete_value(&claim, &(f64::NAN, f64::INFINITY))?;
+    /// let Begin::Completed(rec) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// let (ratio, limit): (f64, f64) = rec.outcome_as()?;
+    /// assert!(ratio.is_nan() && limit == f64::INFINITY);
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn complete_value<T>(&self, claim: &Claim, outcome: &T) -> Result<()>
     where
         T: serde::Serialize + serde::de::DeserializeOwned,
     {
-        let bytes = crate::codec::encode_outcome(outcome)?;
+        let (tag, bytes) = codec::encode_outcome(codec::WRITE_TAGS, outcome)?;
         self.engine()
-            .complete(claim.ticket(), (TAG_JSON, &bytes), None, 0)
+            .complete(claim.ticket(), (tag, &bytes), None, 0)
     }
 
     /// Fails a claim: [`Failure::Retryable`] frees the key for another
