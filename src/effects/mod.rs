@@ -1,9 +1,13 @@
 //! Effects that leave the system: work built on the public claim API
-//! (`begin`, `complete`, `fail`), above the engine.
+//! (`begin`, `complete`, `fail`, intents), above the engine.
 //!
-//! - `retry`: a backoff policy ([`RetryPolicy`]) with jitter and a runner that performs one
-//!   attempt of an operation under a claim.
+//! - `retry`: a backoff policy ([`RetryPolicy`]) with jitter;
+//! - `limits`: its limits applied to one claim, before an attempt starts
+//!   and after it failed (shared by both runners);
+//! - `run`: the runner of one attempt of an effect without a provider to
+//!   ask ([`RetryPolicy::run`]), answered as a [`Run`].
 
+mod limits;
 mod retry;
 mod rng;
 mod run;
