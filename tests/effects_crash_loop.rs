@@ -1,6 +1,6 @@
 //! A poison message under real SIGKILLs: a child process takes the
-//! operation through the runner (`RetryPolicy::run`) and freezes inside
-//! the work; the test kills it
+//! operation through a runner (`RetryPolicy::run`, or `RetryPolicy::call`
+//! with a provider to ask) and freezes inside the work; the test kills it
 //! there and starts it again, every time. With `max_attempts(3)` the work
 //! is called exactly three times across the kills, the fourth life finds
 //! the limit before calling and dead-letters the operation with a reason
@@ -15,7 +15,9 @@ use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-use dedupkv::{ErrorClass, Fingerprint, Key, Listing, Result, RetryPolicy, Run, Store};
+use dedupkv::{
+    Effect, ErrorClass, Fingerprint, Intent, Key, Listing, Result, RetryPolicy, Run, Store,
+};
 use dedupkv_testkit::tempdir;
 
 mod child;
@@ -34,6 +36,10 @@ fn main() -> ExitCode {
             (
                 "run_calls_the_work_max_attempts_times_across_kills",
                 run_calls_the_work_max_attempts_times_across_kills,
+            ),
+            (
+                "call_sends_max_attempts_times_across_kills",
+                call_sends_max_attempts_times_across_kills,
             ),
             ("nothing_passes_under_ignored", nothing_passes_under_ignored),
         ],
@@ -74,6 +80,18 @@ fn crash_child() {
         "run" => policy.run(&store, &key(), fp, classify, |claim| {
             freeze("CALLED", claim)
         }),
+        "call" => {
+            let intent = Intent {
+                target: "carrier",
+                request: REQUEST,
+            };
+            let lookup = |claim: &dedupkv::Claim| {
+                say(&format!("ASKED {}", claim.attempt()));
+                Ok(None) // the poison call never reached the carrier
+            };
+            let effect = Effect::new(intent, lookup, |claim| freeze("CALLED", claim), classify);
+            policy.call(&store, &key(), fp, effect)
+        }
         other => panic!("mode {other}"),
     }
     .expect("runner");
@@ -199,6 +217,14 @@ fn crash_loop(mode: &str) -> Result<Vec<u32>> {
 fn run_calls_the_work_max_attempts_times_across_kills() -> Result<()> {
     let asked = crash_loop("run")?;
     assert!(asked.is_empty(), "run has no provider to ask");
+    Ok(())
+}
+
+fn call_sends_max_attempts_times_across_kills() -> Result<()> {
+    let asked = crash_loop("call")?;
+    // Each takeover asks the carrier before calling again; the attempts
+    // past the limit ask nothing (the limit holds before the lookup too).
+    assert_eq!(asked, [2, 3, 5, 6, 7]);
     Ok(())
 }
 
