@@ -50,8 +50,8 @@ fn every_shipment_exactly_once() -> dedupkv::Result<()> {
     // dead letters listed with reasons
     let dead: Vec<u64> = report.dead_letters.iter().map(|(o, _)| *o).collect();
     assert_eq!(dead, report.undeliverable);
-    let reason = "carrier rejected the address: undeliverable \
-                  (gave up after 3 attempts (max_attempts))";
+    let reason = "gave up after 3 attempts (max_attempts): \
+                  carrier rejected the address: undeliverable";
     has(&format!("dead letters: 9 ({reason})"));
     for (order, r) in &report.dead_letters {
         assert_eq!(r, reason, "order {order}");
