@@ -231,7 +231,7 @@ impl Engine {
                 | SlotState::DeadLettered => {
                     let (bucket, row) = (s.bucket(nb), s.row(this.log.open_row()));
                     drop(shard);
-                    return this.replay(key, h, bucket, row, fingerprint);
+                    return this.replay(key, h, (s.state(), bucket, row), fingerprint);
                 }
                 SlotState::Claimed | SlotState::Released => {
                     let p = w.pending().ok_or_else(|| super::read::lost_details(key))?;
@@ -556,33 +556,43 @@ impl Engine {
     }
 
     /// Answers `begin` on a finished key from its log record.
+    /// The answer to a `begin` of a key whose slot was seen in `state` at
+    /// (`bucket`, `row`): read from that row once it is durable. Other
+    /// records of the key may have joined the row after the slot was seen
+    /// (a requeue, a new claim), so the answer is built only from a record
+    /// of the state decided on; otherwise `None`, and the caller decides
+    /// again. `Completed` thus only ever carries a record that was the
+    /// key's latest, in a finished state, during the call.
     fn replay(
         &self,
         key: &Key<'_>,
         h: KeyHash,
-        bucket: u64,
-        row: u64,
+        (state, bucket, row): (SlotState, u64, u64),
         fingerprint: Fingerprint,
     ) -> Result<Option<Begun>> {
         let loaded = self.load_with(key, bucket, row, |r| {
+            if r.kind != kind_of(state) {
+                return Ok(None);
+            }
             let dead = match r.kind {
                 Kind::DeadLetter => Some(self.dead_letter_of(r)?),
                 _ => None,
             };
-            Ok((self.record_of(r), dead))
+            Ok(Some((self.record_of(r), dead)))
         })?;
-        let Some((rec, dead)) = loaded else {
+        let Some(loaded) = loaded else {
             // Its bucket was deleted under us: the key expired (or, a dead
             // letter, was carried to another bucket). Drop the
             // slot if nobody rewrote it meanwhile, so the retry sees it
             // absent (and the retry loop ends).
             let mut shard = self.index.lock(h);
-            if shard
-                .get(h)
-                .is_some_and(|s| s.bucket(bucket) == bucket && s.row(row) == row)
-            {
+            if shard.get(h).is_some_and(|s| s.is_at(bucket, row)) {
                 shard.remove(h);
             }
+            return Ok(None);
+        };
+        // Written meanwhile: decide again.
+        let Some((rec, dead)) = loaded else {
             return Ok(None);
         };
         if rec.state != State::Inserted && rec.fingerprint != Some(fingerprint) {
@@ -599,6 +609,20 @@ impl Engine {
         // Counted store-wide: a replay needs no second visit to its shard.
         self.counters.replays.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Begun::Completed(rec)))
+    }
+}
+
+/// The record kind a key's slot in `state` points at (for the states a
+/// `begin` answers from a record).
+fn kind_of(state: SlotState) -> Kind {
+    match state {
+        SlotState::Inserted => Kind::Insert,
+        SlotState::Claimed => Kind::Claim,
+        SlotState::Released => Kind::Release,
+        SlotState::Completed => Kind::Complete,
+        SlotState::Failed => Kind::Fail,
+        SlotState::Forgotten => Kind::Forget,
+        SlotState::DeadLettered => Kind::DeadLetter,
     }
 }
 

@@ -30,7 +30,7 @@ use super::write::{Next, Write};
 use crate::codec::TAG_RAW;
 use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
-use crate::log::record::{ClaimFields, RecordRef};
+use crate::log::record::{ClaimFields, Kind, RecordRef};
 use crate::types::{DeadLetter, Listing, Page, Resolution};
 use crate::{Key, Result};
 
@@ -50,6 +50,7 @@ pub(crate) type ExpiredDeadLetters = HashMap<KeyHash, ExpiredDeadLetter>;
 impl Engine {
     /// A page of the dead-letter area.
     pub(crate) fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
+        self.check_readable()?;
         let found = self.keys_listed(listing, |p, state| {
             (state == Some(SlotState::DeadLettered)).then_some(p.failed_at)
         });
@@ -57,7 +58,14 @@ impl Engine {
             listing,
             found,
             |(h, bucket, row)| {
-                self.load_hashed((h, false), bucket, row, |r| self.dead_letter_of(r))
+                // A record written meanwhile into the same row (a requeue, a
+                // resolve) is the key's latest: no longer a dead letter.
+                let found = self.load_hashed((h, false), bucket, row, |r| {
+                    (r.kind == Kind::DeadLetter)
+                        .then(|| self.dead_letter_of(r))
+                        .transpose()
+                })?;
+                Ok(found.flatten())
             },
             |d| d.key().scope(),
         )
