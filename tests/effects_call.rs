@@ -4,7 +4,8 @@
 //! unknown answer (of the call or of the lookup) is retried, asking first;
 //! a refusal is recorded as an answer, and fails permanently or is retried
 //! as `classify` says; exhausted retries are dead-lettered with the
-//! request; and the limits hold before the lookup too.
+//! request; and past the limits no call is made, while one lookup settles
+//! the last one (bounded, if the lookup itself kills the worker).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -347,12 +348,12 @@ fn exhausted_retries_are_dead_lettered_with_the_request() -> Result<()> {
 }
 
 #[test]
-fn past_the_limit_neither_the_lookup_nor_the_call_is_made() -> Result<()> {
+fn past_the_limit_no_call_is_made_and_one_lookup_settles_the_last() -> Result<()> {
     let s = setup(2)?;
     let carrier = Carrier::default();
     die_in_the_call(&s, &carrier, false);
     die_in_the_call(&s, &carrier, false);
-    let (lookups, calls) = (carrier.lookups.get(), carrier.calls.get());
+    assert_eq!((carrier.lookups.get(), carrier.calls.get()), (1, 0));
     let run = call(&s, &carrier)?;
     assert!(
         matches!(
@@ -370,14 +371,68 @@ fn past_the_limit_neither_the_lookup_nor_the_call_is_made() -> Result<()> {
     );
     assert_eq!(
         (carrier.lookups.get(), carrier.calls.get()),
-        (lookups, calls)
+        (2, 0),
+        "asked once more, not called"
     );
+    let dl = &s.store.dead_letters(&Listing::new())?.items[0];
+    assert_eq!(
+        dl.reason(),
+        "interrupted 2 times (max_attempts); attempt 3 not started"
+    );
+    assert_eq!(dl.payload(), Some(REQUEST));
+    assert!(s.store.pending_intents(&Listing::new())?.items.is_empty());
+    let intent = s.store.intent(&key())?.expect("answered");
+    assert_eq!(intent.reference(), Some(&b"not found"[..]));
+    Ok(())
+}
+
+#[test]
+fn past_the_limit_a_call_the_provider_has_is_completed() -> Result<()> {
+    let s = setup(1)?;
+    let carrier = Carrier::default();
+    die_in_the_call(&s, &carrier, true); // accepted, then the worker died
+    let run = call(&s, &carrier)?;
+    assert!(
+        matches!(run, Run::Reconciled(ref l) if l == b"1Z001"),
+        "{run:?}"
+    );
+    assert_eq!((carrier.lookups.get(), carrier.calls.get()), (1, 1));
+    assert_eq!(
+        s.store.get(&key())?.map(|r| r.state()),
+        Some(State::Completed)
+    );
+    Ok(())
+}
+
+#[test]
+fn past_the_limit_a_lookup_that_kills_its_worker_is_bounded() -> Result<()> {
+    let s = setup(1)?;
+    let carrier = Carrier::default();
+    die_in_the_call(&s, &carrier, false);
+    // Attempt 2, one past the limit, asks, and dies inside the lookup.
+    let died = catch_unwind(AssertUnwindSafe(|| {
+        let effect = Effect::new(
+            INTENT,
+            |_: &Claim| -> std::result::Result<Option<Vec<u8>>, String> {
+                carrier.lookups.set(carrier.lookups.get() + 1);
+                panic!("the lookup crashes the worker")
+            },
+            |c: &Claim| carrier.send(c),
+            classify,
+        );
+        s.policy.call(&s.store, &key(), fp(), effect)
+    }));
+    assert!(died.is_err());
+    // Attempt 3 does not ask again: dead-lettered, the call unanswered.
+    let run = call(&s, &carrier)?;
+    assert!(matches!(run, Run::Exhausted { attempt: 3, .. }), "{run:?}");
+    assert_eq!((carrier.lookups.get(), carrier.calls.get()), (1, 0));
     let dl = &s.store.dead_letters(&Listing::new())?.items[0];
     assert_eq!(
         dl.reason(),
         "interrupted 2 times (max_attempts); attempt 3 not started; \
          an earlier call is unanswered (see pending_intents)"
     );
-    assert_eq!(dl.payload(), Some(REQUEST));
+    assert_eq!(s.store.pending_intents(&Listing::new())?.items.len(), 1);
     Ok(())
 }

@@ -11,8 +11,11 @@
 //! Invariants:
 //! - the intent is recorded in the claim's commit, before any call;
 //! - the limits are checked after the claim is taken and before the
-//!   provider is asked or called (a crash loop inside the lookup or the
-//!   call is bounded too);
+//!   provider is called; past them, an earlier call that may have
+//!   happened is settled by one lookup first (found: completed; not
+//!   found: recorded, then dead-lettered), asked by one claim past
+//!   `max_attempts` at most, so a crash loop inside the lookup is bounded
+//!   too;
 //! - after an interrupted attempt, or an earlier call whose answer is
 //!   unknown, the provider is asked before it is called again; a call it
 //!   has is completed with its reference, never made twice by this runner;
@@ -24,7 +27,7 @@ use std::fmt;
 use std::ops::ControlFlow;
 
 use super::limits::{cut, dead_letter_before};
-use super::retry::{ErrorClass, RetryPolicy};
+use super::retry::{ErrorClass, GiveUpReason, RetryPolicy};
 use super::run::{Raw, Run};
 use crate::{Claim, Fingerprint, Intent, Key, Result, Store};
 #[cfg(doc)]
@@ -108,8 +111,9 @@ pub(crate) enum Step<E> {
     /// Settled: the answer.
     Answer(Run<Vec<u8>, E>),
     /// Ask the provider first (an earlier attempt may have made the call),
-    /// then `RetryPolicy::asked`.
-    Ask(Claim),
+    /// then `RetryPolicy::asked`; with a reason, the limits were reached:
+    /// ask only to settle the earlier call before the dead letter.
+    Ask(Claim, Option<GiveUpReason>),
     /// Make the call, then `RetryPolicy::sent`.
     Send(Claim),
 }
@@ -120,6 +124,8 @@ enum Answer<'a> {
     Accepted(&'a [u8]),
     /// It refused the call.
     Refused(&'a dyn fmt::Display),
+    /// Asked, it has no such call.
+    NotFound,
 }
 
 impl RetryPolicy {
@@ -133,8 +139,13 @@ impl RetryPolicy {
     /// 2. The policy's limits, counted in the claim's round (see
     ///    [`max_attempts`](crate::RetryPolicyBuilder::max_attempts) and
     ///    [`max_elapsed`](crate::RetryPolicyBuilder::max_elapsed)): past
-    ///    them, the operation is dead-lettered with the intent's request as
-    ///    the payload, and neither closure runs: [`Run::Exhausted`].
+    ///    them, the call is not made. If an earlier attempt's call may have
+    ///    happened (as in 3), `lookup` settles it first — found: recorded
+    ///    and completed, [`Run::Reconciled`]; not found: recorded as
+    ///    `"not found"` — unless this claim is more than one past
+    ///    `max_attempts` (the lookup itself may be what kills the worker).
+    ///    Then the operation is dead-lettered with the intent's request as
+    ///    the payload: [`Run::Exhausted`].
     /// 3. If the claim took over an attempt that never answered
     ///    ([`Claim::interrupted`]) or an earlier call's answer is unknown
     ///    ([`Claim::unanswered_intent`]): `lookup` first. Found: the
@@ -226,9 +237,9 @@ impl RetryPolicy {
         let claim = match self.begun(store, key, fingerprint, intent)? {
             Step::Answer(run) => return Ok(run),
             Step::Send(claim) => claim,
-            Step::Ask(claim) => {
+            Step::Ask(claim, limit) => {
                 let found = lookup(&claim);
-                match self.asked(store, claim, intent, found, amount)? {
+                match self.asked(store, claim, intent, found, amount, limit)? {
                     ControlFlow::Continue(claim) => claim,
                     ControlFlow::Break(run) => return Ok(run),
                 }
@@ -251,19 +262,29 @@ impl RetryPolicy {
             ControlFlow::Continue(claim) => claim,
             ControlFlow::Break(run) => return Ok(Step::Answer(run)),
         };
+        let ask = claim.interrupted() || claim.unanswered_intent();
         if let Some(reason) = self.limit_reached(&claim) {
-            let run = dead_letter_before(store, &claim, reason, Some(intent.request))?;
+            // An earlier call may have happened: settle it first, asking
+            // from one claim past `max_attempts` at most, so a lookup that
+            // crashes its worker is bounded too.
+            if ask && claim.round_attempt() <= self.max_attempts.saturating_add(1) {
+                return Ok(Step::Ask(claim, Some(reason)));
+            }
+            let unanswered = claim.unanswered_intent();
+            let run = dead_letter_before(store, &claim, reason, Some(intent.request), unanswered)?;
             return Ok(Step::Answer(run));
         }
-        if claim.interrupted() || claim.unanswered_intent() {
-            Ok(Step::Ask(claim))
+        if ask {
+            Ok(Step::Ask(claim, None))
         } else {
             Ok(Step::Send(claim))
         }
     }
 
     /// Step 3: records what the provider's lookup found; `Continue`: it
-    /// has no such call, make it.
+    /// has no such call, make it. Past the limits (`limit`), the
+    /// operation completes if the provider has the call, and is
+    /// dead-lettered otherwise, with the lookup's answer recorded.
     pub(crate) fn asked<E: fmt::Display>(
         &self,
         store: &Store,
@@ -271,20 +292,23 @@ impl RetryPolicy {
         intent: Intent<'_>,
         found: std::result::Result<Option<Vec<u8>>, E>,
         amount: i64,
+        limit: Option<GiveUpReason>,
     ) -> Result<ControlFlow<Run<Vec<u8>, E>, Claim>> {
-        let run = match found {
-            Ok(Some(reference)) => {
+        let payload = Some(intent.request);
+        let run = match (found, limit) {
+            (Ok(Some(reference)), _) => {
                 accepted(store, &claim, intent, &reference, amount)?;
                 Run::Reconciled(reference)
             }
-            Ok(None) => return Ok(ControlFlow::Continue(claim)),
-            Err(error) => self.failed(
-                store,
-                &claim,
-                ErrorClass::Unanswered,
-                error,
-                Some(intent.request),
-            )?,
+            (Ok(None), None) => return Ok(ControlFlow::Continue(claim)),
+            (Ok(None), Some(reason)) => {
+                record(store, &claim, intent, &Answer::NotFound)?;
+                dead_letter_before(store, &claim, reason, payload, false)?
+            }
+            (Err(error), None) => {
+                self.failed(store, &claim, ErrorClass::Unanswered, error, payload)?
+            }
+            (Err(_), Some(reason)) => dead_letter_before(store, &claim, reason, payload, true)?,
         };
         Ok(ControlFlow::Break(run))
     }
@@ -338,5 +362,6 @@ fn record(store: &Store, claim: &Claim, intent: Intent<'_>, answer: &Answer<'_>)
             let text = cut(format!("refused: {error}"), limit);
             store.mark_sent(claim, text.as_bytes())
         }
+        Answer::NotFound => store.mark_sent(claim, b"not found"),
     }
 }

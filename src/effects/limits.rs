@@ -107,14 +107,17 @@ impl RetryPolicy {
 
 /// Dead-letters `claim`, whose attempt would pass `reason`'s limit,
 /// without calling the work; keeps `payload` with it if both fit.
+/// `unanswered`: an earlier call's answer is still unknown (the reason
+/// says so).
 pub(super) fn dead_letter_before<T, E>(
     store: &Store,
     claim: &Claim,
     reason: GiveUpReason,
     payload: Option<&[u8]>,
+    unanswered: bool,
 ) -> Result<Run<T, E>> {
     let mut text = format!("{reason}; attempt {} not started", claim.attempt());
-    if claim.unanswered_intent() {
+    if unanswered {
         text.push_str("; an earlier call is unanswered (see pending_intents)");
     }
     let text = cut(text, store.max_outcome_len());

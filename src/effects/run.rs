@@ -295,7 +295,7 @@ impl RetryPolicy {
                 ControlFlow::Break(run) => return Ok(run),
             };
         if let Some(reason) = self.limit_reached(&claim) {
-            return dead_letter_before(store, &claim, reason, None);
+            return dead_letter_before(store, &claim, reason, None, claim.unanswered_intent());
         }
         match work(&claim) {
             Ok(outcome) => {
