@@ -414,9 +414,10 @@ impl RetryPolicyBuilder {
 
 /// When and whether to retry a failed operation: exponential backoff
 /// (factor 2) with jitter, a maximum number of attempts and an optional
-/// maximum elapsed time; and [`run`](Self::run), which performs one attempt
-/// under a claim in the safe order (record first, effect second, outcome
-/// third).
+/// maximum elapsed time; [`run`](Self::run), which performs one attempt
+/// under a claim in the safe order (record first, limits, effect, outcome
+/// last); and [`call`](Self::call), the same for an external call to a
+/// provider that can be asked (intent, ask first, answer recorded).
 ///
 /// Share one policy between threads by reference (it is `Sync`); its
 /// random numbers come from one seeded generator, so with a fixed
@@ -512,9 +513,10 @@ impl RetryPolicy {
         from_nanos(nanos)
     }
 
-    /// What to do after failed attempt number `attempt` (1 for the first),
-    /// `elapsed` after the operation's first attempt; `prev` is the wait
-    /// before this attempt, if known (see [`delay`](Self::delay)).
+    /// What to do after failed attempt number `attempt` (1 for the first;
+    /// the runners pass [`Claim::round_attempt`]), `elapsed` after the
+    /// round's first attempt; `prev` is the wait before this attempt, if
+    /// known (see [`delay`](Self::delay)).
     ///
     /// Gives up if `attempt` reached `max_attempts`, or if waiting the drawn
     /// delay would start the next attempt past `max_elapsed`; otherwise
