@@ -223,6 +223,92 @@ impl Claim {
         to_system_time(self.ticket.first_at)
     }
 
+    /// This attempt's number within its round: an operation's first
+    /// attempt starts a round, and each [`requeue`](crate::Store::requeue)
+    /// starts another. Equal to [`attempt`](Self::attempt) until the
+    /// operation is first requeued; 1 for the first attempt after a
+    /// requeue. Retry limits count this (see
+    /// [`RetryPolicyBuilder::max_attempts`](crate::RetryPolicyBuilder::max_attempts)).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "ship-7");
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.fail(&c, Failure::Retryable)?;
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!((c.attempt(), c.round_attempt()), (2, 2));
+    /// store.fail(&c, Failure::Exhausted { reason: "carrier down", payload: None })?;
+    /// store.requeue(&key)?; // another round
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!((c.attempt(), c.round_attempt()), (3, 1));
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn round_attempt(&self) -> u32 {
+        self.ticket
+            .attempt
+            .saturating_sub(self.ticket.round.before)
+            .max(1)
+    }
+
+    /// When this attempt's round began: the operation's first attempt
+    /// ([`first_seen_at`](Self::first_seen_at)), or its latest
+    /// [`requeue`](crate::Store::requeue). A retry policy's maximum
+    /// elapsed time counts from here.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, ManualClock, Store};
+    /// # use std::time::{Duration, UNIX_EPOCH};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("t", "job");
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(c.round_started_at(), c.first_seen_at());
+    /// store.fail(&c, Failure::Exhausted { reason: "timed out", payload: None })?;
+    /// clock.advance(Duration::from_secs(3600));
+    /// store.requeue(&key)?;
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(c.round_started_at(), UNIX_EPOCH + Duration::from_millis(1_700_003_600_000));
+    /// assert!(c.first_seen_at() < c.round_started_at()); // the provider key stays the same
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn round_started_at(&self) -> SystemTime {
+        to_system_time(self.ticket.round.since)
+    }
+
+    /// How many attempts of this round before this one ended without an
+    /// answer: their process died, their lease lapsed, or their claim was
+    /// dropped (each such takeover is [`interrupted`](Self::interrupted)).
+    /// Counted by the store across restarts, so a worker that crashes
+    /// inside the work every time (a poison message) shows here.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("s.redb");
+    /// let key = Key::new("shop-42", "poison");
+    /// for _ in 0..2 {
+    ///     let store = Store::open(&path)?;
+    ///     let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    ///     std::mem::forget(c); // the worker dies inside the work
+    /// }
+    /// let store = Store::open(&path)?;
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!((c.attempt(), c.interruptions()), (3, 2));
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn interruptions(&self) -> u32 {
+        self.ticket.round.interrupted
+    }
+
     /// Whether an earlier attempt of this operation recorded an intent
     /// ([`Store::begin_with_intent`]) that nobody marked answered: the call
     /// may have happened. Ask the provider (with [`provider_key`](Self::provider_key))
