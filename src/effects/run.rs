@@ -236,8 +236,8 @@ impl RetryPolicy {
     /// [`Record::outcome_as`].
     ///
     /// # Errors
-    /// As `run`, and [`Error::Codec`] if the outcome cannot be stored as
-    /// JSON, or a stored one does not decode as `T`.
+    /// As `run`, and [`Error::Codec`] if the outcome cannot be stored so
+    /// that it reads back as `T`, or a stored one does not decode as `T`.
     ///
     /// # Examples
     /// ```
@@ -272,7 +272,7 @@ impl RetryPolicy {
         C: FnOnce(&E) -> ErrorClass,
         F: FnOnce(&Claim) -> std::result::Result<T, E>,
     {
-        self.run_as::<Json, _, _, _, _>(store, key, fingerprint, classify, work)
+        self.run_as::<Typed, _, _, _, _>(store, key, fingerprint, classify, work)
     }
 
     fn run_as<K, T, E, C, F>(
@@ -366,9 +366,9 @@ impl Outcome<Vec<u8>> for Raw {
 }
 
 /// Typed values: `complete_value` and `Record::outcome_as`.
-pub(super) struct Json;
+pub(super) struct Typed;
 
-impl<T: serde::Serialize + serde::de::DeserializeOwned> Outcome<T> for Json {
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Outcome<T> for Typed {
     fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<()> {
         store.complete_value(claim, outcome)
     }
