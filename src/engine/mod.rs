@@ -17,6 +17,8 @@
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
 //!   until requeued or resolved);
 //! - [`intents`]: intents recorded before external calls (an outbox);
+//! - [`rounds`]: an operation's rounds of attempts (from its first attempt,
+//!   and from each requeue), which retry limits count within;
 //! - [`reconcile`]: per-window counts of completions (and, for a scope
 //!   that keeps them, their keys); [`reconcile_keys`]: those keys against
 //!   the system of record's;
@@ -54,6 +56,7 @@ pub(crate) mod order;
 pub(crate) mod read;
 pub(crate) mod reconcile;
 pub(crate) mod reconcile_keys;
+pub(crate) mod rounds;
 pub(crate) mod time;
 pub(crate) mod tokens;
 pub(crate) mod write;

@@ -149,8 +149,10 @@ impl Engine {
         window_expiry(&self.cfg, start, window_ms)
     }
 
-    /// Fails for an empty scope or one over `max_scope_len`.
+    /// Fails for a poisoned store, an empty scope or one over
+    /// `max_scope_len`.
     pub(crate) fn check_tally_scope(&self, scope: &[u8]) -> Result<()> {
+        self.check_readable()?;
         if scope.is_empty() {
             return Err(Error::InvalidArgument {
                 what: "scope",

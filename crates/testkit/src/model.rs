@@ -28,8 +28,12 @@
 //! A few entities run through the sequencer (`Sequence`, `Ack`): parked
 //! events and events handed back but not acknowledged survive every
 //! eviction, reopen, crash and downtime; an entity with neither expires
-//! `ENTITY_RETENTION` after its last write. `max_hold` is longer than any
-//! case, so nothing moves to the holding area.
+//! `ENTITY_RETENTION` after its last write. A hand-back is held for the
+//! store's hand-back lease (the claim lease of the case): a redelivery
+//! meanwhile answers `Handling` with its end, one after it hands back the
+//! event and the lapsed ones after it, up to the first live one; a reopen
+//! or crash ends every hand-back. `max_hold` is longer than any case, so
+//! nothing moves to the holding area.
 //!
 //! The dead-letter area (`FailExhausted`, `Requeue`, `ResolveCompleted`,
 //! `ResolveAbandoned`, `ListDeadLetters`): a dead letter never expires.
@@ -432,6 +436,9 @@ struct MEntity {
     parked: BTreeMap<u64, Vec<u8>>,
     /// Handed back, not acknowledged.
     unacked: BTreeMap<u64, Vec<u8>>,
+    /// The lease end of the hand-back holding each unacknowledged event,
+    /// given in this run (memory only).
+    handed: BTreeMap<u64, u64>,
     /// The bucket of its latest core record.
     bucket: u64,
 }
@@ -613,6 +620,10 @@ impl Model {
     /// closed are re-logged for the store's retention; the others go on
     /// with their record's retention.
     fn reopened(&mut self, now: u64) {
+        // Hand-backs live in memory: the process that held them is gone.
+        for m in self.entities.values_mut() {
+            m.handed.clear();
+        }
         self.expire_intents_and_tallies(now);
         self.carry_dead_letters(now, true);
         for r in self.keys.values_mut() {
@@ -817,6 +828,7 @@ impl Harness {
             // exactly.
             .background_eviction(false)
             .lease(Duration::from_millis(s.lease))
+            .handback_lease(Duration::from_millis(s.lease))
             .retention(Duration::from_millis(s.retention))
             .bucket_granularity(Duration::from_millis(s.granularity))
             // Rows of a few records: commits of several rows (as a huge
@@ -1571,6 +1583,7 @@ impl Harness {
 
     fn sequence(&mut self, e: usize, seq: u64, p: u8) -> TestResult {
         let now = self.now();
+        let until = now + self.model.s.lease;
         let payload = outcome(p);
         let got = check(self.store().sequence(&entity(e), seq, &payload), "sequence")?;
         let mut m = self
@@ -1579,18 +1592,46 @@ impl Harness {
             .cloned()
             .unwrap_or_else(MEntity::fresh);
         let (want, wrote) = if m.unacked.contains_key(&seq) {
+            if let Some(&live) = m.handed.get(&seq).filter(|u| **u > now) {
+                let Sequenced::Handling(h) = &got else {
+                    return Err(TestCaseError::fail(format!(
+                        "sequence {seq} of entity {e}: want Handling until {live}, got {got:?}"
+                    )));
+                };
+                prop_assert_eq!(
+                    h.lease_expires_at(),
+                    UNIX_EPOCH + Duration::from_millis(live),
+                    "lease of {} of entity {}",
+                    seq,
+                    e
+                );
+                return Ok(());
+            }
             let mut out = vec![(seq, payload)];
-            out.extend(m.unacked.range(seq + 1..).map(|(s, p)| (*s, p.clone())));
+            for (s, p) in m.unacked.range(seq + 1..) {
+                if m.handed.get(s).is_some_and(|u| *u > now) {
+                    break;
+                }
+                out.push((*s, p.clone()));
+            }
+            for (s, _) in &out {
+                m.handed.insert(*s, until);
+            }
+            if let Some(stored) = self.model.entities.get_mut(&e) {
+                stored.handed.clone_from(&m.handed);
+            }
             (Some(out), false)
         } else if seq < m.next || m.parked.contains_key(&seq) {
             (None, false)
         } else if seq == m.next {
             let mut out = vec![(seq, payload.clone())];
             m.unacked.insert(seq, payload);
+            m.handed.insert(seq, until);
             let mut n = seq + 1;
             while let Some(p) = m.parked.remove(&n) {
                 out.push((n, p.clone()));
                 m.unacked.insert(n, p);
+                m.handed.insert(n, until);
                 n += 1;
             }
             m.next = n;
@@ -1638,6 +1679,7 @@ impl Harness {
         let mark = upto.saturating_add(1).min(m.next);
         let still = m.unacked.split_off(&mark);
         let want = std::mem::replace(&mut m.unacked, still).len();
+        m.handed = m.handed.split_off(&mark);
         prop_assert_eq!(got, want, "ack {} of entity {}", upto, e);
         if want > 0 {
             self.model.wrote_entity(e, m, now);
@@ -1652,14 +1694,24 @@ impl Harness {
         let now = self.now();
         let (mut parked, mut unacked) = (0, 0);
         for e in 0..ENTITIES {
-            let got: Vec<(u64, Vec<u8>)> = check(self.store().unacked(&entity(e)), "unacked")?
-                .into_iter()
-                .map(|d| (d.seq, d.payload))
-                .collect();
-            let want: Vec<(u64, Vec<u8>)> = self
+            let got: Vec<(u64, Vec<u8>, Option<SystemTime>)> =
+                check(self.store().unacked(&entity(e)), "unacked")?
+                    .into_iter()
+                    .map(|d| (d.seq, d.payload, d.handling.map(|h| h.lease_expires_at())))
+                    .collect();
+            let want: Vec<(u64, Vec<u8>, Option<SystemTime>)> = self
                 .model
                 .entity(e, now)
-                .map(|m| m.unacked.clone().into_iter().collect())
+                .map(|m| {
+                    m.unacked
+                        .iter()
+                        .map(|(s, p)| {
+                            let live = m.handed.get(s).filter(|u| **u > now);
+                            let until = live.map(|u| UNIX_EPOCH + Duration::from_millis(*u));
+                            (*s, p.clone(), until)
+                        })
+                        .collect()
+                })
                 .unwrap_or_default();
             prop_assert_eq!(got, want, "unacked of entity {}", e);
             if let Some(m) = self.model.entity(e, now) {
