@@ -11,7 +11,9 @@
 //! default 5; `DEDUPKV_EFFECTS_OPS_1` and `DEDUPKV_EFFECTS_OPS_16`
 //! operations per worker, defaults 1,000 and 500;
 //! `DEDUPKV_EFFECTS_DEFERRED=1` for `Durability::Deferred` (10 ms), which
-//! takes the syncs out and leaves the engine's own cost).
+//! takes the syncs out and leaves the engine's own cost;
+//! `DEDUPKV_EFFECTS_PLAIN_ONLY=1` runs only `begin` + `complete` and
+//! `begin` + `complete_with_amount`).
 #![allow(missing_docs, clippy::unwrap_used, clippy::cast_precision_loss)]
 
 #[path = "common/mod.rs"]
@@ -135,7 +137,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Alternates the shapes `runs` times with `workers` workers; table rows.
 fn bench(workers: usize, per: usize, runs: usize) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
-    let n = Shape::ALL.len();
+    let shapes: Vec<Shape> = Shape::ALL
+        .into_iter()
+        .filter(|s| {
+            env_or("DEDUPKV_EFFECTS_PLAIN_ONLY", 0) == 0
+                || matches!(s, Shape::Plain | Shape::Tallied)
+        })
+        .collect();
+    let n = shapes.len();
     let (mut rate, mut commits) = (vec![vec![]; n], vec![vec![]; n]);
     let mut ratio = vec![vec![]; n];
     for r in 0..runs {
@@ -143,7 +152,7 @@ fn bench(workers: usize, per: usize, runs: usize) -> Vec<String> {
         let mut round = vec![0.0; n];
         for j in 0..n {
             let i = (r + j) % n;
-            let (ops, c) = run(dir.path(), Shape::ALL[i], workers, per, r * n + i);
+            let (ops, c) = run(dir.path(), shapes[i], workers, per, r * n + i);
             round[i] = ops;
             rate[i].push(ops);
             commits[i].push(c);
@@ -153,7 +162,7 @@ fn bench(workers: usize, per: usize, runs: usize) -> Vec<String> {
         }
     }
     let plain_commits = median(commits[0].clone());
-    Shape::ALL
+    shapes
         .into_iter()
         .enumerate()
         .map(|(i, shape)| {
