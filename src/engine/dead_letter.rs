@@ -24,7 +24,7 @@ use std::collections::HashMap;
 
 use super::Engine;
 use super::claims::fields;
-use super::listings::page;
+use super::listings::{ListingKind, page};
 use super::write::{Next, Write};
 use crate::codec::TAG_RAW;
 use crate::index::{Pending, SlotState};
@@ -50,9 +50,9 @@ impl Engine {
     /// A page of the dead-letter area.
     pub(crate) fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
         self.check_readable()?;
-        let found = self.keys_listed(listing, |p, state| {
+        let found = self.keys_listed((listing, ListingKind::DeadLetters), |p, state| {
             (state == Some(SlotState::DeadLettered)).then_some(p.failed_at)
-        });
+        })?;
         page(
             listing,
             found,

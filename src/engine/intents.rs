@@ -23,7 +23,7 @@ use std::collections::HashMap;
 
 use super::Engine;
 use super::claims::{Ticket, fields};
-use super::listings::page;
+use super::listings::{ListingKind, page};
 use crate::index::Shard;
 use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, SlotState};
@@ -251,13 +251,17 @@ impl Engine {
         attempt_over: u32,
     ) -> Result<Page<IntentEntry>> {
         self.check_readable()?;
-        let found = self.items_listed(listing, |shard, out| {
+        let kind = match want {
+            IntentState::Pending => ListingKind::PendingIntents,
+            IntentState::Sent => ListingKind::DuplicateCandidates,
+        };
+        let found = self.items_listed((listing, kind), |shard, out| {
             for i in shard.intents() {
                 if i.state == want && i.attempt > attempt_over {
                     out.push((i.recorded_at, i.hash, 0, *i));
                 }
             }
-        });
+        })?;
         page(
             listing,
             found,

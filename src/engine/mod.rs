@@ -103,6 +103,9 @@ pub(crate) struct Engine {
     counters: counters::StoreCounters,
     /// The file, for a store opened by path (compaction checks its size).
     path: Option<std::path::PathBuf>,
+    /// The store's time when this run opened it: claims of earlier
+    /// processes are stranded from then at the latest.
+    opened_at: u64,
 }
 
 impl Engine {

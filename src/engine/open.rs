@@ -97,7 +97,8 @@ impl Engine {
         // The store's time never goes back: not below the floor persisted
         // by earlier runs, nor (below) the latest record's time.
         let time_floor = meta.time_floor.min(MAX_TIME);
-        let now_bucket = clock.now_millis().clamp(time_floor, MAX_TIME) / cfg.granularity_ms;
+        let opened_at = clock.now_millis().clamp(time_floor, MAX_TIME);
+        let now_bucket = opened_at / cfg.granularity_ms;
         let mut max_token = 0;
         let mut time_floor = time_floor;
         let mut expired_dead = ExpiredDeadLetters::new();
@@ -165,6 +166,7 @@ impl Engine {
             compact_due: AtomicBool::new(true),
             counters: StoreCounters::default(),
             path,
+            opened_at: opened_at.max(time_floor),
         });
         // The expired tables go once the entities that still have events
         // are carried out of them: the carried records are committed in the

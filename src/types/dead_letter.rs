@@ -207,11 +207,54 @@ impl Listing {
 /// Where a listing stopped; pass it to [`Listing::after`] for the next
 /// page. Entries are ordered oldest first (ties in a fixed order), so
 /// paging never repeats or skips an entry that stays put.
+///
+/// A cursor belongs to the listing that made it: the store (its file) and
+/// the kind of listing. Passed to another store, or to another listing of
+/// the same store (a [`dead_letters`](crate::Store::dead_letters) cursor
+/// to [`pending_intents`](crate::Store::pending_intents)), it is refused
+/// with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+/// (`what: "cursor"`) instead of starting that listing at a position that
+/// means nothing there. It stays valid across reopens of the same file.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Begin, Error, Failure, Fingerprint, Key, Listing, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// for id in ["a", "b"] {
+///     let Begin::Started(c) = store.begin(&Key::new("t", id), Fingerprint::NONE)? else { unreachable!() };
+///     store.fail(&c, Failure::Exhausted { reason: "gave up", payload: None })?;
+/// }
+/// let page = store.dead_letters(&Listing::new().limit(1))?;
+/// let cursor = page.next.expect("a second page");
+/// assert_eq!(store.dead_letters(&Listing::new().after(cursor))?.items.len(), 1);
+/// let other = Store::open(dir.path().join("other.redb"))?;
+/// assert!(matches!(
+///     other.dead_letters(&Listing::new().after(cursor)),
+///     Err(Error::InvalidArgument { what: "cursor", .. })
+/// ));
+/// assert!(matches!(
+///     store.stranded_claims(&Listing::new().after(cursor)),
+///     Err(Error::InvalidArgument { what: "cursor", .. })
+/// ));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cursor {
+    /// The store whose listing made it (a hash of its file's key secret).
+    pub(crate) store: u64,
+    /// The kind of listing that made it.
+    pub(crate) listing: u8,
     pub(crate) at: u64,
     pub(crate) id: u128,
     pub(crate) seq: u64,
+}
+
+impl Cursor {
+    /// Where it stands within its listing.
+    pub(crate) fn position(self) -> (u64, u128, u64) {
+        (self.at, self.id, self.seq)
+    }
 }
 
 /// One page of a listing.
