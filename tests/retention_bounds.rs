@@ -6,7 +6,10 @@
 
 use std::time::Duration;
 
-use dedupkv::{Error, Failure, Fingerprint, Key, ManualClock, Result, Store, StoreBuilder};
+use dedupkv::{
+    Begin, BeginOptions, Error, Failure, Fingerprint, Intent, Key, Listing, ManualClock, Result,
+    Store, StoreBuilder,
+};
 use dedupkv_testkit::{started, tempdir};
 
 const T0: u64 = 1_700_000_040_000;
@@ -100,6 +103,71 @@ fn live_keys_over_max_keys_still_evict_early_beside_dead_letters() -> Result<()>
     assert!(s.early_evicted_buckets > 0, "300 live keys over 100");
     assert!(s.keys <= 100 + 50 + 60, "{} keys", s.keys);
     assert_eq!(s.dead_letters_now, 50);
+    Ok(())
+}
+
+fn candidates(store: &Store) -> Result<Vec<Key<'static>>> {
+    Ok(store
+        .duplicate_candidates(&Listing::new())?
+        .items
+        .iter()
+        .map(|e| e.key().clone())
+        .collect())
+}
+
+/// A duplicate candidate (a takeover that called the carrier again
+/// without asking) sits in the oldest live bucket when the size bound
+/// evicts early. The operation's own records go with the bucket, but the
+/// candidate is carried, durably, until its record's own retention ends.
+#[test]
+fn early_eviction_keeps_a_duplicate_candidate_until_its_own_retention() -> Result<()> {
+    let dir = tempdir();
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let open = || builder(&clock).max_keys(100).open(&path);
+    let store = open()?;
+    let key = Key::new("shop", "ship-7");
+    let intent = Intent {
+        target: "carrier",
+        request: b"order 7",
+    };
+    let begin = |s: &Store| -> Result<Begin> {
+        s.begin_with_intent(&key, Fingerprint::NONE, &BeginOptions::new(), intent)
+    };
+    drop(begin(&store)?); // the worker died, maybe after calling
+    let again = started(begin(&store)?);
+    store.mark_sent(&again, b"1Z999")?; // called again without asking
+    store.complete(&again, b"1Z999")?;
+    assert_eq!(candidates(&store)?, vec![key.clone()]);
+
+    for minute in 0..5 {
+        clock.advance(MIN);
+        for i in 0..60 {
+            store.insert_if_absent(&Key::new("live", &format!("m{minute}-{i}")))?;
+        }
+        store.evict_expired()?;
+    }
+    assert!(store.stats().early_evicted_buckets > 0, "evicted early");
+    assert!(
+        store.get(&key)?.is_none(),
+        "the operation's own records went"
+    );
+    assert_eq!(
+        candidates(&store)?,
+        vec![key.clone()],
+        "the candidate stays until its record's retention"
+    );
+    let e = store.intent(&key)?.expect("kept");
+    assert_eq!(e.reference(), Some(&b"1Z999"[..]));
+    drop(store);
+    let store = open()?;
+    assert_eq!(candidates(&store)?, vec![key.clone()], "carried durably");
+
+    // Its record's own retention (an hour after mark_sent) ends.
+    clock.advance(HOUR);
+    store.evict_expired()?;
+    assert!(candidates(&store)?.is_empty(), "gone with its retention");
+    assert!(store.intent(&key)?.is_none());
     Ok(())
 }
 

@@ -15,6 +15,7 @@ use std::time::SystemTime;
 
 use super::Engine;
 use super::input::{CLAIM_BYTES, key_bytes};
+use super::intents::IntentWrite;
 use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
@@ -23,9 +24,7 @@ use crate::index::intent::IntentState;
 use crate::index::{Pending, SlotState};
 use crate::key::KeyHash;
 use crate::log::body::DeadLetterBody;
-use crate::log::record::{
-    ClaimFields, INTENT_PENDING, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
-};
+use crate::log::record::{ClaimFields, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
 use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Intent, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
@@ -287,14 +286,14 @@ impl Engine {
             let mut row = w.append(this, &mut batch, Next::Claimed(p), &mut rec);
             if let Some(intent) = op.intent {
                 // In the claim's commit: no claim is durable without it.
-                let body = Engine::intent_body(&shard, h, now, intent.target, intent.request);
+                let body = Engine::intent_body(&shard, h, (now, attempt), intent);
                 row = row.max(this.log_intent(
                     &mut shard,
                     &mut batch,
                     (h, key.scope(), key.id()),
                     fields(&p),
                     (now, op.retention_ms),
-                    (IntentState::Pending, INTENT_PENDING, true),
+                    IntentWrite::BEGUN,
                     &body,
                 ));
             }

@@ -17,6 +17,8 @@
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
 //!   until requeued or resolved);
 //! - [`intents`]: intents recorded before external calls (an outbox);
+//! - [`answers`]: what the provider answered an operation's calls, and
+//!   when it is a candidate for a duplicate effect;
 //! - [`reconcile`]: per-window counts of completions, against the
 //!   system of record;
 //! - [`listings`]: what an operator lists (dead letters, held events,
@@ -37,6 +39,7 @@
 //! The engine uses the index, the log and the shared vocabulary; it never
 //! uses the public face (`api`), which wraps it.
 
+pub(crate) mod answers;
 pub(crate) mod background;
 pub(crate) mod buckets;
 pub(crate) mod claims;

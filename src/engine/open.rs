@@ -25,7 +25,7 @@ use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
 use crate::log::record::{
-    INTENT_PENDING, INTENT_SENT, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
+    INTENT_PENDING, INTENT_SETTLED, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
 };
 use crate::log::{FileMeta, Location, Log, open_database};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
@@ -257,7 +257,7 @@ fn apply_intent_record(
     let mut shard = index.lock(h);
     let state = match rec.outcome_tag {
         INTENT_PENDING => IntentState::Pending,
-        INTENT_SENT => IntentState::Sent,
+        INTENT_SETTLED => IntentState::Settled,
         _ => {
             shard.remove_intent(h);
             return Ok(());
@@ -270,6 +270,7 @@ fn apply_intent_record(
         recorded_at: body.recorded_at,
         attempt: rec.claim_fields().attempt,
         state,
+        calls: body.calls,
     });
     Ok(())
 }

@@ -1,43 +1,136 @@
 //! The bodies of the records that carry more than an outcome: a dead
 //! letter's and an intent's (see `Kind::DeadLetter`, `Kind::Intent`).
 
-/// What an `Intent` record says besides its claim fields:
+use crate::types::intent::{Answered, Calls, Doubt};
+
+/// What an `Intent` record says besides its claim fields. Version 2
+/// (store format 4) records what the provider answered the operation's
+/// calls:
 ///
 /// ```text
-/// version:u8 (=1) | recorded_at:u64 LE | target_len:u32 LE | target (UTF-8)
-///                 | data (the rest: the request, or once sent the reference)
+/// version:u8 (=2) | recorded_at:u64 LE | target_len:u32 LE | target (UTF-8)
+///                 | answer:u8 | flags:u8 | doubt:u8 | reference_hash:u64 LE
+///                 | data (the rest)
 /// ```
+///
+/// - `answer` ([`Answered`]): what the provider answered the latest call
+///   (0 none yet, 1 accepted, 2 refused, 3 unknown);
+/// - `flags`: bit 0 `open` (an earlier call's fate is unknown and no
+///   lookup settled it), bit 1 a reference is known (`reference_hash`,
+///   xxh3-64 of the first reference the provider gave; 0 otherwise);
+///   other bits 0;
+/// - `doubt` ([`Doubt`]): why the operation is a candidate for a
+///   duplicate effect (0 none);
+/// - `data`: the request while no answer is recorded or the answer is
+///   unknown; the reference when accepted; the reason when refused.
+///
+/// Version 1 (format 3) is `version:u8 (=1) | recorded_at | target_len |
+/// target | data`, with `data` the request (`outcome_tag` pending) or the
+/// reference (sent). It still reads: a sent one as accepted, and, if an
+/// attempt after the first sent it, as [`Doubt::Unrecorded`] (format 3
+/// kept no answers, and listed every such intent as a candidate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IntentBody<'a> {
     /// When the intent was first recorded.
     pub recorded_at: u64,
     /// What is called (the caller's name for it).
     pub target: &'a str,
-    /// The request (pending), or the provider's reference (sent).
+    /// What the provider answered the operation's calls, so far.
+    pub calls: Calls,
+    /// The request, the provider's reference or its reason (see above).
     pub data: &'a [u8],
 }
 
-impl<'a> IntentBody<'a> {
-    const VERSION: u8 = 1;
+/// The hash of a provider's reference that an intent keeps (so a later
+/// reference can be compared with it whatever was stored since).
+pub(crate) fn reference_hash(reference: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(reference)
+}
 
-    /// The encoded body.
+const OPEN: u8 = 1;
+const HAS_REFERENCE: u8 = 2;
+
+impl<'a> IntentBody<'a> {
+    /// The body as format 4 writes it (version 2).
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = head(
-            Self::VERSION,
-            self.recorded_at,
-            self.target,
-            self.data.len(),
-        );
+        let c = self.calls;
+        let mut out = head(2, self.recorded_at, self.target, 11 + self.data.len());
+        out.push(c.answer as u8);
+        out.push(u8::from(c.open) * OPEN | u8::from(c.reference.is_some()) * HAS_REFERENCE);
+        out.push(c.doubt as u8);
+        out.extend_from_slice(&c.reference.unwrap_or(0).to_le_bytes());
         out.extend_from_slice(self.data);
         out
     }
 
-    /// The body encoded in `bytes`, if well formed.
-    pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
-        let (recorded_at, target, data) = read_head(bytes, Self::VERSION)?;
+    /// The body as format 3 writes it (version 1): the time, the target
+    /// and the data; what the provider answered is only the record's
+    /// pending or sent tag.
+    pub(crate) fn encode_v1(&self) -> Vec<u8> {
+        let mut out = head(1, self.recorded_at, self.target, self.data.len());
+        out.extend_from_slice(self.data);
+        out
+    }
+
+    /// The body encoded in `bytes`, if well formed; `sent` and `attempt`
+    /// are the record's (a version-1 body has nothing more to tell).
+    pub(crate) fn decode(bytes: &'a [u8], sent: bool, attempt: u32) -> Option<Self> {
+        let version = *bytes.first()?;
+        let (recorded_at, target, rest) = read_head(bytes, version)?;
+        let target = std::str::from_utf8(target).ok()?;
+        let (calls, data) = match version {
+            1 => {
+                let calls = if sent {
+                    Calls {
+                        answer: Answered::Accepted,
+                        reference: Some(reference_hash(rest)),
+                        doubt: if attempt > 1 {
+                            Doubt::Unrecorded
+                        } else {
+                            Doubt::None
+                        },
+                        ..Calls::FIRST
+                    }
+                } else {
+                    Calls::FIRST
+                };
+                (calls, rest)
+            }
+            2 => {
+                let (fixed, data) = rest.split_at_checked(11)?;
+                let answer = match fixed[0] {
+                    0 => Answered::None,
+                    1 => Answered::Accepted,
+                    2 => Answered::Refused,
+                    3 => Answered::Unknown,
+                    _ => return None,
+                };
+                let flags = fixed[1];
+                if flags & !(OPEN | HAS_REFERENCE) != 0 {
+                    return None;
+                }
+                let doubt = match fixed[2] {
+                    0 => Doubt::None,
+                    1 => Doubt::AfterUnknown,
+                    2 => Doubt::TwoReferences,
+                    3 => Doubt::Unrecorded,
+                    _ => return None,
+                };
+                let hash = u64::from_le_bytes(fixed[3..].try_into().ok()?);
+                let calls = Calls {
+                    answer,
+                    open: flags & OPEN != 0,
+                    reference: (flags & HAS_REFERENCE != 0).then_some(hash),
+                    doubt,
+                };
+                (calls, data)
+            }
+            _ => return None,
+        };
         Some(IntentBody {
             recorded_at,
-            target: std::str::from_utf8(target).ok()?,
+            target,
+            calls,
             data,
         })
     }
@@ -160,20 +253,83 @@ mod tests {
 
     #[test]
     fn an_intent_body_round_trips_and_refuses_damage() {
+        let calls = [
+            Calls::FIRST,
+            Calls {
+                answer: Answered::Unknown,
+                open: true,
+                reference: None,
+                doubt: Doubt::AfterUnknown,
+            },
+            Calls {
+                answer: Answered::Accepted,
+                open: false,
+                reference: Some(u64::MAX - 3),
+                doubt: Doubt::TwoReferences,
+            },
+            Calls {
+                answer: Answered::Refused,
+                open: true,
+                reference: Some(0),
+                doubt: Doubt::Unrecorded,
+            },
+        ];
         for (target, data) in [("", &b""[..]), ("shipping", &b"{\"order\":7}"[..])] {
-            let body = IntentBody {
-                recorded_at: 1_700_000_000_000,
-                target,
-                data,
-            };
-            let bytes = body.encode();
-            assert_eq!(IntentBody::decode(&bytes), Some(body));
-            for n in 0..13 + target.len() {
-                assert_eq!(IntentBody::decode(&bytes[..n]), None, "{n}");
+            for calls in calls {
+                let body = IntentBody {
+                    recorded_at: 1_700_000_000_000,
+                    target,
+                    calls,
+                    data,
+                };
+                let bytes = body.encode();
+                assert_eq!(IntentBody::decode(&bytes, false, 1), Some(body));
+                for n in 0..13 + target.len() + 11 {
+                    assert_eq!(IntentBody::decode(&bytes[..n], false, 1), None, "{n}");
+                }
+                for (at, bad) in [(0, 9), (13 + target.len(), 4), (14 + target.len(), 4)] {
+                    let mut b = bytes.clone();
+                    b[at] = bad;
+                    assert_eq!(IntentBody::decode(&b, false, 1), None, "byte {at}");
+                }
+                let mut b = bytes.clone();
+                b[15 + target.len()] = 4;
+                assert_eq!(IntentBody::decode(&b, false, 1), None, "doubt");
             }
-            let mut bad = bytes.clone();
-            bad[0] = 9;
-            assert_eq!(IntentBody::decode(&bad), None);
         }
+    }
+
+    #[test]
+    fn a_format_3_intent_body_reads_as_pending_or_accepted() {
+        let body = IntentBody {
+            recorded_at: 7,
+            target: "carrier",
+            calls: Calls::FIRST,
+            data: b"1Z999",
+        };
+        let v1 = body.encode_v1();
+        assert_eq!(v1.len(), 13 + 7 + 5, "format 3's layout");
+        assert_eq!(IntentBody::decode(&v1, false, 2), Some(body), "pending");
+        let sent = IntentBody::decode(&v1, true, 1).expect("sent");
+        assert_eq!(
+            (
+                sent.calls.answer,
+                sent.calls.reference,
+                sent.calls.doubt,
+                sent.data
+            ),
+            (
+                Answered::Accepted,
+                Some(reference_hash(b"1Z999")),
+                Doubt::None,
+                &b"1Z999"[..]
+            )
+        );
+        let later = IntentBody::decode(&v1, true, 2).expect("sent");
+        assert_eq!(
+            later.calls.doubt,
+            Doubt::Unrecorded,
+            "listed as format 3 did"
+        );
     }
 }
