@@ -52,7 +52,7 @@ pub use api::{Begin, Claim, Store, StoreBuilder};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use durability::Durability;
 pub use effects::{
-    Decision, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder, Run,
+    Decision, Effect, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder, Run,
 };
 pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};

@@ -16,12 +16,13 @@ use std::time::SystemTime;
 use super::Engine;
 use super::input::{CLAIM_BYTES, key_bytes};
 use super::intents::IntentWrite;
+use super::rounds::RoundBytes;
 use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
 use crate::codec::TAG_RAW;
 use crate::index::intent::IntentState;
-use crate::index::{Pending, SlotState};
+use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
 use crate::log::body::DeadLetterBody;
 use crate::log::record::{ClaimFields, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
@@ -45,6 +46,8 @@ pub(crate) struct Ticket {
     pub(crate) interrupted: bool,
     /// An earlier attempt recorded an intent nobody marked answered.
     pub(crate) unanswered_intent: bool,
+    /// The round of attempts this one belongs to.
+    pub(crate) round: Round,
 }
 
 impl Ticket {
@@ -210,15 +213,16 @@ impl Engine {
         let (h, now, nb) = this.write_start(key)?;
         let mut shard = this.index.lock(h);
         let mut w = Write::new(&mut shard, h, nb);
-        let (attempt, first_at, interrupted) = match w.recorded() {
-            None => (1, now, false),
+        let (attempt, first_at, interrupted, round) = match w.recorded() {
+            None => (1, now, false, Round::first(now)),
             Some(s) => match s.state() {
                 // A new operation, first claimed later than the forgotten
                 // one (even within its millisecond, or while the store's
                 // time stands still), so its provider key differs.
                 SlotState::Forgotten => {
                     let after = w.pending().map_or(0, |p| p.first_at.saturating_add(1));
-                    (1, now.max(after), false)
+                    let first_at = now.max(after);
+                    (1, first_at, false, Round::first(first_at))
                 }
                 SlotState::Inserted
                 | SlotState::Completed
@@ -258,7 +262,12 @@ impl Engine {
                     if interrupted {
                         w.shard().counters.takeovers += 1;
                     }
-                    (p.attempt.saturating_add(1), p.first_at, interrupted)
+                    (
+                        p.attempt.saturating_add(1),
+                        p.first_at,
+                        interrupted,
+                        p.round.next(interrupted),
+                    )
                 }
             },
         };
@@ -281,8 +290,10 @@ impl Engine {
                 any_request: false,
                 abandoned: false,
                 failed_at: 0,
+                round,
             };
-            let mut rec = claim_record(key.scope(), key.id(), &p, now);
+            let round = RoundBytes::of(&p);
+            let mut rec = claim_record(key.scope(), key.id(), &p, now).with_round(round.as_slice());
             let mut row = w.append(this, &mut batch, Next::Claimed(p), &mut rec);
             if let Some(intent) = op.intent {
                 // In the claim's commit: no claim is durable without it.
@@ -335,6 +346,7 @@ impl Engine {
             finished: AtomicBool::new(false),
             interrupted,
             unanswered_intent,
+            round: p.round,
         }
     }
 
@@ -392,7 +404,9 @@ impl Engine {
             lease_ms,
             ..p
         };
-        let mut rec = claim_record(claim.key.scope(), claim.key.id(), &p, now);
+        let round = RoundBytes::of(&p);
+        let mut rec =
+            claim_record(claim.key.scope(), claim.key.id(), &p, now).with_round(round.as_slice());
         let row = {
             let mut batch = self.log.batch()?;
             w.append(self, &mut batch, Next::Claimed(p), &mut rec)
@@ -470,11 +484,12 @@ impl Engine {
             now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
         );
         let (scope, id) = (claim.key.scope(), claim.key.id());
+        let round = RoundBytes::of(&p);
         let mut rec = match kind {
             Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
             Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
             Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
-            _ => RecordRef::release(scope, id, at, fields(&p), tag),
+            _ => RecordRef::release(scope, id, at, fields(&p), tag).with_round(round.as_slice()),
         };
         let next = match kind {
             Kind::Complete => Next::Completed,

@@ -19,6 +19,8 @@
 //! - [`intents`]: intents recorded before external calls (an outbox);
 //! - [`answers`]: what the provider answered an operation's calls, and
 //!   when it is a candidate for a duplicate effect;
+//! - [`rounds`]: an operation's rounds of attempts (from its first attempt,
+//!   and from each requeue), which retry limits count within;
 //! - [`reconcile`]: per-window counts of completions, against the
 //!   system of record;
 //! - [`listings`]: what an operator lists (dead letters, held events,
@@ -55,6 +57,7 @@ pub(crate) mod open;
 pub(crate) mod order;
 pub(crate) mod read;
 pub(crate) mod reconcile;
+pub(crate) mod rounds;
 pub(crate) mod time;
 pub(crate) mod tokens;
 pub(crate) mod write;
