@@ -84,8 +84,8 @@ impl Calls {
             },
             Answer::NotFound => Calls {
                 answer: match self.answer {
-                    Answered::Unknown => Answered::None,
-                    other => other,
+                    Answered::Accepted | Answered::Refused => self.answer,
+                    Answered::None | Answered::Unknown | Answered::Absent => Answered::Absent,
                 },
                 open: false,
                 ..self
@@ -94,10 +94,22 @@ impl Calls {
     }
 
     /// Whether a call may or may not have happened: none of the latest
-    /// call's answer came yet (or it was "unknown"), or an earlier call's
-    /// fate is open.
+    /// call's answer came yet (or it was "unknown"; or, asked, the
+    /// provider had none, and the attempt may have called since), or an
+    /// earlier call's fate is open.
     pub(crate) fn unanswered(self) -> bool {
-        self.open || matches!(self.answer, Answered::None | Answered::Unknown)
+        self.open
+            || matches!(
+                self.answer,
+                Answered::None | Answered::Unknown | Answered::Absent
+            )
+    }
+
+    /// Whether the attempt that wrote these calls asked the provider,
+    /// which had none, and answered no call of its own since: when that
+    /// attempt gives up (a dead letter), nothing happened.
+    pub(crate) fn only_asked(self) -> bool {
+        self.answer == Answered::Absent && !self.open
     }
 
     /// Whether the operation may have had its effect twice.
@@ -163,9 +175,14 @@ mod tests {
             ("II", Doubt::None, true),
             ("IIr", Doubt::None, true),
             ("IIn", Doubt::None, true),
+            ("IInI", Doubt::None, true),
             ("Iu", Doubt::None, true),
             ("Iun", Doubt::None, true),
             ("Iunr", Doubt::None, false),
+            ("Iunu", Doubt::None, true),
+            // Asked, then called without an answer recorded: the next
+            // attempt's call after it is one after an open call.
+            ("IInIa", Doubt::AfterUnknown, false),
         ] {
             let c = run(steps);
             assert_eq!(c.doubt, doubt, "{steps}: {c:?}");

@@ -531,6 +531,14 @@ impl Engine {
                     fields(&p),
                     at,
                 )),
+                // Given up after asking: nothing happened.
+                Kind::DeadLetter => row.max(self.settle_asked_intent(
+                    &mut shard,
+                    &mut batch,
+                    (h, claim.key.scope(), claim.key.id()),
+                    fields(&p),
+                    at,
+                )),
                 _ => row,
             }
         };

@@ -201,6 +201,46 @@ impl Engine {
         )
     }
 
+    /// Settles the operation's intent in the commit of its dead letter
+    /// if the last attempt only asked the provider, which had no call
+    /// (`NotFound`, and no call answered since): nothing happened, so it
+    /// is not left unanswered. Returns the row (0: none written). The
+    /// caller holds the shard and batch locks.
+    pub(crate) fn settle_asked_intent(
+        &self,
+        shard: &mut Shard,
+        batch: &mut Batch,
+        key: (KeyHash, &[u8], &[u8]),
+        c: ClaimFields,
+        at: (u64, u64),
+    ) -> u64 {
+        let Some(i) = shard
+            .intent(key.0)
+            .copied()
+            .filter(|i| i.state == IntentState::Pending && i.calls.only_asked())
+        else {
+            return 0;
+        };
+        let body = IntentBody {
+            recorded_at: i.recorded_at,
+            target: "",
+            calls: i.calls,
+            data: &[],
+        };
+        self.log_intent(
+            shard,
+            batch,
+            key,
+            c,
+            (at.0, at.1.saturating_sub(at.0)),
+            IntentWrite {
+                tag: INTENT_SETTLED,
+                extra: true,
+            },
+            &body,
+        )
+    }
+
     /// Records what the provider answered the claim's intent (see
     /// [`Answer`]): one durable commit.
     pub(crate) fn mark_answered(&self, claim: &Ticket, answer: &Answer<'_>) -> Result<()> {
@@ -252,7 +292,8 @@ impl Engine {
                 // (none or an unknown answer), or the reference or reason
                 // of an answer a lookup did not change.
                 Answer::Unknown | Answer::NotFound => {
-                    let request = |a| matches!(a, Answered::None | Answered::Unknown);
+                    let request =
+                        |a| matches!(a, Answered::None | Answered::Unknown | Answered::Absent);
                     if request(slot.calls.answer) == request(calls.answer) {
                         &data
                     } else {

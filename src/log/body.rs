@@ -15,7 +15,7 @@ use crate::types::intent::{Answered, Calls, Doubt};
 /// ```
 ///
 /// - `answer` ([`Answered`]): what the provider answered the latest call
-///   (0 none yet, 1 accepted, 2 refused, 3 unknown);
+///   (0 none yet, 1 accepted, 2 refused, 3 unknown, 4 asked: not found);
 /// - `flags`: bit 0 `open` (an earlier call's fate is unknown and no
 ///   lookup settled it), bit 1 a reference is known (`reference_hash`,
 ///   xxh3-64 of the first reference the provider gave; 0 otherwise);
@@ -23,7 +23,8 @@ use crate::types::intent::{Answered, Calls, Doubt};
 /// - `doubt` ([`Doubt`]): why the operation is a candidate for a
 ///   duplicate effect (0 none);
 /// - `data`: the request while no answer is recorded or the answer is
-///   unknown; the reference when accepted; the reason when refused.
+///   unknown, or the provider was asked and had none; the reference when
+///   accepted; the reason when refused.
 ///
 /// Version 1 (format 3) is `version:u8 (=1) | recorded_at | target_len |
 /// target | data`, with `data` the request (`outcome_tag` pending) or the
@@ -104,6 +105,7 @@ impl<'a> IntentBody<'a> {
                     1 => Answered::Accepted,
                     2 => Answered::Refused,
                     3 => Answered::Unknown,
+                    4 => Answered::Absent,
                     _ => return None,
                 };
                 let flags = fixed[1];
@@ -349,6 +351,10 @@ mod tests {
                 reference: Some(0),
                 doubt: Doubt::Unrecorded,
             },
+            Calls {
+                answer: Answered::Absent,
+                ..Calls::FIRST
+            },
         ];
         for (target, data) in [("", &b""[..]), ("shipping", &b"{\"order\":7}"[..])] {
             for calls in calls {
@@ -363,7 +369,7 @@ mod tests {
                 for n in 0..13 + target.len() + 11 {
                     assert_eq!(IntentBody::decode(&bytes[..n], false, 1), None, "{n}");
                 }
-                for (at, bad) in [(0, 9), (13 + target.len(), 4), (14 + target.len(), 4)] {
+                for (at, bad) in [(0, 9), (13 + target.len(), 5), (14 + target.len(), 4)] {
                     let mut b = bytes.clone();
                     b[at] = bad;
                     assert_eq!(IntentBody::decode(&b, false, 1), None, "byte {at}");

@@ -85,7 +85,10 @@ pub enum Answer<'a> {
     Found(&'a [u8]),
     /// Asked, the provider has no call with the operation's provider key:
     /// every earlier call whose fate was unknown had no effect. This
-    /// attempt may call now.
+    /// attempt may call now (record that call's answer, [`Unknown`](Self::Unknown)
+    /// included): until it does, the intent stays unanswered. If the
+    /// attempt gives up instead ([`Failure::Exhausted`](crate::Failure::Exhausted)),
+    /// the intent is settled: nothing happened.
     NotFound,
 }
 
@@ -180,7 +183,11 @@ impl IntentEntry {
     /// # Examples
     /// See [`IntentEntry`].
     pub fn request(&self) -> Option<&[u8]> {
-        matches!(self.answer, Answered::None | Answered::Unknown).then_some(self.data.as_slice())
+        matches!(
+            self.answer,
+            Answered::None | Answered::Unknown | Answered::Absent
+        )
+        .then_some(self.data.as_slice())
     }
 
     /// The provider's reference, once it accepted the latest call
@@ -204,8 +211,9 @@ impl IntentEntry {
 
     /// What the provider answered the latest call: `None` while no answer
     /// is recorded; otherwise [`Answer::Accepted`] (also for an answer
-    /// [`Found`](Answer::Found) by asking), [`Answer::Refused`] or
-    /// [`Answer::Unknown`].
+    /// [`Found`](Answer::Found) by asking), [`Answer::Refused`],
+    /// [`Answer::Unknown`], or [`Answer::NotFound`] (asked, it had none,
+    /// and no call's answer came since).
     ///
     /// # Examples
     /// ```
@@ -229,6 +237,7 @@ impl IntentEntry {
                 std::str::from_utf8(&self.data).unwrap_or_default(),
             )),
             Answered::Unknown => Some(Answer::Unknown),
+            Answered::Absent => Some(Answer::NotFound),
         }
     }
 
@@ -290,6 +299,9 @@ pub(crate) enum Answered {
     Refused = 2,
     /// No answer came (a timeout): it may or may not have happened.
     Unknown = 3,
+    /// Asked before calling again, the provider had no call: nothing
+    /// happened so far, and this attempt may call now.
+    Absent = 4,
 }
 
 /// Why an operation may have had its external effect twice.
