@@ -16,7 +16,6 @@ use std::time::SystemTime;
 use super::Engine;
 use super::input::{CLAIM_BYTES, key_bytes};
 use super::intents::IntentWrite;
-use super::rounds::RoundBytes;
 use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
@@ -262,12 +261,13 @@ impl Engine {
                     if interrupted {
                         w.shard().counters.takeovers += 1;
                     }
-                    (
-                        p.attempt.saturating_add(1),
-                        p.first_at,
-                        interrupted,
-                        p.round.next(interrupted),
-                    )
+                    let mut round = p.round.next(interrupted);
+                    if s.state() == SlotState::Claimed {
+                        // It failed when it became stranded (a released
+                        // one's failure came with its release).
+                        round = round.failed(this.stranded_since(p.token, p.lease_until).min(now));
+                    }
+                    (p.attempt.saturating_add(1), p.first_at, interrupted, round)
                 }
             },
         };
@@ -292,7 +292,7 @@ impl Engine {
                 failed_at: 0,
                 round,
             };
-            let round = RoundBytes::of(&p);
+            let round = this.round_bytes(&p);
             let mut rec = claim_record(key.scope(), key.id(), &p, now).with_round(round.as_slice());
             let mut row = w.append(this, &mut batch, Next::Claimed(p), &mut rec);
             if let Some(intent) = op.intent {
@@ -375,8 +375,10 @@ impl Engine {
             }
             Failure::Exhausted { reason, payload } => {
                 self.check_dead_letter(reason, payload)?;
+                // Its first failure is the round's, filled in by `finish`.
                 let body = DeadLetterBody {
                     failed_at: self.now(),
+                    first_failed_at: 0,
                     reason,
                     payload,
                 }
@@ -404,7 +406,7 @@ impl Engine {
             lease_ms,
             ..p
         };
-        let round = RoundBytes::of(&p);
+        let round = self.round_bytes(&p);
         let mut rec =
             claim_record(claim.key.scope(), claim.key.id(), &p, now).with_round(round.as_slice());
         let row = {
@@ -484,13 +486,6 @@ impl Engine {
             now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
         );
         let (scope, id) = (claim.key.scope(), claim.key.id());
-        let round = RoundBytes::of(&p);
-        let mut rec = match kind {
-            Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
-            Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
-            Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
-            _ => RecordRef::release(scope, id, at, fields(&p), tag).with_round(round.as_slice()),
-        };
         let next = match kind {
             Kind::Complete => Next::Completed,
             Kind::Fail => Next::Failed,
@@ -501,13 +496,43 @@ impl Engine {
                 failed_at: DeadLetterBody::decode(outcome).map_or(now, |b| b.failed_at),
                 ..p
             }),
+            // A retryable failure, or a dropped claim: the round failed.
             _ => Next::Released(Pending {
                 lease_until: 0,
                 any_request: tag == RELEASE_ANY_REQUEST,
                 abandoned: tag == RELEASE_ABANDONED,
                 failed_at: 0,
+                round: p.round.failed(now),
                 ..p
             }),
+        };
+        // A dead letter reports its round's first failure (or, none
+        // before, its own) beside its last.
+        let dead_body;
+        let outcome = match (kind, DeadLetterBody::decode(outcome)) {
+            (Kind::DeadLetter, Some(b)) => {
+                let body = DeadLetterBody {
+                    first_failed_at: p.round.failed(b.failed_at).first_failed_at,
+                    ..b
+                };
+                dead_body = if self.has_format_4_bodies() {
+                    body.encode()
+                } else {
+                    body.encode_v1()
+                };
+                dead_body.as_slice()
+            }
+            _ => outcome,
+        };
+        let round = match &next {
+            Next::Released(released) => self.round_bytes(released),
+            _ => self.round_bytes(&p),
+        };
+        let mut rec = match kind {
+            Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
+            _ => RecordRef::release(scope, id, at, fields(&p), tag).with_round(round.as_slice()),
         };
         let row = {
             let mut batch = self.log.batch()?;

@@ -25,7 +25,6 @@ use std::collections::HashMap;
 use super::Engine;
 use super::claims::fields;
 use super::listings::{ListingKind, page};
-use super::rounds::RoundBytes;
 use super::write::{Next, Write};
 use crate::codec::TAG_RAW;
 use crate::index::{Pending, Round, SlotState};
@@ -136,7 +135,7 @@ impl Engine {
         let (next, rec) = make(p, key.scope(), key.id(), at);
         // A requeue's Release record carries the round it starts.
         let round = match &next {
-            Next::Released(p) => Some(RoundBytes::of(p)),
+            Next::Released(p) => Some(self.round_bytes(p)),
             _ => None,
         };
         let mut rec = match &round {

@@ -34,7 +34,6 @@
 //!   buckets.
 use super::Engine;
 use super::claims::claim_record;
-use super::rounds::RoundBytes;
 use super::write::{Next, Write};
 use crate::Result;
 use crate::index::SlotState;
@@ -206,7 +205,7 @@ impl Engine {
                     // into the open batch, it is committed no later than
                     // this bucket's deletion (like an entity's core record).
                     let mut batch = self.log.batch()?;
-                    let round = RoundBytes::of(&p);
+                    let round = self.round_bytes(&p);
                     let mut carried =
                         claim_record(rec.scope, rec.id, &p, now).with_round(round.as_slice());
                     Write::new(&mut shard, h, self.bucket_of(now)).append(

@@ -139,16 +139,23 @@ impl<'a> IntentBody<'a> {
     }
 }
 
-/// What a `DeadLetter` record says besides its claim fields:
+/// What a `DeadLetter` record says besides its claim fields. Version 2
+/// (store format 4) adds when the round's first failure came:
 ///
 /// ```text
-/// version:u8 (=1) | failed_at:u64 LE | reason_len:u32 LE | reason (UTF-8)
-///                 | has_payload:u8 (0 or 1) | payload (the rest)
+/// version:u8 (=2) | failed_at:u64 LE | reason_len:u32 LE | reason (UTF-8)
+///                 | first_failed_at:u64 LE | has_payload:u8 (0 or 1) | payload (the rest)
 /// ```
+///
+/// Version 1 (format 3) has no `first_failed_at`; it reads as 0 (not
+/// recorded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DeadLetterBody<'a> {
     /// When the last attempt failed and the operation was dead-lettered.
     pub failed_at: u64,
+    /// When the first attempt of its round failed (a retryable failure, a
+    /// dropped claim, a lapsed lease or a dead process); 0: not recorded.
+    pub first_failed_at: u64,
     /// The caller's reason.
     pub reason: &'a str,
     /// The bytes the caller asked to keep, if any.
@@ -156,17 +163,28 @@ pub(crate) struct DeadLetterBody<'a> {
 }
 
 impl<'a> DeadLetterBody<'a> {
-    const VERSION: u8 = 1;
-
-    /// The encoded body.
+    /// The body as format 4 writes it (version 2).
     pub(crate) fn encode(&self) -> Vec<u8> {
+        self.encode_as(2)
+    }
+
+    /// The body as format 3 writes it (version 1: no first failure time).
+    pub(crate) fn encode_v1(&self) -> Vec<u8> {
+        self.encode_as(1)
+    }
+
+    fn encode_as(&self, version: u8) -> Vec<u8> {
         let payload = self.payload.unwrap_or_default();
+        let first = if version >= 2 { 8 } else { 0 };
         let mut out = head(
-            Self::VERSION,
+            version,
             self.failed_at,
             self.reason,
-            1 + payload.len(),
+            first + 1 + payload.len(),
         );
+        if version >= 2 {
+            out.extend_from_slice(&self.first_failed_at.to_le_bytes());
+        }
         out.push(u8::from(self.payload.is_some()));
         out.extend_from_slice(payload);
         out
@@ -174,7 +192,16 @@ impl<'a> DeadLetterBody<'a> {
 
     /// The body encoded in `bytes`, if well formed.
     pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
-        let (failed_at, reason, rest) = read_head(bytes, Self::VERSION)?;
+        let version = *bytes.first()?;
+        let (failed_at, reason, rest) = read_head(bytes, version)?;
+        let (first_failed_at, rest) = match version {
+            1 => (0, rest),
+            2 => {
+                let (first, rest) = rest.split_at_checked(8)?;
+                (u64::from_le_bytes(first.try_into().ok()?), rest)
+            }
+            _ => return None,
+        };
         let (&has, payload) = rest.split_first()?;
         let payload = match has {
             0 if payload.is_empty() => None,
@@ -183,6 +210,7 @@ impl<'a> DeadLetterBody<'a> {
         };
         Some(DeadLetterBody {
             failed_at,
+            first_failed_at,
             reason: std::str::from_utf8(reason).ok()?,
             payload,
         })
@@ -191,11 +219,15 @@ impl<'a> DeadLetterBody<'a> {
 
 /// The round of attempts a `Claim` or `Release` record's claim belongs
 /// to, in that record's outcome (which is empty for an operation's first
-/// round while none of its attempts was interrupted):
+/// round while none of its attempts failed or was interrupted). Version 2
+/// (store format 4) adds when the round's first failure came:
 ///
 /// ```text
-/// version:u8 (=1) | before:u32 LE | since:u64 LE | interrupted:u32 LE
+/// version:u8 (=2) | before:u32 LE | since:u64 LE | interrupted:u32 LE | first_failed_at:u64 LE
 /// ```
+///
+/// Version 1 (format 3) is the first four fields; `first_failed_at` reads
+/// as 0 (none recorded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RoundBody {
     /// Attempts of earlier rounds.
@@ -204,34 +236,48 @@ pub(crate) struct RoundBody {
     pub since: u64,
     /// Attempts of this round that ended without an answer.
     pub interrupted: u32,
+    /// When the round's first failure came (ms; 0: none yet).
+    pub first_failed_at: u64,
 }
 
-/// The length of an encoded [`RoundBody`].
-pub(crate) const ROUND_BODY_LEN: usize = 17;
+/// The length of an encoded [`RoundBody`] (version 2).
+pub(crate) const ROUND_BODY_LEN: usize = 25;
+/// The length of a version-1 [`RoundBody`].
+const ROUND_BODY_V1_LEN: usize = 17;
 
 impl RoundBody {
-    const VERSION: u8 = 1;
-
-    /// The encoded body.
-    pub(crate) fn encode(&self) -> [u8; ROUND_BODY_LEN] {
+    /// The body as format 4 writes it (version 2), and its length.
+    pub(crate) fn encode(&self) -> ([u8; ROUND_BODY_LEN], usize) {
         let mut out = [0; ROUND_BODY_LEN];
-        out[0] = Self::VERSION;
+        out[0] = 2;
         out[1..5].copy_from_slice(&self.before.to_le_bytes());
         out[5..13].copy_from_slice(&self.since.to_le_bytes());
-        out[13..].copy_from_slice(&self.interrupted.to_le_bytes());
-        out
+        out[13..17].copy_from_slice(&self.interrupted.to_le_bytes());
+        out[17..].copy_from_slice(&self.first_failed_at.to_le_bytes());
+        (out, ROUND_BODY_LEN)
+    }
+
+    /// The body as format 3 writes it (version 1, no first failure time),
+    /// and its length.
+    pub(crate) fn encode_v1(&self) -> ([u8; ROUND_BODY_LEN], usize) {
+        let (mut out, _) = self.encode();
+        out[0] = 1;
+        out[ROUND_BODY_V1_LEN..].fill(0);
+        (out, ROUND_BODY_V1_LEN)
     }
 
     /// The body encoded in `bytes`, if well formed.
     pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
-        let bytes: &[u8; ROUND_BODY_LEN] = bytes.try_into().ok()?;
-        if bytes[0] != Self::VERSION {
-            return None;
-        }
+        let first_failed_at = match (bytes.first()?, bytes.len()) {
+            (1, ROUND_BODY_V1_LEN) => 0,
+            (2, ROUND_BODY_LEN) => u64::from_le_bytes(bytes[17..].try_into().ok()?),
+            _ => return None,
+        };
         Some(RoundBody {
             before: u32::from_le_bytes(bytes[1..5].try_into().ok()?),
             since: u64::from_le_bytes(bytes[5..13].try_into().ok()?),
-            interrupted: u32::from_le_bytes(bytes[13..].try_into().ok()?),
+            interrupted: u32::from_le_bytes(bytes[13..17].try_into().ok()?),
+            first_failed_at,
         })
     }
 }
@@ -272,24 +318,43 @@ mod tests {
                 before: 0,
                 since: 0,
                 interrupted: 1,
+                first_failed_at: 0,
             },
             RoundBody {
                 before: u32::MAX,
                 since: u64::MAX,
                 interrupted: u32::MAX,
+                first_failed_at: u64::MAX,
             },
         ] {
-            let bytes = body.encode();
+            let (bytes, len) = body.encode();
+            assert_eq!(len, bytes.len());
             assert_eq!(RoundBody::decode(&bytes), Some(body));
             for n in 0..bytes.len() {
-                assert_eq!(RoundBody::decode(&bytes[..n]), None, "cut at {n}");
+                if n != 17 {
+                    assert_eq!(RoundBody::decode(&bytes[..n]), None, "cut at {n}");
+                }
             }
             let mut longer = bytes.to_vec();
             longer.push(0);
             assert_eq!(RoundBody::decode(&longer), None);
-            let mut other = bytes;
-            other[0] = 2;
-            assert_eq!(RoundBody::decode(&other), None, "another version");
+            for v in [0, 3] {
+                let mut other = bytes;
+                other[0] = v;
+                assert_eq!(RoundBody::decode(&other), None, "version {v}");
+            }
+            // Format 3's: the first four fields, no first failure time.
+            let (v1, len) = body.encode_v1();
+            assert_eq!((v1[0], len), (1, 17));
+            let back = RoundBody::decode(&v1[..len]).expect("version 1");
+            assert_eq!(
+                back,
+                RoundBody {
+                    first_failed_at: 0,
+                    ..body
+                }
+            );
+            assert_eq!(RoundBody::decode(&bytes[..17]), None, "a cut version 2");
         }
     }
 
@@ -302,6 +367,7 @@ mod tests {
         ] {
             let body = DeadLetterBody {
                 failed_at: u64::MAX,
+                first_failed_at: 1_700_000_000_000,
                 reason,
                 payload,
             };
@@ -309,16 +375,26 @@ mod tests {
             assert_eq!(DeadLetterBody::decode(&bytes), Some(body));
             // Every truncation up to the payload (whose end the row's
             // checksum guards), and every bad version or flag, is refused.
-            let flag = 1 + 8 + 4 + reason.len();
+            let flag = 1 + 8 + 4 + reason.len() + 8;
             for n in 0..=flag {
                 assert_eq!(DeadLetterBody::decode(&bytes[..n]), None, "{n}");
             }
             let mut bad = bytes.clone();
-            bad[0] = 2;
+            bad[0] = 3;
             assert_eq!(DeadLetterBody::decode(&bad), None);
             bad = bytes.clone();
             bad[flag] = 2;
             assert_eq!(DeadLetterBody::decode(&bad), None);
+            // Format 3's: no first failure time.
+            let v1 = body.encode_v1();
+            assert_eq!(v1.len(), bytes.len() - 8);
+            assert_eq!(
+                DeadLetterBody::decode(&v1),
+                Some(DeadLetterBody {
+                    first_failed_at: 0,
+                    ..body
+                })
+            );
         }
         assert_eq!(DeadLetterBody::decode(&[1, 0, 0]), None);
         // A reason that is not UTF-8.

@@ -770,10 +770,11 @@ mod tests {
     #[test]
     fn a_claims_round_reads_back_through_a_row_and_damage_is_corrupt() -> crate::Result<()> {
         let (s, i) = KEY;
-        let round = RoundBody {
+        let (round, _) = RoundBody {
             before: 3,
             since: TIMES.0 - 5,
             interrupted: 2,
+            first_failed_at: TIMES.0 - 4,
         }
         .encode();
         let mut recs = [

@@ -27,6 +27,7 @@ use crate::types::record::Record;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
     pub(crate) record: Record,
+    pub(crate) first_failed_at: u64,
     pub(crate) failed_at: u64,
     pub(crate) reason: String,
     pub(crate) payload: Option<Vec<u8>>,
@@ -50,7 +51,7 @@ impl DeadLetter {
     }
 
     /// When the operation's first attempt was claimed (its first failure
-    /// came after it).
+    /// came after it; see [`first_failed_at`](Self::first_failed_at)).
     ///
     /// # Examples
     /// ```
@@ -71,12 +72,48 @@ impl DeadLetter {
         self.record.first_seen_at()
     }
 
-    /// When the last attempt failed and the operation was dead-lettered.
+    /// When the last attempt failed and the operation was dead-lettered:
+    /// the last failure.
     ///
     /// # Examples
-    /// See [`first_attempt_at`](Self::first_attempt_at).
+    /// See [`first_failed_at`](Self::first_failed_at).
     pub fn failed_at(&self) -> SystemTime {
         to_system_time(self.failed_at)
+    }
+
+    /// When the first failure of its round of attempts came (since its
+    /// first attempt, or since its latest [`requeue`](crate::Store::requeue)):
+    /// a retryable failure ([`Failure::Retryable`](crate::Failure::Retryable)),
+    /// a claim dropped without an answer, or an attempt found stranded —
+    /// its lease lapsed, or its process was gone, from the store's reopen
+    /// at the latest (as [`stranded_claims`](crate::Store::stranded_claims)
+    /// counts). If the operation was dead-lettered at its first failure,
+    /// the same as [`failed_at`](Self::failed_at). For a dead letter an
+    /// older build recorded (store format 3), which kept no such time,
+    /// the first attempt's time (it came no earlier).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Listing, ManualClock, Store};
+    /// # use std::time::{Duration, UNIX_EPOCH};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("t", "op");
+    /// let at = |ms| UNIX_EPOCH + Duration::from_millis(ms);
+    /// clock.advance(Duration::from_secs(10));
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.fail(&c, Failure::Retryable)?; // the first failure, at +10 s
+    /// clock.advance(Duration::from_secs(50));
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.fail(&c, Failure::Exhausted { reason: "gave up", payload: None })?; // the last, at +60 s
+    /// let dl = &store.dead_letters(&Listing::new())?.items[0];
+    /// assert_eq!(dl.first_failed_at(), at(1_700_000_010_000));
+    /// assert_eq!(dl.failed_at(), at(1_700_000_060_000));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn first_failed_at(&self) -> SystemTime {
+        to_system_time(self.first_failed_at)
     }
 
     /// The reason given with [`Failure::Exhausted`](crate::Failure::Exhausted).
