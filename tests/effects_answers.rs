@@ -205,7 +205,7 @@ impl Run {
                     self.clock.advance(LEASE);
                     continue;
                 }
-                other => panic!("order {id}: {other:?}"),
+                other @ Begin::DeadLettered(_) => panic!("order {id}: {other:?}"),
             };
             self.attempt(claim)?;
         }
@@ -394,6 +394,69 @@ fn every_order_a_carrier_shipped_twice_is_a_candidate() -> Result<()> {
     Ok(())
 }
 
+/// One attempt of `RetryPolicy::call` for `key`, the carrier and the
+/// lookup going as `fate` and `lookup_down` say (see the test below):
+/// `true` once the order is settled.
+fn call_once(
+    (store, policy): (&Store, &dedupkv::RetryPolicy),
+    carrier: &std::cell::RefCell<Carrier>,
+    key: &Key<'_>,
+    (fate, lookup_down): (u64, bool),
+) -> Result<bool> {
+    use dedupkv::{Effect, ErrorClass, Run as Ran};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    let effect = Effect::new(
+        Intent {
+            target: "carrier",
+            request: b"2 parcels",
+        },
+        |c: &Claim| -> std::result::Result<Option<Vec<u8>>, String> {
+            if lookup_down {
+                return Err("lookup timed out".into());
+            }
+            Ok(carrier
+                .borrow()
+                .lookup(&c.provider_key())
+                .map(String::into_bytes))
+        },
+        |c: &Claim| -> std::result::Result<Vec<u8>, String> {
+            let pk = c.provider_key();
+            match fate {
+                0..12 => Err("503 Service Unavailable".into()),
+                12..20 => {
+                    carrier.borrow_mut().ship(&pk);
+                    Err("timeout".into())
+                }
+                20..24 => panic!("killed before the call"),
+                24..28 => {
+                    carrier.borrow_mut().ship(&pk);
+                    panic!("killed after the carrier shipped")
+                }
+                _ => Ok(carrier.borrow_mut().ship(&pk).into_bytes()),
+            }
+        },
+        |e: &String| {
+            if e.starts_with("timeout") {
+                ErrorClass::Unanswered
+            } else {
+                ErrorClass::Retryable
+            }
+        },
+    );
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        policy.call(store, key, Fingerprint::of("order"), effect)
+    }));
+    match run {
+        Err(_) => Ok(false), // the worker died; its claim was dropped
+        Ok(run) => match run? {
+            Ran::Done(_) | Ran::Reconciled(_) | Ran::Replayed(_) => Ok(true),
+            Ran::RetryAfter { .. } => Ok(false),
+            other => panic!("{key}: {other:?}"),
+        },
+    }
+}
+
 /// The store's own runner (`RetryPolicy::call`), which asks first and
 /// records every answer, on the same kind of run: a deduplicating carrier
 /// that answers 503 now and then, drops acks, and workers that die before
@@ -401,88 +464,36 @@ fn every_order_a_carrier_shipped_twice_is_a_candidate() -> Result<()> {
 /// dropped, the next attempt is interrupted), and lookups that time out.
 #[test]
 fn the_call_runner_on_a_deduplicating_carrier_leaves_no_candidate() -> Result<()> {
-    use dedupkv::{Effect, ErrorClass, RetryPolicy, Run as Ran};
-    use std::cell::RefCell;
-    use std::panic::{AssertUnwindSafe, catch_unwind};
-
     let dir = tempdir();
     let clock = ManualClock::new(T0);
     let store = builder(&clock).open(dir.path().join("s.redb"))?;
-    let policy = RetryPolicy::builder()
+    let policy = dedupkv::RetryPolicy::builder()
         .base(Duration::from_millis(1))
         .cap(Duration::from_millis(1))
         .max_attempts(1_000)
         .seed(3)
         .clock(clock.clone())
         .build()?;
-    let carrier = RefCell::new(Carrier::new(true));
-    let rng = RefCell::new(Rng(0x5eed_0003));
+    let carrier = std::cell::RefCell::new(Carrier::new(true));
+    let mut rng = Rng(0x5eed_0003);
     let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
-    let classify = |e: &String| {
-        if e.starts_with("timeout") {
-            ErrorClass::Unanswered
-        } else {
-            ErrorClass::Retryable
-        }
-    };
     for i in 0..ORDERS {
         let id = format!("order-{i:04}");
         let key = Key::new("orders", &id);
         for _ in 0..1_000 {
             clock.advance(Duration::from_millis(50));
-            let fate = rng.borrow_mut().below(100);
-            let lookup_down = rng.borrow_mut().pct(10);
-            *seen
-                .entry(match fate {
-                    0..12 => "503",
-                    12..20 => "ack dropped",
-                    20..24 => "died before",
-                    24..28 => "died after",
-                    _ => "ok",
-                })
-                .or_default() += 1;
-            let effect = Effect::new(
-                Intent {
-                    target: "carrier",
-                    request: b"2 parcels",
-                },
-                |c: &Claim| -> std::result::Result<Option<Vec<u8>>, String> {
-                    if lookup_down {
-                        return Err("lookup timed out".into());
-                    }
-                    Ok(carrier
-                        .borrow()
-                        .lookup(&c.provider_key())
-                        .map(String::into_bytes))
-                },
-                |c: &Claim| -> std::result::Result<Vec<u8>, String> {
-                    let pk = c.provider_key();
-                    match fate {
-                        0..12 => Err("503 Service Unavailable".into()),
-                        12..20 => {
-                            carrier.borrow_mut().ship(&pk);
-                            Err("timeout".into())
-                        }
-                        20..24 => panic!("killed before the call"),
-                        24..28 => {
-                            carrier.borrow_mut().ship(&pk);
-                            panic!("killed after the carrier shipped")
-                        }
-                        _ => Ok(carrier.borrow_mut().ship(&pk).into_bytes()),
-                    }
-                },
-                classify,
-            );
-            let run = catch_unwind(AssertUnwindSafe(|| {
-                policy.call(&store, &key, Fingerprint::of("order"), effect)
-            }));
-            match run {
-                Err(_) => {} // the worker died; its claim was dropped
-                Ok(run) => match run? {
-                    Ran::Done(_) | Ran::Reconciled(_) | Ran::Replayed(_) => break,
-                    Ran::RetryAfter { .. } => {}
-                    other => panic!("order {id}: {other:?}"),
-                },
+            let fate = rng.below(100);
+            let lookup_down = rng.pct(10);
+            let what = match fate {
+                0..12 => "503",
+                12..20 => "ack dropped",
+                20..24 => "died before",
+                24..28 => "died after",
+                _ => "ok",
+            };
+            *seen.entry(what).or_default() += 1;
+            if call_once((&store, &policy), &carrier, &key, (fate, lookup_down))? {
+                break;
             }
         }
         assert!(

@@ -134,7 +134,7 @@ impl Store {
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let store = Store::open(dir.path().join("s.redb"))?;
     /// let intent = Intent { target: "carrier", request: b"order 7" };
-    /// let begin = |key| store.begin_with_intent(key, Fingerprint::NONE, &BeginOptions::new(), intent);
+    /// let begin = |key: &Key<'_>| store.begin_with_intent(key, Fingerprint::NONE, &BeginOptions::new(), intent);
     /// for (id, ask_first) in [("ship-7", true), ("ship-8", false)] {
     ///     let key = Key::new("shop-42", id);
     ///     drop(begin(&key)?); // the worker died after calling the carrier, before it answered

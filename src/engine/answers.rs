@@ -56,9 +56,9 @@ impl Calls {
                 let asked = matches!(answer, Answer::Found(_));
                 let doubt = match self.reference {
                     Some(known) if known != hash => Doubt::TwoReferences,
-                    Some(_) => Doubt::None,
+                    // The same reference again: one effect, confirmed.
                     None if unknown_before && !asked => Doubt::AfterUnknown,
-                    None => Doubt::None,
+                    Some(_) | None => Doubt::None,
                 };
                 Calls {
                     answer: Answered::Accepted,

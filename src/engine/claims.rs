@@ -506,24 +506,10 @@ impl Engine {
                 ..p
             }),
         };
-        // A dead letter reports its round's first failure (or, none
-        // before, its own) beside its last.
-        let dead_body;
-        let outcome = match (kind, DeadLetterBody::decode(outcome)) {
-            (Kind::DeadLetter, Some(b)) => {
-                let body = DeadLetterBody {
-                    first_failed_at: p.round.failed(b.failed_at).first_failed_at,
-                    ..b
-                };
-                dead_body = if self.has_format_4_bodies() {
-                    body.encode()
-                } else {
-                    body.encode_v1()
-                };
-                dead_body.as_slice()
-            }
-            _ => outcome,
-        };
+        let dead_body = (kind == Kind::DeadLetter)
+            .then(|| self.dead_letter_body(outcome, p.round))
+            .flatten();
+        let outcome = dead_body.as_deref().unwrap_or(outcome);
         let round = match &next {
             Next::Released(released) => self.round_bytes(released),
             _ => self.round_bytes(&p),
@@ -575,6 +561,22 @@ impl Engine {
         }
         claim.finished.store(true, Ordering::Release);
         Ok(row)
+    }
+
+    /// The body of a dead letter of `round` from the one `fail` encoded:
+    /// with the round's first failure (or, none before, its own) beside
+    /// its last, in the file's format.
+    fn dead_letter_body(&self, encoded: &[u8], round: Round) -> Option<Vec<u8>> {
+        let b = DeadLetterBody::decode(encoded)?;
+        let body = DeadLetterBody {
+            first_failed_at: round.failed(b.failed_at).first_failed_at,
+            ..b
+        };
+        Some(if self.has_format_4_bodies() {
+            body.encode()
+        } else {
+            body.encode_v1()
+        })
     }
 
     /// Releases a claim dropped without an answer. Does not wait: if the

@@ -79,6 +79,7 @@ impl Engine {
     /// upgrade, this becomes `format() >= 4`: the writers then fall back
     /// to format 3's bodies, and `mark_answered` refuses the answers only
     /// format 4 can hold.
+    #[allow(clippy::unused_self)] // it reads the file's format once upgrades are explicit
     pub(crate) fn has_format_4_bodies(&self) -> bool {
         true
     }

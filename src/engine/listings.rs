@@ -22,6 +22,9 @@ use crate::log::record::Kind;
 use crate::types::{Cursor, Held, Listing, Page, Record};
 use crate::{Error, Result};
 
+/// Where a listed key's latest record is: its hash, bucket and row.
+pub(crate) type KeyAt = (KeyHash, u64, u64);
+
 /// Which listing a [`Cursor`] pages (its number is in the cursor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ListingKind {
@@ -117,7 +120,7 @@ impl Engine {
         &self,
         listing: (&Listing, ListingKind),
         pick: impl Fn(&Pending, Option<SlotState>) -> Option<u64>,
-    ) -> Result<Vec<(Cursor, (KeyHash, u64, u64))>> {
+    ) -> Result<Vec<(Cursor, KeyAt)>> {
         let nb = self.bucket_of(self.now());
         self.items_listed(listing, |shard, out| {
             // Read under the shard's lock: no slot of the shard points

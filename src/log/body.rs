@@ -58,7 +58,7 @@ impl<'a> IntentBody<'a> {
         let c = self.calls;
         let mut out = head(2, self.recorded_at, self.target, 11 + self.data.len());
         out.push(c.answer as u8);
-        out.push(u8::from(c.open) * OPEN | u8::from(c.reference.is_some()) * HAS_REFERENCE);
+        out.push((u8::from(c.open) * OPEN) | (u8::from(c.reference.is_some()) * HAS_REFERENCE));
         out.push(c.doubt as u8);
         out.extend_from_slice(&c.reference.unwrap_or(0).to_le_bytes());
         out.extend_from_slice(self.data);
