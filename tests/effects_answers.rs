@@ -518,3 +518,43 @@ fn the_call_runner_on_a_deduplicating_carrier_leaves_no_candidate() -> Result<()
     assert!(store.pending_intents(&Listing::new())?.items.is_empty());
     Ok(())
 }
+
+/// A candidate whose operation finishes while its calls are still
+/// unanswered (two timeouts in a row, then the operation is completed by
+/// hand) is no longer pending, but stays a candidate, durably.
+#[test]
+fn a_candidate_finished_unanswered_stays_listed_and_leaves_the_pending_list() -> Result<()> {
+    let dir = tempdir();
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let key = Key::new("orders", "order-1");
+    let intent = Intent {
+        target: "carrier",
+        request: b"2 parcels",
+    };
+    let begin =
+        |s: &Store| s.begin_with_intent(&key, Fingerprint::NONE, &BeginOptions::new(), intent);
+    {
+        let store = builder(&clock).open(&path)?;
+        let c = started(begin(&store)?);
+        store.mark_answered(&c, Answer::Unknown)?;
+        store.fail(&c, Failure::Retryable)?;
+        let c = started(begin(&store)?);
+        assert!(c.unanswered_intent());
+        store.mark_answered(&c, Answer::Unknown)?; // called again without asking
+        let e = store.intent(&key)?.expect("recorded");
+        assert_eq!(
+            (e.duplicate(), e.answer(), e.is_sent()),
+            (Some(Duplicate::AfterUnknown), Some(Answer::Unknown), false)
+        );
+        assert_eq!(store.pending_intents(&Listing::new())?.items.len(), 1);
+        store.complete(&c, b"shipped by hand")?;
+    }
+    let store = builder(&clock).open(&path)?;
+    assert!(store.pending_intents(&Listing::new())?.items.is_empty());
+    let listed = store.duplicate_candidates(&Listing::new())?;
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].key(), &key);
+    assert_eq!(listed.items[0].duplicate(), Some(Duplicate::AfterUnknown));
+    Ok(())
+}
