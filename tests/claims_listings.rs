@@ -8,18 +8,15 @@ use std::time::Duration;
 use dedupkv::{
     Error, Failure, Fingerprint, Key, Listing, ManualClock, Result, Store, StoreBuilder,
 };
-use dedupkv_testkit::{started, tempdir};
+use dedupkv_testkit::{T0, started, tempdir};
 
-const T0: u64 = 1_700_000_040_000;
 const MIN: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .lease(HOUR)
         .retention(24 * HOUR)
-        .background_eviction(false)
 }
 
 fn open(path: &Path, clock: &ManualClock) -> Result<Store> {

@@ -17,18 +17,15 @@ use dedupkv::{
     Answer, Begin, BeginOptions, Claim, Duplicate, Error, Failure, Fingerprint, Intent, Key,
     Listing, ManualClock, Result, Store, StoreBuilder,
 };
-use dedupkv_testkit::{started, tempdir};
+use dedupkv_testkit::{T0, started, tempdir};
 
-const T0: u64 = 1_700_000_040_000;
 const LEASE: Duration = Duration::from_secs(30);
 const ORDERS: usize = 300;
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .lease(LEASE)
         .retention(Duration::from_secs(24 * 3600))
-        .background_eviction(false)
 }
 
 /// A small deterministic generator (xorshift64*), so a run is the same on

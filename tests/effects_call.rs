@@ -16,9 +16,8 @@ use dedupkv::{
     Answer, Claim, Effect, ErrorClass, Fingerprint, GiveUpReason, Intent, Key, Listing,
     ManualClock, Result, RetryPolicy, Run, State, Store,
 };
-use dedupkv_testkit::tempdir;
+use dedupkv_testkit::{T0, tempdir};
 
-const T0: u64 = 1_700_000_000_000;
 const REQUEST: &[u8] = b"ship order 7: 2 parcels";
 const INTENT: Intent<'static> = Intent {
     target: "carrier",

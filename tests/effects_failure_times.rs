@@ -9,19 +9,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use dedupkv::{
     Begin, DeadLetter, Failure, Fingerprint, Key, Listing, ManualClock, Result, Store, StoreBuilder,
 };
-use dedupkv_testkit::{started, tempdir};
+use dedupkv_testkit::{T0, started, tempdir};
 
-const T0: u64 = 1_700_000_040_000;
 const SEC: Duration = Duration::from_secs(1);
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .lease(30 * SEC)
         .retention(HOUR)
         .bucket_granularity(60 * SEC)
-        .background_eviction(false)
 }
 
 fn open(path: &Path, clock: &ManualClock) -> Result<Store> {

@@ -10,18 +10,15 @@ use dedupkv::{
     Begin, BeginOptions, Error, Failure, Fingerprint, Intent, Key, Listing, ManualClock, Result,
     Store, StoreBuilder,
 };
-use dedupkv_testkit::{started, tempdir};
+use dedupkv_testkit::{T0, started, tempdir};
 
-const T0: u64 = 1_700_000_040_000;
 const MIN: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .retention(HOUR)
         .bucket_granularity(MIN)
-        .background_eviction(false)
 }
 
 /// 150 dead letters, over a `max_keys` of 100 by themselves, and a few
