@@ -9,17 +9,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use dedupkv::{
     Error, Fingerprint, Key, ManualClock, Result, Store, StoreBuilder, Tally, WindowKeys,
 };
-use dedupkv_testkit::{FaultBackend, started, tempdir};
+use dedupkv_testkit::{FaultBackend, T0, started, tempdir};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const SETTLE: Duration = Duration::from_secs(5);
-/// A minute boundary.
-const T0: u64 = 1_700_000_040_000;
 
+/// The kit's builder with minute windows and kept keys for `shipments`.
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
-        .background_eviction(false)
+    dedupkv_testkit::builder(clock)
         .bucket_granularity(Duration::from_secs(1))
         .reconcile_window(MINUTE)
         .reconcile_keys_of("shipments")

@@ -7,20 +7,11 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use dedupkv::{
-    Begin, Error, Failure, Fingerprint, Key, ManualClock, Resolution, Result, Store, StoreBuilder,
-    Tally,
+    Begin, Error, Failure, Fingerprint, Key, ManualClock, Resolution, Result, Store, Tally,
 };
-use dedupkv_testkit::{FaultBackend, started, tempdir};
+use dedupkv_testkit::{FaultBackend, T0_HOUR as T0, builder, started, tempdir};
 
 const HOUR: Duration = Duration::from_secs(3600);
-/// 2023-11-14T22:00:00Z, a window boundary.
-const T0: u64 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000;
-
-fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
-        .background_eviction(false)
-}
 
 fn ship(store: &Store, id: &str, amount: i64) -> Result<()> {
     let c = started(store.begin(&Key::new("shipments", id), Fingerprint::NONE)?);

@@ -46,7 +46,7 @@ const KEYS_PER_RECORD: usize = 4096;
 /// How the open file counts completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Counting {
-    /// In the shards, from the `Complete` records (format 4).
+    /// In the shards, recovered from the `Complete` records (format 4).
     InShards,
     /// A `Tally` record with the window's running totals in every
     /// completion's commit, in one store-wide map: what builds that read
@@ -65,18 +65,21 @@ pub(crate) struct Completion<'a> {
 }
 
 impl Engine {
-    /// How completions are counted in the open file: the one place the
-    /// file's format decides it.
+    /// How completions are counted in the open file, as its format says.
     ///
     /// A build that reads format 3 takes a window's latest `Tally` record
-    /// as its totals, so a format-3 file keeps getting one per completion
-    /// (`Legacy`) until it is upgraded. Until the store's explicit upgrade
-    /// lands, every file is counted `InShards`; with it, this reads
-    /// `self.format() >= 4`.
+    /// as its totals and knows no `Keys` or `Amount` record, so only a
+    /// format-4 file is counted `InShards`; a file that stays at format 3
+    /// (once upgrades are explicit) keeps getting a `Tally` record per
+    /// completion (`Legacy`) until it is upgraded. The file's format is
+    /// asked in one place, [`has_format_4_bodies`](Self::has_format_4_bodies).
     #[inline]
-    #[allow(clippy::unused_self)] // reads the file's format once the upgrade lands
     pub(crate) fn counting(&self) -> Counting {
-        Counting::InShards
+        if self.has_format_4_bodies() {
+            Counting::InShards
+        } else {
+            Counting::Legacy
+        }
     }
 
     /// Counts a completion whose `Complete` record was just appended; the
