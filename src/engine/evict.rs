@@ -32,6 +32,10 @@
 //! - the size bound counts every key but the dead letters, which are never
 //!   evicted (early or not), so they cannot drive early eviction of live
 //!   buckets.
+//! - the reconciliation windows still kept that a deleted bucket's records
+//!   count in, and the keys it holds, are written again (a Tally record
+//!   per window, Keys records) into the open batch before the first
+//!   deletion commit (see `reconcile`).
 use super::Engine;
 use super::claims::claim_record;
 use super::reconcile::{TallyCarry, note_leaving};
