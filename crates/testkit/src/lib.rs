@@ -8,6 +8,8 @@
 //!   reopened.
 //! - [`model`]: the model of the store's semantics that random operation
 //!   sequences are checked against.
+//! - [`history`]: many threads making every call at once, their recorded
+//!   history checked for linearizability against the same model.
 //! - Helpers the tests repeat: [`started`], [`is_fault`], [`tempdir`].
 //!
 //! It uses dedupkv's public API only, and `std`/`parking_lot` locks (never
@@ -30,6 +32,7 @@
 //! ```
 
 mod backend;
+pub mod history;
 pub mod model;
 
 pub use backend::{FaultBackend, Plan};

@@ -867,6 +867,60 @@ impl KeyState {
             ))),
         }
     }
+
+    /// The dead-letter listing shows the key as `got` (`None`: not
+    /// listed): listed exactly while it is a dead letter.
+    pub(crate) fn dead_letter_listed(&self, k: usize, got: Option<&DeadLetter>) -> TestResult {
+        let want = self.rec.as_ref().filter(|r| r.kind == Kind::DeadLettered);
+        match (got, want) {
+            (None, None) => Ok(()),
+            (Some(got), Some(want)) => check_dead_letter(k, got, want),
+            (got, want) => Err(TestCaseError::fail(format!(
+                "dead_letters lists key {k} as {got:?}, model {:?}",
+                want.or(self.rec.as_ref())
+            ))),
+        }
+    }
+
+    /// `stranded_claims`, as of `now`, shows the key as `got` (`None`: not
+    /// listed): a claim whose lease lapsed (or whose process is gone, token
+    /// up to `run_floor`) is listed until it is finished or evicted; one
+    /// that expired may be evicted already.
+    pub(crate) fn stranded_listed(
+        &self,
+        s: &Settings,
+        (k, now): (usize, u64),
+        got: Option<&Record>,
+        run_floor: u64,
+    ) -> TestResult {
+        let want = self
+            .rec
+            .as_ref()
+            .filter(|r| r.kind == Kind::Claimed && (r.lease_until <= now || r.token <= run_floor));
+        match (got, want) {
+            (None, None) => Ok(()),
+            (Some(got), Some(want)) => check_record(k, got, want),
+            (None, Some(_)) if self.live(s, now).is_none() => Ok(()),
+            (got, want) => Err(TestCaseError::fail(format!(
+                "stranded_claims lists key {k} as {got:?}, model {:?}",
+                want.or(self.rec.as_ref())
+            ))),
+        }
+    }
+
+    /// `pending_intents` shows the key's intent as `got` (`None`: not
+    /// listed): listed exactly while one is pending.
+    pub(crate) fn pending_intent_listed(&self, k: usize, got: Option<&IntentEntry>) -> TestResult {
+        let want = self.intent.as_ref().filter(|i| !i.sent);
+        match (got, want) {
+            (None, None) => Ok(()),
+            (Some(got), Some(want)) => check_intent(k, got, want),
+            (got, want) => Err(TestCaseError::fail(format!(
+                "pending_intents lists key {k} as {got:?}, model {:?}",
+                want.or(self.intent.as_ref())
+            ))),
+        }
+    }
 }
 
 /// Checks `got` against the record the model expects.
