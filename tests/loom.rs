@@ -12,7 +12,9 @@
 //! log row (`Deferred` mode lets one thread make both before a commit)
 //! must not fool a call that read the row between its two locks: `forget`
 //! never frees a claim `begin` started meanwhile, and `begin` replays as
-//! `Completed` only a finished record, never a `requeue`'s release.
+//! `Completed` only a finished record, never a `requeue`'s release; and a
+//! listing returns when a dead letter lands in a row newer than the one it
+//! read when it began.
 //!
 //! Each model opens its store with one shard and a manual clock, so an
 //! execution is a function of loom's schedule alone (loom requires it): the
@@ -451,6 +453,43 @@ fn begin_replays_only_finished_records() {
             if let Begin::Completed(rec) = &mine {
                 panic!("begin answered Completed with {rec:?} (requeued: {requeued})");
             }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn dead_letters_listing_returns() {
+    check(
+        "dead_letters vs a dead letter written into a newer row",
+        2,
+        || {
+            let store = open(FaultBackend::new())?;
+            let first = started(store.begin(&Key::new("t", "op"), fp())?);
+            let (listed, failed) = race(|| {
+                let racer = {
+                    let store = store.clone();
+                    spawn(move || {
+                        // A commit after the listing began: the dead letter
+                        // lands in a row newer than the one it read.
+                        store.insert_if_absent(&Key::new("t", "other"))?;
+                        store.fail(
+                            &first,
+                            Failure::Exhausted {
+                                reason: "gave up",
+                                payload: None,
+                            },
+                        )
+                    })
+                };
+                let listed = store.dead_letters(&dedupkv::Listing::new());
+                (listed, join(racer))
+            });
+            failed?;
+            // It returned (loom reports a listing that waits forever as a
+            // deadlock), with the dead letter or without it.
+            let listed = listed?;
+            assert!(listed.items.len() <= 1, "listed {listed:?}");
             Ok(())
         },
     );
