@@ -54,6 +54,7 @@ impl Default for StoreBuilder {
                 max_retry_window_ms: None,
                 entity_retention_ms: 7 * 24 * 3_600_000,
                 max_hold_ms: 5 * 60_000,
+                handback_lease_ms: 30_000,
                 compact_when_free: Some(0.5),
                 evict_slice_bytes: 1 << 20,
                 max_batch_bytes: 256 << 20,
@@ -343,6 +344,30 @@ impl StoreBuilder {
         self
     }
 
+    /// How long what the sequencer hands back ([`Store::sequence`],
+    /// [`Store::release_held`]) is held for its handler: until it is
+    /// acknowledged or this lease lapses, a redelivery of those events
+    /// answers [`Sequenced::Handling`](crate::Sequenced::Handling) instead
+    /// of handing them to a second consumer. Default: 30 s; at least 1 ms.
+    /// [`Store::sequence_with`] sets it per call. Leases live in memory: a
+    /// restarted store hands every unacknowledged event back at once.
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for 0.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder()
+    ///     .handback_lease(std::time::Duration::from_secs(120))
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn handback_lease(mut self, d: Duration) -> Self {
+        self.cfg.handback_lease_ms = millis(d);
+        self
+    }
+
     /// The background evictor compacts the file when more than this fraction
     /// of it is free (and it is at least 64 MiB); `None` never compacts by
     /// itself ([`Store::compact`] still does). Default: `Some(0.5)`. Space
@@ -542,6 +567,9 @@ impl StoreBuilder {
         }
         if c.lease_ms == 0 {
             return bad("the lease must be at least 1 ms".into());
+        }
+        if c.handback_lease_ms == 0 {
+            return bad("the hand-back lease must be at least 1 ms".into());
         }
         if c.tally_window_ms == 0 || c.tally_window_ms > c.tally_retention_ms {
             return bad(format!(

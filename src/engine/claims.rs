@@ -15,12 +15,13 @@ use std::time::SystemTime;
 
 use super::Engine;
 use super::input::{CLAIM_BYTES, key_bytes};
+use super::rounds::RoundBytes;
 use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
 use crate::codec::TAG_RAW;
 use crate::index::intent::IntentState;
-use crate::index::{Pending, SlotState};
+use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
 use crate::log::body::DeadLetterBody;
 use crate::log::record::{
@@ -46,6 +47,8 @@ pub(crate) struct Ticket {
     pub(crate) interrupted: bool,
     /// An earlier attempt recorded an intent nobody marked answered.
     pub(crate) unanswered_intent: bool,
+    /// The round of attempts this one belongs to.
+    pub(crate) round: Round,
 }
 
 impl Ticket {
@@ -211,15 +214,16 @@ impl Engine {
         let (h, now, nb) = this.write_start(key)?;
         let mut shard = this.index.lock(h);
         let mut w = Write::new(&mut shard, h, nb);
-        let (attempt, first_at, interrupted) = match w.recorded() {
-            None => (1, now, false),
+        let (attempt, first_at, interrupted, round) = match w.recorded() {
+            None => (1, now, false, Round::first(now)),
             Some(s) => match s.state() {
                 // A new operation, first claimed later than the forgotten
                 // one (even within its millisecond, or while the store's
                 // time stands still), so its provider key differs.
                 SlotState::Forgotten => {
                     let after = w.pending().map_or(0, |p| p.first_at.saturating_add(1));
-                    (1, now.max(after), false)
+                    let first_at = now.max(after);
+                    (1, first_at, false, Round::first(first_at))
                 }
                 SlotState::Inserted
                 | SlotState::Completed
@@ -227,7 +231,7 @@ impl Engine {
                 | SlotState::DeadLettered => {
                     let (bucket, row) = (s.bucket(nb), s.row(this.log.open_row()));
                     drop(shard);
-                    return this.replay(key, h, bucket, row, fingerprint);
+                    return this.replay(key, h, (s.state(), bucket, row), fingerprint);
                 }
                 SlotState::Claimed | SlotState::Released => {
                     let p = w.pending().ok_or_else(|| super::read::lost_details(key))?;
@@ -259,7 +263,12 @@ impl Engine {
                     if interrupted {
                         w.shard().counters.takeovers += 1;
                     }
-                    (p.attempt.saturating_add(1), p.first_at, interrupted)
+                    (
+                        p.attempt.saturating_add(1),
+                        p.first_at,
+                        interrupted,
+                        p.round.next(interrupted),
+                    )
                 }
             },
         };
@@ -282,8 +291,10 @@ impl Engine {
                 any_request: false,
                 abandoned: false,
                 failed_at: 0,
+                round,
             };
-            let mut rec = claim_record(key.scope(), key.id(), &p, now);
+            let round = RoundBytes::of(&p);
+            let mut rec = claim_record(key.scope(), key.id(), &p, now).with_round(round.as_slice());
             let mut row = w.append(this, &mut batch, Next::Claimed(p), &mut rec);
             if let Some(intent) = op.intent {
                 // In the claim's commit: no claim is durable without it.
@@ -336,6 +347,7 @@ impl Engine {
             finished: AtomicBool::new(false),
             interrupted,
             unanswered_intent,
+            round: p.round,
         }
     }
 
@@ -393,7 +405,9 @@ impl Engine {
             lease_ms,
             ..p
         };
-        let mut rec = claim_record(claim.key.scope(), claim.key.id(), &p, now);
+        let round = RoundBytes::of(&p);
+        let mut rec =
+            claim_record(claim.key.scope(), claim.key.id(), &p, now).with_round(round.as_slice());
         let row = {
             let mut batch = self.log.batch()?;
             w.append(self, &mut batch, Next::Claimed(p), &mut rec)
@@ -471,11 +485,12 @@ impl Engine {
             now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
         );
         let (scope, id) = (claim.key.scope(), claim.key.id());
+        let round = RoundBytes::of(&p);
         let mut rec = match kind {
             Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
             Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
             Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
-            _ => RecordRef::release(scope, id, at, fields(&p), tag),
+            _ => RecordRef::release(scope, id, at, fields(&p), tag).with_round(round.as_slice()),
         };
         let next = match kind {
             Kind::Complete => Next::Completed,
@@ -541,33 +556,43 @@ impl Engine {
     }
 
     /// Answers `begin` on a finished key from its log record.
+    /// The answer to a `begin` of a key whose slot was seen in `state` at
+    /// (`bucket`, `row`): read from that row once it is durable. Other
+    /// records of the key may have joined the row after the slot was seen
+    /// (a requeue, a new claim), so the answer is built only from a record
+    /// of the state decided on; otherwise `None`, and the caller decides
+    /// again. `Completed` thus only ever carries a record that was the
+    /// key's latest, in a finished state, during the call.
     fn replay(
         &self,
         key: &Key<'_>,
         h: KeyHash,
-        bucket: u64,
-        row: u64,
+        (state, bucket, row): (SlotState, u64, u64),
         fingerprint: Fingerprint,
     ) -> Result<Option<Begun>> {
         let loaded = self.load_with(key, bucket, row, |r| {
+            if r.kind != kind_of(state) {
+                return Ok(None);
+            }
             let dead = match r.kind {
                 Kind::DeadLetter => Some(self.dead_letter_of(r)?),
                 _ => None,
             };
-            Ok((self.record_of(r), dead))
+            Ok(Some((self.record_of(r), dead)))
         })?;
-        let Some((rec, dead)) = loaded else {
+        let Some(loaded) = loaded else {
             // Its bucket was deleted under us: the key expired (or, a dead
             // letter, was carried to another bucket). Drop the
             // slot if nobody rewrote it meanwhile, so the retry sees it
             // absent (and the retry loop ends).
             let mut shard = self.index.lock(h);
-            if shard
-                .get(h)
-                .is_some_and(|s| s.bucket(bucket) == bucket && s.row(row) == row)
-            {
+            if shard.get(h).is_some_and(|s| s.is_at(bucket, row)) {
                 shard.remove(h);
             }
+            return Ok(None);
+        };
+        // Written meanwhile: decide again.
+        let Some((rec, dead)) = loaded else {
             return Ok(None);
         };
         if rec.state != State::Inserted && rec.fingerprint != Some(fingerprint) {
@@ -584,6 +609,20 @@ impl Engine {
         // Counted store-wide: a replay needs no second visit to its shard.
         self.counters.replays.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Begun::Completed(rec)))
+    }
+}
+
+/// The record kind a key's slot in `state` points at (for the states a
+/// `begin` answers from a record).
+fn kind_of(state: SlotState) -> Kind {
+    match state {
+        SlotState::Inserted => Kind::Insert,
+        SlotState::Claimed => Kind::Claim,
+        SlotState::Released => Kind::Release,
+        SlotState::Completed => Kind::Complete,
+        SlotState::Failed => Kind::Fail,
+        SlotState::Forgotten => Kind::Forget,
+        SlotState::DeadLettered => Kind::DeadLetter,
     }
 }
 

@@ -27,6 +27,8 @@ pub(crate) struct Config {
     pub max_retry_window_ms: Option<u64>,
     pub entity_retention_ms: u64,
     pub max_hold_ms: u64,
+    /// How long a hand-back of the sequencer is held for its handler.
+    pub handback_lease_ms: u64,
     pub compact_when_free: Option<f64>,
     pub evict_slice_bytes: usize,
     pub max_batch_bytes: usize,

@@ -31,6 +31,7 @@
 //!   elsewhere before its bucket is deleted.
 use super::Engine;
 use super::claims::claim_record;
+use super::rounds::RoundBytes;
 use super::write::{Next, Write};
 use crate::Result;
 use crate::index::SlotState;
@@ -185,7 +186,9 @@ impl Engine {
                     // into the open batch, it is committed no later than
                     // this bucket's deletion (like an entity's core record).
                     let mut batch = self.log.batch()?;
-                    let mut carried = claim_record(rec.scope, rec.id, &p, now);
+                    let round = RoundBytes::of(&p);
+                    let mut carried =
+                        claim_record(rec.scope, rec.id, &p, now).with_round(round.as_slice());
                     Write::new(&mut shard, h, self.bucket_of(now)).append(
                         self,
                         &mut batch,

@@ -210,6 +210,7 @@ impl Engine {
 
     /// The operation's intent, if it recorded one that is pending or sent.
     pub(crate) fn intent(&self, key: &Key<'_>) -> Result<Option<IntentEntry>> {
+        self.check_readable()?;
         self.check_key(key)?;
         let h = self.hash(key);
         let Some(slot) = self.index.lock(h).intent(h).copied() else {
@@ -249,6 +250,7 @@ impl Engine {
         want: IntentState,
         attempt_over: u32,
     ) -> Result<Page<IntentEntry>> {
+        self.check_readable()?;
         let found = self.items_listed(listing, |shard, out| {
             for i in shard.intents() {
                 if i.state == want && i.attempt > attempt_over {

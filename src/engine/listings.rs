@@ -14,6 +14,7 @@ use crate::clock::to_system_time;
 use crate::index::entity::EventState;
 use crate::index::{Pending, Shard, SlotState};
 use crate::key::KeyHash;
+use crate::log::record::Kind;
 use crate::types::{Cursor, Held, Listing, Page, Record};
 
 impl Engine {
@@ -48,8 +49,11 @@ impl Engine {
         pick: impl Fn(&Pending, Option<SlotState>) -> Option<u64>,
     ) -> Vec<(Cursor, (KeyHash, u64, u64))> {
         let nb = self.bucket_of(self.now());
-        let open_row = self.log.open_row();
         self.items_listed(listing, |shard, out| {
+            // Read under the shard's lock: no slot of the shard points
+            // past it (one read before the lock could be older than a slot
+            // written meanwhile, and widening against it would be wrong).
+            let open_row = self.log.open_row();
             for (p, state) in shard.pending_entries() {
                 if let Some(at) = pick(p, state)
                     && let Some(s) = shard.get(p.hash)
@@ -64,6 +68,7 @@ impl Engine {
     /// nobody back to finish them, by when the lease lapsed: what retention
     /// would otherwise evict without a word.
     pub(crate) fn stranded_claims(&self, listing: &Listing) -> Result<Page<Record>> {
+        self.check_readable()?;
         let now = self.now();
         let found = self.keys_listed(listing, |p, state| {
             let lapsed = p.lease_until <= now || self.orphaned(p.token);
@@ -72,7 +77,16 @@ impl Engine {
         page(
             listing,
             found,
-            |(h, bucket, row)| self.load_hashed((h, false), bucket, row, |r| Ok(self.record_of(r))),
+            |(h, bucket, row)| {
+                // A record written meanwhile into the same row (a takeover's
+                // claim is stranded no more, a finish) is the key's latest.
+                let found = self.load_hashed((h, false), bucket, row, |r| {
+                    Ok((r.kind == Kind::Claim).then(|| self.record_of(r)))
+                })?;
+                Ok(found
+                    .flatten()
+                    .filter(|r| r.lease_until.is_some_and(|l| l <= now) || self.orphaned(r.token)))
+            },
             |r| r.key().scope(),
         )
     }
@@ -80,6 +94,7 @@ impl Engine {
     /// A page of the sequencer's holding area across every entity: events
     /// whose predecessor never came, by when it went missing.
     pub(crate) fn holding_area(&self, listing: &Listing) -> Result<Page<Held>> {
+        self.check_readable()?;
         let found = self.items_listed(listing, |shard, out| {
             for e in shard.entities_with_events() {
                 for (seq, ev) in &e.held {

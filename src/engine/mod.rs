@@ -17,6 +17,8 @@
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
 //!   until requeued or resolved);
 //! - [`intents`]: intents recorded before external calls (an outbox);
+//! - [`rounds`]: an operation's rounds of attempts (from its first attempt,
+//!   and from each requeue), which retry limits count within;
 //! - [`reconcile`]: per-window counts of completions, against the
 //!   system of record;
 //! - [`listings`]: what an operator lists (dead letters, held events,
@@ -52,6 +54,7 @@ pub(crate) mod open;
 pub(crate) mod order;
 pub(crate) mod read;
 pub(crate) mod reconcile;
+pub(crate) mod rounds;
 pub(crate) mod time;
 pub(crate) mod tokens;
 pub(crate) mod write;

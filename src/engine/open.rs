@@ -22,7 +22,7 @@ use super::tokens::{TOKEN_BLOCK, Tokens};
 use super::{Config, Engine, Threads};
 use crate::clock::Clock;
 use crate::index::intent::{IntentSlot, IntentState};
-use crate::index::{Pending, Shard, ShardedIndex, SlotState};
+use crate::index::{Pending, Round, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
 use crate::log::record::{
     INTENT_PENDING, INTENT_SENT, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
@@ -303,6 +303,7 @@ fn apply_record(
             Kind::DeadLetter => rec.dead_letter_body()?.failed_at,
             _ => 0,
         },
+        round: Round::of_record(rec, c.first_at)?,
     };
     let state = match rec.kind {
         Kind::Claim => SlotState::Claimed,

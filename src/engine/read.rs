@@ -10,9 +10,19 @@ use crate::types::{DeadLetter, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
 
 impl Engine {
+    /// What every read starts with: after a failed commit the index may
+    /// hold state that never became durable, so no read answers from it
+    /// (`Poisoned`, like every write); a reopened store reads what is
+    /// durable.
+    #[inline]
+    pub(crate) fn check_readable(&self) -> Result<()> {
+        self.log.check()
+    }
+
     /// The latest record of `key`, or `None` if it is not recorded (or has
     /// expired).
     pub(crate) fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
+        self.check_readable()?;
         self.check_key(key)?;
         let h = self.hash(key);
         loop {
@@ -32,7 +42,7 @@ impl Engine {
                 .index
                 .lock(h)
                 .get(h)
-                .is_some_and(|s| s.bucket(bucket) != bucket || s.row(row) != row);
+                .is_some_and(|s| !s.is_at(bucket, row));
             if !moved {
                 return Ok(None);
             }

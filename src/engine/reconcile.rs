@@ -67,6 +67,7 @@ impl Engine {
 
     /// Every window's totals of `scope`, oldest first.
     pub(crate) fn tallies(&self, scope: &[u8]) -> Result<Vec<Tally>> {
+        self.check_readable()?;
         if scope.is_empty() {
             return Err(Error::InvalidArgument {
                 what: "scope",

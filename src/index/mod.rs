@@ -53,6 +53,33 @@ pub(crate) struct Pending {
     pub abandoned: bool,
     /// Dead-lettered: when its last attempt failed (0 otherwise).
     pub failed_at: u64,
+    /// The round of attempts this claim belongs to.
+    pub round: Round,
+}
+
+/// A round of an operation's attempts: from its first attempt, and again
+/// from each requeue. Retry limits count within a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Round {
+    /// Attempts of earlier rounds (0 in the first round).
+    pub before: u32,
+    /// When the round began, in ms (the first attempt, or the requeue).
+    pub since: u64,
+    /// Attempts of this round, before the latest, that ended without an
+    /// answer (their worker died, their lease lapsed, their claim was
+    /// dropped).
+    pub interrupted: u32,
+}
+
+impl Round {
+    /// The first round of an operation first claimed at `first_at`.
+    pub(crate) fn first(first_at: u64) -> Round {
+        Round {
+            before: 0,
+            since: first_at,
+            interrupted: 0,
+        }
+    }
 }
 
 /// One shard: the slot table and the pending-claim details.
@@ -446,6 +473,7 @@ mod tests {
             any_request: false,
             abandoned: false,
             failed_at: 0,
+            round: Round::first(0),
         });
         assert_eq!(s.get(h).map(Slot::state), Some(SlotState::Claimed));
         assert_eq!(s.pending(h).map(|p| p.token), Some(9));

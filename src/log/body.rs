@@ -1,5 +1,6 @@
 //! The bodies of the records that carry more than an outcome: a dead
-//! letter's and an intent's (see `Kind::DeadLetter`, `Kind::Intent`).
+//! letter's and an intent's (see `Kind::DeadLetter`, `Kind::Intent`), and
+//! the round a `Claim` or `Release` record's claim belongs to.
 
 /// What an `Intent` record says besides its claim fields:
 ///
@@ -93,6 +94,53 @@ impl<'a> DeadLetterBody<'a> {
     }
 }
 
+/// The round of attempts a `Claim` or `Release` record's claim belongs
+/// to, in that record's outcome (which is empty for an operation's first
+/// round while none of its attempts was interrupted):
+///
+/// ```text
+/// version:u8 (=1) | before:u32 LE | since:u64 LE | interrupted:u32 LE
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RoundBody {
+    /// Attempts of earlier rounds.
+    pub before: u32,
+    /// When the round began (ms).
+    pub since: u64,
+    /// Attempts of this round that ended without an answer.
+    pub interrupted: u32,
+}
+
+/// The length of an encoded [`RoundBody`].
+pub(crate) const ROUND_BODY_LEN: usize = 17;
+
+impl RoundBody {
+    const VERSION: u8 = 1;
+
+    /// The encoded body.
+    pub(crate) fn encode(&self) -> [u8; ROUND_BODY_LEN] {
+        let mut out = [0; ROUND_BODY_LEN];
+        out[0] = Self::VERSION;
+        out[1..5].copy_from_slice(&self.before.to_le_bytes());
+        out[5..13].copy_from_slice(&self.since.to_le_bytes());
+        out[13..].copy_from_slice(&self.interrupted.to_le_bytes());
+        out
+    }
+
+    /// The body encoded in `bytes`, if well formed.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; ROUND_BODY_LEN] = bytes.try_into().ok()?;
+        if bytes[0] != Self::VERSION {
+            return None;
+        }
+        Some(RoundBody {
+            before: u32::from_le_bytes(bytes[1..5].try_into().ok()?),
+            since: u64::from_le_bytes(bytes[5..13].try_into().ok()?),
+            interrupted: u32::from_le_bytes(bytes[13..].try_into().ok()?),
+        })
+    }
+}
+
 /// The head both bodies share: `version | time:u64 LE | len:u32 LE |
 /// text`, with room for `rest` more bytes.
 fn head(version: u8, time: u64, text: &str, rest: usize) -> Vec<u8> {
@@ -121,6 +169,34 @@ fn read_head(bytes: &[u8], version: u8) -> Option<(u64, &[u8], &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_body_round_trips_and_refuses_damage() {
+        for body in [
+            RoundBody {
+                before: 0,
+                since: 0,
+                interrupted: 1,
+            },
+            RoundBody {
+                before: u32::MAX,
+                since: u64::MAX,
+                interrupted: u32::MAX,
+            },
+        ] {
+            let bytes = body.encode();
+            assert_eq!(RoundBody::decode(&bytes), Some(body));
+            for n in 0..bytes.len() {
+                assert_eq!(RoundBody::decode(&bytes[..n]), None, "cut at {n}");
+            }
+            let mut longer = bytes.to_vec();
+            longer.push(0);
+            assert_eq!(RoundBody::decode(&longer), None);
+            let mut other = bytes;
+            other[0] = 2;
+            assert_eq!(RoundBody::decode(&other), None, "another version");
+        }
+    }
 
     #[test]
     fn a_dead_letter_body_round_trips_and_refuses_damage() {

@@ -2,7 +2,7 @@
 //! a constructor per kind and named accessors for the fields a kind
 //! reuses. The bytes are [`format`](super::format)'s.
 
-use super::body::{DeadLetterBody, IntentBody};
+use super::body::{DeadLetterBody, IntentBody, RoundBody};
 use crate::codec::TAG_RAW;
 
 /// Hard caps imposed by the record format.
@@ -18,13 +18,17 @@ pub(crate) const FORMAT_MAX_RECORD: usize = 2 * FORMAT_MAX_KEY_PART + FORMAT_MAX
 pub(crate) enum Kind {
     /// A plain `insert_if_absent` key.
     Insert = 1,
-    /// A claim began, was taken over, or was renewed.
+    /// A claim began, was taken over, or was renewed. The outcome is
+    /// empty, or a [`RoundBody`]: the claim's round of attempts, when it is
+    /// not an operation's first round without interruptions.
     Claim = 2,
     /// The claim completed with an outcome.
     Complete = 3,
     /// The claim failed permanently; the outcome is the error payload.
     Fail = 4,
-    /// The claim was released for a retry (retryable failure or drop).
+    /// The claim was released for a retry (retryable failure, drop, or
+    /// `requeue`). The outcome, as a `Claim` record's: empty or a
+    /// [`RoundBody`].
     Release = 5,
     /// An entity's whole core state: `value` = version + 1 (0: none),
     /// `aux` = next expected sequence number (0: no sequencer state),
@@ -323,6 +327,17 @@ impl<'a> RecordRef<'a> {
         Self::with_claim(Kind::Release, (scope, id), (at, expires), c, tag, &[])
     }
 
+    /// This `Claim` or `Release` record carrying `round` (an encoded
+    /// [`RoundBody`]; empty: an operation's first round, uninterrupted).
+    #[inline]
+    pub(crate) fn with_round(self, round: &'a [u8]) -> Self {
+        debug_assert!(matches!(self.kind, Kind::Claim | Kind::Release));
+        RecordRef {
+            outcome: round,
+            ..self
+        }
+    }
+
     /// The key was forgotten; `c` is the claim of the record it replaces
     /// (its lease is not kept).
     #[inline]
@@ -573,6 +588,24 @@ impl<'a> RecordRef<'a> {
         self.outcome_tag == INTENT_SENT
     }
 
+    /// The round a `Claim` or `Release` record's claim belongs to (`None`:
+    /// its operation's first round, uninterrupted); `Corrupt` if it is
+    /// malformed.
+    pub(crate) fn round(&self) -> crate::Result<Option<RoundBody>> {
+        debug_assert!(matches!(self.kind, Kind::Claim | Kind::Release));
+        if self.outcome.is_empty() {
+            return Ok(None);
+        }
+        RoundBody::decode(self.outcome).map(Some).ok_or_else(|| {
+            crate::Error::Corrupt(format!(
+                "the {:?} record of {} has a malformed {}-byte round",
+                self.kind,
+                crate::error::show_key(self.scope, self.id),
+                self.outcome.len()
+            ))
+        })
+    }
+
     /// The body of a `DeadLetter` record; `Corrupt` if it is malformed.
     pub(crate) fn dead_letter_body(&self) -> crate::Result<DeadLetterBody<'a>> {
         debug_assert_eq!(self.kind, Kind::DeadLetter);
@@ -724,6 +757,37 @@ mod tests {
             ),
             (10, 8, 44, &b"h"[..])
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_claims_round_reads_back_through_a_row_and_damage_is_corrupt() -> crate::Result<()> {
+        let (s, i) = KEY;
+        let round = RoundBody {
+            before: 3,
+            since: TIMES.0 - 5,
+            interrupted: 2,
+        }
+        .encode();
+        let mut recs = [
+            RecordRef::claim(s, i, TIMES, CLAIM),
+            RecordRef::claim(s, i, TIMES, CLAIM).with_round(&round),
+            RecordRef::release(s, i, TIMES, CLAIM, RELEASE_ABANDONED).with_round(&round),
+            RecordRef::claim(s, i, TIMES, CLAIM).with_round(&round[..5]),
+        ];
+        let mut w = RowWriter::new();
+        for (n, r) in recs.iter_mut().enumerate() {
+            r.idx = n as u32;
+            w.push(r);
+        }
+        let row = w.finish();
+        let back: Vec<_> = read_row(&row)?.collect::<crate::Result<_>>()?;
+        assert_eq!(back[0].round()?, None);
+        assert_eq!(back[1].round()?, RoundBody::decode(&round));
+        assert_eq!(back[1].claim_fields(), CLAIM);
+        assert_eq!(back[2].round()?, RoundBody::decode(&round));
+        assert_eq!(back[2].outcome_tag, RELEASE_ABANDONED);
+        assert!(matches!(back[3].round(), Err(crate::Error::Corrupt(m)) if m.contains("round")));
         Ok(())
     }
 }

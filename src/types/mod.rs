@@ -18,7 +18,7 @@ pub use dead_letter::{Cursor, DeadLetter, Listing, Page, Resolution};
 pub use eviction::Eviction;
 pub use intent::{Intent, IntentEntry};
 pub use options::BeginOptions;
-pub use order::{Advance, Delivered, Held, Sequenced, Update};
+pub use order::{Advance, Delivered, Handling, Held, SequenceOptions, Sequenced, Unacked, Update};
 pub use reconcile::{Reconciliation, Tally, WindowDiff};
 pub use record::{Record, State};
 pub use stats::Stats;

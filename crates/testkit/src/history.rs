@@ -197,6 +197,7 @@ pub fn run(r: &Run) -> Result<Summary, Failure> {
     let dir = tempdir();
     let store = open(r, &clock, dir.path()).map_err(|e| fail(format!("open: {e}")))?;
     fill(&store, r.filler).map_err(|e| fail(format!("filling the store: {e}")))?;
+    let values = value_bytes(&store).map_err(|e| fail(format!("complete_value: {e}")))?;
     // Slots: the workers, the evictor, the lister, the end checks.
     let rec = Arc::new(Recorder::new(clock, r.workers + 3));
     let world = Arc::new(World {
@@ -205,6 +206,7 @@ pub fn run(r: &Run) -> Result<Summary, Failure> {
         s,
         keys: r.keys.min(crate::model::IDS),
         entities: r.entities,
+        values,
     });
     watch(r, &world).map_err(&fail)?;
     if let Some(msg) = rec.failure() {
@@ -242,6 +244,7 @@ fn open(r: &Run, clock: &ManualClock, dir: &std::path::Path) -> dedupkv::Result<
         })
         .background_eviction(false)
         .lease(Duration::from_millis(s.lease))
+        .handback_lease(Duration::from_millis(s.lease))
         .retention(Duration::from_millis(s.retention))
         .bucket_granularity(Duration::from_millis(s.granularity))
         .entity_retention(Duration::from_millis(ENTITY_RETENTION))
@@ -321,6 +324,22 @@ fn fill(store: &Store, n: usize) -> dedupkv::Result<()> {
         drop(store.begin_with(&k, dedupkv::Fingerprint::NONE, &long)?);
     }
     store.flush()
+}
+
+/// The outcome bytes `complete_value` stores for 0, 1 and 2 (the codec's
+/// business, so asked of the store, on keys of scope `fill`).
+fn value_bytes(store: &Store) -> dedupkv::Result<[Vec<u8>; 3]> {
+    let mut out: [Vec<u8>; 3] = Default::default();
+    for (n, bytes) in (0u32..).zip(out.iter_mut()) {
+        let k = dedupkv::Key::owned(b"fill".to_vec(), format!("value{n}").into_bytes());
+        let claim = crate::started(store.begin(&k, dedupkv::Fingerprint::NONE)?);
+        store.complete_value(&claim, &n)?;
+        *bytes = store
+            .get(&k)?
+            .and_then(|r| r.outcome().map(<[u8]>::to_vec))
+            .unwrap_or_default();
+    }
+    Ok(out)
 }
 
 const WORKER_NAMES: [&str; 16] = [

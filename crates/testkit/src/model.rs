@@ -30,8 +30,12 @@
 //! duplicate, older is stale; kept with the entity's core record): parked
 //! events and events handed back but not acknowledged survive every
 //! eviction, reopen, crash and downtime; an entity with neither expires
-//! `ENTITY_RETENTION` after its last write. `max_hold` is longer than any
-//! case, so nothing moves to the holding area.
+//! `ENTITY_RETENTION` after its last write. A hand-back is held for the
+//! store's hand-back lease (the claim lease of the case): a redelivery
+//! meanwhile answers `Handling` with its end, one after it hands back the
+//! event and the lapsed ones after it, up to the first live one; a reopen
+//! or crash ends every hand-back. `max_hold` is longer than any case, so
+//! nothing moves to the holding area.
 //!
 //! The dead-letter area (`FailExhausted`, `Requeue`, `ResolveCompleted`,
 //! `ResolveAbandoned`, `ListDeadLetters`): a dead letter never expires.
@@ -465,6 +469,10 @@ impl Model {
     /// with their record's retention.
     fn reopened(&mut self, now: u64) {
         let s = self.s;
+        // Hand-backs live in memory: the process that held them is gone.
+        for m in self.entities.values_mut() {
+            m.reopened();
+        }
         self.tallies.retain(|_, t| t.bucket >= now / s.granularity);
         for ks in self.keys.values_mut() {
             ks.expire(&s, now);
@@ -572,6 +580,7 @@ impl Harness {
             // exactly.
             .background_eviction(false)
             .lease(Duration::from_millis(s.lease))
+            .handback_lease(Duration::from_millis(s.lease))
             .retention(Duration::from_millis(s.retention))
             .bucket_granularity(Duration::from_millis(s.granularity))
             // Rows of a few records: commits of several rows (as a huge
@@ -1103,7 +1112,7 @@ impl Harness {
         if self
             .model
             .entity_mut(e)
-            .sequence(&s, (e, now), (seq, &payload), &got)?
+            .sequence(&s, (e, now), (seq, &payload, s.lease), &got)?
         {
             self.settled();
         }

@@ -163,9 +163,9 @@ impl Stepped for EntityState {
     ) -> TestResult {
         match (&ev.call, &ev.answer) {
             (_, Answer::Refused(r)) => refused(r),
-            (Call::Sequence { seq, payload }, Answer::Sequenced(got)) => {
-                self.sequence(s, (e, now), (*seq, payload), got).map(drop)
-            }
+            (Call::Sequence { seq, payload }, Answer::Sequenced(got)) => self
+                .sequence(s, (e, now), (*seq, payload, s.lease), got)
+                .map(drop),
             (Call::Ack { upto }, Answer::Acked(got)) => {
                 self.ack(s, (e, now), *upto, *got).map(drop)
             }

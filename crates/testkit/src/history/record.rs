@@ -7,9 +7,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dedupkv::{
-    Advance, DeadLetter, Delivered, Forget, IntentEntry, ManualClock, Record, Sequenced,
-};
+use dedupkv::{Advance, DeadLetter, Forget, IntentEntry, ManualClock, Record, Sequenced, Unacked};
 use parking_lot::Mutex;
 
 use crate::model::state::{BeginReq, Begun, End, Leave, Refusal};
@@ -99,7 +97,7 @@ pub(crate) enum Answer {
     Sequenced(Sequenced),
     Acked(usize),
     Advanced(Advance),
-    Unacked(Vec<Delivered>),
+    Unacked(Vec<Unacked>),
     /// An error where the model expects none.
     Refused(Refusal),
 }

@@ -80,6 +80,8 @@ pub(crate) struct World {
     pub(crate) s: Settings,
     pub(crate) keys: usize,
     pub(crate) entities: usize,
+    /// What `complete_value` stores for 0, 1 and 2.
+    pub(crate) values: [Vec<u8>; 3],
 }
 
 /// One worker thread: its slot, name, choices and the claims it holds.
@@ -342,8 +344,8 @@ impl<'a> Worker<'a> {
         let (end, how) = match act {
             Act::Complete => (End::Complete(vec![b'o'; usize::from(n)]), How::Raw),
             Act::CompleteValue => (
-                End::Complete(u32::from(n).to_string().into_bytes()),
-                How::Value,
+                End::Complete(self.w.values[usize::from(n)].clone()),
+                How::Value(u32::from(n)),
             ),
             Act::CompleteWithAmount => (
                 End::Complete(vec![b'a'; usize::from(n)]),
@@ -481,7 +483,7 @@ impl<'a> Worker<'a> {
         let (k, claim) = &self.held[i];
         let (k, token) = (*k, claim.token());
         let name = match (&end, how) {
-            (End::Complete(_), How::Value) => "complete_value",
+            (End::Complete(_), How::Value(_)) => "complete_value",
             (End::Complete(_), How::Amount(_)) => "complete_with_amount",
             (End::Complete(_), How::Raw) => "complete",
             _ => "fail",
@@ -490,10 +492,7 @@ impl<'a> Worker<'a> {
             self.slot,
             || format!("{}: {name} of key {}", self.name, key(k)),
             || match (&end, how) {
-                (End::Complete(o), How::Value) => {
-                    let v: u32 = String::from_utf8_lossy(o).parse().unwrap_or(0);
-                    store.complete_value(claim, &v)
-                }
+                (End::Complete(_), How::Value(v)) => store.complete_value(claim, &v),
                 (End::Complete(o), How::Amount(a)) => store.complete_with_amount(claim, o, a),
                 (End::Complete(o), How::Raw) => store.complete(claim, o),
                 (End::Permanent(p), _) => store.fail(claim, Failure::Permanent(p)),
@@ -740,8 +739,8 @@ impl<'a> Worker<'a> {
 #[derive(Clone, Copy)]
 enum How {
     Raw,
-    /// `complete_value` of a `u32` (its JSON is its digits).
-    Value,
+    /// `complete_value` of a `u32`.
+    Value(u32),
     Amount(i64),
 }
 

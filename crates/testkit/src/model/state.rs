@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use dedupkv::{
-    Advance, Begin, Claim, DeadLetter, Delivered, Error, Fingerprint, Forget, InProgress,
-    IntentEntry, Record, Sequenced, State,
+    Advance, Begin, Claim, DeadLetter, Error, Fingerprint, Forget, Handling, InProgress,
+    IntentEntry, Record, Sequenced, State, Unacked,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -1049,6 +1049,9 @@ pub(crate) struct MEntity {
     pub(crate) parked: BTreeMap<u64, Vec<u8>>,
     /// Handed back, not acknowledged.
     pub(crate) unacked: BTreeMap<u64, Vec<u8>>,
+    /// The lease end of the hand-back holding each unacknowledged event,
+    /// given in this run (memory only).
+    pub(crate) handed: BTreeMap<u64, u64>,
     /// The version `advance` last applied.
     pub(crate) version: Option<u64>,
     /// The bucket of its latest core record.
@@ -1084,29 +1087,67 @@ impl EntityState {
         self.0 = Some(MEntity { bucket, ..m });
     }
 
-    /// `sequence(seq, payload)` answered `got` at `now`; returns whether
-    /// it wrote.
+    /// A reopen or crash: the hand-backs (memory only) end with the
+    /// process that held them.
+    pub(crate) fn reopened(&mut self) {
+        if let Some(m) = self.0.as_mut() {
+            m.handed.clear();
+        }
+    }
+
+    /// `sequence(seq, payload)` answered `got` at `now`, with hand-backs
+    /// held for `handback_ms`; returns whether it wrote.
     pub(crate) fn sequence(
         &mut self,
         s: &Settings,
         (e, now): (usize, u64),
-        (seq, payload): (u64, &[u8]),
+        (seq, payload, handback_ms): (u64, &[u8], u64),
         got: &Sequenced,
     ) -> TestResult<bool> {
+        let until = now + handback_ms;
         let mut m = self.live(s, now).cloned().unwrap_or_else(MEntity::fresh);
         let (want, wrote) = if m.unacked.contains_key(&seq) {
+            if let Some(&live) = m.handed.get(&seq).filter(|u| **u > now) {
+                let Sequenced::Handling(h) = got else {
+                    return Err(TestCaseError::fail(format!(
+                        "sequence {seq} of entity {e}: want Handling until {live}, got {got:?}"
+                    )));
+                };
+                prop_assert_eq!(
+                    h.lease_expires_at(),
+                    at(live),
+                    "lease of {} of entity {}",
+                    seq,
+                    e
+                );
+                return Ok(false);
+            }
             let mut out = vec![(seq, payload.to_vec())];
-            out.extend(m.unacked.range(seq + 1..).map(|(s, p)| (*s, p.clone())));
+            for (s, p) in m.unacked.range(seq + 1..) {
+                if m.handed.get(s).is_some_and(|u| *u > now) {
+                    break;
+                }
+                out.push((*s, p.clone()));
+            }
+            for (s, _) in &out {
+                m.handed.insert(*s, until);
+            }
+            // Memory only: no record, but the hand-backs are new.
+            if let Some(stored) = self.0.as_mut() {
+                stored.handed.clone_from(&m.handed);
+            }
             (Some(out), false)
         } else if seq < m.next || m.parked.contains_key(&seq) {
             (None, false)
         } else if seq == m.next {
             let mut out = vec![(seq, payload.to_vec())];
             m.unacked.insert(seq, payload.to_vec());
+            m.handed.insert(seq, until);
             let mut n = seq + 1;
             while let Some(p) = m.parked.remove(&n) {
                 out.push((n, p.clone()));
                 m.unacked.insert(n, p);
+                m.handed.insert(n, until);
                 n += 1;
             }
             m.next = n;
@@ -1157,6 +1198,7 @@ impl EntityState {
         let mark = upto.saturating_add(1).min(m.next);
         let still = m.unacked.split_off(&mark);
         let want = std::mem::replace(&mut m.unacked, still).len();
+        m.handed = m.handed.split_off(&mark);
         prop_assert_eq!(got, want, "ack {} of entity {}", upto, e);
         if want > 0 {
             self.wrote(s, m, now);
@@ -1188,17 +1230,35 @@ impl EntityState {
         Ok(true)
     }
 
-    /// `unacked` answered `got` at `now`.
+    /// `unacked` answered `got` at `now`: each event with the end of the
+    /// live hand-back holding it, if any.
     pub(crate) fn unacked(
         &self,
         s: &Settings,
         (e, now): (usize, u64),
-        got: &[Delivered],
+        got: &[Unacked],
     ) -> TestResult {
-        let got: Vec<(u64, Vec<u8>)> = got.iter().map(|d| (d.seq, d.payload.clone())).collect();
-        let want: Vec<(u64, Vec<u8>)> = self
+        let got: Vec<(u64, Vec<u8>, Option<SystemTime>)> = got
+            .iter()
+            .map(|d| {
+                (
+                    d.seq,
+                    d.payload.clone(),
+                    d.handling.as_ref().map(Handling::lease_expires_at),
+                )
+            })
+            .collect();
+        let want: Vec<(u64, Vec<u8>, Option<SystemTime>)> = self
             .live(s, now)
-            .map(|m| m.unacked.clone().into_iter().collect())
+            .map(|m| {
+                m.unacked
+                    .iter()
+                    .map(|(seq, p)| {
+                        let live = m.handed.get(seq).filter(|u| **u > now);
+                        (*seq, p.clone(), live.map(|u| at(*u)))
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         prop_assert_eq!(got, want, "unacked of entity {}", e);
         Ok(())
