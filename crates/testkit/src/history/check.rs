@@ -111,8 +111,12 @@ impl Stepped for KeyState {
             (Call::ListPendingIntents, Answer::PendingIntent(got)) => {
                 self.pending_intent_listed(k, got.as_ref())
             }
+            (Call::CloseBuckets, _) => {
+                self.close(s, now);
+                Ok(())
+            }
             (Call::Evict, _) => {
-                self.evicted(s, now);
+                self.evict_pass(s, now);
                 Ok(())
             }
             _ => unknown(ev),
@@ -508,7 +512,7 @@ impl<'a> Target1<'a> {
 /// refusal) or an eviction.
 fn droppable(ev: &Event) -> bool {
     ev.call.reads()
-        || matches!(ev.call, Call::Evict)
+        || matches!(ev.call, Call::Evict | Call::CloseBuckets)
         || matches!(
             ev.answer,
             Answer::Begun(

@@ -51,6 +51,9 @@ pub(crate) enum Call {
     ListDeadLetters,
     ListStranded,
     ListPendingIntents,
+    /// `evict_expired` closing the expired buckets to writers.
+    CloseBuckets,
+    /// `evict_expired`'s pass over the expired buckets.
     Evict,
     Sequence {
         seq: u64,

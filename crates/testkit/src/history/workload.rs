@@ -867,13 +867,15 @@ pub(crate) fn evict(w: &World, slot: usize) {
             return w.rec.fail(format!("evictor: evict_expired() failed: {e}"));
         }
         for k in 0..w.keys {
-            w.rec.push(
-                ("evict", "evict_expired"),
-                Target::Key(k),
-                Call::Evict,
-                Answer::None,
-                span,
-            );
+            for call in [Call::CloseBuckets, Call::Evict] {
+                w.rec.push(
+                    ("evict", "evict_expired"),
+                    Target::Key(k),
+                    call,
+                    Answer::None,
+                    span,
+                );
+            }
         }
         if n.is_multiple_of(5) {
             let Some((got, _)) = w.rec.call(

@@ -259,11 +259,16 @@ fn want_ok<T: std::fmt::Debug>(got: &Result<T, Refusal>, what: &str, k: usize) -
 
 // --------------------------------------------------------------- key state
 
-/// One key of the model: its latest record and its intent.
+/// One key of the model: its latest record and its intent, and the last
+/// bucket an eviction has closed to writers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub(crate) struct KeyState {
     pub(crate) rec: Option<MRec>,
     pub(crate) intent: Option<MIntent>,
+    /// Eviction closes the buckets it is about to delete: a record whose
+    /// bucket is one of them (a write that read the time before the
+    /// eviction did) goes to the next one, its expiry widened to match.
+    pub(crate) closed: u64,
 }
 
 impl KeyState {
@@ -271,7 +276,18 @@ impl KeyState {
     pub(crate) const EMPTY: KeyState = KeyState {
         rec: None,
         intent: None,
+        closed: 0,
     };
+
+    /// The bucket a record of natural bucket `b` goes to, and the
+    /// expiry `expires` widened to it.
+    fn writable(&self, s: &Settings, b: u64, expires: u64) -> (u64, u64) {
+        if b > self.closed {
+            return (b, expires);
+        }
+        let open = self.closed + 1;
+        (open, expires.max(open * s.granularity))
+    }
 
     /// The key's latest record, if it has not expired: what `get` answers.
     pub(crate) fn live(&self, s: &Settings, now: u64) -> Option<&MRec> {
@@ -322,6 +338,7 @@ impl KeyState {
             rec.bucket = pb;
             rec.expires = rec.expires.max(pb * g);
         }
+        (rec.bucket, rec.expires) = self.writable(s, rec.bucket, rec.expires);
         self.rec = Some(rec);
     }
 
@@ -362,11 +379,22 @@ impl KeyState {
         r.bucket = r.expires / s.granularity;
     }
 
-    /// What eviction at `now` does to the key: an expired record leaves
-    /// the index (a dead letter is carried instead), a pending intent of
-    /// an expired bucket is re-logged for the store's retention and a sent
-    /// one goes.
+    /// What eviction at `now` does to the key: it closes the expired
+    /// buckets to writers, then an expired record leaves the index (a dead
+    /// letter is carried instead), a pending intent of an expired bucket
+    /// is re-logged for the store's retention and a sent one goes.
     pub(crate) fn evicted(&mut self, s: &Settings, now: u64) {
+        self.close(s, now);
+        self.evict_pass(s, now);
+    }
+
+    /// Eviction at `now` closes the buckets before the current one.
+    pub(crate) fn close(&mut self, s: &Settings, now: u64) {
+        self.closed = self.closed.max((now / s.granularity).saturating_sub(1));
+    }
+
+    /// Eviction's pass over the key's expired buckets at `now`.
+    pub(crate) fn evict_pass(&mut self, s: &Settings, now: u64) {
         self.carry_dead_letter(s, now, false);
         self.expire(s, now);
     }
@@ -589,8 +617,9 @@ impl KeyState {
             self.intent
         );
         if let Some((target, data)) = intent {
-            let bucket = ((now + retention_ms) / s.granularity)
+            let natural = ((now + retention_ms) / s.granularity)
                 .max(self.intent.as_ref().map_or(0, |i| i.bucket));
+            let bucket = self.writable(s, natural, 0).0;
             let recorded_at = pending.map_or(now, |i| i.recorded_at);
             self.intent = Some(MIntent {
                 sent: false,
@@ -846,12 +875,13 @@ impl KeyState {
             return Ok(false);
         };
         want_ok(got, "mark_sent", k)?;
+        let natural = ((now + prev.retention_ms) / s.granularity).max(earlier.bucket);
         self.intent = Some(MIntent {
             sent: true,
             data: reference.to_vec(),
             provider: provider.to_owned(),
             attempt: prev.attempt,
-            bucket: ((now + prev.retention_ms) / s.granularity).max(earlier.bucket),
+            bucket: self.writable(s, natural, 0).0,
             ..earlier
         });
         Ok(true)
