@@ -21,8 +21,16 @@ use super::record::{Answer, Call, Event, Target, key_name, rel};
 use crate::model::state::{Begun, End, EntityState, KeyState, Kind, Refusal};
 use crate::model::{Settings, T0, TestResult, entity};
 
-/// The most states one search may visit before it gives up.
-const BUDGET: usize = 2_000_000;
+/// The most states the search for a verdict may visit before it gives up.
+const BUDGET: usize = 1_000_000;
+/// The most states each search while shrinking may visit (one that gives
+/// up counts as not failing: the calls it tried to drop stay).
+const SHRINK_BUDGET: usize = 100_000;
+/// How long shrinking the failing keys of one history may take in all;
+/// then it stops where it is.
+const SHRINK_TIME: std::time::Duration = std::time::Duration::from_secs(20);
+/// The most calls a report prints (the last ones before the failure).
+const SHOWN: usize = 150;
 
 /// A state the search steps: a key's or an entity's.
 pub(crate) trait Stepped: Clone + Eq + Hash + std::fmt::Debug + Default {
@@ -231,7 +239,7 @@ enum Found<M> {
         state: M,
         next: Vec<(usize, String)>,
     },
-    /// Gave up after visiting `BUDGET` states.
+    /// Gave up after visiting as many states as it was given.
     Budget,
 }
 
@@ -307,7 +315,7 @@ impl<'a> Target1<'a> {
         out
     }
 
-    fn search<M: Stepped>(&self, only: &[usize]) -> Found<M> {
+    fn search<M: Stepped>(&self, only: &[usize], budget: usize) -> Found<M> {
         // `only`: the positions in play (the rest count as done).
         let n = self.evs.len();
         let mut start = Bits::new(n);
@@ -330,7 +338,7 @@ impl<'a> Target1<'a> {
         let mut visited = 0usize;
         while let Some((done, from, state, depth, node)) = stack.pop() {
             visited += 1;
-            if visited > BUDGET {
+            if visited > budget {
                 return Found::Budget;
             }
             if depth == total {
@@ -404,10 +412,17 @@ impl<'a> Target1<'a> {
     }
 
     /// Cuts a failing target down: the shortest failing prefix (by
-    /// invocation), then without each observation or eviction the failure
-    /// does not need. Returns the positions kept.
-    fn shrink<M: Stepped>(&self) -> Vec<usize> {
-        let fails = |only: &[usize]| matches!(self.search::<M>(only), Found::Violation { .. });
+    /// invocation) with the calls overlapping its last one, then without
+    /// the observations and evictions the failure does not need (in
+    /// halving chunks). Returns the positions kept.
+    fn shrink<M: Stepped>(&self, until: std::time::Instant) -> Vec<usize> {
+        let fails = |only: &[usize]| {
+            std::time::Instant::now() < until
+                && matches!(
+                    self.search::<M>(only, SHRINK_BUDGET),
+                    Found::Violation { .. }
+                )
+        };
         let n = self.evs.len();
         let (mut lo, mut hi) = (1, n);
         while lo < hi {
@@ -420,8 +435,9 @@ impl<'a> Target1<'a> {
         }
         let mut kept: Vec<usize> = (0..hi).collect();
         if !fails(&kept) {
-            kept = (0..n).collect();
-        } else if let Some(&last) = kept.last() {
+            return (0..n).collect();
+        }
+        if let Some(&last) = kept.last() {
             // With the calls that overlap the one that broke it (invoked
             // after it, so not in the prefix), the story is whole.
             let with: Vec<usize> = (0..n)
@@ -431,15 +447,21 @@ impl<'a> Target1<'a> {
                 kept = with;
             }
         }
-        for i in (0..kept.len()).rev() {
-            if !droppable(self.evs[kept[i]]) {
-                continue;
+        let mut chunk = kept.len().div_ceil(2);
+        while chunk > 0 {
+            let drops: Vec<usize> = kept
+                .iter()
+                .copied()
+                .filter(|&i| droppable(self.evs[i]))
+                .collect();
+            for part in drops.chunks(chunk) {
+                let fewer: Vec<usize> =
+                    kept.iter().copied().filter(|i| !part.contains(i)).collect();
+                if fewer.len() < kept.len() && fails(&fewer) {
+                    kept = fewer;
+                }
             }
-            let mut fewer = kept.clone();
-            fewer.remove(i);
-            if fails(&fewer) {
-                kept = fewer;
-            }
+            chunk /= 2;
         }
         kept
     }
@@ -452,9 +474,9 @@ impl<'a> Target1<'a> {
     }
 
     /// Checks the target; the readable failure if it is not linearizable.
-    fn check<M: Stepped>(&self) -> Result<(), String> {
+    fn check<M: Stepped>(&self, until: std::time::Instant) -> Result<(), String> {
         let all: Vec<usize> = (0..self.evs.len()).collect();
-        match self.search::<M>(&all) {
+        match self.search::<M>(&all, BUDGET) {
             Found::Linearizable => Ok(()),
             Found::Budget => Err(format!(
                 "{}: the search gave up after {BUDGET} states over {} calls (no verdict)",
@@ -462,9 +484,14 @@ impl<'a> Target1<'a> {
                 self.evs.len()
             )),
             Found::Violation { .. } => {
-                let kept = self.shrink::<M>();
-                let Found::Violation { order, state, next } = self.search::<M>(&kept) else {
-                    unreachable!("shrink keeps a failing history")
+                let mut kept = self.shrink::<M>(until);
+                let mut found = self.search::<M>(&kept, BUDGET);
+                if !matches!(found, Found::Violation { .. }) {
+                    kept = all;
+                    found = self.search::<M>(&kept, BUDGET);
+                }
+                let Found::Violation { order, state, next } = found else {
+                    unreachable!("the whole history failed")
                 };
                 Err(self.report(&kept, &order, &state, &next))
             }
@@ -486,7 +513,14 @@ impl<'a> Target1<'a> {
             kept.len(),
             self.evs.len()
         );
-        for &i in kept {
+        if kept.len() > SHOWN {
+            let _ = writeln!(
+                out,
+                "  ... ({} earlier calls not shown)",
+                kept.len() - SHOWN
+            );
+        }
+        for &i in &kept[kept.len().saturating_sub(SHOWN)..] {
             let _ = writeln!(out, "  {}", show(self.evs[i]));
         }
         let _ = writeln!(
@@ -640,11 +674,12 @@ pub(crate) fn check(events: &[Event], s: &Settings, times: &[u64]) -> Result<Che
     let mut targets: Vec<Target> = by_target.keys().copied().collect();
     targets.sort();
     let mut failures = Vec::new();
+    let until = std::time::Instant::now() + SHRINK_TIME;
     for t in &targets {
         let evs = by_target[t].clone();
         let r = match *t {
-            Target::Key(k) => Target1::new(s, k, evs, times).check::<KeyState>(),
-            Target::Entity(e) => Target1::new(s, e, evs, times).check::<EntityState>(),
+            Target::Key(k) => Target1::new(s, k, evs, times).check::<KeyState>(until),
+            Target::Entity(e) => Target1::new(s, e, evs, times).check::<EntityState>(until),
         };
         if let Err(msg) = r {
             failures.push(msg);
