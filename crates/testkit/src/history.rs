@@ -115,7 +115,7 @@ impl Run {
 /// ```
 /// use dedupkv_testkit::history::{Run, run};
 ///
-/// let done = run(&Run { workers: 2, calls: 30, ..Run::seed(1) })?;
+/// let done = run(&Run { workers: 2, calls: 30, filler: 0, ..Run::seed(1) })?;
 /// assert!(done.calls > 0);
 /// # Ok::<(), dedupkv_testkit::history::Failure>(())
 /// ```
@@ -139,7 +139,7 @@ pub struct Summary {
 /// ```
 /// use dedupkv_testkit::history::{Run, run};
 ///
-/// if let Err(failure) = run(&Run { workers: 2, calls: 10, ..Run::seed(2) }) {
+/// if let Err(failure) = run(&Run { workers: 2, calls: 10, filler: 0, ..Run::seed(2) }) {
 ///     eprintln!("{failure}");
 /// }
 /// ```
