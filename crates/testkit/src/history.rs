@@ -76,7 +76,8 @@ pub struct Run {
     /// How long one call may take before the run fails as hung. Default:
     /// 20 s.
     pub hang: Duration,
-    /// Released claims of other keys put in the store first. Default: 2000.
+    /// Released claims of other keys put in the store first (before a
+    /// reopen). Default: 2000.
     pub filler: usize,
     /// Which mix of calls the workers make: 0 every call, 1 the
     /// dead-letter area (begin, exhaust, requeue, list), 2 claims against
@@ -196,7 +197,6 @@ pub fn run(r: &Run) -> Result<Summary, Failure> {
     let clock = ManualClock::new(T0);
     let dir = tempdir();
     let store = open(r, &clock, dir.path()).map_err(|e| fail(format!("open: {e}")))?;
-    fill(&store, r.filler).map_err(|e| fail(format!("filling the store: {e}")))?;
     let values = value_bytes(&store).map_err(|e| fail(format!("complete_value: {e}")))?;
     // Slots: the workers, the evictor, the lister, the end checks.
     let rec = Arc::new(Recorder::new(clock, r.workers + 3));
@@ -231,31 +231,54 @@ pub fn run(r: &Run) -> Result<Summary, Failure> {
 }
 
 /// The run's store: its clock, 4 or 16 shards, whole or small log rows
-/// (by seed), in a file in `dir` or in memory.
+/// (by seed), in a file in `dir` or in memory. Opened first with an hour's
+/// retention to take `r.filler` released claims of other keys (scope
+/// `fill`), as a store in production holds: every listing then walks them,
+/// shard by shard, while the run's writes go on.
 fn open(r: &Run, clock: &ManualClock, dir: &std::path::Path) -> dedupkv::Result<Store> {
     let s = workload::settings(r.file);
-    let builder = Store::builder()
-        .clock(clock.clone())
-        // More shards make a listing's pass over them longer.
-        .shards(if (r.seed / 2).is_multiple_of(2) {
-            4
+    let builder = || {
+        Store::builder()
+            .clock(clock.clone())
+            // More shards make a listing's pass over them longer.
+            .shards(if (r.seed / 2).is_multiple_of(2) {
+                4
+            } else {
+                16
+            })
+            .background_eviction(false)
+            .lease(Duration::from_millis(s.lease))
+            .handback_lease(Duration::from_millis(s.lease))
+            .bucket_granularity(Duration::from_millis(s.granularity))
+            .entity_retention(Duration::from_millis(ENTITY_RETENTION))
+            .max_hold(Duration::from_secs(10 * 365 * 86_400))
+            // Rows of a few records on some seeds: more rows, more row edges.
+            .row_split_bytes([256 << 20, 512, 4_096][((r.seed / 3) % 3) as usize])
+    };
+    let backend = FaultBackend::new();
+    let open = |b: dedupkv::StoreBuilder| {
+        if r.file {
+            b.open(dir.join("lin.redb"))
         } else {
-            16
-        })
-        .background_eviction(false)
-        .lease(Duration::from_millis(s.lease))
-        .handback_lease(Duration::from_millis(s.lease))
-        .retention(Duration::from_millis(s.retention))
-        .bucket_granularity(Duration::from_millis(s.granularity))
-        .entity_retention(Duration::from_millis(ENTITY_RETENTION))
-        .max_hold(Duration::from_secs(10 * 365 * 86_400))
-        // Rows of a few records on some seeds: more rows, more row edges.
-        .row_split_bytes([256 << 20, 512, 4_096][((r.seed / 3) % 3) as usize]);
-    if r.file {
-        builder.open(dir.join("lin.redb"))
-    } else {
-        builder.open_with_backend(FaultBackend::new())
+            b.open_with_backend(backend.clone())
+        }
+    };
+    if r.filler > 0 {
+        let store = open(builder().retention(Duration::from_secs(3_600)))?;
+        let keys: Vec<(dedupkv::Key<'static>, dedupkv::Fingerprint)> = (0..r.filler)
+            .map(|i| {
+                let id = format!("f{i}").into_bytes();
+                (
+                    dedupkv::Key::owned(b"fill".to_vec(), id),
+                    dedupkv::Fingerprint::NONE,
+                )
+            })
+            .collect();
+        // Dropped unfinished: released, their details kept for the retry;
+        // closing the store commits the releases.
+        drop(store.begin_batch(&keys)?);
     }
+    open(builder().retention(Duration::from_millis(s.retention)))
 }
 
 /// Runs the workers and the driver, evictor and lister, and watches them:
@@ -311,19 +334,6 @@ fn watch(r: &Run, world: &Arc<World>) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Puts `n` released claims of other keys (scope `fill`, kept an hour)
-/// in the store, as a store in production holds: every listing then walks
-/// them, shard by shard, while the run's writes go on.
-fn fill(store: &Store, n: usize) -> dedupkv::Result<()> {
-    let long = dedupkv::BeginOptions::new().retention(Duration::from_secs(3_600));
-    for i in 0..n {
-        let k = dedupkv::Key::owned(b"fill".to_vec(), format!("f{i}").into_bytes());
-        // Dropped unfinished: released, its details kept for the retry.
-        drop(store.begin_with(&k, dedupkv::Fingerprint::NONE, &long)?);
-    }
-    store.flush()
 }
 
 /// The outcome bytes `complete_value` stores for 0, 1 and 2 (the codec's
