@@ -1287,9 +1287,10 @@ impl Harness {
         Ok(())
     }
 
-    /// `pending_intents` (or, `duplicates`, `duplicate_candidates`: sent
-    /// by an attempt after the first) holds the model's, oldest recorded
-    /// first, and paged two at a time gives the same.
+    /// `pending_intents` (or, `duplicates`, `duplicate_candidates`: a
+    /// second reference, or one after a call of open fate) holds the
+    /// model's, oldest recorded first, and paged two at a time gives the
+    /// same.
     fn check_intent_listing(&self, duplicates: bool) -> TestResult {
         let list = |l: &Listing| {
             if duplicates {
@@ -1301,13 +1302,7 @@ impl Harness {
         let want: BTreeMap<usize, &MIntent> = self
             .model
             .intents()
-            .filter(|(_, i)| {
-                if duplicates {
-                    i.sent && i.attempt > 1
-                } else {
-                    !i.sent
-                }
-            })
+            .filter(|(_, i)| if duplicates { i.doubt } else { !i.sent })
             .collect();
         let page = check(list(&Listing::new().limit(1_000)), "intent listing")?;
         prop_assert!(page.next.is_none(), "one page holds them all");

@@ -106,7 +106,16 @@ impl MRec {
 /// A key's intent, as the model expects `intent` to report it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct MIntent {
+    /// Settled: the provider's answer (here always an acceptance,
+    /// `mark_sent`) is recorded and no earlier call's fate is open.
     pub(crate) sent: bool,
+    /// An earlier attempt's call got no recorded answer.
+    pub(crate) open: bool,
+    /// The first reference the provider gave the operation.
+    pub(crate) reference: Option<Vec<u8>>,
+    /// A duplicate candidate: a second reference, or an acceptance after
+    /// a call of open fate.
+    pub(crate) doubt: bool,
     pub(crate) target: String,
     /// The request while pending, the reference once sent.
     pub(crate) data: Vec<u8>,
@@ -621,8 +630,19 @@ impl KeyState {
                 .max(self.intent.as_ref().map_or(0, |i| i.bucket));
             let bucket = self.writable(s, natural, 0).0;
             let recorded_at = pending.map_or(now, |i| i.recorded_at);
+            // The calls so far: a new operation starts afresh (an earlier
+            // one's unanswered call stays open); a later attempt keeps the
+            // reference and doubt, its predecessor's call open if
+            // unanswered.
+            let (reference, doubt) = match &self.intent {
+                Some(e) if claim.attempt > 1 => (e.reference.clone(), e.doubt),
+                _ => (None, false),
+            };
             self.intent = Some(MIntent {
                 sent: false,
+                open: pending.is_some(),
+                reference,
+                doubt,
                 target,
                 data,
                 provider: claim.provider_key.clone(),
@@ -876,8 +896,21 @@ impl KeyState {
         };
         want_ok(got, "mark_sent", k)?;
         let natural = ((now + prev.retention_ms) / s.granularity).max(earlier.bucket);
+        let doubt = earlier.doubt
+            || match &earlier.reference {
+                Some(first) => first.as_slice() != reference,
+                None => earlier.open,
+            };
         self.intent = Some(MIntent {
             sent: true,
+            open: false,
+            reference: Some(
+                earlier
+                    .reference
+                    .clone()
+                    .unwrap_or_else(|| reference.to_vec()),
+            ),
+            doubt,
             data: reference.to_vec(),
             provider: provider.to_owned(),
             attempt: prev.attempt,
