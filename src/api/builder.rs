@@ -62,6 +62,7 @@ impl Default for StoreBuilder {
                 max_batch_bytes: 256 << 20,
                 tally_window_ms: 3_600_000,
                 tally_retention_ms: 7 * 86_400_000,
+                tally_keys: Vec::new(),
                 row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
                 ship: None,
                 token_base: 0,
@@ -282,7 +283,9 @@ impl StoreBuilder {
     /// buckets early, which shrinks the dedup window; that is surfaced in
     /// [`Stats::early_evicted_buckets`](crate::Stats::early_evicted_buckets),
     /// [`Stats::effective_window`](crate::Stats::effective_window) and a
-    /// `tracing` warning. Enforced at each eviction pass. Default: none.
+    /// `tracing` warning. Enforced at each eviction pass. Dead letters do
+    /// not count: they are kept until worked whatever the bound, so they
+    /// never make eviction drop live buckets early. Default: none.
     ///
     /// # Examples
     /// ```
@@ -323,6 +326,11 @@ impl StoreBuilder {
     /// the entity starts afresh (see [`Store::advance`] and
     /// [`Store::sequence`]). Entities with parked, held or unacknowledged
     /// events are kept, however long the store is closed.
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for 0 (every entity
+    /// would be forgotten as it is written), or for one spanning 2^22
+    /// buckets or more.
     ///
     /// # Examples
     /// ```
@@ -415,8 +423,8 @@ impl StoreBuilder {
         self
     }
 
-    /// How long a reconciliation window's totals are kept after its last
-    /// completion. Default: 7 days. `open` fails with
+    /// How long a reconciliation window's totals (and kept keys) are kept
+    /// after the window ends. Default: 7 days. `open` fails with
     /// [`Error::InvalidConfig`] for one spanning 2^22 buckets or more.
     ///
     /// # Examples
@@ -430,6 +438,38 @@ impl StoreBuilder {
     /// ```
     pub fn reconcile_retention(mut self, retention: Duration) -> Self {
         self.cfg.tally_retention_ms = millis(retention);
+        self
+    }
+
+    /// Keeps the keys of the operations completed in `scope`, per
+    /// reconciliation window, for [`Store::reconcile_keys`]: which
+    /// operation a count is missing, or which one is extra. Call once per
+    /// scope. Default: no scope keeps keys.
+    ///
+    /// Cost, per completed operation, until `reconcile_retention` after
+    /// its window's end: 32 bytes of memory plus its id (a `Vec` may hold
+    /// up to twice what it uses while it grows), nothing more on the
+    /// completion's commit, and some 20 bytes plus its id in a `Keys`
+    /// record once its `Complete` record leaves the log (eviction writes
+    /// the keys again before it deletes them). Memory is bounded by the
+    /// completions of one retention and stays flat under steady traffic.
+    /// Keys are kept from the open that names the scope on: a window that
+    /// began before it holds only the keys whose records were still in
+    /// the log.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::builder()
+    ///     .reconcile_keys_of("shipments")
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn reconcile_keys_of(mut self, scope: impl AsRef<[u8]>) -> Self {
+        let scope = scope.as_ref().to_vec();
+        if !self.cfg.tally_keys.contains(&scope) {
+            self.cfg.tally_keys.push(scope);
+        }
         self
     }
 
@@ -680,6 +720,13 @@ impl StoreBuilder {
         }
         if c.evict_slice_bytes == 0 {
             return bad("evict_slice_bytes must be at least 1".into());
+        }
+        if c.entity_retention_ms == 0 {
+            return bad(
+                "entity_retention must be at least 1 ms: an entity's version and sequencer \
+                 state would be forgotten as it is written"
+                    .into(),
+            );
         }
         if c.entity_retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
             return bad(format!(

@@ -15,17 +15,17 @@ use std::time::SystemTime;
 
 use super::Engine;
 use super::input::{CLAIM_BYTES, key_bytes};
+use super::intents::IntentWrite;
+use super::reconcile::Completion;
 use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
 use crate::codec::TAG_RAW;
 use crate::index::intent::IntentState;
-use crate::index::{Pending, SlotState};
+use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
 use crate::log::body::DeadLetterBody;
-use crate::log::record::{
-    ClaimFields, INTENT_PENDING, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
-};
+use crate::log::record::{ClaimFields, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
 use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Intent, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
@@ -46,6 +46,8 @@ pub(crate) struct Ticket {
     pub(crate) interrupted: bool,
     /// An earlier attempt recorded an intent nobody marked answered.
     pub(crate) unanswered_intent: bool,
+    /// The round of attempts this one belongs to.
+    pub(crate) round: Round,
 }
 
 impl Ticket {
@@ -211,15 +213,16 @@ impl Engine {
         let (h, now, nb) = this.write_start(key)?;
         let mut shard = this.index.lock(h);
         let mut w = Write::new(&mut shard, h, nb);
-        let (attempt, first_at, interrupted) = match w.recorded() {
-            None => (1, now, false),
+        let (attempt, first_at, interrupted, round) = match w.recorded() {
+            None => (1, now, false, Round::first(now)),
             Some(s) => match s.state() {
                 // A new operation, first claimed later than the forgotten
                 // one (even within its millisecond, or while the store's
                 // time stands still), so its provider key differs.
                 SlotState::Forgotten => {
                     let after = w.pending().map_or(0, |p| p.first_at.saturating_add(1));
-                    (1, now.max(after), false)
+                    let first_at = now.max(after);
+                    (1, first_at, false, Round::first(first_at))
                 }
                 SlotState::Inserted
                 | SlotState::Completed
@@ -259,7 +262,13 @@ impl Engine {
                     if interrupted {
                         w.shard().counters.takeovers += 1;
                     }
-                    (p.attempt.saturating_add(1), p.first_at, interrupted)
+                    let mut round = p.round.next(interrupted);
+                    if s.state() == SlotState::Claimed {
+                        // It failed when it became stranded (a released
+                        // one's failure came with its release).
+                        round = round.failed(this.stranded_since(p.token, p.lease_until).min(now));
+                    }
+                    (p.attempt.saturating_add(1), p.first_at, interrupted, round)
                 }
             },
         };
@@ -282,19 +291,21 @@ impl Engine {
                 any_request: false,
                 abandoned: false,
                 failed_at: 0,
+                round,
             };
-            let mut rec = claim_record(key.scope(), key.id(), &p, now);
+            let round = this.round_bytes(&p);
+            let mut rec = claim_record(key.scope(), key.id(), &p, now).with_round(round.as_slice());
             let mut row = w.append(this, &mut batch, Next::Claimed(p), &mut rec);
             if let Some(intent) = op.intent {
                 // In the claim's commit: no claim is durable without it.
-                let body = Engine::intent_body(&shard, h, now, intent.target, intent.request);
+                let body = Engine::intent_body(&shard, h, (now, attempt), intent);
                 row = row.max(this.log_intent(
                     &mut shard,
                     &mut batch,
                     (h, key.scope(), key.id()),
                     fields(&p),
                     (now, op.retention_ms),
-                    (IntentState::Pending, INTENT_PENDING, true),
+                    IntentWrite::BEGUN,
                     &body,
                 ));
             }
@@ -336,6 +347,7 @@ impl Engine {
             finished: AtomicBool::new(false),
             interrupted,
             unanswered_intent,
+            round: p.round,
         }
     }
 
@@ -364,8 +376,10 @@ impl Engine {
             }
             Failure::Exhausted { reason, payload } => {
                 self.check_dead_letter(reason, payload)?;
+                // Its first failure is the round's, filled in by `finish`.
                 let body = DeadLetterBody {
                     failed_at: self.now(),
+                    first_failed_at: 0,
                     reason,
                     payload,
                 }
@@ -393,7 +407,9 @@ impl Engine {
             lease_ms,
             ..p
         };
-        let mut rec = claim_record(claim.key.scope(), claim.key.id(), &p, now);
+        let round = self.round_bytes(&p);
+        let mut rec =
+            claim_record(claim.key.scope(), claim.key.id(), &p, now).with_round(round.as_slice());
         let row = {
             let mut batch = self.log.batch()?;
             w.append(self, &mut batch, Next::Claimed(p), &mut rec)
@@ -471,12 +487,6 @@ impl Engine {
             now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
         );
         let (scope, id) = (claim.key.scope(), claim.key.id());
-        let mut rec = match kind {
-            Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
-            Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
-            Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
-            _ => RecordRef::release(scope, id, at, fields(&p), tag),
-        };
         let next = match kind {
             Kind::Complete => Next::Completed,
             Kind::Fail => Next::Failed,
@@ -487,21 +497,47 @@ impl Engine {
                 failed_at: DeadLetterBody::decode(outcome).map_or(now, |b| b.failed_at),
                 ..p
             }),
+            // A retryable failure, or a dropped claim: the round failed.
             _ => Next::Released(Pending {
                 lease_until: 0,
                 any_request: tag == RELEASE_ANY_REQUEST,
                 abandoned: tag == RELEASE_ABANDONED,
                 failed_at: 0,
+                round: p.round.failed(now),
                 ..p
             }),
+        };
+        let dead_body = (kind == Kind::DeadLetter)
+            .then(|| self.dead_letter_body(outcome, p.round))
+            .flatten();
+        let outcome = dead_body.as_deref().unwrap_or(outcome);
+        let round = match &next {
+            Next::Released(released) => self.round_bytes(released),
+            _ => self.round_bytes(&p),
+        };
+        let mut rec = match kind {
+            Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
+            _ => RecordRef::release(scope, id, at, fields(&p), tag).with_round(round.as_slice()),
         };
         let row = {
             let mut batch = self.log.batch()?;
             let row = w.append(self, &mut batch, next, &mut rec);
             match kind {
-                // Counted for reconciliation, in the outcome's commit.
+                // Counted for reconciliation, with the outcome.
                 Kind::Complete => row
-                    .max(self.count_completion(&mut batch, claim.key.scope(), now, amount))
+                    .max(self.count_completion(
+                        &mut shard,
+                        &mut batch,
+                        &Completion {
+                            scope,
+                            id,
+                            provider_key: claim.provider_key,
+                            at,
+                            amount,
+                        },
+                    ))
                     .max(self.close_intent(
                         &mut shard,
                         &mut batch,
@@ -517,6 +553,14 @@ impl Engine {
                     fields(&p),
                     at,
                 )),
+                // Given up after asking: nothing happened.
+                Kind::DeadLetter => row.max(self.settle_asked_intent(
+                    &mut shard,
+                    &mut batch,
+                    (h, claim.key.scope(), claim.key.id()),
+                    fields(&p),
+                    at,
+                )),
                 _ => row,
             }
         };
@@ -528,6 +572,22 @@ impl Engine {
         }
         claim.finished.store(true, Ordering::Release);
         Ok(row)
+    }
+
+    /// The body of a dead letter of `round` from the one `fail` encoded:
+    /// with the round's first failure (or, none before, its own) beside
+    /// its last, in the file's format.
+    fn dead_letter_body(&self, encoded: &[u8], round: Round) -> Option<Vec<u8>> {
+        let b = DeadLetterBody::decode(encoded)?;
+        let body = DeadLetterBody {
+            first_failed_at: round.failed(b.failed_at).first_failed_at,
+            ..b
+        };
+        Some(if self.has_format_4_bodies() {
+            body.encode()
+        } else {
+            body.encode_v1()
+        })
     }
 
     /// Releases a claim dropped without an answer. Does not wait: if the

@@ -3,7 +3,7 @@
 use super::Engine;
 use super::input::key_bytes;
 use super::write::{Next, Write};
-use crate::index::{Pending, Shard, SlotState};
+use crate::index::{Pending, Round, Shard, SlotState};
 use crate::key::KeyHash;
 use crate::log::record::{ClaimFields, RecordRef};
 use crate::types::{Forget, InProgress};
@@ -177,6 +177,7 @@ impl Engine {
                 any_request: false,
                 abandoned: false,
                 failed_at: 0,
+                round: Round::first(old.first_seen),
             };
             let row = {
                 let mut batch = self.log.batch()?;
