@@ -201,7 +201,11 @@ fn restore_aside(
 pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Result<Prepared> {
     let objects = Objects::new(Arc::clone(&replica.objects), replica.prefix.clone());
     let epoch = claim(&objects, &replica.label)?;
-    let (place, before) = fence(&objects, epoch)?;
+    let (place, mut before) = fence(&objects, epoch)?;
+    if before.is_some() && super::restore::is_empty(&objects, place.saturating_sub(1))? {
+        // Only fences so far: as good as a new replica.
+        before = None;
+    }
     let local_file = local_path(path);
     let local = read_local(&local_file)?;
     let file = ship::inspect(path)?;
@@ -211,7 +215,7 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
         let max_row = ship::inspect(path)?.map_or(0, |f| f.last_row);
         (Some(r), false, max_row)
     } else {
-        // The file is the chain's (or the chain is empty): it goes on
+        // The file is the chain's (or the chain holds nothing): it goes on
         // from the fence, after a RESET unless it is exactly the chain.
         let exact = matches!((local, before), (Some(l), Some(h))
             if l.clean && h.epoch == l.epoch && l.seq == h.seq);

@@ -110,6 +110,37 @@ fn base(objects: &Objects, segments: &[u64], upto: u64) -> Result<Option<Index>>
     Ok(None)
 }
 
+/// Whether the chain up to `upto` holds nothing yet: no snapshot, and no
+/// segment with a commit (an owner ships nothing before its first
+/// snapshot, so such a chain is fences of owners that never got that far).
+pub(crate) fn is_empty(objects: &Objects, upto: u64) -> Result<bool> {
+    let snapshots = objects
+        .list("snap")?
+        .iter()
+        .filter(|n| n.ends_with("/index"))
+        .filter_map(|n| number_in(n, "snap"))
+        .any(|s| s <= upto);
+    if snapshots {
+        return Ok(false);
+    }
+    for seq in objects
+        .list("seg")?
+        .iter()
+        .filter_map(|n| number_in(n, "seg"))
+        .filter(|s| *s <= upto)
+    {
+        let name = segment_name(seq);
+        let head = objects
+            .head_bytes(&name, SEGMENT_HEAD as u64)?
+            .map(|b| format::segment_head(&b, objects.path(&name).as_ref()))
+            .transpose()?;
+        if head.is_some_and(|h| h.commits > 0 || h.flags & RESET != 0) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Rebuilds the store file at `path` from the chain up to segment `upto`.
 pub(crate) fn restore(
     objects: &Objects,

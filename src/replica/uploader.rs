@@ -504,13 +504,15 @@ impl Uploader {
                     self.cfg.epoch
                 );
                 tracing::error!(%why, "dedupkv replica fenced");
+                // The log is poisoned under the state lock: whoever hears
+                // of the fencing here finds the store refusing every call.
                 let mut st = self.state.lock();
                 st.fenced = Some(why.clone());
-                self.progress.notify_all();
-                drop(st);
                 if let Some(a) = self.acks.get() {
                     a.fence(why.clone());
                 }
+                self.progress.notify_all();
+                drop(st);
                 Err(Error::Fenced(why))
             }
         }
