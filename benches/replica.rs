@@ -19,6 +19,7 @@
 mod common;
 use common::{env_or, splitmix};
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -43,6 +44,7 @@ struct Place {
     bucket: std::path::PathBuf,
 }
 
+#[cfg_attr(not(feature = "replica"), allow(unused_variables))]
 fn place(tag: &str) -> Place {
     let dir = tempfile::tempdir().unwrap();
     let bucket = dir.path().join("bucket");
@@ -80,6 +82,7 @@ fn objects(bucket: &std::path::Path) -> Arc<dyn dedupkv::replica::object_store::
     )
 }
 
+#[cfg_attr(not(feature = "replica"), allow(unused_variables))]
 fn builder(p: &Place, mode: Mode) -> StoreBuilder {
     let b = Store::builder().background_eviction(false);
     match mode {
@@ -198,7 +201,8 @@ fn main() {
             if !lags.is_empty() {
                 lags.sort();
                 let q = |f: f64| lags[((lags.len() - 1) as f64 * f) as usize];
-                line += &format!(
+                let _ = write!(
+                    line,
                     "  lag p50 {:?} p99 {:?} ({} segments)",
                     q(0.5),
                     q(0.99),
@@ -214,6 +218,7 @@ fn main() {
     }
 }
 
+#[cfg(feature = "replica")]
 fn dir_bytes(p: &std::path::Path) -> u64 {
     let mut n = 0;
     for e in std::fs::read_dir(p).into_iter().flatten().flatten() {

@@ -94,7 +94,7 @@ pub(crate) trait Sink: Send + Sync {
 
     /// Called with each durable commit, in commit order, by whoever holds
     /// the commit lock (never two at once). `store` is the log's storage
-    /// as of exactly this commit: a [`View`] taken from it now holds this
+    /// as of exactly this commit: a [`View`](super::store::View) taken from it now holds this
     /// commit and nothing after it. May block, which holds up later
     /// commits (how a replica that falls behind slows writers).
     fn shipped(&self, commit: Shipped, store: &dyn LogStore);
@@ -151,7 +151,7 @@ impl Acks {
     }
 
     /// Another owner took the replica over: the log refuses everything
-    /// from now on with [`Error::Fenced`].
+    /// from now on as [fenced](crate::Error::Fenced).
     pub(crate) fn fence(&self, why: String) {
         if let Some(t) = self.0.upgrade() {
             t.fence(why);

@@ -4,15 +4,15 @@
 //! restore.
 //!
 //! Rooms:
-//! - [`format`]: the objects' bytes (segments, snapshot parts and
+//! - `format`: the objects' bytes (segments, snapshot parts and
 //!   indexes, owner objects, the local state file);
-//! - [`objects`]: the object store as blocking calls on the replica's
+//! - `objects`: the object store as blocking calls on the replica's
 //!   own runtime;
-//! - [`open`]: taking ownership, the fence, and the choice between the
+//! - `open`: taking ownership, the fence, and the choice between the
 //!   local file and a restore;
-//! - [`restore`]: a snapshot and the segments after it, back into a file;
-//! - [`uploader`]: the sink the log hands its commits to, and the thread
-//!   that ships them; [`snapshot`]: writing and pruning snapshots.
+//! - `restore`: a snapshot and the segments after it, back into a file;
+//! - `uploader`: the sink the log hands its commits to, and the thread
+//!   that ships them; `snapshot`: writing and pruning snapshots.
 //!
 //! Invariants:
 //! - one owner per store at a time: taking ownership creates the owner
