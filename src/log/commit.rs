@@ -508,23 +508,27 @@ impl Drop for Log {
         if let Some(h) = self.committer.take() {
             let _ = h.join();
         }
-        if self.shared.panicked.load(Ordering::Acquire)
-            && let Some(db) = self.shared.db.write().take()
-        {
-            if std::thread::panicking() {
+        let Some(db) = self.shared.db.write().take() else {
+            return;
+        };
+        let panicked = self.shared.panicked.load(Ordering::Acquire);
+        if std::thread::panicking() {
+            if panicked {
                 // A second panic while unwinding would abort the process.
                 std::mem::forget(db);
-            } else {
-                // redb closes without writing after a transaction it
-                // unwound from; should its `Drop` panic anyway, the panic
-                // stays here and the file handle still closes, so the
-                // store can be reopened as `Error::Poisoned` says.
-                let closed =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
-                if closed.is_err() {
-                    tracing::error!("dedupkv: the storage engine panicked again while closing");
-                }
             }
+            return;
+        }
+        // redb closes without writing after a transaction it unwound from,
+        // and otherwise writes its allocator state, which on a damaged file
+        // can panic: the panic stays here and the file handle still
+        // closes, so the store can be reopened (and its damage reported).
+        let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+        if closed.is_err() {
+            tracing::error!(
+                earlier_panic = panicked,
+                "dedupkv: the storage engine panicked while closing the file"
+            );
         }
     }
 }

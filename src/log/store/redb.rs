@@ -42,6 +42,11 @@ impl From<redb::Error> for LogError {
     fn from(e: redb::Error) -> Self {
         match e {
             redb::Error::Corrupted(msg) => LogError::Corrupt(msg),
+            // redb reads only inside the file: a page past its end is one
+            // a damaged pointer names.
+            redb::Error::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+                LogError::Corrupt(format!("a page lies past the end of the file ({io})"))
+            }
             redb::Error::DatabaseAlreadyOpen => LogError::AlreadyOpen,
             redb::Error::Io(io) => LogError::Storage(io.into()),
             other => LogError::Storage(StorageError::engine(other)),
@@ -81,9 +86,15 @@ impl RedbStore {
         let db = match location {
             Location::Path(path) => open_path(&builder, &path, true)?,
             Location::Existing(path) => open_path(&builder, &path, false)?,
-            Location::Backend(backend) => builder
-                .create_with_backend(Boxed(backend))
-                .map_err(|e| not_a_store_or(e.into(), None))?,
+            Location::Backend(backend) => {
+                let backend: std::sync::Arc<dyn StorageBackend> = backend.into();
+                builder
+                    .create_with_backend(Shared(std::sync::Arc::clone(&backend)))
+                    .map_err(|e| {
+                        let ours = looks_like_a_store(|at, buf| read_some(&*backend, at, buf));
+                        not_a_store_or(e.into(), ours)
+                    })?
+            }
         };
         Ok(RedbStore { db })
     }
@@ -218,14 +229,15 @@ fn damaged_table(name: &str, e: redb::TableError) -> LogError {
     }
 }
 
-/// Forwards every call to a boxed backend (redb takes backends by value).
+/// Forwards every call to a shared backend (redb takes backends by value;
+/// an open that fails looks at the bytes after redb gave them back).
 #[derive(Debug)]
-struct Boxed(Box<dyn StorageBackend>);
+struct Shared(std::sync::Arc<dyn StorageBackend>);
 
 type Io<T> = std::result::Result<T, std::io::Error>;
 type Lock<T> = std::result::Result<T, redb::BackendError>;
 
-impl StorageBackend for Boxed {
+impl StorageBackend for Shared {
     fn len(&self) -> Io<u64> {
         self.0.len()
     }
@@ -275,9 +287,16 @@ fn open_path(builder: &redb::Builder, path: &Path, create: bool) -> StoreResult<
                 path.display()
             )));
         }
-        Ok(_) => builder
-            .open(path)
-            .map_err(|e| not_a_store_or(e.into(), Some(path))),
+        Ok(_) => builder.open(path).map_err(|e| {
+            let ours = std::fs::File::open(path).and_then(|mut f| {
+                use std::io::{Read, Seek, SeekFrom};
+                looks_like_a_store(|at, buf| {
+                    f.seek(SeekFrom::Start(at))?;
+                    f.read(buf)
+                })
+            });
+            not_a_store_or(e.into(), ours)
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => {
             return Err(io_at(
                 path,
@@ -304,8 +323,9 @@ fn io_at(path: &Path, e: &std::io::Error) -> LogError {
 }
 
 /// A file that redb cannot parse: damaged if it starts as a redb file does
-/// or holds a dedupkv table name, otherwise not a store.
-fn not_a_store_or(e: redb::Error, path: Option<&Path>) -> LogError {
+/// or holds a dedupkv table name (`ours`, as [`looks_like_a_store`] found),
+/// otherwise not a store.
+fn not_a_store_or(e: redb::Error, ours: std::io::Result<bool>) -> LogError {
     let why = match &e {
         redb::Error::Corrupted(msg) => msg.clone(),
         redb::Error::UpgradeRequired(v) => {
@@ -314,35 +334,42 @@ fn not_a_store_or(e: redb::Error, path: Option<&Path>) -> LogError {
         redb::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => io.to_string(),
         _ => return e.into(),
     };
-    let Some(path) = path else {
-        return LogError::NotAStore(format!("not a redb file ({why})"));
-    };
-    match looks_like_a_store(path) {
+    match ours {
         Ok(true) => LogError::Corrupt(format!("redb cannot open the file: {why}")),
         Ok(false) => LogError::NotAStore(format!("not a redb file ({why})")),
-        Err(io) => io_at(path, &io),
+        Err(io) => LogError::Storage(io.into()),
     }
 }
 
-/// Whether the file starts with redb's header, or holds the name of
-/// dedupkv's metadata table anywhere (the header may be what is damaged).
-fn looks_like_a_store(path: &Path) -> std::io::Result<bool> {
-    use std::io::Read;
+/// Up to `buf.len()` bytes of `backend` from `at`; 0 past its end.
+fn read_some(backend: &dyn StorageBackend, at: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    let len = backend.len()?;
+    let n = usize::try_from(len.saturating_sub(at)).map_or(buf.len(), |left| left.min(buf.len()));
+    backend.read(at, &mut buf[..n])?;
+    Ok(n)
+}
+
+/// Whether the bytes (read by `read_at(offset, buf)`, which answers how
+/// many it read, 0 at the end) start with redb's header, or hold the name
+/// of dedupkv's metadata table anywhere (the header may be what is
+/// damaged).
+fn looks_like_a_store(
+    mut read_at: impl FnMut(u64, &mut [u8]) -> std::io::Result<usize>,
+) -> std::io::Result<bool> {
     const NEEDLE: &[u8] = META_NAME.as_bytes();
-    let mut file = std::fs::File::open(path)?;
     let mut buf = vec![0u8; 1 << 20];
     let mut kept = 0;
-    let mut first = true;
+    let mut at = 0u64;
     loop {
-        let n = file.read(&mut buf[kept..])?;
+        let n = read_at(at, &mut buf[kept..])?;
         if n == 0 {
             return Ok(false);
         }
         let filled = kept + n;
-        if first && buf[..filled].starts_with(&REDB_MAGIC) {
+        if at == 0 && buf[..filled].starts_with(&REDB_MAGIC) {
             return Ok(true);
         }
-        first = false;
+        at += n as u64;
         if buf[..filled].windows(NEEDLE.len()).any(|w| w == NEEDLE) {
             return Ok(true);
         }
