@@ -60,6 +60,7 @@ impl Default for StoreBuilder {
                 tally_window_ms: 3_600_000,
                 tally_retention_ms: 7 * 86_400_000,
                 row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
+                upgrade: false,
             },
             clock: Arc::new(SystemClock),
         }
@@ -456,6 +457,33 @@ impl StoreBuilder {
     /// ```
     pub fn evict_slice_bytes(mut self, bytes: usize) -> Self {
         self.cfg.evict_slice_bytes = bytes;
+        self
+    }
+
+    /// Upgrade a file written by an older build to this build's store
+    /// format, in the open's first commit. Off, a file of an older format
+    /// (3) is opened and written as it is, so the build it came from can
+    /// still open it (a deploy can be rolled back), and what needs the
+    /// newer format is unavailable: the open cannot check its bucket
+    /// tables against their summaries, and [`Store::verify`] answers
+    /// [`Error::NeedsUpgrade`]. On, the file is rewritten as the newest
+    /// format (4): every bucket table gets its summary, and builds that
+    /// read only format 3 refuse the file (`UnsupportedVersion`) from
+    /// then on. A new file is always created in the newest format; files
+    /// of formats 1 and 2 (which no release wrote) are rewritten as format
+    /// 3 by their first commit either way. [`Store::upgrade`] does the
+    /// same on an open store. Default: false.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("s.redb");
+    /// let store = dedupkv::Store::builder().upgrade(true).open(&path)?;
+    /// assert_eq!(store.format(), 4);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn upgrade(mut self, on: bool) -> Self {
+        self.cfg.upgrade = on;
         self
     }
 

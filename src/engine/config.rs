@@ -36,4 +36,19 @@ pub(crate) struct Config {
     pub tally_retention_ms: u64,
     /// Where the log closes a row and opens the next (tests lower it).
     pub row_split_bytes: usize,
+    /// Upgrade an older file to the newest format at open.
+    pub upgrade: bool,
+}
+
+impl Config {
+    /// How the log commits, from these settings.
+    pub(crate) fn log_settings(&self) -> crate::log::commit::LogSettings {
+        crate::log::commit::LogSettings {
+            durability: self.durability,
+            quick_repair: self.quick_repair,
+            split_at: self.row_split_bytes,
+            time_step: self.granularity_ms,
+            upgrade: self.upgrade,
+        }
+    }
 }

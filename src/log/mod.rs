@@ -6,13 +6,17 @@
 //! - [`format`](mod@format) and [`decode`]: a row's bytes, written and read;
 //! - [`commit`]: group commit, the log's one write path;
 //! - [`meta`]: the settings fixed at creation and the manifest;
+//! - [`summary`]: each bucket table's summary, which an open checks;
 //! - [`recovery`]: replay at open;
 //! - [`store`]: the storage trait and its redb implementation;
 //! - [`error`]: what the storage reports, in the log's terms.
 //!
 //! Invariants: a row number is written by one commit only, and rows of
 //! later commits have larger numbers; the tables in the file are exactly
-//! the ones the manifest lists, as of every commit.
+//! the ones the manifest lists, as of every commit; in a format-4 file
+//! each bucket table's rows are the ones its summary records, as of every
+//! commit, so an open never yields fewer rows than the last commit
+//! recorded.
 
 pub(crate) mod body;
 pub(crate) mod commit;
@@ -23,6 +27,7 @@ pub(crate) mod meta;
 pub(crate) mod record;
 pub(crate) mod recovery;
 pub(crate) mod store;
+pub(crate) mod summary;
 
 use std::path::Path;
 

@@ -7,8 +7,10 @@
 //! - table `dedupkv.meta` (`&str -> &[u8]`): the entries of
 //!   [`meta`](crate::log::meta);
 //! - one table per expiry bucket, `log.<bucket>` (`u64 -> &[u8]`): row
-//!   number to a row of records (see [`format`](mod@crate::log::format)).
-//!   Dropping a whole bucket is one `delete_table`.
+//!   number to a row of records (see [`format`](mod@crate::log::format)),
+//!   and under [`SUMMARY_ROW`] the bucket's summary (see
+//!   [`summary`](crate::log::summary)). Dropping a whole bucket, summary
+//!   included, is one `delete_table`.
 //!
 //! redb's errors become [`LogError`]s here: `Corrupted` is damage,
 //! `DatabaseAlreadyOpen` is [`LogError::AlreadyOpen`], I/O errors keep
@@ -24,8 +26,8 @@ use redb::{
 };
 
 use super::{
-    Commit, Location, LogStore, META_NAME, MetaEntries, Rows, StoreResult, parse_table_name,
-    table_name,
+    Commit, Location, LogStore, META_NAME, MetaEntries, Rows, SUMMARY_ROW, StoreResult, Table,
+    parse_table_name, table_name,
 };
 use crate::error::StorageError;
 use crate::log::error::LogError;
@@ -131,17 +133,10 @@ impl LogStore for RedbStore {
         Ok(())
     }
 
-    fn buckets(&self) -> StoreResult<Vec<u64>> {
-        let read = self.db.begin_read()?;
-        let mut out: Vec<u64> = read
-            .list_tables()?
-            .filter_map(|t| parse_table_name(t.name()))
-            .collect();
-        out.sort_unstable();
-        Ok(out)
-    }
-
     fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>> {
+        if row == SUMMARY_ROW {
+            return Ok(None);
+        }
         let read = self.db.begin_read()?;
         let name = table_name(bucket);
         let table = match read.open_table(log_table(&name)) {
@@ -152,27 +147,62 @@ impl LogStore for RedbStore {
         Ok(table.get(row)?.map(|v| v.value().to_vec()))
     }
 
-    fn rows(&self, buckets: &[u64]) -> StoreResult<Vec<Option<Rows>>> {
+    fn tables(&self) -> StoreResult<Vec<(u64, Table)>> {
         let read = self.db.begin_read()?;
+        let mut buckets: Vec<u64> = read
+            .list_tables()?
+            .filter_map(|t| parse_table_name(t.name()))
+            .collect();
+        buckets.sort_unstable();
         let mut out = Vec::with_capacity(buckets.len());
-        for &bucket in buckets {
+        for bucket in buckets {
             let name = table_name(bucket);
-            let table = match read.open_table(log_table(&name)) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => {
-                    out.push(None);
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            // The range keeps the read transaction alive.
-            let rows = table.range::<u64>(..)?.map(|entry| {
+            let table = read
+                .open_table(log_table(&name))
+                .map_err(|e| damaged_table(&name, e))?;
+            let summary = table.get(SUMMARY_ROW)?.map(|v| v.value().to_vec());
+            let rows = table.range(..SUMMARY_ROW)?;
+            let rows: Rows = Box::new(rows.map(move |entry| {
                 let (k, v) = entry?;
-                Ok((k.value(), v.value().to_vec()))
-            });
-            out.push(Some(Box::new(rows) as Rows));
+                let (row, bytes) = (k.value(), v.value());
+                // redb does not check a cleanly closed file's branch pages
+                // as it reads them: a damaged separator key routes a
+                // lookup to the wrong leaf, while iteration still reads
+                // every row in order. The engine reads rows by lookup, so
+                // each row must be found that way too.
+                match table.get(row)? {
+                    Some(found) if found.value() == bytes => Ok((row, bytes.to_vec())),
+                    _ => Err(LogError::Corrupt(format!(
+                        "the table {name:?} holds row {row}, but a lookup of it does not \
+                         find it (a damaged branch page)"
+                    ))),
+                }
+            }));
+            out.push((bucket, Table { summary, rows }));
         }
         Ok(out)
+    }
+
+    fn table(&self, bucket: u64) -> StoreResult<Option<Table>> {
+        let read = self.db.begin_read()?;
+        let name = table_name(bucket);
+        match read.open_table(log_table(&name)) {
+            Ok(t) => Ok(Some(whole(&t)?)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn row_range(&self, bucket: u64, rows: std::ops::RangeInclusive<u64>) -> StoreResult<Rows> {
+        let read = self.db.begin_read()?;
+        let name = table_name(bucket);
+        let table = match read.open_table(log_table(&name)) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Box::new(std::iter::empty())),
+            Err(e) => return Err(e.into()),
+        };
+        let (start, end) = (*rows.start(), (*rows.end()).min(SUMMARY_ROW - 1));
+        Ok(rows_of(table.range(start..=end)?))
     }
 
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()> {
@@ -191,6 +221,11 @@ impl LogStore for RedbStore {
             let name = table_name(bucket);
             let mut table = txn.open_table(log_table(&name))?;
             table.insert(row, bytes.as_slice())?;
+        }
+        for (bucket, summary) in commit.summaries {
+            let name = table_name(bucket);
+            let mut table = txn.open_table(log_table(&name))?;
+            table.insert(SUMMARY_ROW, summary.as_slice())?;
         }
         if !commit.meta.is_empty() {
             let mut table = txn.open_table(META)?;
@@ -219,6 +254,22 @@ impl LogStore for RedbStore {
     fn compact(&mut self) -> StoreResult<bool> {
         Ok(self.db.compact()?)
     }
+}
+
+/// A bucket table's summary and rows; the rows' range keeps the read
+/// transaction alive.
+fn whole(table: &redb::ReadOnlyTable<u64, &'static [u8]>) -> StoreResult<Table> {
+    Ok(Table {
+        summary: table.get(SUMMARY_ROW)?.map(|v| v.value().to_vec()),
+        rows: rows_of(table.range(..SUMMARY_ROW)?),
+    })
+}
+
+fn rows_of(range: redb::Range<'static, u64, &'static [u8]>) -> Rows {
+    Box::new(range.map(|entry| {
+        let (k, v) = entry?;
+        Ok((k.value(), v.value().to_vec()))
+    }))
 }
 
 /// A table that exists but cannot be opened as ours is damage.
