@@ -3,8 +3,8 @@
 //! of opening a smaller store.
 //!
 //! Each bucket table holds, besides its rows, one entry under the row
-//! number [`SUMMARY_ROW`](super::store::SUMMARY_ROW) (`u64::MAX`, after
-//! every row):
+//! number [`SUMMARY_ROW`](super::store::SUMMARY_ROW) (0, before every
+//! row):
 //!
 //! ```text
 //! summary := version:u8 (=1) | bucket:u64 LE | rows:u64 LE | last_row:u64 LE
@@ -27,9 +27,8 @@
 //!   commit), for files of every format;
 //! - in a format-4 file every commit that writes or trims rows of a bucket
 //!   writes that bucket's summary in the same storage commit, into the
-//!   same table (so it shares the leaf the rows were appended to), and a
-//!   deleted table takes its summary with it: every bucket table has a
-//!   summary that matches its rows after every commit;
+//!   same table, and a deleted table takes its summary with it: every
+//!   bucket table has a summary that matches its rows after every commit;
 //! - an open never yields fewer rows than the last commit recorded: replay
 //!   recomputes each table's summary from the rows it read and compares it
 //!   with the stored one (a missing, damaged or different summary is

@@ -31,10 +31,13 @@ pub(crate) const META_NAME: &str = "dedupkv.meta";
 const LOG_PREFIX: &str = "log.";
 
 /// The key of a bucket's summary in its table (part of the file format,
-/// from format 4): after every row number, so it shares the leaf that
-/// appended rows go to, and a commit that writes rows rewrites no other
-/// page for it.
-pub(crate) const SUMMARY_ROW: u64 = u64::MAX;
+/// from format 4): before every row, so rows are still appended after the
+/// table's last key (redb then starts a new leaf when the last one is
+/// full; an insert before a last key splits the leaf in halves, and the
+/// left half is never filled again).
+pub(crate) const SUMMARY_ROW: u64 = 0;
+/// The first row number a commit can use (rows start at 1).
+pub(crate) const FIRST_ROW: u64 = 1;
 
 /// The name of `bucket`'s table (part of the file format).
 pub(crate) fn table_name(bucket: u64) -> String {

@@ -26,8 +26,8 @@ use redb::{
 };
 
 use super::{
-    Commit, Location, LogStore, META_NAME, MetaEntries, Rows, SUMMARY_ROW, StoreResult, Table,
-    parse_table_name, table_name,
+    Commit, FIRST_ROW, Location, LogStore, META_NAME, MetaEntries, Rows, SUMMARY_ROW, StoreResult,
+    Table, parse_table_name, table_name,
 };
 use crate::error::StorageError;
 use crate::log::error::LogError;
@@ -161,23 +161,13 @@ impl LogStore for RedbStore {
                 .open_table(log_table(&name))
                 .map_err(|e| damaged_table(&name, e))?;
             let summary = table.get(SUMMARY_ROW)?.map(|v| v.value().to_vec());
-            let rows = table.range(..SUMMARY_ROW)?;
-            let rows: Rows = Box::new(rows.map(move |entry| {
-                let (k, v) = entry?;
-                let (row, bytes) = (k.value(), v.value());
-                // redb does not check a cleanly closed file's branch pages
-                // as it reads them: a damaged separator key routes a
-                // lookup to the wrong leaf, while iteration still reads
-                // every row in order. The engine reads rows by lookup, so
-                // each row must be found that way too.
-                match table.get(row)? {
-                    Some(found) if found.value() == bytes => Ok((row, bytes.to_vec())),
-                    _ => Err(LogError::Corrupt(format!(
-                        "the table {name:?} holds row {row}, but a lookup of it does not \
-                         find it (a damaged branch page)"
-                    ))),
-                }
-            }));
+            let range = table.range(FIRST_ROW..)?;
+            let rows: Rows = Box::new(Routed {
+                name,
+                table,
+                range,
+                last: None,
+            });
             out.push((bucket, Table { summary, rows }));
         }
         Ok(out)
@@ -201,7 +191,7 @@ impl LogStore for RedbStore {
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Box::new(std::iter::empty())),
             Err(e) => return Err(e.into()),
         };
-        let (start, end) = (*rows.start(), (*rows.end()).min(SUMMARY_ROW - 1));
+        let (start, end) = ((*rows.start()).max(FIRST_ROW), *rows.end());
         Ok(rows_of(table.range(start..=end)?))
     }
 
@@ -217,15 +207,27 @@ impl LogStore for RedbStore {
             let mut table = txn.open_table(log_table(&name))?;
             table.retain_in(rows, |_, _| false)?;
         }
-        for (bucket, row, bytes) in commit.rows {
+        // Each table opened once: its rows, then its summary.
+        let mut rows = commit.rows;
+        rows.sort_by_key(|(bucket, row, _)| (*bucket, *row));
+        let mut summaries = commit.summaries;
+        summaries.sort_by_key(|(bucket, _)| *bucket);
+        let mut summaries = summaries.into_iter().peekable();
+        let mut rows = rows.into_iter().peekable();
+        while let Some(bucket) = match (rows.peek(), summaries.peek()) {
+            (Some(r), Some(s)) => Some(r.0.min(s.0)),
+            (Some(r), None) => Some(r.0),
+            (None, Some(s)) => Some(s.0),
+            (None, None) => None,
+        } {
             let name = table_name(bucket);
             let mut table = txn.open_table(log_table(&name))?;
-            table.insert(row, bytes.as_slice())?;
-        }
-        for (bucket, summary) in commit.summaries {
-            let name = table_name(bucket);
-            let mut table = txn.open_table(log_table(&name))?;
-            table.insert(SUMMARY_ROW, summary.as_slice())?;
+            while let Some((_, row, bytes)) = rows.next_if(|r| r.0 == bucket) {
+                table.insert(row, bytes.as_slice())?;
+            }
+            if let Some((_, summary)) = summaries.next_if(|s| s.0 == bucket) {
+                table.insert(SUMMARY_ROW, summary.as_slice())?;
+            }
         }
         if !commit.meta.is_empty() {
             let mut table = txn.open_table(META)?;
@@ -256,12 +258,107 @@ impl LogStore for RedbStore {
     }
 }
 
+/// A bucket table's rows as iteration reads them, with the first and the
+/// last row of every leaf also found by a lookup of its number.
+///
+/// redb does not check a cleanly closed file's branch pages as it reads
+/// them: a damaged separator key sends lookups of the keys between its old
+/// and its new value to the wrong child, while iteration, which walks the
+/// children in order, still reads every row. The engine reads single rows
+/// by lookup, so what replay read must be found that way too. If any
+/// existing key is misrouted, so is the first key of the leftmost leaf
+/// right of the separator (a separator raised) or the last key of the
+/// rightmost leaf left of it (lowered): looking up each leaf's first and
+/// last row finds every damaged separator that matters, at two lookups a
+/// leaf instead of one a row. A leaf ends where the next value does not
+/// start where the previous one ended (a leaf stores its values back to
+/// back, and no two pages touch that way); were the values not where the
+/// page holds them, every row would be looked up.
+struct Routed {
+    name: String,
+    table: redb::ReadOnlyTable<u64, &'static [u8]>,
+    range: redb::Range<'static, u64, &'static [u8]>,
+    /// The row read last: its number, its bytes' length, checksum and end
+    /// address, and whether it was looked up.
+    last: Option<Last>,
+}
+
+struct Last {
+    row: u64,
+    len: usize,
+    tail: [u8; 8],
+    end: usize,
+    found: bool,
+}
+
+impl Routed {
+    /// Looks up `row` and checks that it is the row read (same length and
+    /// checksum, its last 8 bytes).
+    fn look_up(&self, row: u64, len: usize, tail: &[u8]) -> StoreResult<()> {
+        match self.table.get(row)? {
+            Some(v) if v.value().len() == len && v.value().ends_with(tail) => Ok(()),
+            _ => Err(LogError::Corrupt(format!(
+                "the table {:?} holds row {row}, but a lookup of it does not find it \
+                 (a damaged branch page)",
+                self.name
+            ))),
+        }
+    }
+}
+
+impl Iterator for Routed {
+    type Item = StoreResult<(u64, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let entry = match self.range.next() {
+            Some(Ok(entry)) => entry,
+            Some(Err(e)) => return Some(Err(e.into())),
+            None => {
+                // The last row of the last leaf.
+                let last = self.last.take()?;
+                if !last.found
+                    && let Err(e) = self.look_up(last.row, last.len, &last.tail)
+                {
+                    return Some(Err(e));
+                }
+                return None;
+            }
+        };
+        let (row, bytes) = (entry.0.value(), entry.1.value());
+        let start = bytes.as_ptr() as usize;
+        let tail: [u8; 8] = bytes
+            .len()
+            .checked_sub(8)
+            .and_then(|at| bytes[at..].try_into().ok())
+            .unwrap_or_default();
+        let first_of_leaf = self.last.as_ref().is_none_or(|l| l.end != start);
+        if first_of_leaf {
+            if let Some(l) = self.last.as_ref().filter(|l| !l.found)
+                && let Err(e) = self.look_up(l.row, l.len, &l.tail)
+            {
+                return Some(Err(e));
+            }
+            if let Err(e) = self.look_up(row, bytes.len(), &tail) {
+                return Some(Err(e));
+            }
+        }
+        self.last = Some(Last {
+            row,
+            len: bytes.len(),
+            tail,
+            end: start + bytes.len(),
+            found: first_of_leaf,
+        });
+        Some(Ok((row, bytes.to_vec())))
+    }
+}
+
 /// A bucket table's summary and rows; the rows' range keeps the read
 /// transaction alive.
 fn whole(table: &redb::ReadOnlyTable<u64, &'static [u8]>) -> StoreResult<Table> {
     Ok(Table {
         summary: table.get(SUMMARY_ROW)?.map(|v| v.value().to_vec()),
-        rows: rows_of(table.range(..SUMMARY_ROW)?),
+        rows: rows_of(table.range(FIRST_ROW..)?),
     })
 }
 
