@@ -38,6 +38,8 @@ pub(crate) struct Config {
     pub row_split_bytes: usize,
     /// Upgrade an older file to the newest format at open.
     pub upgrade: bool,
+    /// Check every page of the file at open (redb's integrity check).
+    pub verify_pages: bool,
 }
 
 impl Config {

@@ -87,7 +87,7 @@ impl Engine {
         let wanted = FileMeta::new(KeyHasher::new(cfg.key_hashing, secret), cfg.granularity_ms);
         let (db, meta) = open_database(
             location,
-            cfg.cache_bytes,
+            (cfg.cache_bytes, cfg.verify_pages),
             &wanted,
             cfg.hashing_set,
             cfg.granularity_set,

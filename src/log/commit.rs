@@ -881,7 +881,7 @@ mod tests {
         let wanted = FileMeta::new(KeyHasher::new(KeyHashing::Xxh3, [7; 16]), 60_000);
         open_database(
             Location::Path(path.to_path_buf()),
-            1 << 20,
+            (1 << 20, false),
             &wanted,
             false,
             false,

@@ -43,15 +43,21 @@ use store::LogStore;
 /// row read or table scan, never per record.
 pub(crate) type Storage = Box<dyn LogStore>;
 
-/// Opens (or creates) the storage and checks or writes its metadata.
+/// Opens (or creates) the storage, with a page cache of `cache_bytes` and
+/// redb's check of every page if `verify_pages`, and checks or writes its
+/// metadata.
 pub(crate) fn open_database(
     location: Location,
-    cache_bytes: usize,
+    (cache_bytes, verify_pages): (usize, bool),
     wanted: &FileMeta,
     hashing_set: bool,
     granularity_set: bool,
 ) -> Result<(Storage, FileMeta)> {
-    let db: Storage = Box::new(store::redb::RedbStore::open(location, cache_bytes)?);
+    let db: Storage = Box::new(store::redb::RedbStore::open(
+        location,
+        cache_bytes,
+        verify_pages,
+    )?);
     let meta = meta::read_or_init(&*db, wanted)?;
     if hashing_set && meta.hasher.kind() != wanted.hasher.kind() {
         return Err(Error::InvalidConfig(format!(

@@ -81,10 +81,17 @@ pub(crate) struct RedbStore {
 
 impl RedbStore {
     /// Opens (or creates) the database at `location` with a page cache of
-    /// `cache_bytes`.
-    pub(crate) fn open(location: Location, cache_bytes: usize) -> StoreResult<RedbStore> {
+    /// `cache_bytes`; with `verify_pages`, redb checks the checksum of every
+    /// page of the committed trees and rebuilds its allocator state from
+    /// them, instead of trusting a cleanly closed file.
+    pub(crate) fn open(
+        location: Location,
+        cache_bytes: usize,
+        verify_pages: bool,
+    ) -> StoreResult<RedbStore> {
         let mut builder = redb::Builder::new();
         builder.set_cache_size(cache_bytes);
+        builder.set_check_integrity_on_open(verify_pages);
         let db = match location {
             Location::Path(path) => open_path(&builder, &path, true)?,
             Location::Existing(path) => open_path(&builder, &path, false)?,
