@@ -2,12 +2,17 @@
 //! the file either leaves every acknowledged fact readable (after the open,
 //! a write and a reopen) or fails the open as damage (`Error::Corrupt`).
 //!
-//! Two sweeps, deterministic (fixed seeds, a manual clock, stores in
-//! memory): every byte of every B-tree page (branch or leaf) the open
-//! reads in a small store, and seeded random flips anywhere in a larger
-//! one. `DEDUPKV_DAMAGE_FLIPS=N` runs N random flips instead of the CI
-//! count, over a store of the size the issue reported (8,553 facts,
-//! about 1.2 MB): the soak's setting (scripts/soak.sh).
+//! Three sweeps, deterministic (fixed seeds, a manual clock, stores in
+//! memory), each run in a child process so that a flip on which redb
+//! aborts the process is recorded, not fatal: every byte of every B-tree
+//! page (branch or leaf) the open reads in a small store, with the default
+//! open (redb checks every page); the same of the bucket tables' pages
+//! with that check off, where the bucket summaries and the open's lookups
+//! must refuse what loses a row; and seeded random flips anywhere in a
+//! larger store. `DEDUPKV_DAMAGE_ALL=1` flips every byte instead of a
+//! sample, and `DEDUPKV_DAMAGE_FLIPS=N` makes N random flips of a store
+//! the size of the reported one (8,550 facts) instead of 1,000 of a small
+//! one: the soak's settings (scripts/soak.sh).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +36,9 @@ struct Shape {
     inserts: u64,
     /// Padding of each id, so rows span pages.
     pad: usize,
+    /// Open the damaged copies with redb's check of every page
+    /// (`StoreBuilder::verify_pages_on_open`, the default) or without.
+    verify_pages: bool,
 }
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
@@ -222,7 +230,12 @@ fn quiet_storage_panics() {
 
 fn judge_unguarded(bytes: &[u8], clock: &ManualClock, shape: Shape) -> Verdict {
     let image = Image::new(bytes, None);
-    let store = match builder(clock).open_with_backend(image.clone()) {
+    let open = || {
+        builder(clock)
+            .verify_pages_on_open(shape.verify_pages)
+            .open_with_backend(image.clone())
+    };
+    let store = match open() {
         Ok(s) => s,
         Err(e) if is_damage(&e) => return Verdict::Refused,
         Err(e) => return Verdict::Wrong(format!("open: {e}")),
@@ -236,7 +249,7 @@ fn judge_unguarded(bytes: &[u8], clock: &ManualClock, shape: Shape) -> Verdict {
         other => return Verdict::Wrong(format!("a write gave {other:?}")),
     };
     drop(store);
-    match builder(clock).open_with_backend(image) {
+    match open() {
         Ok(s) => match missing(&s, shape) {
             Some(m) => Verdict::Silent(format!("reopened without {m}")),
             None if wrote => Verdict::Harmless,
@@ -271,35 +284,32 @@ struct Tally {
     harmless: usize,
     refused: usize,
     later: usize,
+    /// Flips that made redb abort the process (a panic while it unwound
+    /// from another): loud, but not an error dedupkv can return.
+    aborted: Vec<String>,
     bad: Vec<String>,
 }
 
 impl Tally {
-    fn add(&mut self, what: &str, v: Verdict) {
-        match v {
-            Verdict::Harmless => self.harmless += 1,
-            Verdict::Refused => self.refused += 1,
-            Verdict::Later => self.later += 1,
-            Verdict::Silent(m) => self.bad.push(format!("{what}: SILENT LOSS: {m}")),
-            Verdict::Wrong(m) => self.bad.push(format!("{what}: {m}")),
-        }
-    }
-
     fn total(&self) -> usize {
-        self.harmless + self.refused + self.later + self.bad.len()
+        self.harmless + self.refused + self.later + self.aborted.len() + self.bad.len()
     }
 
     fn check(&self, name: &str) {
         let silent = self.bad.iter().filter(|b| b.contains("SILENT")).count();
         eprintln!(
             "{name}: {} flips: {} harmless, {} refused at open, {} refused later, \
-             {silent} silent losses, {} other wrong",
+             {} aborted by redb, {silent} silent losses, {} other wrong",
             self.total(),
             self.harmless,
             self.refused,
             self.later,
+            self.aborted.len(),
             self.bad.len() - silent
         );
+        for a in &self.aborted {
+            eprintln!("  aborted by redb: {a}");
+        }
         assert!(
             self.bad.is_empty(),
             "{name}: {} of {} flips went wrong:\n{}",
@@ -308,6 +318,96 @@ impl Tally {
             self.bad.join("\n")
         );
     }
+}
+
+/// A store and the flips to make in it, each (what, byte, mask).
+struct Sweep {
+    shape: Shape,
+    bytes: Vec<u8>,
+    clock: ManualClock,
+    flips: Vec<(String, usize, u8)>,
+}
+
+const FROM: &str = "DEDUPKV_DAMAGE_FROM";
+
+/// Runs `sweep`'s flips in a child process (this test binary, re-run for
+/// the test `test` alone with [`FROM`] set): a flip can make redb abort
+/// the process (it panics while unwinding from a panic), which no
+/// `catch_unwind` survives, so an abort is recorded against the flip the
+/// child was judging and a new child goes on from the next one. In the
+/// child, judges the flips from [`FROM`] on and prints each verdict;
+/// returns `None` there.
+fn run(test: &str, sweep: &Sweep) -> Option<Tally> {
+    if let Ok(from) = std::env::var(FROM) {
+        let from: usize = from.parse().expect("a flip index");
+        for (i, (_, at, mask)) in sweep.flips.iter().enumerate().skip(from) {
+            println!("DMG-CASE {i}");
+            let v = judge(
+                &flipped(&sweep.bytes, *at, *mask),
+                &sweep.clock,
+                sweep.shape,
+            );
+            let line = match v {
+                Verdict::Harmless => "H".to_string(),
+                Verdict::Refused => "R".to_string(),
+                Verdict::Later => "L".to_string(),
+                Verdict::Silent(m) => format!("S {m}"),
+                Verdict::Wrong(m) => format!("W {m}"),
+            };
+            println!("DMG-VERDICT {i} {}", line.replace('\n', " "));
+        }
+        return None;
+    }
+    let mut tally = Tally::default();
+    let mut from = 0;
+    while from < sweep.flips.len() {
+        let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env(FROM, from.to_string())
+            .output()
+            .expect("run the sweep's child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let mut open = None;
+        // The harness starts the first line ("test ... ").
+        for line in stdout.lines() {
+            let line = line.find("DMG-").map_or(line, |at| &line[at..]);
+            if let Some(i) = line.strip_prefix("DMG-CASE ") {
+                open = Some(i.parse::<usize>().expect("an index"));
+            } else if let Some(rest) = line.strip_prefix("DMG-VERDICT ") {
+                let (i, v) = rest.split_once(' ').expect("index and verdict");
+                let i: usize = i.parse().expect("an index");
+                let what = &sweep.flips[i].0;
+                match v.split_at(1) {
+                    ("H", _) => tally.harmless += 1,
+                    ("R", _) => tally.refused += 1,
+                    ("L", _) => tally.later += 1,
+                    ("S", m) => tally.bad.push(format!("{what}: SILENT LOSS:{m}")),
+                    (_, m) => tally.bad.push(format!("{what}:{m}")),
+                }
+                open = None;
+                from = i + 1;
+            }
+        }
+        if out.status.success() {
+            assert!(
+                open.is_none() && from == sweep.flips.len(),
+                "the child stopped early"
+            );
+            break;
+        }
+        let Some(i) = open else {
+            panic!(
+                "the sweep's child failed outside a flip ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        tally
+            .aborted
+            .push(format!("{} ({})", sweep.flips[i].0, out.status));
+        from = i + 1;
+    }
+    Some(tally)
 }
 
 /// The pages a clean open of `bytes` (and its first commit) reads.
@@ -423,7 +523,7 @@ fn row_values(page: &[u8]) -> Option<usize> {
         let key = u64::from_le_bytes(page.get(4 + 4 * n + 8 * i..)?.get(..8)?.try_into().ok()?);
         let value = page.get(start..end)?;
         let row = value.starts_with(&[1, 0]);
-        let summary = value.len() == 41 && value[0] == 1 && key == u64::MAX;
+        let summary = value.len() == 41 && value[0] == 1 && key == 0;
         if !(row || summary) || prev_key.is_some_and(|p| p >= key) {
             return None;
         }
@@ -454,43 +554,40 @@ fn sweep_offsets(page: &[u8], all: bool) -> Vec<usize> {
     (0..dense).chain((dense..end).step_by(stride)).collect()
 }
 
-/// Every byte of every branch and leaf node the open reads (a sample of
-/// some, see [`sweep_offsets`]; every one with `DEDUPKV_DAMAGE_ALL=1`),
-/// flipped in turn with a seeded mask, in a store whose bucket table
-/// spans leaves under a branch page (two such tables with
-/// `DEDUPKV_DAMAGE_ALL`).
-#[test]
-fn every_byte_of_a_small_stores_pages_is_checked_or_harmless() -> Result<()> {
-    let all = std::env::var_os("DEDUPKV_DAMAGE_ALL").is_some();
+/// A store whose bucket table spans leaves under a branch page (two such
+/// tables with `all`), and the flips of every byte of the pages the open
+/// reads that `take` keeps (as [`sweep_offsets`] samples them, unless
+/// `all`), each with a seeded mask.
+fn small_sweep(all: bool, verify_pages: bool, take: impl Fn(&[u8]) -> bool) -> Result<Sweep> {
     let shape = Shape {
         buckets: if all { 2 } else { 1 },
         jobs: 10,
         inserts: 20,
         pad: 60,
+        verify_pages,
     };
     let (bytes, clock) = write_store(shape)?;
     let pages = pages_read(&bytes, &clock)?;
     let mut rng = Rng(0x5eed_0001);
-    let mut tally = Tally::default();
-    let (mut leaves, mut branches, mut row_leaves) = (0, 0, 0);
+    let mut flips = Vec::new();
+    let (mut branches, mut row_leaves) = (0, 0);
     for &p in &pages {
         let page = &bytes[p * PAGE..(p + 1) * PAGE];
-        match page[0] {
-            1 => leaves += 1,
-            2 => branches += 1,
-            _ => continue, // the header, region and allocator pages
+        // Only B-tree pages: the header, region and allocator pages are
+        // other structures.
+        if !(1..=2).contains(&page[0]) || !take(page) {
+            continue;
         }
+        branches += usize::from(page[0] == 2);
         row_leaves += usize::from(row_values(page).is_some());
         for at in sweep_offsets(page, all) {
             let at = p * PAGE + at;
             let mask = tame(&bytes, at, rng.mask());
-            let v = judge(&flipped(&bytes, at, mask), &clock, shape);
-            tally.add(&format!("byte {at} (page {p}) ^ {mask:#04x}"), v);
+            flips.push((format!("byte {at} (page {p}) ^ {mask:#04x}"), at, mask));
         }
     }
     eprintln!(
-        "{} bytes, {} pages read: {leaves} leaves ({row_leaves} of bucket tables), \
-         {branches} branches",
+        "{} bytes, {} pages read, {branches} branch pages and {row_leaves} bucket leaves swept",
         bytes.len(),
         pages.len(),
     );
@@ -498,7 +595,51 @@ fn every_byte_of_a_small_stores_pages_is_checked_or_harmless() -> Result<()> {
         branches >= 1 && row_leaves >= 3,
         "a bucket table spans leaves under a branch"
     );
+    Ok(Sweep {
+        shape,
+        bytes,
+        clock,
+        flips,
+    })
+}
+
+/// Every byte of every branch and leaf page the open reads (a sample of
+/// some in CI, see [`sweep_offsets`]; every one with
+/// `DEDUPKV_DAMAGE_ALL=1`), with the default open, which has redb check
+/// every page.
+#[test]
+fn every_byte_of_a_small_stores_pages_is_checked_or_harmless() -> Result<()> {
+    let all = std::env::var_os("DEDUPKV_DAMAGE_ALL").is_some();
+    let sweep = small_sweep(all, true, |_| true)?;
+    let Some(tally) = run(
+        "every_byte_of_a_small_stores_pages_is_checked_or_harmless",
+        &sweep,
+    ) else {
+        return Ok(());
+    };
     tally.check("small store, every byte");
+    assert!(tally.refused > 500, "the sweep reached the checks");
+    Ok(())
+}
+
+/// The same sweep of the bucket tables' pages (branches and leaves) with
+/// redb's page check off: the bucket summaries and the open's lookups
+/// alone refuse every flip that loses a row. (redb's allocator state is
+/// left out: without the page check, a flip there can make the first
+/// commit write over a live page; see `StoreBuilder::verify_pages_on_open`.)
+#[test]
+fn without_page_checks_every_byte_of_the_bucket_tables_is_checked_or_harmless() -> Result<()> {
+    let all = std::env::var_os("DEDUPKV_DAMAGE_ALL").is_some();
+    let sweep = small_sweep(all, false, |page| {
+        page[0] == 2 || row_values(page).is_some()
+    })?;
+    let Some(tally) = run(
+        "without_page_checks_every_byte_of_the_bucket_tables_is_checked_or_harmless",
+        &sweep,
+    ) else {
+        return Ok(());
+    };
+    tally.check("bucket tables without page checks, every byte");
     assert!(tally.refused > 500, "the sweep reached the checks");
     Ok(())
 }
@@ -511,13 +652,14 @@ fn random_flips_in_a_larger_store_are_checked_or_harmless() -> Result<()> {
     let soak: Option<usize> = std::env::var("DEDUPKV_DAMAGE_FLIPS")
         .ok()
         .map(|v| v.parse().expect("DEDUPKV_DAMAGE_FLIPS is a number"));
-    let (shape, flips) = match soak {
+    let (shape, n) = match soak {
         Some(n) => (
             Shape {
                 buckets: 30,
                 jobs: 143,
                 inserts: 142,
                 pad: 40,
+                verify_pages: true,
             },
             n,
         ),
@@ -527,25 +669,38 @@ fn random_flips_in_a_larger_store_are_checked_or_harmless() -> Result<()> {
                 jobs: 12,
                 inserts: 12,
                 pad: 80,
+                verify_pages: true,
             },
             1_000,
         ),
     };
     let (bytes, clock) = write_store(shape)?;
     let mut rng = Rng(0x5eed_0002);
-    let mut tally = Tally::default();
-    for _ in 0..flips {
-        let at = usize::try_from(rng.next() % bytes.len() as u64).expect("fits");
-        let mask = tame(&bytes, at, rng.mask());
-        let v = judge(&flipped(&bytes, at, mask), &clock, shape);
-        tally.add(&format!("byte {at} ^ {mask:#04x}"), v);
-    }
+    let flips = (0..n)
+        .map(|_| {
+            let at = usize::try_from(rng.next() % bytes.len() as u64).expect("fits");
+            let mask = tame(&bytes, at, rng.mask());
+            (format!("byte {at} ^ {mask:#04x}"), at, mask)
+        })
+        .collect();
+    let sweep = Sweep {
+        shape,
+        bytes,
+        clock,
+        flips,
+    };
+    let Some(tally) = run(
+        "random_flips_in_a_larger_store_are_checked_or_harmless",
+        &sweep,
+    ) else {
+        return Ok(());
+    };
     eprintln!(
         "{} facts in {} bytes",
         shape.buckets * (shape.jobs + shape.inserts),
-        bytes.len()
+        sweep.bytes.len()
     );
     tally.check("larger store, random flips");
-    assert!(tally.refused > flips / 10, "the flips reached the checks");
+    assert!(tally.refused > n / 10, "the flips reached the checks");
     Ok(())
 }
