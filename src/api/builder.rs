@@ -499,8 +499,8 @@ impl StoreBuilder {
     /// redb's own allocator state can make the first commit write over a
     /// live page, and some damaged pages make redb panic, or abort the
     /// process, instead of failing. The check reads the whole file once
-    /// more (replay reads most of it anyway): an open of a 7 MB file took
-    /// 76–121 ms instead of 51–55 ms (docs/performance.md). Default: true.
+    /// more (replay reads most of it anyway; docs/performance.md has
+    /// figures). Default: true.
     ///
     /// # Examples
     /// ```

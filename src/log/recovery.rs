@@ -10,7 +10,7 @@
 //! carries them forward before it deletes the tables.
 //!
 //! Replay summarises each table's rows as it reads them (see
-//! [`summary`](super::summary)): in a format-4 file each summary must
+//! [`summary`]): in a format-4 file each summary must
 //! match the one the last commit stored beside the rows, so an open never
 //! yields fewer rows than that commit recorded; the summaries are the
 //! log's from then on, whatever the format.
