@@ -14,16 +14,20 @@
 //! The handler is this program run again as a child process (with
 //! `DEDUPKV_WEBHOOK_CHILD` set to the working directory); the parent plays
 //! the sender, reads the handler's answers from a pipe, kills it and starts
-//! it again. Each event is handled as:
+//! it again. Each event is handled by `RetryPolicy::call`, the runner of
+//! an external call, which does the whole safe sequence:
 //!
 //! 1. `begin_with_intent`: the claim and the intent to call the carrier,
-//!    in one durable commit, before the call;
+//!    in one durable commit, before the call; then the policy's limits;
 //! 2. if the claim took over an attempt that never answered
-//!    (`unanswered_intent()`), ask the carrier by the provider key first,
-//!    and if it accepted, record its label without calling again;
-//! 3. otherwise call the carrier with `provider_key()`, then `mark_sent`
-//!    with the label and `complete_with_amount` (parcels shipped, counted
-//!    per reconciliation window).
+//!    (`interrupted()`, `unanswered_intent()`), the handler's lookup asks
+//!    the carrier by the provider key first, and if it accepted, its label
+//!    is recorded without calling again;
+//! 3. otherwise the handler's call goes to the carrier with
+//!    `provider_key()`; the runner records the answer (`mark_sent`) and
+//!    completes with the label and the parcels shipped (counted per
+//!    reconciliation window), or retries a refusal under the policy and
+//!    dead-letters it when the policy gives up.
 //!
 //! The carrier is durable outside the store: a file with one line per
 //! accepted call, `provider_key order label parcels`, each appended with
@@ -48,8 +52,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dedupkv::{
-    Begin, BeginOptions, Claim, Decision, Error, Failure, Fingerprint, Intent, Key, Listing,
-    RetryPolicy, Store, Tally,
+    Claim, Effect, Error, ErrorClass, Fingerprint, Intent, Key, Listing, RetryPolicy, Run, Store,
+    Tally,
 };
 
 const ORDERS: u64 = 200;
@@ -258,20 +262,10 @@ struct Handler<'a> {
 }
 
 impl Handler<'_> {
-    /// Handles one delivery to its answer, retrying the carrier's
-    /// rejections under the policy.
+    /// Handles one delivery to its answer: `RetryPolicy::call` does the
+    /// safe sequence of each attempt, and a refusal is retried under the
+    /// policy until it gives up (a dead letter).
     fn handle(&self, d: Delivery) -> dedupkv::Result<Answer> {
-        loop {
-            match self.attempt(d) {
-                Ok(Some(answer)) => return Ok(answer),
-                Ok(None) => {} // failed retryably: the policy's wait passed, go again
-                Err(Error::ClaimLost { .. }) => return Ok(Answer::Lost(d.order)),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn attempt(&self, d: Delivery) -> dedupkv::Result<Option<Answer>> {
         let id = d.order.to_string();
         let key = key(&id);
         let req = request(d.order);
@@ -279,106 +273,82 @@ impl Handler<'_> {
             target: "carrier",
             request: req.as_bytes(),
         };
-        let claim = match self.store.begin_with_intent(
-            &key,
-            Fingerprint::of(&req),
-            &BeginOptions::new(),
-            intent,
-        )? {
-            Begin::Started(claim) => claim,
-            Begin::Completed(rec) => {
-                let label = String::from_utf8_lossy(rec.outcome().unwrap_or_default());
-                return Ok(Some(Answer::Replayed(d.order, label.into_owned())));
-            }
-            Begin::InProgress(p) => {
-                let left = p
-                    .lease_expires_at()
-                    .duration_since(SystemTime::now())
-                    .unwrap_or_default();
-                let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-                return Ok(Some(Answer::Busy(d.order, ms)));
-            }
-            Begin::DeadLettered(_) => return Ok(Some(Answer::DeadLettered(d.order))),
-        };
-        let provider_key = claim.provider_key();
-        if claim.unanswered_intent() {
-            // An earlier attempt may have called: ask the carrier first.
-            let found = self.carrier.lookup(&provider_key);
-            if claim.interrupted() {
-                let what = if found.is_some() {
-                    "accepted"
-                } else {
-                    "absent"
-                };
-                (self.say)(format!("RECONCILED {} {what}", d.order));
-            }
-            if let Some(label) = found {
-                return self.finish(&claim, d.order, &label).map(Some);
-            }
-        }
-        match self.carrier.create(&provider_key, d.order) {
-            Ok((label, fresh)) => {
-                if fresh {
-                    (self.say)(format!("ACCEPTED {}", d.order));
-                    if d.hold {
-                        // Frozen between the carrier's accept and mark_sent:
-                        // the sender kills the process here.
-                        loop {
-                            std::thread::park();
-                        }
-                    }
-                    if slow(d.order) {
-                        std::thread::sleep(SLOW_ANSWER); // past the lease
-                    }
+        let amount = i64::try_from(parcels(d.order)).expect("small");
+        loop {
+            let effect = Effect::new(
+                intent,
+                |claim: &Claim| Ok(self.lookup(claim, d.order)),
+                |claim: &Claim| self.ship(claim, d),
+                // The carrier's refusal may pass (an address fixed at its
+                // end): retried, then dead-lettered with its reason.
+                |_: &String| ErrorClass::Retryable,
+            )
+            .amount(amount);
+            let run = match self
+                .policy
+                .call(self.store, &key, Fingerprint::of(&req), effect)
+            {
+                Ok(run) => run,
+                Err(Error::ClaimLost { .. }) => return Ok(Answer::Lost(d.order)),
+                Err(e) => return Err(e),
+            };
+            let text = |label: Vec<u8>| String::from_utf8(label).expect("a label");
+            return Ok(match run {
+                Run::Done(label) | Run::Reconciled(label) => Answer::Shipped(d.order, text(label)),
+                Run::Replayed(label) => Answer::Replayed(d.order, text(label)),
+                Run::InProgress { retry_after, .. } => {
+                    let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+                    Answer::Busy(d.order, ms)
                 }
-                self.finish(&claim, d.order, &label).map(Some)
-            }
-            Err(reason) => self.rejected(&claim, d.order, &reason, &req),
+                Run::RetryAfter { after, .. } => {
+                    std::thread::sleep(after);
+                    continue;
+                }
+                Run::GaveUp {
+                    dead_lettered: true,
+                    ..
+                }
+                | Run::Exhausted { .. }
+                | Run::DeadLettered(_) => Answer::DeadLettered(d.order),
+                other => panic!("order {}: {other:?}", d.order),
+            });
         }
     }
 
-    fn finish(&self, claim: &Claim, order: u64, label: &str) -> dedupkv::Result<Answer> {
-        self.store.mark_sent(claim, label.as_bytes())?;
-        let amount = i64::try_from(parcels(order)).expect("small");
-        self.store
-            .complete_with_amount(claim, label.as_bytes(), amount)?;
-        Ok(Answer::Shipped(order, label.to_string()))
+    /// Asks the carrier about the call made with the claim's provider
+    /// key (after an interrupted attempt, or one whose answer is unknown).
+    /// (This carrier always answers its lookups; one that can fail to
+    /// answer would return `Err`, and the runner would retry later.)
+    fn lookup(&self, claim: &Claim, order: u64) -> Option<Vec<u8>> {
+        let found = self.carrier.lookup(&claim.provider_key());
+        if claim.interrupted() {
+            let what = if found.is_some() {
+                "accepted"
+            } else {
+                "absent"
+            };
+            (self.say)(format!("RECONCILED {order} {what}"));
+        }
+        found.map(String::into_bytes)
     }
 
-    /// The carrier said no: record its answer (the intent is answered, not
-    /// ambiguous: nothing shipped), then retry under the policy, or
-    /// dead-letter.
-    fn rejected(
-        &self,
-        claim: &Claim,
-        order: u64,
-        reason: &str,
-        req: &str,
-    ) -> dedupkv::Result<Option<Answer>> {
-        self.store
-            .mark_sent(claim, format!("rejected: {reason}").as_bytes())?;
-        let elapsed = SystemTime::now()
-            .duration_since(claim.first_seen_at())
-            .unwrap_or_default();
-        match self.policy.decide(claim.attempt(), elapsed, None) {
-            Decision::Retry { after } => {
-                self.store.fail(claim, Failure::Retryable)?;
-                std::thread::sleep(after);
-                Ok(None)
+    /// Calls the carrier with the claim's provider key.
+    fn ship(&self, claim: &Claim, d: Delivery) -> Result<Vec<u8>, String> {
+        let (label, fresh) = self.carrier.create(&claim.provider_key(), d.order)?;
+        if fresh {
+            (self.say)(format!("ACCEPTED {}", d.order));
+            if d.hold {
+                // Frozen between the carrier's accept and mark_sent: the
+                // sender kills the process here.
+                loop {
+                    std::thread::park();
+                }
             }
-            Decision::GiveUp(why) => {
-                let reason = format!("{reason} ({why})");
-                self.store.fail(
-                    claim,
-                    Failure::Exhausted {
-                        reason: &reason,
-                        payload: Some(req.as_bytes()),
-                    },
-                )?;
-                Ok(Some(Answer::DeadLettered(order)))
+            if slow(d.order) {
+                std::thread::sleep(SLOW_ANSWER); // past the lease
             }
-            other => panic!("unknown decision {other:?}"),
         }
+        Ok(label.into_bytes())
     }
 }
 
@@ -836,13 +806,25 @@ impl Report {
                 .map(|(o, _)| *o)
                 .collect::<Vec<_>>()
                 == self.undeliverable
-            && self
-                .dead_letters
-                .iter()
-                .all(|(_, r)| r.contains("undeliverable"))
+            && self.dead_letters.iter().all(|(_, r)| dead_letter_reason(r))
             && self.reconciliation_clean
             && self.labels_match
     }
+}
+
+/// The carrier's refusal, as the runner gives up on it after the third
+/// attempt.
+pub const REFUSED: &str =
+    "gave up after 3 attempts (max_attempts): carrier rejected the address: undeliverable";
+
+/// Whether `r` is a reason an undeliverable order's dead letter may give:
+/// the carrier's refusal, or — when a kill interrupted the order's third
+/// attempt — the limit found before a fourth, which the runner does not
+/// make (it asks the carrier first, which has no such call).
+pub fn dead_letter_reason(r: &str) -> bool {
+    r == REFUSED
+        || (r.starts_with("gave up after 3 attempts, ")
+            && r.ends_with(" interrupted (max_attempts); attempt 4 not started"))
 }
 
 fn yes(b: bool) -> &'static str {

@@ -81,7 +81,7 @@ if [ -z "$PGBIN" ]; then
         SUDO=(sudo -n)
     fi
     if { [ "$(id -u)" -eq 0 ] || [ "${#SUDO[@]}" -gt 0 ]; } && command -v apt-get >/dev/null 2>&1; then
-        log "no PostgreSQL server binaries; trying apt-get install postgresql-15"
+        log "no PostgreSQL server binaries: installing Debian's postgresql-15 with apt-get (as root; set DEDUPKV_PG_URL or DEDUPKV_PG_BIN to use your own)"
         if timeout 300 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null >&2; then
             timeout 600 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15 </dev/null >&2 ||
                 timeout 600 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql </dev/null >&2 || true

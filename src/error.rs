@@ -121,6 +121,14 @@ pub enum Error {
     AlreadyOpen,
     /// A durable commit failed earlier; the store refuses writes until it is
     /// reopened. Nothing in or after the failed batch was acknowledged.
+    ///
+    /// Reads answer it too — `get`, `intent`, `tallies`, `reconcile`, the
+    /// listings (`dead_letters`, `stranded_claims`, `holding_area`,
+    /// `pending_intents`, `duplicate_candidates`), `held` and `unacked` —
+    /// since the store's memory may hold state the failed commit never made
+    /// durable. Only [`Store::stats`](crate::Store::stats) still answers
+    /// (its counters include the failed calls). Reopen the store to read
+    /// what is durable.
     #[error("the store is poisoned by an earlier failed commit ({0}); reopen it")]
     Poisoned(String),
     /// The store was closed.

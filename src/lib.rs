@@ -52,14 +52,15 @@ pub use api::{Begin, Claim, Store, StoreBuilder};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use durability::Durability;
 pub use effects::{
-    Decision, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder, Run,
+    Decision, Effect, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder, Run,
 };
 pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use types::{
-    Advance, BeginOptions, Cursor, DeadLetter, Delivered, Eviction, Failure, Forget, Held,
-    InProgress, Intent, IntentEntry, Listing, Page, Reconciliation, Record, Resolution, Sequenced,
-    State, Stats, Tally, Update, WindowDiff,
+    Advance, Answer, BeginOptions, Cursor, DeadLetter, Delivered, Duplicate, Eviction, Failure,
+    Forget, Handling, Held, InProgress, Intent, IntentEntry, KeyKind, KeyReconciliation,
+    KeyWindowDiff, Listing, Page, Reconciliation, Record, Resolution, SequenceOptions, Sequenced,
+    State, Stats, Tally, Unacked, Update, WindowDiff, WindowKeys,
 };
 
 /// The README's code, compiled and run as doc tests so it cannot go stale.

@@ -254,14 +254,14 @@ fn a_newer_format_version_is_refused() -> Result<()> {
     let dir = tempdir();
     let p = dir.path().join("s.redb");
     drop(Store::open(&p)?);
-    set_format(&p, 5, true);
+    set_format(&p, 6, true);
     let err = Store::open(&p).unwrap_err();
     assert!(
         matches!(
             err,
             Error::UnsupportedVersion {
-                found: 5,
-                supported: 4
+                found: 6,
+                supported: 5
             }
         ),
         "{err}"
@@ -346,11 +346,11 @@ fn format_of(p: &std::path::Path) -> u32 {
 }
 
 #[test]
-fn a_format_2_file_opens_whole_and_is_rewritten_as_format_3() -> Result<()> {
+fn a_format_2_file_opens_whole_and_is_rewritten_as_the_newest_format() -> Result<()> {
     let dir = tempdir();
     let p = dir.path().join("s.redb");
     drop(Store::open(&p)?);
-    assert_eq!(format_of(&p), 4, "a new file is the newest format");
+    assert_eq!(format_of(&p), 5, "a new file is the newest format");
     // A format-3 file (written by an earlier build) with its format set
     // back to 2, as the build before dead letters wrote it.
     let fixture =
@@ -369,7 +369,7 @@ fn a_format_2_file_opens_whole_and_is_rewritten_as_format_3() -> Result<()> {
         format_of(&p),
         3,
         "the first commit rewrites it, so a format-2 build refuses the file as newer \
-         (and no further: format 4 waits for an explicit upgrade)"
+         (and no further: later formats wait for an explicit upgrade)"
     );
     let store = open()?;
     assert!(!store.insert_if_absent(&dedupkv::Key::new("shop", "evt-1"))?);

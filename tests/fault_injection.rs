@@ -646,3 +646,71 @@ fn sweep<W: Workload>(builder: impl Fn() -> StoreBuilder, min_trips: u32) -> Res
     );
     Ok(())
 }
+
+/// After a failed commit every read answers `Poisoned`, as every write
+/// does: the index may hold what the failed commit never made durable
+/// (here a completion and its count), so no read answers from it. `stats`
+/// still answers, and a reopened store reads what is durable.
+#[test]
+fn every_read_of_a_poisoned_store_answers_poisoned() -> Result<()> {
+    let backend = FaultBackend::new();
+    let store = Store::builder()
+        .clock(ManualClock::new(1_700_000_000_000))
+        .open_with_backend(backend.clone())?;
+    let key = Key::new("p", "k");
+    let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("new key");
+    };
+    backend.arm(Plan::after(0));
+    let err = store.complete_with_amount(&claim, b"done", 5).unwrap_err();
+    assert!(is_fault(&err), "{err}");
+    let entity = Key::new("p", "entity");
+    let reads: [(&str, Result<()>); 11] = [
+        ("get", store.get(&key).map(drop)),
+        ("intent", store.intent(&key).map(drop)),
+        (
+            "pending_intents",
+            store.pending_intents(&Listing::new()).map(drop),
+        ),
+        (
+            "duplicate_candidates",
+            store.duplicate_candidates(&Listing::new()).map(drop),
+        ),
+        ("tallies", store.tallies("p").map(drop)),
+        ("reconcile", store.reconcile("p", &[]).map(drop)),
+        (
+            "dead_letters",
+            store.dead_letters(&Listing::new()).map(drop),
+        ),
+        (
+            "stranded_claims",
+            store.stranded_claims(&Listing::new()).map(drop),
+        ),
+        (
+            "holding_area",
+            store.holding_area(&Listing::new()).map(drop),
+        ),
+        ("held", store.held(&entity).map(drop)),
+        ("unacked", store.unacked(&entity).map(drop)),
+    ];
+    for (name, answer) in reads {
+        assert!(
+            matches!(answer, Err(Error::Poisoned(_))),
+            "{name} after a failed commit: {answer:?}"
+        );
+    }
+    assert_eq!(store.stats().started, 1, "stats still answer");
+    drop(store);
+    let reopened = Store::builder()
+        .clock(ManualClock::new(1_700_000_000_000))
+        .open_with_backend(backend.healthy())?;
+    assert_eq!(
+        reopened.get(&key)?.map(|r| r.state()),
+        Some(State::InProgress)
+    );
+    assert!(
+        reopened.tallies("p")?.is_empty(),
+        "the failed completion was never counted"
+    );
+    Ok(())
+}

@@ -365,8 +365,8 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// A value, its round trip through the outcome codec (JSON), and the
-    /// `serde_json::Value` of its JSON fingerprint the same.
+    /// A value, its round trip through JSON, and the `serde_json::Value`
+    /// of its JSON fingerprint the same.
     #[test]
     fn a_value_and_its_json_round_trip_fingerprint_the_same(order in order()) {
         let bytes = serde_json::to_vec(&order).expect("encode");

@@ -4,8 +4,8 @@
 //! fixtures --prefix vN` (crates/fixtures) writes a new format's set, on
 //! purpose, and never replaces a committed file unless forced.
 //!
-//! `v1-*` are format 1, `v3-*` format 3 (written by the build before
-//! format 4). A format-3 file stays format 3 under this build until it is
+//! `v1-*` are format 1, `v3-*` format 3 (written by the last builds of
+//! format 3). A format-3 file stays format 3 under this build until it is
 //! upgraded on purpose, so a deploy can be rolled back: [`v3`] is this
 //! file's own reader of format 3, written from that format's description
 //! (docs/design.md), which checks what a format-3 build checks before it
@@ -354,10 +354,10 @@ fn summaries(path: &Path) -> (usize, usize) {
     (with, without)
 }
 
-/// A format-3 file written by the build before format 4 is opened, written
+/// A format-3 file written by the last build of format 3 is opened, written
 /// and closed by this build and stays a file that build reads: the old
 /// reader accepts it and finds the new records. Only an explicit upgrade
-/// makes it format 4, with a summary in every bucket table, after which
+/// makes it format 5, with a summary in every bucket table, after which
 /// the old reader refuses it.
 #[test]
 fn a_format_3_file_keeps_its_format_until_upgraded() -> Result<()> {
@@ -380,7 +380,7 @@ fn a_format_3_file_keeps_its_format_until_upgraded() -> Result<()> {
                 err,
                 Error::NeedsUpgrade {
                     found: 3,
-                    needed: 4,
+                    needed: 5,
                     ..
                 }
             ),
@@ -407,21 +407,21 @@ fn a_format_3_file_keeps_its_format_until_upgraded() -> Result<()> {
         ));
         // The explicit upgrade, on the open store.
         assert!(store.upgrade()?);
-        assert_eq!((store.format(), store.stats().format), (4, 4));
+        assert_eq!((store.format(), store.stats().format), (5, 5));
         assert!(!store.upgrade()?, "once");
         let rows = store.verify()?;
         assert!(rows > 0);
         assert!(store.insert_if_absent(&Key::new("new", "after upgrade"))?);
     }
     let err = v3_keys(&path).expect_err("a format-3 build refuses an upgraded file");
-    assert!(err.contains("unsupported format version 4"), "{err}");
+    assert!(err.contains("unsupported format version 5"), "{err}");
     let (with, without) = summaries(&path);
     assert!(
         with > 0 && without == 0,
         "{with} tables with a summary, {without} without"
     );
     let store = builder(&clock).open(&path)?;
-    assert_eq!(store.format(), 4);
+    assert_eq!(store.format(), 5);
     assert!(!store.insert_if_absent(&Key::new("new", "after upgrade"))?);
     assert!(!store.insert_if_absent(&Key::new("shop", "evt-1"))?);
     store.verify()?;
@@ -431,12 +431,12 @@ fn a_format_3_file_keeps_its_format_until_upgraded() -> Result<()> {
 /// `StoreBuilder::upgrade(true)` upgrades in the open's first commit; the
 /// upgraded file's summaries are checked by every later open.
 #[test]
-fn an_upgrade_at_open_makes_a_format_3_file_format_4() -> Result<()> {
+fn an_upgrade_at_open_makes_a_format_3_file_format_5() -> Result<()> {
     let (_dir, path) = copy("v3-runs.redb");
     let clock = ManualClock::new(T0 + 60_000);
     {
         let store = builder(&clock).upgrade(true).open(&path)?;
-        assert_eq!(store.format(), 4);
+        assert_eq!(store.format(), 5);
         assert_eq!(store.stats().keys, 303);
         assert_eq!(store.verify()?, 4, "the batch's row and the three inserts'");
     }
@@ -474,9 +474,9 @@ fn an_upgrade_at_open_makes_a_format_3_file_format_4() -> Result<()> {
 }
 
 /// A format-1 file becomes format 3 by its first commit, as before (no
-/// release wrote format 1), and format 4 only when asked.
+/// release wrote format 1), and format 5 only when asked.
 #[test]
-fn a_format_1_file_becomes_format_3_and_format_4_only_on_request() -> Result<()> {
+fn a_format_1_file_becomes_format_3_and_format_5_only_on_request() -> Result<()> {
     let clock = ManualClock::new(T0 + 10_000);
     let (_dir, path) = copy("v1-basic.redb");
     {
@@ -487,7 +487,7 @@ fn a_format_1_file_becomes_format_3_and_format_4_only_on_request() -> Result<()>
     assert!(has(&file, "shop", "charge-1"));
     let (_dir2, path) = copy("v1-basic.redb");
     let store = builder(&clock).upgrade(true).open(&path)?;
-    assert_eq!(store.format(), 4);
+    assert_eq!(store.format(), 5);
     store.verify()?;
     Ok(())
 }

@@ -592,7 +592,7 @@ fn small_sweep(all: bool, verify_pages: bool, take: impl Fn(&[u8]) -> bool) -> R
         pages.len(),
     );
     assert!(
-        branches >= 1 && row_leaves >= 3,
+        branches >= 1 && row_leaves >= 2,
         "a bucket table spans leaves under a branch"
     );
     Ok(Sweep {

@@ -6,19 +6,17 @@ use std::time::Duration;
 use dedupkv::{
     Advance, Durability, Error, Key, ManualClock, Result, Sequenced, Store, StoreBuilder, Update,
 };
-use dedupkv_testkit::{FaultBackend, Plan, tempdir};
+use dedupkv_testkit::{FaultBackend, Plan, T0, tempdir};
 use proptest::prelude::*;
 
-const T0: u64 = 1_700_000_040_000;
 const MIN: Duration = Duration::from_secs(60);
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .retention(60 * MIN)
         .entity_retention(24 * 60 * MIN)
         .max_hold(5 * MIN)
-        .background_eviction(false)
+        .handback_lease(MIN)
 }
 
 /// One delivery of an update event: (event id, entity, version, value).
@@ -243,7 +241,13 @@ fn a_gap_past_max_hold_lands_in_the_holding_area_with_its_reason() -> Result<()>
     };
     assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [2, 3, 4]);
     assert!(store.held(&acct)?.is_empty());
-    // Handed back, not acknowledged: a redelivery hands back 3 and 4 again.
+    // Handed back, not acknowledged: once the lease lapsed, a redelivery
+    // hands back 3 and 4 again.
+    assert!(matches!(
+        store.sequence(&acct, 3, b"three")?,
+        Sequenced::Handling(_)
+    ));
+    clock.advance(MIN);
     assert_eq!(seqs(&store.sequence(&acct, 3, b"three")?), [3, 4]);
     assert_eq!(store.ack(&acct, 4)?, 4); // 1 was never acknowledged either
     assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Duplicate);
@@ -510,10 +514,10 @@ fn seqs(answer: &Sequenced) -> Vec<u64> {
 }
 
 /// What `sequence` hands back stays the store's until `ack`: a redelivery
-/// of an unacknowledged event hands back it (with the payload it carries
-/// now) and everything unacknowledged after it, and `unacked` lists them.
-/// It used to answer `Duplicate`: a consumer that crashed before handling
-/// the successors lost them.
+/// of an unacknowledged event whose lease lapsed hands back it (with the
+/// payload it carries now) and everything unacknowledged after it, and
+/// `unacked` lists them. It used to answer `Duplicate`: a consumer that
+/// crashed before handling the successors lost them.
 #[test]
 fn delivered_events_are_handed_back_again_until_acked() -> Result<()> {
     let dir = tempdir();
@@ -526,6 +530,7 @@ fn delivered_events_are_handed_back_again_until_acked() -> Result<()> {
         assert_eq!(store.sequence(&acct, 3, b"three")?, Sequenced::Parked);
         assert_eq!(seqs(&store.sequence(&acct, 1, b"one")?), [1, 2, 3]);
         assert_eq!(store.stats().unacked_now, 3);
+        clock.advance(MIN); // the hand-back's lease lapses
         let again = store.sequence(&acct, 1, b"one, again")?;
         assert_eq!(seqs(&again), [1, 2, 3]);
         let Sequenced::Delivered(again) = again else {
@@ -533,12 +538,14 @@ fn delivered_events_are_handed_back_again_until_acked() -> Result<()> {
         };
         assert_eq!(again[0].payload, b"one, again");
         assert_eq!(again[1].payload, b"two");
+        clock.advance(MIN);
         assert_eq!(seqs(&store.sequence(&acct, 2, b"two")?), [2, 3]);
         assert_eq!(store.ack(&acct, 1)?, 1);
         assert_eq!(store.sequence(&acct, 1, b"one")?, Sequenced::Duplicate);
         assert_eq!(store.ack(&acct, 1)?, 0);
     }
-    // Across a reopen: 2 and 3 are still unacknowledged.
+    // Across a reopen: 2 and 3 are still unacknowledged, and handed back
+    // at once (their handler is gone).
     let store = builder(&clock).open(&path)?;
     let unacked = store.unacked(&acct)?;
     assert_eq!(unacked.iter().map(|d| d.seq).collect::<Vec<_>>(), [2, 3]);
@@ -595,9 +602,13 @@ fn unacked_events_survive_eviction_and_downtime() -> Result<()> {
 const SIGKILL_CHILD: &str = "DEDUPKV_SEQ_CHILD_PATH";
 
 /// The child of `delivered_events_survive_a_sigkill_until_acked`: parks 2,
-/// sequences 1, says so, and waits to be killed before handling them.
+/// sequences 1, checks that a redelivery meanwhile is told they are being
+/// handled, says so, and waits to be killed before handling them.
 fn sigkill_child(path: &str) -> ! {
-    let store = Store::open(path).expect("open");
+    let store = Store::builder()
+        .handback_lease(Duration::from_secs(3_600))
+        .open(path)
+        .expect("open");
     let acct = Key::new("bank", "acct");
     assert_eq!(
         store.sequence(&acct, 2, b"two").expect("park"),
@@ -605,14 +616,18 @@ fn sigkill_child(path: &str) -> ! {
     );
     let out = store.sequence(&acct, 1, b"one").expect("sequence");
     assert_eq!(seqs(&out), [1, 2]);
+    let again = store.sequence(&acct, 1, b"one").expect("redelivery");
+    assert!(matches!(again, Sequenced::Handling(_)), "{again:?}");
     println!("HANDED BACK");
     loop {
         std::thread::park();
     }
 }
 
-/// A consumer killed (`SIGKILL`) between the hand-back and handling the events:
-/// after the restart they are still there, and only `ack` retires them.
+/// A consumer killed (`SIGKILL`) between the hand-back and handling the
+/// events: after the restart they are still there, handed back at once
+/// (though the killed process held them for an hour), and only `ack`
+/// retires them.
 #[test]
 fn delivered_events_survive_a_sigkill_until_acked() -> Result<()> {
     use std::io::{BufRead, BufReader};
@@ -650,6 +665,7 @@ fn delivered_events_survive_a_sigkill_until_acked() -> Result<()> {
         let unacked = store.unacked(&acct)?;
         assert_eq!(unacked.iter().map(|d| d.seq).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(unacked[1].payload, b"two");
+        assert!(unacked.iter().all(|u| u.handling.is_none()));
         assert_eq!(seqs(&store.sequence(&acct, 1, b"one")?), [1, 2]);
         assert_eq!(store.ack(&acct, 2)?, 2);
         assert_eq!(store.sequence(&acct, 1, b"one")?, Sequenced::Duplicate);

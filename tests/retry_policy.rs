@@ -11,8 +11,7 @@ use dedupkv::{
     Begin, Decision, Error, ErrorClass, Fingerprint, GiveUpReason, Jitter, Key, ManualClock,
     Result, RetryPolicy, Run, State, Store,
 };
-
-const T0: u64 = 1_700_000_000_000;
+use dedupkv_testkit::T0;
 
 fn open(path: &Path, clock: &ManualClock) -> Result<Store> {
     Store::builder().clock(clock.clone()).open(path)
@@ -417,8 +416,11 @@ fn max_elapsed_counts_from_the_stored_first_attempt_across_a_reopen() -> Result<
         .max_elapsed(Duration::from_secs(60))
         .build()?;
     let key = Key::new("shop", "ship-4");
-    let fail =
-        |_: &dedupkv::Claim| -> std::result::Result<Vec<u8>, String> { Err("timeout".to_string()) };
+    let calls = Cell::new(0);
+    let fail = |_: &dedupkv::Claim| -> std::result::Result<Vec<u8>, String> {
+        calls.set(calls.get() + 1);
+        Err("timeout".to_string())
+    };
     {
         let store = open(&path, &clock)?;
         let run = policy.run(&store, &key, Fingerprint::NONE, retryable, fail)?;
@@ -428,21 +430,23 @@ fn max_elapsed_counts_from_the_stored_first_attempt_across_a_reopen() -> Result<
         assert!(matches!(run, Run::RetryAfter { attempt: 2, .. }), "{run:?}");
     }
     // A restarted process keeps the budget: it counts from the first
-    // attempt the store recorded, not from its own start.
+    // attempt the store recorded, not from its own start; and it holds
+    // before the attempt, so the restart makes no call past it.
     clock.advance(Duration::from_secs(31));
     let store = open(&path, &clock)?;
     let run = policy.run(&store, &key, Fingerprint::NONE, retryable, fail)?;
     assert!(
         matches!(
             run,
-            Run::GaveUp {
-                attempts: 3,
+            Run::Exhausted {
+                attempt: 3,
                 reason: GiveUpReason::MaxElapsed { elapsed, max },
                 ..
             } if elapsed == Duration::from_secs(61) && max == Duration::from_secs(60)
         ),
         "{run:?}"
     );
+    assert_eq!(calls.get(), 2, "no call after the budget ran out");
     assert_eq!(
         store.get(&key)?.expect("recorded").state(),
         State::DeadLettered,

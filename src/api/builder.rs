@@ -54,11 +54,13 @@ impl Default for StoreBuilder {
                 max_retry_window_ms: None,
                 entity_retention_ms: 7 * 24 * 3_600_000,
                 max_hold_ms: 5 * 60_000,
+                handback_lease_ms: 30_000,
                 compact_when_free: Some(0.5),
                 evict_slice_bytes: 1 << 20,
                 max_batch_bytes: 256 << 20,
                 tally_window_ms: 3_600_000,
                 tally_retention_ms: 7 * 86_400_000,
+                tally_keys: Vec::new(),
                 row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
                 upgrade: false,
                 verify_pages: true,
@@ -277,7 +279,9 @@ impl StoreBuilder {
     /// buckets early, which shrinks the dedup window; that is surfaced in
     /// [`Stats::early_evicted_buckets`](crate::Stats::early_evicted_buckets),
     /// [`Stats::effective_window`](crate::Stats::effective_window) and a
-    /// `tracing` warning. Enforced at each eviction pass. Default: none.
+    /// `tracing` warning. Enforced at each eviction pass. Dead letters do
+    /// not count: they are kept until worked whatever the bound, so they
+    /// never make eviction drop live buckets early. Default: none.
     ///
     /// # Examples
     /// ```
@@ -319,6 +323,11 @@ impl StoreBuilder {
     /// [`Store::sequence`]). Entities with parked, held or unacknowledged
     /// events are kept, however long the store is closed.
     ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for 0 (every entity
+    /// would be forgotten as it is written), or for one spanning 2^22
+    /// buckets or more.
+    ///
     /// # Examples
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -342,6 +351,30 @@ impl StoreBuilder {
     /// See [`Held`](crate::Held).
     pub fn max_hold(mut self, d: Duration) -> Self {
         self.cfg.max_hold_ms = millis(d);
+        self
+    }
+
+    /// How long what the sequencer hands back ([`Store::sequence`],
+    /// [`Store::release_held`]) is held for its handler: until it is
+    /// acknowledged or this lease lapses, a redelivery of those events
+    /// answers [`Sequenced::Handling`](crate::Sequenced::Handling) instead
+    /// of handing them to a second consumer. Default: 30 s; at least 1 ms.
+    /// [`Store::sequence_with`] sets it per call. Leases live in memory: a
+    /// restarted store hands every unacknowledged event back at once.
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for 0.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let s = dedupkv::Store::builder()
+    ///     .handback_lease(std::time::Duration::from_secs(120))
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn handback_lease(mut self, d: Duration) -> Self {
+        self.cfg.handback_lease_ms = millis(d);
         self
     }
 
@@ -386,8 +419,8 @@ impl StoreBuilder {
         self
     }
 
-    /// How long a reconciliation window's totals are kept after its last
-    /// completion. Default: 7 days. `open` fails with
+    /// How long a reconciliation window's totals (and kept keys) are kept
+    /// after the window ends. Default: 7 days. `open` fails with
     /// [`Error::InvalidConfig`] for one spanning 2^22 buckets or more.
     ///
     /// # Examples
@@ -401,6 +434,38 @@ impl StoreBuilder {
     /// ```
     pub fn reconcile_retention(mut self, retention: Duration) -> Self {
         self.cfg.tally_retention_ms = millis(retention);
+        self
+    }
+
+    /// Keeps the keys of the operations completed in `scope`, per
+    /// reconciliation window, for [`Store::reconcile_keys`]: which
+    /// operation a count is missing, or which one is extra. Call once per
+    /// scope. Default: no scope keeps keys.
+    ///
+    /// Cost, per completed operation, until `reconcile_retention` after
+    /// its window's end: 32 bytes of memory plus its id (a `Vec` may hold
+    /// up to twice what it uses while it grows), nothing more on the
+    /// completion's commit, and some 20 bytes plus its id in a `Keys`
+    /// record once its `Complete` record leaves the log (eviction writes
+    /// the keys again before it deletes them). Memory is bounded by the
+    /// completions of one retention and stays flat under steady traffic.
+    /// Keys are kept from the open that names the scope on: a window that
+    /// began before it holds only the keys whose records were still in
+    /// the log.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::builder()
+    ///     .reconcile_keys_of("shipments")
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn reconcile_keys_of(mut self, scope: impl AsRef<[u8]>) -> Self {
+        let scope = scope.as_ref().to_vec();
+        if !self.cfg.tally_keys.contains(&scope) {
+            self.cfg.tally_keys.push(scope);
+        }
         self
     }
 
@@ -463,14 +528,15 @@ impl StoreBuilder {
 
     /// Upgrade a file written by an older build to this build's store
     /// format, in the open's first commit. Off, a file of an older format
-    /// (3) is opened and written as it is, so the build it came from can
-    /// still open it (a deploy can be rolled back), and what needs the
+    /// (3 or 4) is opened and written as it is, so the build it came from
+    /// can still open it (a deploy can be rolled back), and what needs a
     /// newer format is unavailable: the open cannot check its bucket
-    /// tables against their summaries, and [`Store::verify`] answers
-    /// [`Error::NeedsUpgrade`]. On, the file is rewritten as the newest
-    /// format (4): every bucket table gets its summary, and builds that
-    /// read only format 3 refuse the file (`UnsupportedVersion`) from
-    /// then on. A new file is always created in the newest format; files
+    /// tables against their summaries, [`Store::verify`] answers
+    /// [`Error::NeedsUpgrade`], and a format-3 file gets format 3's
+    /// records (no provider answers but accepted or found ones, no kept
+    /// keys). On, the file is rewritten as the newest format (5): every
+    /// bucket table gets its summary, and builds that read only older
+    /// formats refuse the file (`UnsupportedVersion`) from then on. A new file is always created in the newest format; files
     /// of formats 1 and 2 (which no release wrote) are rewritten as format
     /// 3 by their first commit either way. [`Store::upgrade`] does the
     /// same on an open store. Default: false.
@@ -480,7 +546,7 @@ impl StoreBuilder {
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let path = dir.path().join("s.redb");
     /// let store = dedupkv::Store::builder().upgrade(true).open(&path)?;
-    /// assert_eq!(store.format(), 4);
+    /// assert_eq!(store.format(), 5);
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn upgrade(mut self, on: bool) -> Self {
@@ -495,7 +561,7 @@ impl StoreBuilder {
     /// as it finds it. A damaged byte anywhere in a page the store relies
     /// on then fails the open as [`Error::Corrupt`]. Off, the open reads
     /// only what replay needs: rows missing from a bucket table are still
-    /// caught (by the bucket summaries, format 4), but a damaged byte in
+    /// caught (by the bucket summaries, format 5), but a damaged byte in
     /// redb's own allocator state can make the first commit write over a
     /// live page, and some damaged pages make redb panic, or abort the
     /// process, instead of failing. The check reads the whole file once
@@ -600,6 +666,9 @@ impl StoreBuilder {
         if c.lease_ms == 0 {
             return bad("the lease must be at least 1 ms".into());
         }
+        if c.handback_lease_ms == 0 {
+            return bad("the hand-back lease must be at least 1 ms".into());
+        }
         if c.tally_window_ms == 0 || c.tally_window_ms > c.tally_retention_ms {
             return bad(format!(
                 "the reconcile window ({} ms) must be at least 1 ms and at most the \
@@ -645,6 +714,13 @@ impl StoreBuilder {
         }
         if c.evict_slice_bytes == 0 {
             return bad("evict_slice_bytes must be at least 1".into());
+        }
+        if c.entity_retention_ms == 0 {
+            return bad(
+                "entity_retention must be at least 1 ms: an entity's version and sequencer \
+                 state would be forgotten as it is written"
+                    .into(),
+            );
         }
         if c.entity_retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
             return bad(format!(

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use std::time::Duration;
 
 use crate::clock::to_system_time;
-use crate::codec::{TAG_JSON, TAG_RAW};
+use crate::codec::{self, TAG_RAW};
 use crate::engine::{Begun, Engine, Ticket};
 use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Record};
 #[cfg(doc)]
@@ -223,6 +223,92 @@ impl Claim {
         to_system_time(self.ticket.first_at)
     }
 
+    /// This attempt's number within its round: an operation's first
+    /// attempt starts a round, and each [`requeue`](crate::Store::requeue)
+    /// starts another. Equal to [`attempt`](Self::attempt) until the
+    /// operation is first requeued; 1 for the first attempt after a
+    /// requeue. Retry limits count this (see
+    /// [`RetryPolicyBuilder::max_attempts`](crate::RetryPolicyBuilder::max_attempts)).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("shop-42", "ship-7");
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.fail(&c, Failure::Retryable)?;
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!((c.attempt(), c.round_attempt()), (2, 2));
+    /// store.fail(&c, Failure::Exhausted { reason: "carrier down", payload: None })?;
+    /// store.requeue(&key)?; // another round
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!((c.attempt(), c.round_attempt()), (3, 1));
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn round_attempt(&self) -> u32 {
+        self.ticket
+            .attempt
+            .saturating_sub(self.ticket.round.before)
+            .max(1)
+    }
+
+    /// When this attempt's round began: the operation's first attempt
+    /// ([`first_seen_at`](Self::first_seen_at)), or its latest
+    /// [`requeue`](crate::Store::requeue). A retry policy's maximum
+    /// elapsed time counts from here.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, ManualClock, Store};
+    /// # use std::time::{Duration, UNIX_EPOCH};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("t", "job");
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(c.round_started_at(), c.first_seen_at());
+    /// store.fail(&c, Failure::Exhausted { reason: "timed out", payload: None })?;
+    /// clock.advance(Duration::from_secs(3600));
+    /// store.requeue(&key)?;
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!(c.round_started_at(), UNIX_EPOCH + Duration::from_millis(1_700_003_600_000));
+    /// assert!(c.first_seen_at() < c.round_started_at()); // the provider key stays the same
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn round_started_at(&self) -> SystemTime {
+        to_system_time(self.ticket.round.since)
+    }
+
+    /// How many attempts of this round before this one ended without an
+    /// answer: their process died, their lease lapsed, or their claim was
+    /// dropped (each such takeover is [`interrupted`](Self::interrupted)).
+    /// Counted by the store across restarts, so a worker that crashes
+    /// inside the work every time (a poison message) shows here.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("s.redb");
+    /// let key = Key::new("shop-42", "poison");
+    /// for _ in 0..2 {
+    ///     let store = Store::open(&path)?;
+    ///     let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    ///     std::mem::forget(c); // the worker dies inside the work
+    /// }
+    /// let store = Store::open(&path)?;
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// assert_eq!((c.attempt(), c.interruptions()), (3, 2));
+    /// # store.complete(&c, b"")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn interruptions(&self) -> u32 {
+        self.ticket.round.interrupted
+    }
+
     /// Whether an earlier attempt of this operation recorded an intent
     /// ([`Store::begin_with_intent`]) that nobody marked answered: the call
     /// may have happened. Ask the provider (with [`provider_key`](Self::provider_key))
@@ -427,45 +513,60 @@ impl Store {
             .complete(claim.ticket(), (TAG_RAW, outcome), Some(ms), 0)
     }
 
-    /// Completes a claim with a typed outcome, stored as JSON (`serde_json`);
-    /// read it back with [`Record::outcome_as`].
+    /// Completes a claim with a typed outcome, stored as CBOR (RFC 8949, a
+    /// self-describing binary encoding); read it back with
+    /// [`Record::outcome_as`].
+    ///
+    /// Every value serde can serialize reads back as its type: NaN (with
+    /// its sign and payload), infinities and `-0.0` bit for bit, the whole
+    /// `u128`/`i128` range, bytes (`serde_bytes` or `Vec<u8>`), maps with any
+    /// key type, and every serde attribute: `rename`/`rename_all`,
+    /// `default`, `skip_serializing_if`, `flatten`, and externally,
+    /// internally (`tag`), adjacently (`tag` + `content`) tagged and
+    /// `untagged` enums. One bit is not kept: an `f32` signalling NaN reads
+    /// back quiet (same sign and payload); every `f64` reads back exactly.
+    /// (A value that CBOR does not read back but JSON does, such as a `()`
+    /// inside a `flatten`ed or `untagged` type, is stored as JSON, as
+    /// earlier builds stored every typed outcome.)
     ///
     /// The value is encoded, then decoded back as `T` before anything is
     /// recorded: an outcome that would be stored but could not be replayed
-    /// is refused, and the claim stays usable (complete it with another
-    /// value, or fail it). Every serde attribute that `serde_json` round-trips
-    /// is supported: `rename`/`rename_all`, `default`,
-    /// `skip_serializing_if`, `flatten`, and externally, internally
-    /// (`tag`), adjacently (`tag` + `content`) tagged and `untagged` enums.
-    /// Not supported, and refused here: non-finite floats (JSON has no NaN
-    /// or infinity; they encode as `null`), map keys that JSON cannot
-    /// write as strings (a tuple or struct key), nesting deeper than 128
-    /// levels. JSON also cannot tell `Some(None)` from `None` in an
-    /// `Option<Option<_>>`: that reads back as `None`.
+    /// is refused, and the claim stays usable (the work already happened:
+    /// complete it with bytes or another value, or fail it). Refused that
+    /// way is what serde cannot read back from any self-describing
+    /// encoding, a `u128`/`i128` inside a `flatten`ed, `untagged` or
+    /// internally tagged type (serde buffers those without 128-bit
+    /// integers), and a `Serialize` that fails or nests deeper than 128
+    /// levels. What such an encoding cannot tell apart reads back as one
+    /// value: `Some(None)` and `Some(())` as `None`.
     ///
     /// # Errors
     /// [`Error::Codec`] if the value cannot be encoded, or "cannot be read
-    /// back" as `T`; nothing is recorded then. Otherwise as
-    /// [`complete`](Self::complete).
+    /// back" as `T`; [`Error::InvalidInput`] if its encoding is over
+    /// `max_outcome_len`. Nothing is recorded then, and the claim can still
+    /// be completed or failed. Otherwise as [`complete`](Self::complete).
     ///
     /// # Examples
     /// ```
-    /// # use dedupkv::{Begin, Error, Fingerprint, Key, Store};
+    /// # use dedupkv::{Begin, Fingerprint, Key, Store};
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let store = Store::open(dir.path().join("s.redb"))?;
-    /// let Begin::Started(claim) = store.begin(&Key::new("t", "e"), Fingerprint::NONE)? else { unreachable!() };
-    /// // NaN would be stored as `null`, which does not read back as an f64:
-    /// assert!(matches!(store.complete_value(&claim, &f64::NAN), Err(Error::Codec(_))));
-    /// store.complete_value(&claim, &1.5f64)?;
+    /// # let key = Key::new("t", "quote");
+    /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// // (ratio, limit): 0/0 and unbounded are ordinary values.
+    /// store.complete_value(&claim, &(f64::NAN, f64::INFINITY))?;
+    /// let Begin::Completed(rec) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// let (ratio, limit): (f64, f64) = rec.outcome_as()?;
+    /// assert!(ratio.is_nan() && limit == f64::INFINITY);
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn complete_value<T>(&self, claim: &Claim, outcome: &T) -> Result<()>
     where
         T: serde::Serialize + serde::de::DeserializeOwned,
     {
-        let bytes = crate::codec::encode_outcome(outcome)?;
+        let (tag, bytes) = codec::encode_outcome(codec::WRITE_TAGS, outcome)?;
         self.engine()
-            .complete(claim.ticket(), (TAG_JSON, &bytes), None, 0)
+            .complete(claim.ticket(), (tag, &bytes), None, 0)
     }
 
     /// Fails a claim: [`Failure::Retryable`] frees the key for another

@@ -28,8 +28,11 @@ impl Store {
 
     /// Requeues a dead letter: the key becomes claimable again, and its
     /// next attempt is numbered after the last one (its history is kept:
-    /// attempts, first-attempt time, provider key). `false` if the key is
-    /// not in the dead-letter area.
+    /// attempts, first-attempt time, provider key). It starts a new round
+    /// of attempts ([`Claim::round_attempt`](crate::Claim::round_attempt)
+    /// counts from 1 again, [`Claim::round_started_at`](crate::Claim::round_started_at)
+    /// is now), so a retry policy grants it another `max_attempts` and
+    /// `max_elapsed`. `false` if the key is not in the dead-letter area.
     ///
     /// # Concurrent calls on the same key
     /// Decided under the key's shard lock like every write: of two

@@ -6,8 +6,8 @@ use crate::{Error, StoreBuilder};
 use crate::{Result, Store};
 
 impl Store {
-    /// The store format of the open file: 4 for a file this build created
-    /// or upgraded; 3 for one an older build wrote, until
+    /// The store format of the open file: 5 for a file this build created
+    /// or upgraded; 3 or 4 for one an older build wrote, until
     /// [`upgrade`](Self::upgrade) (or [`StoreBuilder::upgrade`]). Also in
     /// [`Stats::format`](crate::Stats::format).
     ///
@@ -15,7 +15,7 @@ impl Store {
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = dedupkv::Store::open(dir.path().join("s.redb"))?;
-    /// assert_eq!(store.format(), 4);
+    /// assert_eq!(store.format(), 5);
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     #[must_use]
@@ -27,10 +27,13 @@ impl Store {
     /// commit, and returns whether it was older. Until then the store runs
     /// on the older format, so the build that wrote the file can still
     /// open it; afterwards that build refuses it (`UnsupportedVersion`),
-    /// so upgrade once a rollback is no longer wanted. Format 4 adds a
+    /// so upgrade once a rollback is no longer wanted. Format 5 adds a
     /// summary to every bucket table, which every later open checks (a
     /// table that lost rows is [`Error::Corrupt`], never a smaller store),
-    /// and which [`verify`](Self::verify) needs.
+    /// and which [`verify`](Self::verify) needs, at once; what format 4
+    /// adds to a format-3 file's records (the provider's answers, first
+    /// failure times, counting in the shards and kept keys) starts with
+    /// the next open.
     ///
     /// # Errors
     /// [`Error::Poisoned`] or [`Error::Storage`] if the commit fails (the
@@ -55,7 +58,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Corrupt`] naming the damaged table (and the path);
-    /// [`Error::NeedsUpgrade`] on a file of format 3, which has no
+    /// [`Error::NeedsUpgrade`] on a file of format 3 or 4, which has no
     /// summaries; [`Error::Storage`] if a read fails.
     ///
     /// # Examples

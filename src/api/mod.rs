@@ -8,6 +8,7 @@ pub(crate) mod format;
 pub(crate) mod intents;
 pub(crate) mod listings;
 pub(crate) mod order;
+pub(crate) mod reconcile;
 pub(crate) mod store;
 
 pub use builder::StoreBuilder;

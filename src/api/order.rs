@@ -3,7 +3,7 @@
 
 #[cfg(doc)]
 use crate::Error;
-use crate::types::{Advance, Delivered, Held, Sequenced, Update};
+use crate::types::{Advance, Delivered, Held, SequenceOptions, Sequenced, Unacked, Update};
 use crate::{Key, Result, Store};
 
 impl Store {
@@ -54,10 +54,17 @@ impl Store {
     ///
     /// - The next expected event: [`Sequenced::Delivered`] with it and every
     ///   parked (or held) successor it unblocks; the entity moves on. They
-    ///   stay stored until [`ack`](Self::ack)ed.
-    /// - An event handed back and not acknowledged yet: delivered again,
-    ///   with this call's payload, followed by every unacknowledged event
-    ///   after it (at-least-once hand-back).
+    ///   stay stored until [`ack`](Self::ack)ed, and are held for this
+    ///   caller for the hand-back lease (`handback_lease`, default 30 s).
+    /// - An event handed back and not acknowledged yet, while its
+    ///   hand-back's lease is live: [`Sequenced::Handling`], with the
+    ///   lease. Another consumer is handling it; this one must not.
+    /// - An event handed back and not acknowledged yet, after its lease
+    ///   lapsed or a restart of the store (its handler is gone): delivered
+    ///   again, with this call's payload, followed by the unacknowledged
+    ///   events after it up to the first one another live hand-back holds,
+    ///   all held for this caller now (at-least-once, for crashes and
+    ///   lapses only).
     /// - An early event: parked durably ([`Sequenced::Parked`]) until its
     ///   predecessor lands. If the gap stays open longer than `max_hold`,
     ///   the parked events move to the holding area ([`Store::held`]) with
@@ -71,6 +78,12 @@ impl Store {
     /// held after `max_hold`, and [`release_held`](Self::release_held)
     /// accepts it as the new start.
     ///
+    /// # Concurrent calls on the same entity
+    /// They are linearized under the entity's shard lock: of two consumers
+    /// redelivering one event at once, one is handed it and the other is
+    /// told [`Sequenced::Handling`] until the first acknowledges it
+    /// ([`Sequenced::Duplicate`] from then on) or its lease lapses.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for the sequence numbers 0 and
     /// `u64::MAX` (they run from 1 to `u64::MAX - 1`);
@@ -80,7 +93,26 @@ impl Store {
     /// # Examples
     /// See [`Sequenced`].
     pub fn sequence(&self, entity: &Key<'_>, seq: u64, payload: &[u8]) -> Result<Sequenced> {
-        self.engine().sequence(entity, seq, payload)
+        self.sequence_with(entity, seq, payload, &SequenceOptions::new())
+    }
+
+    /// [`sequence`](Self::sequence) with this call's own settings (see
+    /// [`SequenceOptions`]): what it hands back is held for this call's
+    /// lease instead of the store's `handback_lease`.
+    ///
+    /// # Errors
+    /// As `sequence`, and [`Error::InvalidArgument`] for a lease of 0.
+    ///
+    /// # Examples
+    /// See [`SequenceOptions`].
+    pub fn sequence_with(
+        &self,
+        entity: &Key<'_>,
+        seq: u64,
+        payload: &[u8],
+        options: &SequenceOptions,
+    ) -> Result<Sequenced> {
+        self.engine().sequence(entity, seq, payload, options)
     }
 
     /// The entity's events in the holding area, in sequence order.
@@ -98,7 +130,9 @@ impl Store {
     /// Gives up waiting for missing predecessors: delivers every held and
     /// parked event of the entity in sequence order (gaps and all), and
     /// moves the entity past the last one. Like those `sequence` hands
-    /// back, they stay stored until [`ack`](Self::ack)ed.
+    /// back, they stay stored until [`ack`](Self::ack)ed and are held for
+    /// this caller for the store's `handback_lease`: a redelivery of one
+    /// of them meanwhile answers [`Sequenced::Handling`].
     ///
     /// # Errors
     /// As [`advance`](Self::advance).
@@ -124,16 +158,30 @@ impl Store {
 
     /// Acknowledges every event of the entity handed back with a sequence
     /// number up to `upto` (inclusive): the store forgets their payloads,
-    /// and their redeliveries answer [`Sequenced::Duplicate`]. Returns how
-    /// many it acknowledged (0 if they all were already, or none was
-    /// handed back); events not handed back yet are not affected.
+    /// their hand-backs end, and their redeliveries answer
+    /// [`Sequenced::Duplicate`]. Returns how many it acknowledged (0 if
+    /// they all were already, or none was handed back); events not handed
+    /// back yet are not affected.
     ///
     /// The consumer's loop: handle every event [`sequence`](Self::sequence)
     /// (or [`release_held`](Self::release_held)) hands back, `ack` them,
     /// then acknowledge the triggering message upstream. A crash anywhere
     /// in between loses nothing: the upstream redelivers the trigger, and
-    /// its redelivery hands back again everything not acknowledged from it
-    /// on; [`unacked`](Self::unacked) lists them too.
+    /// its redelivery (once the lease lapsed, or at once after a restart)
+    /// hands back again everything not acknowledged from it on;
+    /// [`unacked`](Self::unacked) lists them too.
+    ///
+    /// # Concurrent calls on the same entity
+    /// An `ack` is accepted whoever sends it: it says the events were
+    /// handled. A handler whose lease lapsed, and whose events were handed
+    /// to another meanwhile, acknowledges them when it is done; the second
+    /// hand-back ends with it, and the second handler's own `ack` answers
+    /// 0. Refusing the late `ack` would not undo the second handling
+    /// (already under way), and accepting it loses nothing (the events
+    /// were handled): choose a lease longer than a handler's worst time.
+    /// `upto` covers every handed-back event below it too, whichever
+    /// consumer holds it: with several consumers of one entity, the
+    /// sequencer's order is the order of hand-backs, not of handling.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a key over the limits;
@@ -159,8 +207,10 @@ impl Store {
     }
 
     /// The entity's events that were handed back and not acknowledged yet
-    /// ([`ack`](Self::ack)), in sequence order, with their payloads: what a
-    /// consumer restarting after a crash must handle again.
+    /// ([`ack`](Self::ack)), in sequence order, with their payloads and
+    /// the live hand-back that holds each, if any
+    /// ([`Unacked::handling`]): those without one are what a consumer
+    /// restarting after a crash must handle again.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a key over the limits.
@@ -169,14 +219,19 @@ impl Store {
     /// ```
     /// # use dedupkv::{Key, Store};
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = Store::open(dir.path().join("s.redb"))?;
+    /// # let path = dir.path().join("s.redb");
     /// let acct = Key::new("bank", "acct-1");
-    /// store.sequence(&acct, 1, b"first")?; // handed back, then a crash
+    /// {
+    ///     let store = Store::open(&path)?;
+    ///     store.sequence(&acct, 1, b"first")?; // handed back, then a crash
+    /// }
+    /// let store = Store::open(&path)?;
     /// let again = store.unacked(&acct)?;
     /// assert_eq!((again[0].seq, &again[0].payload[..]), (1, &b"first"[..]));
+    /// assert!(again[0].handling.is_none()); // its handler is gone
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
-    pub fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
+    pub fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Unacked>> {
         self.engine().unacked(entity)
     }
 

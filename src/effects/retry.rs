@@ -2,23 +2,28 @@
 //! that performs one attempt of an operation under a claim.
 //!
 //! Invariants:
-//! - The attempt number and the first-attempt time come from the store
-//!   (`Claim::attempt`, `Claim::first_seen_at`), so they survive restarts;
-//!   the policy itself keeps no per-operation state.
+//! - The attempt number, the interruptions and the time the round began
+//!   come from the store (`Claim::round_attempt`, `Claim::interruptions`,
+//!   `Claim::round_started_at`), so they survive restarts; the policy
+//!   itself keeps no per-operation state.
+//! - A limit holds before the act it limits: the runners check
+//!   `max_attempts` and `max_elapsed` after the claim is taken and before
+//!   the work (or the provider) is called, takeovers of interrupted
+//!   attempts included.
 //! - A delay is never above the cap (decorrelated: never below the base),
 //!   and no input overflows: arithmetic is on `u128` nanoseconds and
 //!   saturates at the cap.
 //! - The runner never sleeps; it says how long the caller should wait.
 //! - The runner records before it answers: `Done` only after `complete`,
-//!   `RetryAfter` only after `fail(Retryable)`, `GaveUp` only after
-//!   `fail(Permanent)` returned.
+//!   `RetryAfter` only after `fail(Retryable)`, `GaveUp` and `Exhausted`
+//!   only after `fail(Permanent)` or `fail(Exhausted)` returned.
 
 use std::fmt;
 use std::time::Duration;
 
-#[cfg(doc)]
-use crate::Store;
 use crate::{BeginOptions, Clock, Error, Result, SystemClock};
+#[cfg(doc)]
+use crate::{Claim, Run, Store};
 use std::sync::Arc;
 
 use super::rng::{SplitMix64, random_seed};
@@ -52,7 +57,8 @@ pub enum Jitter {
     Decorrelated,
 }
 
-/// How a failed attempt's error is treated by [`RetryPolicy::run`].
+/// How a failed attempt's error is treated by [`RetryPolicy::run`] and
+/// [`RetryPolicy::call`].
 ///
 /// # Examples
 /// ```
@@ -71,6 +77,13 @@ pub enum ErrorClass {
     /// No attempt of this request will succeed (a declined card, a 400):
     /// recorded as a permanent failure at once.
     Permanent,
+    /// No answer came: the call may or may not have taken effect (a
+    /// timeout, a connection reset after the request went out). Retried
+    /// while the policy permits, like [`Retryable`](Self::Retryable);
+    /// [`RetryPolicy::call`] leaves the intent unanswered, so the next
+    /// attempt asks the provider before calling again. (`run` has no
+    /// provider to ask: there it is `Retryable`.)
+    Unanswered,
 }
 
 /// Why a retry policy stopped.
@@ -91,15 +104,27 @@ pub enum ErrorClass {
 pub enum GiveUpReason {
     /// The error was classified [`ErrorClass::Permanent`].
     Permanent,
-    /// The failed attempt was the last one `max_attempts` allows.
+    /// The failed attempt was the last one `max_attempts` allows (or,
+    /// found before an attempt started, the round's attempts were used up).
     MaxAttempts {
         /// The policy's `max_attempts`.
         max: u32,
     },
+    /// Found before an attempt started: the round's `max_attempts`
+    /// attempts were made, and `interrupted` of them ended without an
+    /// answer (their worker died, or their lease lapsed): a crash loop
+    /// such as a poison message. The work is not called again.
+    Interrupted {
+        /// Attempts made in the round.
+        attempts: u32,
+        /// How many of them never answered (at least 1).
+        interrupted: u32,
+    },
     /// The next attempt would start later than `max_elapsed` after the
-    /// operation's first attempt.
+    /// round's first attempt (or, found before an attempt started, it
+    /// would start later already).
     MaxElapsed {
-        /// Time from the first attempt to the decision.
+        /// Time from the round's first attempt to the decision.
         elapsed: Duration,
         /// The policy's `max_elapsed`.
         max: Duration,
@@ -113,9 +138,22 @@ impl fmt::Display for GiveUpReason {
             GiveUpReason::MaxAttempts { max } => {
                 write!(f, "gave up after {max} attempts (max_attempts)")
             }
+            GiveUpReason::Interrupted {
+                attempts,
+                interrupted,
+            } if attempts == interrupted => {
+                write!(f, "interrupted {attempts} times (max_attempts)")
+            }
+            GiveUpReason::Interrupted {
+                attempts,
+                interrupted,
+            } => write!(
+                f,
+                "gave up after {attempts} attempts, {interrupted} interrupted (max_attempts)"
+            ),
             GiveUpReason::MaxElapsed { elapsed, max } => write!(
                 f,
-                "gave up: {elapsed:?} since the first attempt, max_elapsed is {max:?}"
+                "max_elapsed {max:?} passed ({elapsed:?} since the round's first attempt)"
             ),
         }
     }
@@ -212,7 +250,24 @@ impl RetryPolicyBuilder {
     }
 
     /// The most attempts of one operation, the first one included, counted
-    /// by the store across restarts. Default: 5. Must be at least 1.
+    /// by the store across restarts ([`Claim::round_attempt`]); a
+    /// [`Store::requeue`] grants another round of as many. Default: 5.
+    /// Must be at least 1.
+    ///
+    /// When it is checked, by [`RetryPolicy::run`] and
+    /// [`RetryPolicy::call`]:
+    /// - **before an attempt starts**: after the claim is taken and before
+    ///   the work (or the provider) is called. A claim numbered past the
+    ///   limit — the attempts before it were taken over after their
+    ///   workers died, or failed under another policy — is dead-lettered
+    ///   at once, without calling the work ([`Run::Exhausted`], reason
+    ///   [`GiveUpReason::Interrupted`] when any of them never answered,
+    ///   e.g. `"interrupted 3 times (max_attempts)"`). So a worker that is
+    ///   killed inside the work every time is called exactly this many
+    ///   times.
+    /// - **after an attempt failed** with a retryable error: the attempt
+    ///   numbered `max_attempts` is dead-lettered instead of released
+    ///   ([`Run::GaveUp`], [`GiveUpReason::MaxAttempts`]).
     ///
     /// # Examples
     /// See [`RetryPolicyBuilder`].
@@ -223,7 +278,20 @@ impl RetryPolicyBuilder {
 
     /// Give up when the next attempt would start later than this after the
     /// operation's first attempt (as the store recorded it, so the budget
-    /// survives restarts). Default: no limit.
+    /// survives restarts; after a [`Store::requeue`], after the requeue:
+    /// [`Claim::round_started_at`]). Default: no limit.
+    ///
+    /// When it is checked, by [`RetryPolicy::run`] and
+    /// [`RetryPolicy::call`], on the policy's [`clock`](Self::clock):
+    /// - **before an attempt starts**: after the claim is taken and before
+    ///   the work (or the provider) is called. An attempt that would
+    ///   start more than `max_elapsed` after the round's first attempt
+    ///   (a process restarted late, a redelivery after hours) is
+    ///   dead-lettered at once, without calling the work
+    ///   ([`Run::Exhausted`], [`GiveUpReason::MaxElapsed`]).
+    /// - **after an attempt failed** with a retryable error: if waiting
+    ///   the drawn delay would start the next attempt past the limit, the
+    ///   operation is dead-lettered instead of released ([`Run::GaveUp`]).
     ///
     /// Keep the store's retention (or the claim's, see
     /// [`begin_options`](Self::begin_options)) longer than this: a key
@@ -346,9 +414,10 @@ impl RetryPolicyBuilder {
 
 /// When and whether to retry a failed operation: exponential backoff
 /// (factor 2) with jitter, a maximum number of attempts and an optional
-/// maximum elapsed time; and [`run`](Self::run), which performs one attempt
-/// under a claim in the safe order (record first, effect second, outcome
-/// third).
+/// maximum elapsed time; [`run`](Self::run), which performs one attempt
+/// under a claim in the safe order (record first, limits, effect, outcome
+/// last); and [`call`](Self::call), the same for an external call to a
+/// provider that can be asked (intent, ask first, answer recorded).
 ///
 /// Share one policy between threads by reference (it is `Sync`); its
 /// random numbers come from one seeded generator, so with a fixed
@@ -444,9 +513,10 @@ impl RetryPolicy {
         from_nanos(nanos)
     }
 
-    /// What to do after failed attempt number `attempt` (1 for the first),
-    /// `elapsed` after the operation's first attempt; `prev` is the wait
-    /// before this attempt, if known (see [`delay`](Self::delay)).
+    /// What to do after failed attempt number `attempt` (1 for the first;
+    /// the runners pass [`Claim::round_attempt`]), `elapsed` after the
+    /// round's first attempt; `prev` is the wait before this attempt, if
+    /// known (see [`delay`](Self::delay)).
     ///
     /// Gives up if `attempt` reached `max_attempts`, or if waiting the drawn
     /// delay would start the next attempt past `max_elapsed`; otherwise

@@ -1,38 +1,51 @@
-//! The runner: one attempt of an operation under a claim, in the safe
-//! order (record, effect, outcome), answered as a [`Run`].
+//! The runner of effects without a provider to ask: one attempt of an
+//! operation under a claim, in the safe order (record, limits, effect,
+//! outcome), answered as a [`Run`] (which [`RetryPolicy::call`] answers
+//! too).
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::ops::ControlFlow;
+use std::time::{Duration, SystemTime};
 
-use super::retry::{Decision, ErrorClass, GiveUpReason, MAX_FAILURE_TEXT, RetryPolicy};
-use crate::{
-    Begin, Claim, DeadLetter, Error, Failure, Fingerprint, Key, Record, Result, State, Store,
-};
+use super::limits::dead_letter_before;
+use super::retry::{ErrorClass, GiveUpReason, RetryPolicy};
+#[cfg(doc)]
+use crate::Failure;
+use crate::{Begin, Claim, DeadLetter, Error, Fingerprint, Key, Record, Result, State, Store};
 
-/// What [`RetryPolicy::run`] did.
+/// What [`RetryPolicy::run`] or [`RetryPolicy::call`] did.
 ///
 /// A permanent error is recorded as a permanent failure; retries that run
-/// out (attempts or elapsed time) move the operation to the dead-letter
-/// area ([`Store::dead_letters`]), where it waits for an operator.
+/// out (attempts or elapsed time, checked before each attempt and after
+/// each failure) move the operation to the dead-letter area
+/// ([`Store::dead_letters`]), where it waits for an operator.
 ///
 /// # Examples
-/// See [`RetryPolicy::run`].
+/// See [`RetryPolicy::run`] and [`RetryPolicy::call`].
 #[derive(Debug)]
 #[non_exhaustive]
 #[must_use = "a Run says whether to wait and call again"]
 pub enum Run<T, E> {
-    /// This call claimed the key, ran the closure and recorded its outcome.
+    /// This call claimed the key, ran the closure and recorded its outcome
+    /// (for `call`: the provider accepted the call, and its reference is
+    /// recorded).
     Done(T),
+    /// `call` only: an earlier attempt's call had reached the provider (the
+    /// lookup found it): its reference is recorded as the outcome, and the
+    /// call was not made again.
+    Reconciled(T),
     /// The operation completed before: its stored outcome. The closure did
     /// not run.
     Replayed(T),
     /// The operation failed permanently before (a permanent error, or a
-    /// policy that gave up): its record, whose
+    /// dead letter an operator resolved as abandoned): its record, whose
     /// [`outcome`](Record::outcome) is the failure text. The closure did
     /// not run.
     Failed(Record),
-    /// The closure failed with a retryable error; the key is released for
-    /// the next attempt. Call `run` again after `after`.
+    /// The closure failed with a retryable error (for `call`: the
+    /// provider refused for now, did not answer, or its lookup could not
+    /// tell); the key is released for the next attempt. Call again after
+    /// `after`.
     #[non_exhaustive]
     RetryAfter {
         /// How long to wait before the next attempt.
@@ -58,6 +71,20 @@ pub enum Run<T, E> {
         dead_lettered: bool,
         /// The closure's error.
         error: E,
+    },
+    /// The policy's limit was reached before this attempt started (see
+    /// [`max_attempts`](crate::RetryPolicyBuilder::max_attempts) and
+    /// [`max_elapsed`](crate::RetryPolicyBuilder::max_elapsed)): the
+    /// earlier attempts of the round were used up (their workers may have
+    /// died inside the work), or its time ran out while no worker ran. The
+    /// claim was dead-lettered with `"<reason>; attempt <n> not started"`
+    /// ([`Failure::Exhausted`]); the closure did not run.
+    #[non_exhaustive]
+    Exhausted {
+        /// The number of the attempt that was not made.
+        attempt: u32,
+        /// Which limit was reached.
+        reason: GiveUpReason,
     },
     /// The operation is in the dead-letter area (its retries ran out
     /// before); the closure did not run.
@@ -89,9 +116,11 @@ impl<T, E> Run<T, E> {
             Run::RetryAfter { after, .. } => Some(*after),
             Run::InProgress { retry_after, .. } => Some(*retry_after),
             Run::Done(_)
+            | Run::Reconciled(_)
             | Run::Replayed(_)
             | Run::Failed(_)
             | Run::GaveUp { .. }
+            | Run::Exhausted { .. }
             | Run::DeadLettered(_) => None,
         }
     }
@@ -102,19 +131,28 @@ impl RetryPolicy {
     /// records what came of it; the outcome is bytes (see
     /// [`run_value`](Self::run_value) for a typed one).
     ///
+    /// For effects with a provider to ask (a payment, a shipment), use
+    /// [`call`](Self::call): it records an intent and asks the provider
+    /// after an interrupted attempt before calling again.
+    ///
     /// By what [`Store::begin`] answers:
-    /// - `Started`: runs `work` with the claim. `Ok(outcome)` is recorded
-    ///   with [`Store::complete`]: [`Run::Done`]. An error `classify` calls
-    ///   [`Retryable`](ErrorClass::Retryable), while the policy permits
-    ///   (the attempt number from the claim, the elapsed time from the
-    ///   store's record of the first attempt), releases the key with
-    ///   [`Failure::Retryable`]: [`Run::RetryAfter`]. A permanent error, or
-    ///   a retryable one the policy gives up on, is recorded with
-    ///   [`Failure::Permanent`] and the text `"<reason>: <error>"`:
-    ///   [`Run::GaveUp`]. (Exhausted operations will also land in a
-    ///   dead-letter area in a later change.)
+    /// - `Started`: first the policy's limits, counted in the claim's round
+    ///   ([`Claim::round_attempt`], [`Claim::round_started_at`]): a claim
+    ///   past `max_attempts` (the attempts before it were taken over after
+    ///   their workers died) or past `max_elapsed` is dead-lettered without
+    ///   running `work`: [`Run::Exhausted`]. Then it runs `work` with the
+    ///   claim. `Ok(outcome)` is recorded with [`Store::complete`]:
+    ///   [`Run::Done`]. An error `classify` calls
+    ///   [`Retryable`](ErrorClass::Retryable) (or
+    ///   [`Unanswered`](ErrorClass::Unanswered)), while the policy permits,
+    ///   releases the key with [`Failure::Retryable`]: [`Run::RetryAfter`].
+    ///   A permanent error is recorded with [`Failure::Permanent`] and the
+    ///   text `"permanent error: <error>"`; a retryable one the policy
+    ///   gives up on is dead-lettered with [`Failure::Exhausted`] and the
+    ///   text `"<reason>: <error>"`: both [`Run::GaveUp`].
     /// - `Completed`: the closure does not run. [`Run::Replayed`] with the
     ///   stored outcome, or [`Run::Failed`] with a permanent failure's record.
+    /// - `DeadLettered`: the closure does not run. [`Run::DeadLettered`].
     /// - `InProgress`: the closure does not run. [`Run::InProgress`] with the
     ///   time until that attempt's lease lapses.
     ///
@@ -124,7 +162,8 @@ impl RetryPolicy {
     /// A claim taken over from an attempt that never answered is
     /// [`interrupted`](Claim::interrupted): `work` should then ask the
     /// system it calls whether the first call went through (by
-    /// [`provider_key`](Claim::provider_key)) before calling again.
+    /// [`provider_key`](Claim::provider_key)) before calling again — which
+    /// is what [`call`](Self::call) does.
     ///
     /// # Concurrent calls on the same key
     /// One caller runs `work`; the others get `InProgress` (or `Replayed`
@@ -138,7 +177,10 @@ impl RetryPolicy {
     /// retryable failure when the claim drops); [`Error::InvalidArgument`]
     /// for a key recorded by `insert_if_absent`, which has no outcome to
     /// replay. The work's own errors are not errors of `run`: they come
-    /// back in `RetryAfter` and `GaveUp`.
+    /// back in `RetryAfter` and `GaveUp`. The limits' dead letter is
+    /// recorded before `Exhausted` is answered; if recording it fails, the
+    /// error is returned and the claim is released (the next attempt
+    /// checks again).
     ///
     /// # Examples
     /// ```
@@ -164,6 +206,7 @@ impl RetryPolicy {
     ///     match run {
     ///         Run::Done(label) | Run::Replayed(label) => break label,
     ///         Run::GaveUp { reason, error, .. } => panic!("{reason}: {error}"),
+    ///         Run::Exhausted { reason, .. } => panic!("{reason}"),
     ///         Run::Failed(record) => panic!("failed before: {:?}", record.outcome()),
     ///         other => std::thread::sleep(other.retry_after().unwrap_or_default()),
     ///     }
@@ -193,8 +236,8 @@ impl RetryPolicy {
     /// [`Record::outcome_as`].
     ///
     /// # Errors
-    /// As `run`, and [`Error::Codec`] if the outcome cannot be stored as
-    /// JSON, or a stored one does not decode as `T`.
+    /// As `run`, and [`Error::Codec`] if the outcome cannot be stored so
+    /// that it reads back as `T`, or a stored one does not decode as `T`.
     ///
     /// # Examples
     /// ```
@@ -229,7 +272,7 @@ impl RetryPolicy {
         C: FnOnce(&E) -> ErrorClass,
         F: FnOnce(&Claim) -> std::result::Result<T, E>,
     {
-        self.run_as::<Json, _, _, _, _>(store, key, fingerprint, classify, work)
+        self.run_as::<Typed, _, _, _, _>(store, key, fingerprint, classify, work)
     }
 
     fn run_as<K, T, E, C, F>(
@@ -246,110 +289,71 @@ impl RetryPolicy {
         C: FnOnce(&E) -> ErrorClass,
         F: FnOnce(&Claim) -> std::result::Result<T, E>,
     {
-        match store.begin_with(key, fingerprint, &self.begin)? {
-            Begin::Started(claim) => match work(&claim) {
-                Ok(outcome) => {
-                    K::record(store, &claim, &outcome)?;
-                    Ok(Run::Done(outcome))
-                }
-                Err(error) => {
-                    let class = classify(&error);
-                    self.failed(store, &claim, class, error)
-                }
-            },
+        let claim =
+            match self.started::<K, T, E>(key, store.begin_with(key, fingerprint, &self.begin)?)? {
+                ControlFlow::Continue(claim) => claim,
+                ControlFlow::Break(run) => return Ok(run),
+            };
+        if let Some(reason) = self.limit_reached(&claim) {
+            return dead_letter_before(store, &claim, reason, None, claim.unanswered_intent());
+        }
+        match work(&claim) {
+            Ok(outcome) => {
+                K::record(store, &claim, &outcome)?;
+                Ok(Run::Done(outcome))
+            }
+            Err(error) => {
+                let class = classify(&error);
+                self.failed(store, &claim, class, error, None)
+            }
+        }
+    }
+
+    /// The claim `begun` started, or the answer to a `begin` that started
+    /// none.
+    pub(super) fn started<K: Outcome<T>, T, E>(
+        &self,
+        key: &Key<'_>,
+        begun: Begin,
+    ) -> Result<ControlFlow<Run<T, E>, Claim>> {
+        let run = match begun {
+            Begin::Started(claim) => return Ok(ControlFlow::Continue(claim)),
             Begin::Completed(record) => match record.state() {
-                State::Completed => Ok(Run::Replayed(K::replay(&record)?)),
-                State::Failed => Ok(Run::Failed(record)),
-                _ => Err(Error::InvalidArgument {
-                    what: "key",
-                    reason: format!(
-                        "{key} was recorded by insert_if_absent: it has no outcome to replay"
-                    ),
-                }),
+                State::Completed => Run::Replayed(K::replay(&record)?),
+                State::Failed => Run::Failed(record),
+                _ => {
+                    return Err(Error::InvalidArgument {
+                        what: "key",
+                        reason: format!(
+                            "{key} was recorded by insert_if_absent: it has no outcome to replay"
+                        ),
+                    });
+                }
             },
-            Begin::DeadLettered(dl) => Ok(Run::DeadLettered(dl)),
+            Begin::DeadLettered(dl) => Run::DeadLettered(dl),
             Begin::InProgress(p) => {
                 let lease_expires_at = p.lease_expires_at();
-                Ok(Run::InProgress {
+                Run::InProgress {
                     retry_after: lease_expires_at
                         .duration_since(self.now())
                         .unwrap_or(Duration::ZERO),
                     lease_expires_at,
                     attempt: p.attempt(),
-                })
-            }
-        }
-    }
-
-    /// Records the failed attempt of `claim` as the policy decides.
-    fn failed<T, E: fmt::Display>(
-        &self,
-        store: &Store,
-        claim: &Claim,
-        class: ErrorClass,
-        error: E,
-    ) -> Result<Run<T, E>> {
-        let attempt = claim.attempt();
-        let reason = match class {
-            ErrorClass::Permanent => GiveUpReason::Permanent,
-            ErrorClass::Retryable => {
-                let elapsed = match self.max_elapsed {
-                    Some(_) => self.elapsed(claim),
-                    None => Duration::ZERO,
-                };
-                match self.decide(attempt, elapsed, None) {
-                    Decision::Retry { after } => {
-                        store.fail(claim, Failure::Retryable)?;
-                        return Ok(Run::RetryAfter {
-                            after,
-                            attempt,
-                            error,
-                        });
-                    }
-                    Decision::GiveUp(reason) => reason,
                 }
             }
         };
-        let dead_lettered = reason != GiveUpReason::Permanent;
-        let text = failure_text(&reason, &error, store.max_outcome_len());
-        let failure = if dead_lettered {
-            Failure::Exhausted {
-                reason: &text,
-                payload: None,
-            }
-        } else {
-            Failure::Permanent(text.as_bytes())
-        };
-        store.fail(claim, failure)?;
-        Ok(Run::GaveUp {
-            attempts: attempt,
-            reason,
-            dead_lettered,
-            error,
-        })
-    }
-
-    /// Time since the operation's first attempt, as the store recorded it
-    /// (the same on every attempt, after restarts too).
-    fn elapsed(&self, claim: &Claim) -> Duration {
-        self.now()
-            .duration_since(claim.first_seen_at())
-            .unwrap_or(Duration::ZERO)
-    }
-
-    fn now(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_millis(self.clock.now_millis())
+        Ok(ControlFlow::Break(run))
     }
 }
 
 /// How the runner records an outcome and replays a stored one.
-trait Outcome<T> {
+pub(super) trait Outcome<T> {
     fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<()>;
     fn replay(record: &Record) -> Result<T>;
 }
 
 /// Raw bytes: `complete` and `Record::outcome`.
-struct Raw;
+pub(super) struct Raw;
 
 impl Outcome<Vec<u8>> for Raw {
     fn record(store: &Store, claim: &Claim, outcome: &Vec<u8>) -> Result<()> {
@@ -362,52 +366,14 @@ impl Outcome<Vec<u8>> for Raw {
 }
 
 /// Typed values: `complete_value` and `Record::outcome_as`.
-struct Json;
+pub(super) struct Typed;
 
-impl<T: serde::Serialize + serde::de::DeserializeOwned> Outcome<T> for Json {
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Outcome<T> for Typed {
     fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<()> {
         store.complete_value(claim, outcome)
     }
 
     fn replay(record: &Record) -> Result<T> {
         record.outcome_as()
-    }
-}
-
-/// `"<reason>: <error>"`, cut to [`MAX_FAILURE_TEXT`] bytes (or `limit`, the
-/// store's `max_outcome_len`, if lower) at a character boundary.
-fn failure_text(reason: &GiveUpReason, error: &dyn fmt::Display, limit: usize) -> String {
-    let mut text = format!("{reason}: {error}");
-    let limit = limit.min(MAX_FAILURE_TEXT);
-    if text.len() > limit {
-        let mut end = limit;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn failure_text_is_cut_at_a_character_boundary() {
-        let long = "é".repeat(MAX_FAILURE_TEXT);
-        let text = failure_text(&GiveUpReason::Permanent, &long, usize::MAX);
-        assert!(text.len() <= MAX_FAILURE_TEXT);
-        assert!(text.len() >= MAX_FAILURE_TEXT - 1);
-        assert!(text.starts_with("permanent error: é"));
-    }
-
-    #[test]
-    fn failure_text_fits_the_stores_outcome_limit() {
-        let long = "x".repeat(300);
-        for limit in [0, 1, 17, 64] {
-            let text = failure_text(&GiveUpReason::Permanent, &long, limit);
-            assert!(text.len() <= limit, "{limit}: {}", text.len());
-        }
     }
 }

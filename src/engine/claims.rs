@@ -15,17 +15,17 @@ use std::time::SystemTime;
 
 use super::Engine;
 use super::input::{CLAIM_BYTES, key_bytes};
+use super::intents::IntentWrite;
+use super::reconcile::Completion;
 use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
 use crate::codec::TAG_RAW;
 use crate::index::intent::IntentState;
-use crate::index::{Pending, SlotState};
+use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
 use crate::log::body::DeadLetterBody;
-use crate::log::record::{
-    ClaimFields, INTENT_PENDING, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
-};
+use crate::log::record::{ClaimFields, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
 use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Intent, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
@@ -46,6 +46,8 @@ pub(crate) struct Ticket {
     pub(crate) interrupted: bool,
     /// An earlier attempt recorded an intent nobody marked answered.
     pub(crate) unanswered_intent: bool,
+    /// The round of attempts this one belongs to.
+    pub(crate) round: Round,
 }
 
 impl Ticket {
@@ -211,15 +213,16 @@ impl Engine {
         let (h, now, nb) = this.write_start(key)?;
         let mut shard = this.index.lock(h);
         let mut w = Write::new(&mut shard, h, nb);
-        let (attempt, first_at, interrupted) = match w.recorded() {
-            None => (1, now, false),
+        let (attempt, first_at, interrupted, round) = match w.recorded() {
+            None => (1, now, false, Round::first(now)),
             Some(s) => match s.state() {
                 // A new operation, first claimed later than the forgotten
                 // one (even within its millisecond, or while the store's
                 // time stands still), so its provider key differs.
                 SlotState::Forgotten => {
                     let after = w.pending().map_or(0, |p| p.first_at.saturating_add(1));
-                    (1, now.max(after), false)
+                    let first_at = now.max(after);
+                    (1, first_at, false, Round::first(first_at))
                 }
                 SlotState::Inserted
                 | SlotState::Completed
@@ -227,7 +230,7 @@ impl Engine {
                 | SlotState::DeadLettered => {
                     let (bucket, row) = (s.bucket(nb), s.row(this.log.open_row()));
                     drop(shard);
-                    return this.replay(key, h, bucket, row, fingerprint);
+                    return this.replay(key, h, (s.state(), bucket, row), fingerprint);
                 }
                 SlotState::Claimed | SlotState::Released => {
                     let p = w.pending().ok_or_else(|| super::read::lost_details(key))?;
@@ -259,7 +262,13 @@ impl Engine {
                     if interrupted {
                         w.shard().counters.takeovers += 1;
                     }
-                    (p.attempt.saturating_add(1), p.first_at, interrupted)
+                    let mut round = p.round.next(interrupted);
+                    if s.state() == SlotState::Claimed {
+                        // It failed when it became stranded (a released
+                        // one's failure came with its release).
+                        round = round.failed(this.stranded_since(p.token, p.lease_until).min(now));
+                    }
+                    (p.attempt.saturating_add(1), p.first_at, interrupted, round)
                 }
             },
         };
@@ -282,19 +291,21 @@ impl Engine {
                 any_request: false,
                 abandoned: false,
                 failed_at: 0,
+                round,
             };
-            let mut rec = claim_record(key.scope(), key.id(), &p, now);
+            let round = this.round_bytes(&p);
+            let mut rec = claim_record(key.scope(), key.id(), &p, now).with_round(round.as_slice());
             let mut row = w.append(this, &mut batch, Next::Claimed(p), &mut rec);
             if let Some(intent) = op.intent {
                 // In the claim's commit: no claim is durable without it.
-                let body = Engine::intent_body(&shard, h, now, intent.target, intent.request);
+                let body = Engine::intent_body(&shard, h, (now, attempt), intent);
                 row = row.max(this.log_intent(
                     &mut shard,
                     &mut batch,
                     (h, key.scope(), key.id()),
                     fields(&p),
                     (now, op.retention_ms),
-                    (IntentState::Pending, INTENT_PENDING, true),
+                    IntentWrite::BEGUN,
                     &body,
                 ));
             }
@@ -336,6 +347,7 @@ impl Engine {
             finished: AtomicBool::new(false),
             interrupted,
             unanswered_intent,
+            round: p.round,
         }
     }
 
@@ -364,8 +376,10 @@ impl Engine {
             }
             Failure::Exhausted { reason, payload } => {
                 self.check_dead_letter(reason, payload)?;
+                // Its first failure is the round's, filled in by `finish`.
                 let body = DeadLetterBody {
                     failed_at: self.now(),
+                    first_failed_at: 0,
                     reason,
                     payload,
                 }
@@ -393,7 +407,9 @@ impl Engine {
             lease_ms,
             ..p
         };
-        let mut rec = claim_record(claim.key.scope(), claim.key.id(), &p, now);
+        let round = self.round_bytes(&p);
+        let mut rec =
+            claim_record(claim.key.scope(), claim.key.id(), &p, now).with_round(round.as_slice());
         let row = {
             let mut batch = self.log.batch()?;
             w.append(self, &mut batch, Next::Claimed(p), &mut rec)
@@ -471,12 +487,6 @@ impl Engine {
             now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
         );
         let (scope, id) = (claim.key.scope(), claim.key.id());
-        let mut rec = match kind {
-            Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
-            Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
-            Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
-            _ => RecordRef::release(scope, id, at, fields(&p), tag),
-        };
         let next = match kind {
             Kind::Complete => Next::Completed,
             Kind::Fail => Next::Failed,
@@ -487,21 +497,47 @@ impl Engine {
                 failed_at: DeadLetterBody::decode(outcome).map_or(now, |b| b.failed_at),
                 ..p
             }),
+            // A retryable failure, or a dropped claim: the round failed.
             _ => Next::Released(Pending {
                 lease_until: 0,
                 any_request: tag == RELEASE_ANY_REQUEST,
                 abandoned: tag == RELEASE_ABANDONED,
                 failed_at: 0,
+                round: p.round.failed(now),
                 ..p
             }),
+        };
+        let dead_body = (kind == Kind::DeadLetter)
+            .then(|| self.dead_letter_body(outcome, p.round))
+            .flatten();
+        let outcome = dead_body.as_deref().unwrap_or(outcome);
+        let round = match &next {
+            Next::Released(released) => self.round_bytes(released),
+            _ => self.round_bytes(&p),
+        };
+        let mut rec = match kind {
+            Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
+            _ => RecordRef::release(scope, id, at, fields(&p), tag).with_round(round.as_slice()),
         };
         let row = {
             let mut batch = self.log.batch()?;
             let row = w.append(self, &mut batch, next, &mut rec);
             match kind {
-                // Counted for reconciliation, in the outcome's commit.
+                // Counted for reconciliation, with the outcome.
                 Kind::Complete => row
-                    .max(self.count_completion(&mut batch, claim.key.scope(), now, amount))
+                    .max(self.count_completion(
+                        &mut shard,
+                        &mut batch,
+                        &Completion {
+                            scope,
+                            id,
+                            provider_key: claim.provider_key,
+                            at,
+                            amount,
+                        },
+                    ))
                     .max(self.close_intent(
                         &mut shard,
                         &mut batch,
@@ -514,6 +550,14 @@ impl Engine {
                     &mut shard,
                     &mut batch,
                     ((h, claim.key.scope(), claim.key.id()), false),
+                    fields(&p),
+                    at,
+                )),
+                // Given up after asking: nothing happened.
+                Kind::DeadLetter => row.max(self.settle_asked_intent(
+                    &mut shard,
+                    &mut batch,
+                    (h, claim.key.scope(), claim.key.id()),
                     fields(&p),
                     at,
                 )),
@@ -530,6 +574,22 @@ impl Engine {
         Ok(row)
     }
 
+    /// The body of a dead letter of `round` from the one `fail` encoded:
+    /// with the round's first failure (or, none before, its own) beside
+    /// its last, in the file's format.
+    fn dead_letter_body(&self, encoded: &[u8], round: Round) -> Option<Vec<u8>> {
+        let b = DeadLetterBody::decode(encoded)?;
+        let body = DeadLetterBody {
+            first_failed_at: round.failed(b.failed_at).first_failed_at,
+            ..b
+        };
+        Some(if self.has_format_4_bodies() {
+            body.encode()
+        } else {
+            body.encode_v1()
+        })
+    }
+
     /// Releases a claim dropped without an answer. Does not wait: if the
     /// record is lost in a crash, the lease lapses instead.
     fn release_dropped(&self, claim: &Ticket) {
@@ -541,33 +601,43 @@ impl Engine {
     }
 
     /// Answers `begin` on a finished key from its log record.
+    /// The answer to a `begin` of a key whose slot was seen in `state` at
+    /// (`bucket`, `row`): read from that row once it is durable. Other
+    /// records of the key may have joined the row after the slot was seen
+    /// (a requeue, a new claim), so the answer is built only from a record
+    /// of the state decided on; otherwise `None`, and the caller decides
+    /// again. `Completed` thus only ever carries a record that was the
+    /// key's latest, in a finished state, during the call.
     fn replay(
         &self,
         key: &Key<'_>,
         h: KeyHash,
-        bucket: u64,
-        row: u64,
+        (state, bucket, row): (SlotState, u64, u64),
         fingerprint: Fingerprint,
     ) -> Result<Option<Begun>> {
         let loaded = self.load_with(key, bucket, row, |r| {
+            if r.kind != kind_of(state) {
+                return Ok(None);
+            }
             let dead = match r.kind {
                 Kind::DeadLetter => Some(self.dead_letter_of(r)?),
                 _ => None,
             };
-            Ok((self.record_of(r), dead))
+            Ok(Some((self.record_of(r), dead)))
         })?;
-        let Some((rec, dead)) = loaded else {
+        let Some(loaded) = loaded else {
             // Its bucket was deleted under us: the key expired (or, a dead
             // letter, was carried to another bucket). Drop the
             // slot if nobody rewrote it meanwhile, so the retry sees it
             // absent (and the retry loop ends).
             let mut shard = self.index.lock(h);
-            if shard
-                .get(h)
-                .is_some_and(|s| s.bucket(bucket) == bucket && s.row(row) == row)
-            {
+            if shard.get(h).is_some_and(|s| s.is_at(bucket, row)) {
                 shard.remove(h);
             }
+            return Ok(None);
+        };
+        // Written meanwhile: decide again.
+        let Some((rec, dead)) = loaded else {
             return Ok(None);
         };
         if rec.state != State::Inserted && rec.fingerprint != Some(fingerprint) {
@@ -584,6 +654,20 @@ impl Engine {
         // Counted store-wide: a replay needs no second visit to its shard.
         self.counters.replays.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Begun::Completed(rec)))
+    }
+}
+
+/// The record kind a key's slot in `state` points at (for the states a
+/// `begin` answers from a record).
+fn kind_of(state: SlotState) -> Kind {
+    match state {
+        SlotState::Inserted => Kind::Insert,
+        SlotState::Claimed => Kind::Claim,
+        SlotState::Released => Kind::Release,
+        SlotState::Completed => Kind::Complete,
+        SlotState::Failed => Kind::Fail,
+        SlotState::Forgotten => Kind::Forget,
+        SlotState::DeadLettered => Kind::DeadLetter,
     }
 }
 

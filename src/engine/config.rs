@@ -27,13 +27,17 @@ pub(crate) struct Config {
     pub max_retry_window_ms: Option<u64>,
     pub entity_retention_ms: u64,
     pub max_hold_ms: u64,
+    /// How long a hand-back of the sequencer is held for its handler.
+    pub handback_lease_ms: u64,
     pub compact_when_free: Option<f64>,
     pub evict_slice_bytes: usize,
     pub max_batch_bytes: usize,
     /// The length of a reconciliation window, in ms.
     pub tally_window_ms: u64,
-    /// How long a window's totals are kept after its last completion.
+    /// How long a window's totals are kept after its end.
     pub tally_retention_ms: u64,
+    /// The scopes whose windows keep their completed operations' keys.
+    pub tally_keys: Vec<Vec<u8>>,
     /// Where the log closes a row and opens the next (tests lower it).
     pub row_split_bytes: usize,
     /// Upgrade an older file to the newest format at open.

@@ -24,12 +24,13 @@ use std::collections::HashMap;
 
 use super::Engine;
 use super::claims::fields;
-use super::listings::page;
+use super::listings::{ListingKind, page};
+use super::reconcile::Completion;
 use super::write::{Next, Write};
 use crate::codec::TAG_RAW;
-use crate::index::{Pending, SlotState};
+use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
-use crate::log::record::{ClaimFields, RecordRef};
+use crate::log::record::{ClaimFields, Kind, RecordRef};
 use crate::types::{DeadLetter, Listing, Page, Resolution};
 use crate::{Key, Result};
 
@@ -49,14 +50,22 @@ pub(crate) type ExpiredDeadLetters = HashMap<KeyHash, ExpiredDeadLetter>;
 impl Engine {
     /// A page of the dead-letter area.
     pub(crate) fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
-        let found = self.keys_listed(listing, |p, state| {
+        self.check_readable()?;
+        let found = self.keys_listed((listing, ListingKind::DeadLetters), |p, state| {
             (state == Some(SlotState::DeadLettered)).then_some(p.failed_at)
-        });
+        })?;
         page(
             listing,
             found,
             |(h, bucket, row)| {
-                self.load_hashed((h, false), bucket, row, |r| self.dead_letter_of(r))
+                // A record written meanwhile into the same row (a requeue, a
+                // resolve) is the key's latest: no longer a dead letter.
+                let found = self.load_hashed((h, false), bucket, row, |r| {
+                    (r.kind == Kind::DeadLetter)
+                        .then(|| self.dead_letter_of(r))
+                        .transpose()
+                })?;
+                Ok(found.flatten())
             },
             |d| d.key().scope(),
         )
@@ -69,6 +78,7 @@ impl Engine {
             let p = Pending {
                 lease_until: 0,
                 failed_at: 0,
+                round: Round::requeued(p.attempt, at.0),
                 ..p
             };
             (
@@ -123,14 +133,36 @@ impl Engine {
             return Ok(false);
         };
         let at = (now, now.saturating_add(p.retention_ms));
-        let (next, mut rec) = make(p, key.scope(), key.id(), at);
+        let (next, rec) = make(p, key.scope(), key.id(), at);
+        // A requeue's Release record carries the round it starts.
+        let round = match &next {
+            Next::Released(p) => Some(self.round_bytes(p)),
+            _ => None,
+        };
+        let mut rec = match &round {
+            Some(r) => rec.with_round(r.as_slice()),
+            None => rec,
+        };
         let settled = !matches!(next, Next::Released(_));
         let completed = matches!(next, Next::Completed);
         let row = {
             let mut batch = self.log.batch()?;
             let mut row = w.append(self, &mut batch, next, &mut rec);
             if completed {
-                row = row.max(self.count_completion(&mut batch, key.scope(), now, 0));
+                let done = Completion {
+                    scope: key.scope(),
+                    id: key.id(),
+                    provider_key: crate::key::provider_key(
+                        &self.hasher.secret(),
+                        key.scope(),
+                        key.id(),
+                        p.first_at,
+                        p.params,
+                    ),
+                    at,
+                    amount: 0,
+                };
+                row = row.max(self.count_completion(&mut shard, &mut batch, &done));
             }
             if settled {
                 let key = (h, key.scope(), key.id());
@@ -216,6 +248,7 @@ impl Engine {
                 any_request: false,
                 abandoned: false,
                 failed_at: d.failed_at,
+                round: Round::first(d.claim.first_at),
             };
             let mut rec = RecordRef::dead_letter(
                 &d.scope,

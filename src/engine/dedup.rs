@@ -3,7 +3,7 @@
 use super::Engine;
 use super::input::key_bytes;
 use super::write::{Next, Write};
-use crate::index::{Pending, Shard, SlotState};
+use crate::index::{Pending, Round, Shard, SlotState};
 use crate::key::KeyHash;
 use crate::log::record::{ClaimFields, RecordRef};
 use crate::types::{Forget, InProgress};
@@ -114,41 +114,46 @@ impl Engine {
     }
 
     /// Forgets a key on purpose (see `Store::forget`).
+    ///
+    /// The record forgotten is read outside the shard lock (from its row,
+    /// once that row is durable), and the decision — refuse over a live
+    /// claim, or append the Forget record — is made again under the lock
+    /// that appends, against the key's state at that moment: several
+    /// records of a key can share a row, so a slot still pointing at the
+    /// same row does not mean its state is the one first seen.
     pub(crate) fn forget(&self, key: &Key<'_>) -> Result<Forget> {
         loop {
             let (h, now, nb) = self.write_start(key)?;
             let mut shard = self.index.lock(h);
             let w = Write::new(&mut shard, h, nb);
-            let Some(s) = w.live() else {
-                return Ok(Forget::NotFound);
+            let (bucket, row) = match self.forget_decision(&w, now) {
+                Decision::Absent => return Ok(Forget::NotFound),
+                Decision::Held(row, busy) => {
+                    drop(shard);
+                    self.settle_seen(row)?;
+                    return Ok(Forget::InProgress(busy));
+                }
+                Decision::At(bucket, row) => (bucket, row),
             };
-            if s.state() == SlotState::Claimed
-                && let Some(p) = w.pending()
-                && now < p.lease_until
-                && !self.orphaned(p.token)
-            {
-                let row = s.row(self.log.open_row());
-                drop(shard);
-                self.settle_seen(row)?;
-                return Ok(Forget::InProgress(InProgress {
-                    attempt: p.attempt,
-                    lease_until: p.lease_until,
-                    first_at: p.first_at,
-                }));
-            }
-            let (bucket, row) = (s.bucket(nb), s.row(self.log.open_row()));
             drop(shard);
-            // What is forgotten, for the caller's audit (read outside the
-            // lock; the decision below re-checks the slot).
+            // What is forgotten, for the caller's audit. `load` reads the
+            // row once it is durable, so no record can join it afterwards.
             let Some(old) = self.load(key, bucket, row)? else {
                 continue; // evicted meanwhile: look again
             };
+            let (_, now, nb) = self.write_start(key)?;
             let mut shard = self.index.lock(h);
             let w = Write::new(&mut shard, h, nb);
-            if w.live()
-                .is_none_or(|s2| s2.row(row) != row || s2.bucket(bucket) != bucket)
-            {
-                continue; // written meanwhile: decide again
+            match self.forget_decision(&w, now) {
+                // Still the durable row that was read: `old` is the key's
+                // latest record, and no live claim holds the key.
+                Decision::At(b, r) if b == bucket && r == row => {}
+                Decision::Held(row, busy) => {
+                    drop(shard);
+                    self.settle_seen(row)?;
+                    return Ok(Forget::InProgress(busy));
+                }
+                _ => continue, // written or evicted meanwhile: decide again
             }
             // The forgotten operation's claim fields, for audit.
             let c = ClaimFields {
@@ -172,6 +177,7 @@ impl Engine {
                 any_request: false,
                 abandoned: false,
                 failed_at: 0,
+                round: Round::first(old.first_seen),
             };
             let row = {
                 let mut batch = self.log.batch()?;
@@ -185,6 +191,36 @@ impl Engine {
             return Ok(Forget::Forgotten(old));
         }
     }
+
+    /// What `forget` may do with the key `w` writes, at `now`: nothing (not
+    /// present), refuse (a live attempt holds it; its row and lease), or
+    /// forget the record at (bucket, row).
+    fn forget_decision(&self, w: &Write<'_>, now: u64) -> Decision {
+        let Some(s) = w.live() else {
+            return Decision::Absent;
+        };
+        let open_row = self.log.open_row();
+        if s.state() == SlotState::Claimed
+            && let Some(p) = w.pending()
+            && now < p.lease_until
+            && !self.orphaned(p.token)
+        {
+            let busy = InProgress {
+                attempt: p.attempt,
+                lease_until: p.lease_until,
+                first_at: p.first_at,
+            };
+            return Decision::Held(s.row(open_row), busy);
+        }
+        Decision::At(s.bucket(w.now_bucket()), s.row(open_row))
+    }
+}
+
+/// [`Engine::forget_decision`]'s answer.
+enum Decision {
+    Absent,
+    Held(u64, InProgress),
+    At(u64, u64),
 }
 
 /// The Insert record of `key`, written at `now`.

@@ -28,9 +28,17 @@
 //! - a size bound evicts the oldest *live* buckets early, never the bucket
 //!   currently being written, and never a claim whose lease is alive: such
 //!   a claim's record is carried into the open batch, so it is durable
-//!   elsewhere before its bucket is deleted.
+//!   elsewhere before its bucket is deleted;
+//! - the size bound counts every key but the dead letters, which are never
+//!   evicted (early or not), so they cannot drive early eviction of live
+//!   buckets.
+//! - the reconciliation windows still kept that a deleted bucket's records
+//!   count in, and the keys it holds, are written again (a Tally record
+//!   per window, Keys records) into the open batch before the first
+//!   deletion commit (see `reconcile`).
 use super::Engine;
 use super::claims::claim_record;
+use super::reconcile::{TallyCarry, note_leaving};
 use super::write::{Next, Write};
 use crate::Result;
 use crate::index::SlotState;
@@ -58,16 +66,19 @@ impl Engine {
                 .fetch_max(nb - 1, crate::sync::Ordering::SeqCst);
             self.log.flush()?;
         }
+        // Windows that ended leave the shards; those past their retention go.
+        self.fold_tallies(now, nb);
         let buckets = self.log.buckets();
         let mut out = Eviction::default();
         let mut victims = Vec::new();
         let mut slices = Vec::new();
+        let mut tallies = TallyCarry::default();
         for &b in buckets.iter().filter(|b| **b < nb) {
-            out.keys += self.evict_index(b, now, false, &mut slices)?;
+            out.keys += self.evict_index(b, now, false, (&mut slices, &mut tallies))?;
             victims.push(b);
         }
         if let Some(max) = self.cfg.max_keys {
-            let mut keys = self.index.usage().0 as u64;
+            let mut keys = self.bounded_keys();
             for &b in buckets
                 .iter()
                 .filter(|b| **b >= nb && **b + 1 < write_bucket)
@@ -82,7 +93,7 @@ impl Engine {
                 self.closed_bucket
                     .fetch_max(b, crate::sync::Ordering::SeqCst);
                 self.log.flush()?;
-                let removed = self.evict_index(b, now, true, &mut slices)?;
+                let removed = self.evict_index(b, now, true, (&mut slices, &mut tallies))?;
                 keys = keys.saturating_sub(removed);
                 out.keys += removed;
                 out.early_buckets += 1;
@@ -105,6 +116,9 @@ impl Engine {
         self.counters
             .evicted_keys
             .fetch_add(out.keys, crate::sync::Ordering::Relaxed);
+        // The counts and keys of kept windows these buckets hold go into
+        // the open batch: committed by the first deletion below, or before.
+        self.carry_tallies(&tallies, now)?;
         // Bucket by bucket, oldest first: what a crash part-way has deleted
         // is a prefix of the log in (bucket, row) order, so an expired
         // Park record outlives no later record that consumed it (recovery
@@ -121,17 +135,39 @@ impl Engine {
         Ok(out)
     }
 
+    /// The keys `max_keys` bounds: every key's slot but the dead letters'.
+    /// Eviction carries a dead letter instead of removing it, so counting
+    /// them would make a store whose dead letters alone exceed the bound
+    /// evict its live buckets early on every pass, to no end.
+    fn bounded_keys(&self) -> u64 {
+        (0..self.cfg.shards)
+            .map(|i| {
+                let shard = self.index.lock_shard(i);
+                let dead = shard
+                    .pending_entries()
+                    .filter(|(_, state)| *state == Some(SlotState::DeadLettered))
+                    .count();
+                shard.len().saturating_sub(dead) as u64
+            })
+            .sum()
+    }
+
     /// Removes from the index the keys whose latest record is in bucket `b`;
     /// returns how many. Adds to `slices` the ranges of `b`'s rows to delete
     /// a commit at a time, each holding at least `evict_slice_bytes` of log;
-    /// the rest, less than that, goes with the table.
+    /// the rest, less than that, goes with the table. Notes in `tallies`
+    /// the reconciliation windows and keys `b` holds.
     fn evict_index(
         &self,
         b: u64,
         now: u64,
         early: bool,
-        slices: &mut Vec<(u64, std::ops::RangeInclusive<u64>)>,
+        (slices, tallies): (
+            &mut Vec<(u64, std::ops::RangeInclusive<u64>)>,
+            &mut TallyCarry,
+        ),
     ) -> Result<u64> {
+        let (nb, secret) = (now / self.cfg.granularity_ms, self.hasher.secret());
         let mut removed = 0;
         let (mut first, mut bytes) = (None, 0);
         self.log.scan_bucket(b, |n, len, records| {
@@ -149,9 +185,11 @@ impl Engine {
                     removed += self.evict_entity_record(b, now, rec)?;
                     continue;
                 }
-                if rec.kind == Kind::Tally {
-                    self.evict_tally((b, n), rec)?;
-                    continue;
+                if rec.kind.is_tally() || rec.kind == Kind::Complete {
+                    note_leaving(&self.cfg, &secret, tallies, rec, nb)?;
+                    if rec.kind.is_tally() {
+                        continue;
+                    }
                 }
                 let h = self.hasher.hash(rec.scope, rec.id);
                 let mut shard = self.index.lock(h);
@@ -185,7 +223,9 @@ impl Engine {
                     // into the open batch, it is committed no later than
                     // this bucket's deletion (like an entity's core record).
                     let mut batch = self.log.batch()?;
-                    let mut carried = claim_record(rec.scope, rec.id, &p, now);
+                    let round = self.round_bytes(&p);
+                    let mut carried =
+                        claim_record(rec.scope, rec.id, &p, now).with_round(round.as_slice());
                     Write::new(&mut shard, h, self.bucket_of(now)).append(
                         self,
                         &mut batch,

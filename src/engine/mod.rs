@@ -17,8 +17,13 @@
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
 //!   until requeued or resolved);
 //! - [`intents`]: intents recorded before external calls (an outbox);
-//! - [`reconcile`]: per-window counts of completions, against the
-//!   system of record;
+//! - [`answers`]: what the provider answered an operation's calls, and
+//!   when it is a candidate for a duplicate effect;
+//! - [`rounds`]: an operation's rounds of attempts (from its first attempt,
+//!   and from each requeue), which retry limits count within;
+//! - [`reconcile`]: per-window counts of completions (and, for a scope
+//!   that keeps them, their keys); [`reconcile_keys`]: those keys against
+//!   the system of record's;
 //! - [`listings`]: what an operator lists (dead letters, held events,
 //!   stranded claims), oldest first, paged;
 //! - [`evict`]: retention, bucket by bucket; [`background`]: the threads;
@@ -37,6 +42,7 @@
 //! The engine uses the index, the log and the shared vocabulary; it never
 //! uses the public face (`api`), which wraps it.
 
+pub(crate) mod answers;
 pub(crate) mod background;
 pub(crate) mod buckets;
 pub(crate) mod claims;
@@ -52,6 +58,8 @@ pub(crate) mod open;
 pub(crate) mod order;
 pub(crate) mod read;
 pub(crate) mod reconcile;
+pub(crate) mod reconcile_keys;
+pub(crate) mod rounds;
 pub(crate) mod time;
 pub(crate) mod tokens;
 pub(crate) mod write;
@@ -103,6 +111,9 @@ pub(crate) struct Engine {
     counters: counters::StoreCounters,
     /// The file, for a store opened by path (compaction checks its size).
     path: Option<std::path::PathBuf>,
+    /// The store's time when this run opened it: claims of earlier
+    /// processes are stranded from then at the latest.
+    opened_at: u64,
 }
 
 impl Engine {

@@ -5,11 +5,12 @@
 //! - recovery replays in log order, the last record of a key wins, and
 //!   nothing expired is loaded — except entity records, which are applied
 //!   from expired tables too, so entities that still have events are
-//!   carried forward before those tables are deleted;
+//!   carried forward before those tables are deleted, and the records of
+//!   reconciliation windows still kept (`reconcile`), carried likewise;
 //! - the open makes its first commit itself and fails with that commit's
 //!   error: a store that cannot write is never handed out;
 //! - an open never yields fewer rows than the last commit recorded: in a
-//!   format-4 file every bucket table's rows are checked against its
+//!   format-5 file every bucket table's rows are checked against its
 //!   summary during replay (see `log::summary`);
 //! - the file keeps its format (from format 3 on) unless the operator asks
 //!   for the upgrade ([`Config::upgrade`], [`Engine::upgrade`]); a feature
@@ -23,17 +24,18 @@ use super::counters::StoreCounters;
 use super::dead_letter::{ExpiredDeadLetter, ExpiredDeadLetters};
 use super::intents::{ExpiredIntent, ExpiredIntents};
 use super::order::apply_entity_record;
+use super::reconcile::Recovered;
 use super::time::MAX_TIME;
 use super::tokens::{TOKEN_BLOCK, Tokens};
 use super::{Config, Engine, Threads};
 use crate::clock::Clock;
 use crate::index::intent::{IntentSlot, IntentState};
-use crate::index::{Pending, Shard, ShardedIndex, SlotState};
+use crate::index::{Pending, Round, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
 use crate::log::commit::Found;
 use crate::log::meta::SUMMARIES_FORMAT;
 use crate::log::record::{
-    INTENT_PENDING, INTENT_SENT, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
+    INTENT_PENDING, INTENT_SETTLED, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
 };
 use crate::log::{FileMeta, Location, Log, open_database};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
@@ -105,7 +107,8 @@ impl Engine {
         // The store's time never goes back: not below the floor persisted
         // by earlier runs, nor (below) the latest record's time.
         let time_floor = meta.time_floor.min(MAX_TIME);
-        let now_bucket = clock.now_millis().clamp(time_floor, MAX_TIME) / cfg.granularity_ms;
+        let opened_at = clock.now_millis().clamp(time_floor, MAX_TIME);
+        let now_bucket = opened_at / cfg.granularity_ms;
         let mut max_token = 0;
         let mut time_floor = time_floor;
         let mut expired_dead = ExpiredDeadLetters::new();
@@ -114,6 +117,7 @@ impl Engine {
         if !checked && !cfg.upgrade {
             note_unchecked(meta.format);
         }
+        let mut tallies = Recovered::new(&cfg, meta.hasher.secret(), now_bucket);
         let replayed =
             crate::log::recovery::replay(&db, now_bucket, checked, |bucket, row, rec, expired| {
                 time_floor = time_floor.max(rec.at);
@@ -123,7 +127,7 @@ impl Engine {
                 apply(
                     &index,
                     &meta.hasher,
-                    (&mut expired_dead, &mut expired_intents),
+                    (&mut expired_dead, &mut expired_intents, &mut tallies),
                     (bucket, row, expired),
                     rec,
                 )
@@ -131,6 +135,7 @@ impl Engine {
         for i in 0..cfg.shards {
             index.lock_shard(i).settle_entities(now_bucket);
         }
+        let tally_carry = tallies.into_index(&index);
         // Fencing tokens never repeat, even once the records that held them
         // expired: continue above the persisted floor, and reserve a block
         // (persisted by the first commit).
@@ -176,6 +181,7 @@ impl Engine {
             compact_due: AtomicBool::new(true),
             counters: StoreCounters::default(),
             path,
+            opened_at: opened_at.max(time_floor),
         });
         // The expired tables go once the entities that still have events
         // are carried out of them: the carried records are committed in the
@@ -183,6 +189,7 @@ impl Engine {
         engine.carry_expired(now_bucket)?;
         engine.carry_expired_dead_letters(expired_dead)?;
         engine.carry_expired_intents(expired_intents)?;
+        engine.carry_tallies(&tally_carry, engine.now())?;
         engine.log.drop_buckets(&replayed.expired)?;
         let threads = Threads::start(&engine, background, tick)?;
         Ok((engine, threads))
@@ -190,17 +197,36 @@ impl Engine {
 }
 
 impl Engine {
-    /// The store format of the open file: 3 for a file an older build
-    /// wrote, until [`upgrade`](Self::upgrade); 4 for a new or upgraded one.
+    /// The store format of the open file: 3 or 4 for a file an older
+    /// build wrote, until [`upgrade`](Self::upgrade); 5 for a new or
+    /// upgraded one.
     pub(crate) fn format(&self) -> u32 {
         self.log.format()
     }
 
+    /// The format the engine's own records follow (bodies, counting): the
+    /// file's once the open's first commit was made. An upgrade of the
+    /// open store changes them from the next open on, so no running
+    /// decision (how completions are counted) changes under its callers.
+    pub(crate) fn records_format(&self) -> u32 {
+        self.log.opened_format()
+    }
+
     /// Fails with [`Error::NeedsUpgrade`] unless the file is at least
-    /// format `needed`: the one check a feature that writes or reads
-    /// something only a newer format has makes before it does.
-    pub(crate) fn require_format(&self, feature: &'static str, needed: u32) -> Result<()> {
-        let found = self.format();
+    /// format `needed` (its format now, or, `for_records`, the one its
+    /// records follow since the open): the one check a feature that writes
+    /// or reads something only a newer format has makes before it does.
+    pub(crate) fn require_format(
+        &self,
+        feature: &'static str,
+        needed: u32,
+        for_records: bool,
+    ) -> Result<()> {
+        let found = if for_records {
+            self.records_format()
+        } else {
+            self.format()
+        };
         if found < needed {
             return Err(Error::NeedsUpgrade {
                 feature,
@@ -211,7 +237,7 @@ impl Engine {
         Ok(())
     }
 
-    /// Rewrites the file as the newest format (format 4: every bucket
+    /// Rewrites the file as the newest format (format 5: every bucket
     /// table gets its summary) in one commit; whether it was older.
     pub(crate) fn upgrade(&self) -> Result<bool> {
         let upgraded = self.log.upgrade()?;
@@ -227,7 +253,7 @@ impl Engine {
     /// Reads every bucket table and checks it against its summary, every
     /// row against its checksum; returns the rows read.
     pub(crate) fn verify(&self) -> Result<u64> {
-        self.require_format("Store::verify (bucket summaries)", SUMMARIES_FORMAT)?;
+        self.require_format("Store::verify (bucket summaries)", SUMMARIES_FORMAT, false)?;
         self.log.verify().map_err(|e| match (e, &self.path) {
             (Error::Corrupt(why), Some(p)) => {
                 Error::Corrupt(format!("{} is damaged ({why})", p.display()))
@@ -254,20 +280,23 @@ fn note_unchecked(format: u32) {
 fn apply(
     index: &ShardedIndex,
     hasher: &KeyHasher,
-    (expired_dead, expired_intents): (&mut ExpiredDeadLetters, &mut ExpiredIntents),
+    (expired_dead, expired_intents, tallies): (
+        &mut ExpiredDeadLetters,
+        &mut ExpiredIntents,
+        &mut Recovered<'_>,
+    ),
     (bucket, row, expired): (u64, u64, bool),
     rec: &RecordRef<'_>,
 ) -> Result<()> {
+    if rec.kind.is_tally() || rec.kind == Kind::Complete {
+        tallies.apply(rec, expired)?;
+        if rec.kind.is_tally() {
+            return Ok(());
+        }
+    }
     if rec.kind.is_entity() {
         let h = hasher.hash_entity(rec.scope, rec.id);
         return apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
-    }
-    if rec.kind == Kind::Tally {
-        // Counts of an expired window are gone with it.
-        if expired {
-            return Ok(());
-        }
-        return Engine::apply_tally(&mut index.tallies(), (bucket, row), rec);
     }
     if rec.kind == Kind::Intent {
         return apply_intent_record(index, hasher, expired_intents, (bucket, row, expired), rec);
@@ -324,7 +353,7 @@ fn apply_intent_record(
     let mut shard = index.lock(h);
     let state = match rec.outcome_tag {
         INTENT_PENDING => IntentState::Pending,
-        INTENT_SENT => IntentState::Sent,
+        INTENT_SETTLED => IntentState::Settled,
         _ => {
             shard.remove_intent(h);
             return Ok(());
@@ -337,6 +366,7 @@ fn apply_intent_record(
         recorded_at: body.recorded_at,
         attempt: rec.claim_fields().attempt,
         state,
+        calls: body.calls,
     });
     Ok(())
 }
@@ -372,6 +402,7 @@ fn apply_record(
             Kind::DeadLetter => rec.dead_letter_body()?.failed_at,
             _ => 0,
         },
+        round: Round::of_record(rec, c.first_at)?,
     };
     let state = match rec.kind {
         Kind::Claim => SlotState::Claimed,
@@ -381,7 +412,14 @@ fn apply_record(
         Kind::Forget => SlotState::Forgotten,
         Kind::DeadLetter => SlotState::DeadLettered,
         // Entity records are applied by `order::apply_entity_record`.
-        Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent | Kind::Tally => {
+        Kind::Insert
+        | Kind::Entity
+        | Kind::Park
+        | Kind::Hold
+        | Kind::Intent
+        | Kind::Tally
+        | Kind::Keys
+        | Kind::Amount => {
             return Ok(());
         }
     };

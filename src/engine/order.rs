@@ -16,6 +16,10 @@
 //! - what the sequencer hands back stays stored until `ack`: a delivered
 //!   event is written as a Park record in the batch that delivers it, and
 //!   successors keep the records they were parked or held with;
+//! - an unacknowledged event is handed to one live handler at a time: it
+//!   carries its hand-back's lease end, in memory only (a restart means its
+//!   holder is gone, so replay gives it none and it is handed back at
+//!   once), and a redelivery before that end answers `Handling`;
 //! - an entity's core records never move to an earlier bucket, and eviction
 //!   re-logs (carries forward) the records of parked, held and
 //!   unacknowledged events and of entities that still have some, in the
@@ -36,7 +40,9 @@ use crate::index::entity::{Entity, EventState, FRESH, Stored};
 use crate::key::KeyHash;
 use crate::log::commit::Batch;
 use crate::log::record::{Kind, RecordRef};
-use crate::types::{Advance, Delivered, Held, Sequenced, Update};
+use crate::types::{
+    Advance, Delivered, Handling, Held, SequenceOptions, Sequenced, Unacked, Update,
+};
 use crate::{Error, Key, Result};
 
 impl Engine {
@@ -224,10 +230,32 @@ impl Engine {
         Ok(answer)
     }
 
-    pub(crate) fn sequence(&self, entity: &Key<'_>, seq: u64, payload: &[u8]) -> Result<Sequenced> {
+    /// A hand-back lease in ms: the call's own or the store's.
+    fn handback_lease(&self, lease: Option<std::time::Duration>) -> Result<u64> {
+        let Some(d) = lease else {
+            return Ok(self.cfg.handback_lease_ms);
+        };
+        match crate::clock::millis(d) {
+            0 => Err(Error::InvalidArgument {
+                what: "lease",
+                reason: "is 0; a hand-back's lease must be at least 1 ms".into(),
+            }),
+            ms => Ok(ms),
+        }
+    }
+
+    pub(crate) fn sequence(
+        &self,
+        entity: &Key<'_>,
+        seq: u64,
+        payload: &[u8],
+        options: &SequenceOptions,
+    ) -> Result<Sequenced> {
         check_seq(seq)?;
         self.check_payload(payload)?;
+        let lease_ms = self.handback_lease(options.lease)?;
         let (h, now, nb) = self.entity_write_start(entity)?;
+        let until = now.saturating_add(lease_ms);
         let mut shard = self.index.lock(h);
         let e = shard.entity_mut(h, nb, entity);
         let mut batch = self.log.batch()?;
@@ -238,20 +266,12 @@ impl Engine {
         }
         let moved = self.hold_overdue(&mut batch, e, now);
         let next = e.expected();
+        // A redelivery of an event handed back and not acknowledged writes
+        // nothing: hand-backs live in memory.
         let mut again = false;
         let answer = if e.unacked.contains_key(&seq) {
-            // A redelivery of an event handed back but not acknowledged:
-            // hand it back again, with what followed it.
             again = true;
-            let mut out = vec![Delivered {
-                seq,
-                payload: payload.to_vec(),
-            }];
-            out.extend(e.unacked.range(seq + 1..).map(|(s, ev)| Delivered {
-                seq: *s,
-                payload: ev.payload.clone(),
-            }));
-            Sequenced::Delivered(out)
+            redeliver(e, seq, payload, now, until)
         } else if seq < next || e.parked.contains_key(&seq) || e.held.contains_key(&seq) {
             Sequenced::Duplicate
         } else if seq == next {
@@ -260,6 +280,7 @@ impl Engine {
                 state: EventState::Parked { at: now },
                 payload: payload.to_vec(),
                 bucket: 0,
+                handed_until: 0,
             };
             let key = e.key.clone();
             ev.bucket = self.log_event(&mut batch, &key, seq, &ev, now);
@@ -267,14 +288,14 @@ impl Engine {
                 seq,
                 payload: payload.to_vec(),
             }];
-            e.deliver(seq, ev);
+            e.deliver(seq, ev, until);
             let mut n = seq + 1;
             while let Some(ev) = e.parked.remove(&n).or_else(|| e.held.remove(&n)) {
                 out.push(Delivered {
                     seq: n,
                     payload: ev.payload.clone(),
                 });
-                e.deliver(n, ev);
+                e.deliver(n, ev, until);
                 n += 1;
             }
             e.next = n;
@@ -288,6 +309,7 @@ impl Engine {
                 state: EventState::Parked { at: now },
                 payload: payload.to_vec(),
                 bucket: 0,
+                handed_until: 0,
             };
             let key = e.key.clone();
             let bucket = self.log_event(&mut batch, &key, seq, &ev, now);
@@ -302,7 +324,8 @@ impl Engine {
             drop(batch);
             match &answer {
                 Sequenced::Delivered(v) => shard.counters.seq_delivered += v.len() as u64,
-                _ => shard.counters.seq_duplicates += 1,
+                Sequenced::Duplicate => shard.counters.seq_duplicates += 1,
+                _ => {}
             }
             drop(shard);
             self.settle_seen(row)?;
@@ -315,6 +338,7 @@ impl Engine {
             Sequenced::Delivered(v) => shard.counters.seq_delivered += v.len() as u64,
             Sequenced::Parked => shard.counters.seq_parked += 1,
             Sequenced::Duplicate => shard.counters.seq_duplicates += 1,
+            Sequenced::Handling(_) => {}
         }
         shard.counters.seq_held += moved as u64;
         drop(shard);
@@ -323,10 +347,11 @@ impl Engine {
     }
 
     pub(crate) fn held(&self, entity: &Key<'_>) -> Result<Vec<Held>> {
+        self.check_readable()?;
         self.stored_events(
             entity,
             |e| &e.held,
-            |seq, ev| {
+            |seq, ev, _| {
                 let (missing, since) = match ev.state {
                     EventState::Held { missing, since } => (missing, since),
                     // Never in the holding area; shown as waiting since parked.
@@ -348,18 +373,19 @@ impl Engine {
         &self,
         entity: &Key<'_>,
         set: impl Fn(&Entity) -> &BTreeMap<u64, Stored>,
-        show: impl Fn(u64, &Stored) -> T,
+        show: impl Fn(u64, &Stored, u64) -> T,
     ) -> Result<Vec<T>> {
         let h = self.entity_hash(entity)?;
-        let (_, nb) = self.time()?;
+        let (now, nb) = self.time()?;
         let shard = self.index.lock(h);
         Ok(shard.entity(h, nb).map_or_else(Vec::new, |e| {
-            set(e).iter().map(|(seq, ev)| show(*seq, ev)).collect()
+            set(e).iter().map(|(seq, ev)| show(*seq, ev, now)).collect()
         }))
     }
 
     pub(crate) fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
         let (h, now, nb) = self.entity_write_start(entity)?;
+        let until = now.saturating_add(self.cfg.handback_lease_ms);
         let mut shard = self.index.lock(h);
         let e = shard.entity_mut(h, nb, entity);
         if e.held.is_empty() {
@@ -373,7 +399,7 @@ impl Engine {
                 seq,
                 payload: ev.payload.clone(),
             });
-            e.deliver(seq, ev);
+            e.deliver(seq, ev, until);
         }
         e.next = out.last().map_or(e.expected(), |d| d.seq + 1);
         e.gap_since = 0;
@@ -412,13 +438,17 @@ impl Engine {
         Ok(acked)
     }
 
-    pub(crate) fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
+    pub(crate) fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Unacked>> {
+        self.check_readable()?;
         self.stored_events(
             entity,
             |e| &e.unacked,
-            |seq, ev| Delivered {
+            |seq, ev, now| Unacked {
                 seq,
                 payload: ev.payload.clone(),
+                handling: (ev.handed_until > now).then_some(Handling {
+                    lease_until: ev.handed_until,
+                }),
             },
         )
     }
@@ -482,6 +512,34 @@ impl Engine {
     }
 }
 
+/// The answer to a redelivery of `seq`, handed back and not acknowledged:
+/// `Handling` while its lease is live; else it (with this call's payload)
+/// and what follows it up to the first event another live hand-back
+/// holds, all held until `until` now.
+fn redeliver(e: &mut Entity, seq: u64, payload: &[u8], now: u64, until: u64) -> Sequenced {
+    let mut out = Vec::new();
+    for (s, ev) in e.unacked.range_mut(seq..) {
+        if ev.handed_until > now {
+            if *s == seq {
+                return Sequenced::Handling(Handling {
+                    lease_until: ev.handed_until,
+                });
+            }
+            break;
+        }
+        ev.handed_until = until;
+        out.push(Delivered {
+            seq: *s,
+            payload: if *s == seq {
+                payload.to_vec()
+            } else {
+                ev.payload.clone()
+            },
+        });
+    }
+    Sequenced::Delivered(out)
+}
+
 /// Applies a replayed entity record (recovery, in log order).
 pub(crate) fn apply_entity_record(
     shard: &mut Shard,
@@ -498,6 +556,8 @@ pub(crate) fn apply_entity_record(
         state,
         payload: rec.event_payload().to_vec(),
         bucket,
+        // Whoever held it is gone: handed back at once.
+        handed_until: 0,
     };
     match rec.kind {
         Kind::Entity => {

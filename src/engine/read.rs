@@ -10,9 +10,19 @@ use crate::types::{DeadLetter, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
 
 impl Engine {
+    /// What every read starts with: after a failed commit the index may
+    /// hold state that never became durable, so no read answers from it
+    /// (`Poisoned`, like every write); a reopened store reads what is
+    /// durable.
+    #[inline]
+    pub(crate) fn check_readable(&self) -> Result<()> {
+        self.log.check()
+    }
+
     /// The latest record of `key`, or `None` if it is not recorded (or has
     /// expired).
     pub(crate) fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
+        self.check_readable()?;
         self.check_key(key)?;
         let h = self.hash(key);
         loop {
@@ -32,7 +42,7 @@ impl Engine {
                 .index
                 .lock(h)
                 .get(h)
-                .is_some_and(|s| s.bucket(bucket) != bucket || s.row(row) != row);
+                .is_some_and(|s| !s.is_at(bucket, row));
             if !moved {
                 return Ok(None);
             }
@@ -142,8 +152,15 @@ impl Engine {
     /// The dead letter a `DeadLetter` record holds.
     pub(crate) fn dead_letter_of(&self, rec: &RecordRef<'_>) -> Result<DeadLetter> {
         let body = rec.dead_letter_body()?;
+        let record = self.record_of(rec);
         Ok(DeadLetter {
-            record: self.record_of(rec),
+            // Not recorded before format 4: the first attempt's time, a
+            // lower bound.
+            first_failed_at: match body.first_failed_at {
+                0 => rec.claim_fields().first_at.min(body.failed_at),
+                at => at,
+            },
+            record,
             failed_at: body.failed_at,
             reason: body.reason.to_owned(),
             payload: body.payload.map(<[u8]>::to_vec),
@@ -154,9 +171,14 @@ impl Engine {
     pub(crate) fn record_of(&self, rec: &RecordRef<'_>) -> Record {
         let state = match rec.kind {
             // Only key-state records reach here: `load` skips the others.
-            Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent | Kind::Tally => {
-                State::Inserted
-            }
+            Kind::Insert
+            | Kind::Entity
+            | Kind::Park
+            | Kind::Hold
+            | Kind::Intent
+            | Kind::Tally
+            | Kind::Keys
+            | Kind::Amount => State::Inserted,
             Kind::Claim => State::InProgress,
             Kind::Release => State::Retryable,
             Kind::Complete => State::Completed,

@@ -108,6 +108,12 @@ impl<'s> Write<'s> {
             .is_some_and(|s| s.state() == SlotState::Forgotten)
     }
 
+    /// The bucket this write is made in.
+    #[inline]
+    pub(crate) fn now_bucket(&self) -> u64 {
+        self.now_bucket
+    }
+
     /// The key's pending details (see [`Next`]).
     #[inline]
     pub(crate) fn pending(&self) -> Option<Pending> {

@@ -1,7 +1,8 @@
 //! Entity state as index data: an entity's version, its sequencer
 //! position and gap, its ack mark, and the events it stores (parked, held,
-//! delivered but not acknowledged). Plain data with named fields; the
-//! engine decides, and writes the records (see `engine/order.rs`).
+//! delivered but not acknowledged, each delivered one with the lease of its
+//! live hand-back). Plain data with named fields; the engine decides, and
+//! writes the records (see `engine/order.rs`).
 
 use std::collections::BTreeMap;
 
@@ -36,13 +37,17 @@ pub(crate) struct Entity {
     pub unacked: BTreeMap<u64, Stored>,
 }
 
-/// A stored event: where it waits, its payload, and the bucket of its
-/// latest record.
+/// A stored event: where it waits, its payload, the bucket of its latest
+/// record and, once handed back, when its hand-back's lease ends.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
     pub state: EventState,
     pub payload: Vec<u8>,
     pub bucket: u64,
+    /// The end (ms) of the lease of the hand-back that holds it; 0 if none
+    /// was given in this run (parked, held, or handed back by an earlier
+    /// process). Memory only: it is never written.
+    pub handed_until: u64,
 }
 
 /// Where a stored event waits (delivered events keep the state they were
@@ -112,11 +117,13 @@ impl Entity {
             .or(self.unacked.get_mut(&seq))
     }
 
-    /// Records that `ev` (sequence number `seq`) was handed back.
-    pub(crate) fn deliver(&mut self, seq: u64, ev: Stored) {
+    /// Records that `ev` (sequence number `seq`) was handed back, held
+    /// until `until` (ms).
+    pub(crate) fn deliver(&mut self, seq: u64, mut ev: Stored, until: u64) {
         if self.unacked.is_empty() {
             self.acked = seq;
         }
+        ev.handed_until = until;
         self.unacked.insert(seq, ev);
     }
 

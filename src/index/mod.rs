@@ -53,6 +53,38 @@ pub(crate) struct Pending {
     pub abandoned: bool,
     /// Dead-lettered: when its last attempt failed (0 otherwise).
     pub failed_at: u64,
+    /// The round of attempts this claim belongs to.
+    pub round: Round,
+}
+
+/// A round of an operation's attempts: from its first attempt, and again
+/// from each requeue. Retry limits count within a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Round {
+    /// Attempts of earlier rounds (0 in the first round).
+    pub before: u32,
+    /// When the round began, in ms (the first attempt, or the requeue).
+    pub since: u64,
+    /// Attempts of this round, before the latest, that ended without an
+    /// answer (their worker died, their lease lapsed, their claim was
+    /// dropped).
+    pub interrupted: u32,
+    /// When the round's first failure came, in ms (0: none yet): a
+    /// retryable failure, a dropped claim, or an attempt found stranded
+    /// (its lease lapsed, its process gone). A dead letter reports it.
+    pub first_failed_at: u64,
+}
+
+impl Round {
+    /// The first round of an operation first claimed at `first_at`.
+    pub(crate) fn first(first_at: u64) -> Round {
+        Round {
+            before: 0,
+            since: first_at,
+            interrupted: 0,
+            first_failed_at: 0,
+        }
+    }
 }
 
 /// One shard: the slot table and the pending-claim details.
@@ -67,6 +99,9 @@ pub(crate) struct Shard {
     /// Operation counters, kept per shard so the hot path bumps a line it
     /// already owns.
     pub counters: Counters,
+    /// Completions counted for reconciliation since the last fold (see
+    /// [`tally`]).
+    pub tallies: tally::ShardTallies,
     /// Where to ask for background growth, and this shard's number.
     grow: Option<(Arc<GrowQueue>, u32)>,
     /// Asked for growth, not yet grown.
@@ -305,8 +340,11 @@ pub(crate) struct ShardedIndex {
     shards: Box<[Padded]>,
     shift: u32,
     grow: Arc<GrowQueue>,
-    /// Reconciliation tallies (see [`tally`]).
+    /// Reconciliation windows folded out of the shards (see [`tally`]).
     tallies: Mutex<tally::Tallies>,
+    /// Held by whoever moves windows between the shards and `tallies`, or
+    /// reads both (see [`tally`]).
+    tally_fold: Mutex<()>,
 }
 
 impl ShardedIndex {
@@ -327,12 +365,26 @@ impl ShardedIndex {
             shift: if bits == 0 { 64 } else { 64 - bits },
             grow,
             tallies: Mutex::new(tally::Tallies::new()),
+            tally_fold: Mutex::new(()),
         }
     }
 
-    /// The reconciliation tallies.
+    /// The store-wide reconciliation windows: the innermost lock, taken
+    /// last and held briefly.
     pub(crate) fn tallies(&self) -> MutexGuard<'_, tally::Tallies> {
         self.tallies.lock()
+    }
+
+    /// The fold lock of the reconciliation windows: the outermost lock,
+    /// never taken by a completion.
+    pub(crate) fn tally_fold(&self) -> MutexGuard<'_, ()> {
+        self.tally_fold.lock()
+    }
+
+    /// Every shard, locked in ascending order (as two-shard calls lock
+    /// theirs, so neither deadlocks the other).
+    pub(crate) fn lock_all(&self) -> Vec<MutexGuard<'_, Shard>> {
+        self.shards.iter().map(|s| s.0.lock()).collect()
     }
 
     /// [`new`](Self::new), with room for `keys` keys spread evenly.
@@ -446,6 +498,7 @@ mod tests {
             any_request: false,
             abandoned: false,
             failed_at: 0,
+            round: Round::first(0),
         });
         assert_eq!(s.get(h).map(Slot::state), Some(SlotState::Claimed));
         assert_eq!(s.pending(h).map(|p| p.token), Some(9));

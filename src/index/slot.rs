@@ -97,10 +97,26 @@ impl Slot {
         base + (stored.wrapping_sub(base) & BUCKET_MASK)
     }
 
+    /// Whether the slot points at (`bucket`, `row`): exact for a place
+    /// within the slot's span of now, and safe against any `bucket` and
+    /// `row` (which need not be the newest; nothing is widened).
+    pub(crate) fn is_at(&self, bucket: u64, row: u64) -> bool {
+        let stored = self.meta & ((BUCKET_MASK << ROW_BITS) | ROW_MASK);
+        stored == ((bucket & BUCKET_MASK) << ROW_BITS) | (row & ROW_MASK)
+    }
+
     /// The full row number, widened against `newest_row` (rows only grow).
+    ///
+    /// `newest_row` must be at least the row the slot was last written
+    /// with: the log's open row read while holding the slot's shard lock.
     pub(crate) fn row(&self, newest_row: u64) -> u64 {
         let stored = self.meta & ROW_MASK;
-        newest_row - (newest_row.wrapping_sub(stored) & ROW_MASK)
+        let back = newest_row.wrapping_sub(stored) & ROW_MASK;
+        debug_assert!(
+            back <= newest_row,
+            "slot row {stored} widened against an older row"
+        );
+        newest_row.saturating_sub(back)
     }
 }
 
@@ -123,6 +139,9 @@ mod tests {
                 assert_eq!(s.state(), SlotState::Completed);
                 assert_eq!(s.bucket(now_bucket), bucket);
                 assert_eq!(s.row(row + 1000), row);
+                assert!(s.is_at(bucket, row));
+                assert!(!s.is_at(bucket, row + 1));
+                assert!(!s.is_at(bucket + 1, row));
             }
         }
     }

@@ -13,8 +13,8 @@
 //! - commits never overlap (the `lead` lock), and a waiter returns only once
 //!   `durable_row` covers its row, whoever committed it;
 //! - every bucket table's [`Summary`] is known as of the last commit, and a
-//!   commit of a format-4 file writes the summary of every bucket it writes
-//!   or trims (of every bucket, when it upgrades the file to format 4);
+//!   commit of a format-5 file writes the summary of every bucket it writes
+//!   or trims (of every bucket, when it upgrades the file to format 5);
 //! - the file's format changes only in a commit that carries an upgrade:
 //!   implicitly from format 1 or 2 to 3 (the open's first commit), and
 //!   otherwise only when the operator asks ([`Log::upgrade`]).
@@ -273,6 +273,8 @@ pub(crate) struct Log {
     shared: Arc<Shared>,
     durability: Durability,
     committer: Option<JoinHandle<()>>,
+    /// The file's format once the open's first commit was made.
+    opened_format: u32,
 }
 
 /// A poisoned log reports why.
@@ -350,10 +352,11 @@ impl Log {
                 what: "starting the commit thread",
                 source,
             })?;
-        let log = Log {
+        let mut log = Log {
             shared,
             durability,
             committer: Some(committer),
+            opened_format: format,
         };
         // The first commit is made here, not by the committer: open reports
         // its failure, and returns with nothing in flight and no kick queued
@@ -367,6 +370,7 @@ impl Log {
             }
             return Err(e);
         }
+        log.opened_format = log.format();
         Ok(log)
     }
 
@@ -403,8 +407,15 @@ impl Log {
         self.shared.format.load(Ordering::Acquire)
     }
 
+    /// The file's store format once the open's first commit was made (an
+    /// upgrade at open included, [`upgrade`](Self::upgrade) on the open
+    /// log not).
+    pub(crate) fn opened_format(&self) -> u32 {
+        self.opened_format
+    }
+
     /// Rewrites the file as the newest format in the next commit (format
-    /// 4: every bucket table gets its summary) and waits for it. Returns
+    /// 5: every bucket table gets its summary) and waits for it. Returns
     /// whether the file was older; from then on a build that knows only
     /// the older format refuses it as `UnsupportedVersion`.
     pub(crate) fn upgrade(&self) -> Result<bool> {
@@ -418,7 +429,7 @@ impl Log {
 
     /// Reads every bucket table as one snapshot and checks each against
     /// the summary stored beside it, and every row against its checksum;
-    /// returns the rows read. Only a file of format 4 or later has the
+    /// returns the rows read. Only a file of format 5 or later has the
     /// summaries (the caller checks the format).
     pub(crate) fn verify(&self) -> Result<u64> {
         let mut rows = 0;
@@ -493,8 +504,24 @@ impl Log {
     }
 
     /// Returns once `row` is durable, whatever the mode.
+    ///
+    /// `row` must exist (at most the open row, read after the record it
+    /// stands for was appended): a wait for a row that is never committed
+    /// would never return. Should a caller ever get that wrong, the wait is
+    /// for the newest row instead (every record is in it or before it),
+    /// and debug builds stop at the mistake.
     pub(crate) fn wait_durable(&self, row: u64) -> Result<()> {
         let s = &*self.shared;
+        if s.durable_row.load(Ordering::Acquire) >= row {
+            return Ok(());
+        }
+        let row = if row > s.open_row.load(Ordering::Acquire) {
+            debug_assert!(false, "a wait for log row {row}, which does not exist");
+            let b = s.batch.lock();
+            if b.is_empty() { b.row - 1 } else { b.row }
+        } else {
+            row
+        };
         if s.durable_row.load(Ordering::Acquire) >= row {
             return Ok(());
         }
@@ -765,7 +792,7 @@ fn gather(s: &Shared, kicked: &Receiver<()>, last_records: u32) {
 /// One storage commit for the batch. The manifest is rewritten in it
 /// whenever the batch creates or deletes a bucket table or raises a floor,
 /// so the file's tables are the manifest's after every commit; in a
-/// format-4 file, so is the summary of every bucket the batch writes or
+/// format-5 file, so is the summary of every bucket the batch writes or
 /// trims.
 fn write(s: &Shared, batch: Batch) -> Result<()> {
     let db = s.db.read();

@@ -3,11 +3,11 @@
 //! its own; and the check at open that the file holds exactly the tables
 //! the manifest lists.
 //!
-//! Entries (format 4; formats 2 and 3 have the same entries):
+//! Entries (format 5; formats 2 to 4 have the same entries):
 //!
 //! ```text
 //! magic          = "dedupkv store"
-//! format         = u32 LE (4)
+//! format         = u32 LE (5)
 //! key_hashing    = u8
 //! key_secret     = 16 bytes
 //! granularity_ms = u64 LE
@@ -26,10 +26,12 @@
 //! hold (3 adds `DeadLetter`, `Intent`, `Tally`): its first commit rewrites
 //! `format` and `settings_sum` as 3, so a build that knows only format 2
 //! refuses the file as newer rather than meeting a record kind it cannot
-//! read. No release wrote either; from format 3 on a file keeps its format
-//! until an explicit upgrade ([`upgrade_changes`]): format 4 differs from 3
-//! only in the bucket summaries its tables hold
-//! ([`summary`](super::summary)), which a format-3 file goes without.
+//! read. No release wrote either. From format 3 on a file keeps its format
+//! until an explicit upgrade ([`upgrade_changes`]), and a build writes into
+//! it only what its format holds: format 4 adds the answers in `Intent`
+//! bodies, the first failure times in `DeadLetter` bodies and rounds, and
+//! the kinds `Keys` and `Amount` (writers ask `Engine::has_format_4_bodies`);
+//! format 5 the bucket summaries ([`summary`](super::summary)).
 //! Every later format keeps `settings_sum` as defined here, so a build can
 //! tell a newer file from a damaged one.
 
@@ -45,12 +47,15 @@ use crate::{Error, Result};
 const MAGIC: &[u8] = b"dedupkv store";
 /// The newest store format this build understands (and the one a new file
 /// gets, or an older one on an explicit upgrade).
-pub(crate) const FORMAT_VERSION: u32 = 4;
+pub(crate) const FORMAT_VERSION: u32 = 5;
 /// The oldest format this build writes as it is: older files (1, 2) are
 /// rewritten as this one by their first commit.
 pub(crate) const OLDEST_KEPT_FORMAT: u32 = 3;
+/// The first format with version-2 `Intent`, `DeadLetter` and round
+/// bodies and the kinds `Keys` and `Amount`.
+pub(crate) const BODIES_FORMAT: u32 = 4;
 /// The first format whose bucket tables hold summaries.
-pub(crate) const SUMMARIES_FORMAT: u32 = 4;
+pub(crate) const SUMMARIES_FORMAT: u32 = 5;
 /// The entries the settings checksum covers, in its order.
 const SETTINGS: [&str; 5] = [
     "magic",
@@ -458,7 +463,7 @@ pub(crate) fn manifest_change(manifest: &Manifest) -> MetaChange {
 /// The metadata changes that rewrite the file as format `to` (from the
 /// entries `db` holds) and write `manifest`: `format` and `settings_sum`
 /// rewritten, and a format-1 file's token floor entry removed (the
-/// manifest holds it). What else a format needs (format 4's summaries)
+/// manifest holds it). What else a format needs (format 5's summaries)
 /// the same commit writes.
 pub(crate) fn upgrade_changes(
     db: &dyn LogStore,

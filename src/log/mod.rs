@@ -13,7 +13,7 @@
 //!
 //! Invariants: a row number is written by one commit only, and rows of
 //! later commits have larger numbers; the tables in the file are exactly
-//! the ones the manifest lists, as of every commit; in a format-4 file
+//! the ones the manifest lists, as of every commit; in a format-5 file
 //! each bucket table's rows are the ones its summary records, as of every
 //! commit, so an open never yields fewer rows than the last commit
 //! recorded.

@@ -2,7 +2,7 @@
 //! a constructor per kind and named accessors for the fields a kind
 //! reuses. The bytes are [`format`](super::format)'s.
 
-use super::body::{DeadLetterBody, IntentBody};
+use super::body::{DeadLetterBody, IntentBody, KeysBody, RoundBody};
 use crate::codec::TAG_RAW;
 
 /// Hard caps imposed by the record format.
@@ -18,13 +18,17 @@ pub(crate) const FORMAT_MAX_RECORD: usize = 2 * FORMAT_MAX_KEY_PART + FORMAT_MAX
 pub(crate) enum Kind {
     /// A plain `insert_if_absent` key.
     Insert = 1,
-    /// A claim began, was taken over, or was renewed.
+    /// A claim began, was taken over, or was renewed. The outcome is
+    /// empty, or a [`RoundBody`]: the claim's round of attempts, when it is
+    /// not an operation's first round without interruptions.
     Claim = 2,
     /// The claim completed with an outcome.
     Complete = 3,
     /// The claim failed permanently; the outcome is the error payload.
     Fail = 4,
-    /// The claim was released for a retry (retryable failure or drop).
+    /// The claim was released for a retry (retryable failure, drop, or
+    /// `requeue`). The outcome, as a `Claim` record's: empty or a
+    /// [`RoundBody`].
     Release = 5,
     /// An entity's whole core state: `value` = version + 1 (0: none),
     /// `aux` = next expected sequence number (0: no sequencer state),
@@ -51,25 +55,47 @@ pub(crate) enum Kind {
     DeadLetter = 11,
     /// An intent to call an external system for the operation (format
     /// 3), recorded in the claim's commit: claim fields of the attempt
-    /// that recorded it, `outcome_tag` [`INTENT_PENDING`] or
-    /// [`INTENT_SENT`], the body an [`IntentBody`]. It is the key's record
+    /// that last wrote it, `outcome_tag` [`INTENT_PENDING`],
+    /// [`INTENT_SETTLED`] or [`INTENT_CLOSED`], the body an [`IntentBody`]
+    /// (format 4: with what the provider answered). It is the key's record
     /// beside its state, never its state: an unanswered one is carried
     /// forward past expiry like a dead letter.
     Intent = 12,
-    /// The running totals of one reconciliation window of one scope
-    /// (format 3): `scope` is the operation scope, `id` the window's start
-    /// (ms, 8 bytes big-endian); `value` = completed operations, `aux` =
-    /// the window's length in ms; payload = the sum of their amounts
-    /// (i128, 16 bytes little-endian). The latest one of a window wins; it
-    /// lives in its own namespace (neither an event key nor an entity).
+    /// The totals of one reconciliation window of one scope as of its
+    /// place in the log (format 3): `scope` is the operation scope, `id`
+    /// the window's start (ms, 8 bytes big-endian); `value` = completed
+    /// operations, `aux` = the window's length in ms; payload = the sum of
+    /// their amounts (i128, 16 bytes little-endian). Replay sets the
+    /// window's totals to it and adds the `Complete` and `Amount` records
+    /// of the window that follow it. It lives in its own namespace
+    /// (neither an event key nor an entity).
     Tally = 13,
+    /// Keys of operations completed in one reconciliation window, for a
+    /// scope that keeps them (format 4): `scope` and `id` as a `Tally`'s;
+    /// `value` = how many keys, `aux` = the window's length in ms; payload
+    /// a [`KeysBody`]. Written when the `Complete` records they come from
+    /// leave the log; a window's keys are the union of its `Keys` records
+    /// and its `Complete` records.
+    Keys = 14,
+    /// The amount of one completion (`complete_with_amount`, format 4):
+    /// the operation's scope and id, `at` = the completion's time (its
+    /// window's), `value` = the amount, zigzag-encoded. Written in the
+    /// `Complete` record's commit, after it; replay adds it to the
+    /// window's sum.
+    Amount = 15,
 }
 
-/// The `outcome_tag` of an `Intent` record not answered yet.
+/// The `outcome_tag` of an `Intent` record not answered yet: a call of the
+/// operation may or may not have happened.
 pub(crate) const INTENT_PENDING: u8 = 0;
-/// The `outcome_tag` of an `Intent` record the provider answered; its body
-/// holds the provider's reference instead of the request.
-pub(crate) const INTENT_SENT: u8 = 1;
+/// The `outcome_tag` of an `Intent` record that is settled: the provider
+/// answered (format 3: "sent", the body holding its reference), or the
+/// operation finished while it is a candidate for a duplicate effect
+/// (format 4). Kept until the record expires.
+pub(crate) const INTENT_SETTLED: u8 = 1;
+/// The `outcome_tag` of an `Intent` record closed without an answer: its
+/// operation finished (completed, failed for good, resolved, forgotten).
+pub(crate) const INTENT_CLOSED: u8 = 2;
 
 /// The `outcome_tag` of a `Release` record that frees the key for any
 /// request (`Failure::RetryableAnyRequest`); 0 keeps the fingerprint.
@@ -104,6 +130,8 @@ impl Kind {
             11 => Kind::DeadLetter,
             12 => Kind::Intent,
             13 => Kind::Tally,
+            14 => Kind::Keys,
+            15 => Kind::Amount,
             _ => return None,
         })
     }
@@ -119,15 +147,24 @@ impl Kind {
             | Kind::Forget
             | Kind::DeadLetter
             | Kind::Intent => Body::Claim,
-            Kind::Entity | Kind::Park | Kind::Hold | Kind::Tally => Body::Entity,
+            Kind::Entity | Kind::Park | Kind::Hold | Kind::Tally | Kind::Keys | Kind::Amount => {
+                Body::Entity
+            }
         }
     }
 
     /// Records that say what state their key is in (every event-key kind
-    /// but `Intent`, which is kept beside the state).
+    /// but `Intent`, which is kept beside the state, and the
+    /// reconciliation kinds).
     #[inline]
     pub(crate) fn is_key_state(self) -> bool {
-        !self.is_entity() && !matches!(self, Kind::Intent | Kind::Tally)
+        !self.is_entity() && !matches!(self, Kind::Intent) && !self.is_tally()
+    }
+
+    /// Records of reconciliation windows: `Tally`, `Keys`, `Amount`.
+    #[inline]
+    pub(crate) fn is_tally(self) -> bool {
+        matches!(self, Kind::Tally | Kind::Keys | Kind::Amount)
     }
 
     /// Records with claim fields (every event-key kind but `Insert`).
@@ -323,6 +360,17 @@ impl<'a> RecordRef<'a> {
         Self::with_claim(Kind::Release, (scope, id), (at, expires), c, tag, &[])
     }
 
+    /// This `Claim` or `Release` record carrying `round` (an encoded
+    /// [`RoundBody`]; empty: an operation's first round, uninterrupted).
+    #[inline]
+    pub(crate) fn with_round(self, round: &'a [u8]) -> Self {
+        debug_assert!(matches!(self.kind, Kind::Claim | Kind::Release));
+        RecordRef {
+            outcome: round,
+            ..self
+        }
+    }
+
     /// The key was forgotten; `c` is the claim of the record it replaces
     /// (its lease is not kept).
     #[inline]
@@ -363,8 +411,9 @@ impl<'a> RecordRef<'a> {
         )
     }
 
-    /// An intent of the operation (`tag` [`INTENT_PENDING`] or
-    /// [`INTENT_SENT`]); `body` is an encoded [`IntentBody`].
+    /// An intent of the operation (`tag` [`INTENT_PENDING`],
+    /// [`INTENT_SETTLED`] or [`INTENT_CLOSED`]); `body` is an encoded
+    /// [`IntentBody`].
     #[inline]
     pub(crate) fn intent(
         scope: &'a [u8],
@@ -396,6 +445,43 @@ impl<'a> RecordRef<'a> {
             (at, expires),
             [count, window_ms, 0],
             sum,
+        )
+    }
+
+    /// Keys of a reconciliation window: `window_id` as a Tally's, `count`
+    /// keys encoded in `body` (a [`KeysBody`]).
+    #[inline]
+    pub(crate) fn keys(
+        scope: &'a [u8],
+        window_id: &'a [u8],
+        (at, expires): (u64, u64),
+        (count, window_ms): (u64, u64),
+        body: &'a [u8],
+    ) -> Self {
+        Self::with_entity(
+            Kind::Keys,
+            (scope, window_id),
+            (at, expires),
+            [count, window_ms, 0],
+            body,
+        )
+    }
+
+    /// The amount of the completion of (`scope`, `id`) at `at`.
+    #[inline]
+    pub(crate) fn amount(
+        scope: &'a [u8],
+        id: &'a [u8],
+        (at, expires): (u64, u64),
+        amount: i64,
+    ) -> Self {
+        let zigzag = ((amount << 1) ^ (amount >> 63)).cast_unsigned();
+        Self::with_entity(
+            Kind::Amount,
+            (scope, id),
+            (at, expires),
+            [zigzag, 0, 0],
+            &[],
         )
     }
 
@@ -555,10 +641,40 @@ impl<'a> RecordRef<'a> {
         Ok((start, self.first_at, self.token, sum))
     }
 
+    /// A `Keys` record's window (start, length in ms) and keys; `Corrupt`
+    /// if malformed.
+    pub(crate) fn window_keys(&self) -> crate::Result<(u64, u64, KeysBody<'a>)> {
+        debug_assert_eq!(self.kind, Kind::Keys);
+        let bad = || {
+            crate::Error::Corrupt(format!(
+                "the Keys record of scope {:?} is malformed",
+                String::from_utf8_lossy(self.scope)
+            ))
+        };
+        let start = u64::from_be_bytes(self.id.try_into().map_err(|_| bad())?);
+        if self.first_at == 0 {
+            return Err(bad());
+        }
+        let body = KeysBody::decode(self.outcome, self.token).ok_or_else(bad)?;
+        Ok((start, self.first_at, body))
+    }
+
+    /// An `Amount` record's amount.
+    pub(crate) fn amount_value(&self) -> i64 {
+        debug_assert_eq!(self.kind, Kind::Amount);
+        let z = self.token;
+        (z >> 1).cast_signed() ^ -(z & 1).cast_signed()
+    }
+
     /// The body of an `Intent` record; `Corrupt` if it is malformed.
     pub(crate) fn intent_body(&self) -> crate::Result<IntentBody<'a>> {
         debug_assert_eq!(self.kind, Kind::Intent);
-        IntentBody::decode(self.outcome).ok_or_else(|| {
+        IntentBody::decode(
+            self.outcome,
+            self.outcome_tag == INTENT_SETTLED,
+            self.attempt,
+        )
+        .ok_or_else(|| {
             crate::Error::Corrupt(format!(
                 "the Intent record of {} has a malformed {}-byte body",
                 crate::error::show_key(self.scope, self.id),
@@ -567,10 +683,22 @@ impl<'a> RecordRef<'a> {
         })
     }
 
-    /// Whether an `Intent` record says the provider answered.
-    pub(crate) fn intent_sent(&self) -> bool {
-        debug_assert_eq!(self.kind, Kind::Intent);
-        self.outcome_tag == INTENT_SENT
+    /// The round a `Claim` or `Release` record's claim belongs to (`None`:
+    /// its operation's first round, uninterrupted); `Corrupt` if it is
+    /// malformed.
+    pub(crate) fn round(&self) -> crate::Result<Option<RoundBody>> {
+        debug_assert!(matches!(self.kind, Kind::Claim | Kind::Release));
+        if self.outcome.is_empty() {
+            return Ok(None);
+        }
+        RoundBody::decode(self.outcome).map(Some).ok_or_else(|| {
+            crate::Error::Corrupt(format!(
+                "the {:?} record of {} has a malformed {}-byte round",
+                self.kind,
+                crate::error::show_key(self.scope, self.id),
+                self.outcome.len()
+            ))
+        })
     }
 
     /// The body of a `DeadLetter` record; `Corrupt` if it is malformed.
@@ -724,6 +852,38 @@ mod tests {
             ),
             (10, 8, 44, &b"h"[..])
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_claims_round_reads_back_through_a_row_and_damage_is_corrupt() -> crate::Result<()> {
+        let (s, i) = KEY;
+        let (round, _) = RoundBody {
+            before: 3,
+            since: TIMES.0 - 5,
+            interrupted: 2,
+            first_failed_at: TIMES.0 - 4,
+        }
+        .encode();
+        let mut recs = [
+            RecordRef::claim(s, i, TIMES, CLAIM),
+            RecordRef::claim(s, i, TIMES, CLAIM).with_round(&round),
+            RecordRef::release(s, i, TIMES, CLAIM, RELEASE_ABANDONED).with_round(&round),
+            RecordRef::claim(s, i, TIMES, CLAIM).with_round(&round[..5]),
+        ];
+        let mut w = RowWriter::new();
+        for (n, r) in recs.iter_mut().enumerate() {
+            r.idx = n as u32;
+            w.push(r);
+        }
+        let row = w.finish();
+        let back: Vec<_> = read_row(&row)?.collect::<crate::Result<_>>()?;
+        assert_eq!(back[0].round()?, None);
+        assert_eq!(back[1].round()?, RoundBody::decode(&round));
+        assert_eq!(back[1].claim_fields(), CLAIM);
+        assert_eq!(back[2].round()?, RoundBody::decode(&round));
+        assert_eq!(back[2].outcome_tag, RELEASE_ABANDONED);
+        assert!(matches!(back[3].round(), Err(crate::Error::Corrupt(m)) if m.contains("round")));
         Ok(())
     }
 }

@@ -10,7 +10,7 @@
 //! carries them forward before it deletes the tables.
 //!
 //! Replay summarises each table's rows as it reads them (see
-//! [`summary`]): in a format-4 file each summary must
+//! [`summary`]): in a format-5 file each summary must
 //! match the one the last commit stored beside the rows, so an open never
 //! yields fewer rows than that commit recorded; the summaries are the
 //! log's from then on, whatever the format.
@@ -41,7 +41,7 @@ pub(crate) struct Replayed {
 
 /// Calls `apply(bucket, row, record, expired)` in log order for every
 /// record of every bucket table; `expired` says the bucket is before
-/// `now_bucket`. With `checked` (a format-4 file), each table's rows must
+/// `now_bucket`. With `checked` (a format-5 file), each table's rows must
 /// match its stored summary.
 pub(crate) fn replay(
     db: &Storage,

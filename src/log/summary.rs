@@ -1,4 +1,4 @@
-//! Bucket summaries (store format 4): what the last commit recorded about
+//! Bucket summaries (store format 5): what the last commit recorded about
 //! each bucket table, so an open that finds rows missing says so instead
 //! of opening a smaller store.
 //!
@@ -25,7 +25,7 @@
 //! - the log keeps every bucket table's summary in memory, exact as of the
 //!   last commit (computed by replay at open, then updated by each
 //!   commit), for files of every format;
-//! - in a format-4 file every commit that writes or trims rows of a bucket
+//! - in a format-5 file every commit that writes or trims rows of a bucket
 //!   writes that bucket's summary in the same storage commit, into the
 //!   same table, and a deleted table takes its summary with it: every
 //!   bucket table has a summary that matches its rows after every commit;
@@ -126,7 +126,7 @@ pub(crate) fn check(bucket: u64, stored: Option<&[u8]>, seen: &Summary) -> Resul
     let name = table_name(bucket);
     let bad = |why: String| Err(Error::Corrupt(format!("the table {name:?} {why}")));
     let Some(stored) = stored else {
-        return bad("has no summary (every bucket table of a format-4 file has one)".into());
+        return bad("has no summary (every bucket table of a format-5 file has one)".into());
     };
     let want = match Summary::decode(bucket, stored) {
         Ok(s) => s,

@@ -1,10 +1,12 @@
 //! The answers of the ordering calls: [`Advance`], [`Update`],
-//! [`Sequenced`], [`Delivered`] and [`Held`].
+//! [`Sequenced`], [`Delivered`], [`Handling`], [`Unacked`] and [`Held`];
+//! and the per-call settings of the sequencer, [`SequenceOptions`].
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 #[cfg(doc)]
 use crate::Store;
+use crate::clock::to_system_time;
 use crate::key::Key;
 
 /// The answer of [`Store::advance`].
@@ -89,15 +91,21 @@ pub struct Delivered {
 ///
 /// # Examples
 /// ```
-/// # use dedupkv::{Key, Sequenced, Store};
+/// # use dedupkv::{Key, ManualClock, Sequenced, Store};
+/// # use std::time::Duration;
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let clock = ManualClock::new(1_700_000_000_000);
+/// let store = Store::builder().clock(clock.clone()).handback_lease(Duration::from_secs(30)).open(dir.path().join("s.redb"))?;
 /// let acct = Key::new("bank", "acct-1");
 /// assert_eq!(store.sequence(&acct, 2, b"second")?, Sequenced::Parked);
 /// let Sequenced::Delivered(events) = store.sequence(&acct, 1, b"first")? else { unreachable!() };
 /// let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
 /// assert_eq!(seqs, [1, 2]);
-/// // Not acknowledged yet: a redelivery hands both back again.
+/// // Being handled: a redelivery meanwhile is told so, with the lease.
+/// let Sequenced::Handling(live) = store.sequence(&acct, 1, b"first")? else { unreachable!() };
+/// assert_eq!(live.lease_expires_at(), std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_030_000));
+/// // Not acknowledged when the lease lapsed: a redelivery hands both back again.
+/// clock.advance(Duration::from_secs(30));
 /// assert_eq!(store.sequence(&acct, 1, b"first")?, Sequenced::Delivered(events));
 /// store.ack(&acct, 2)?;
 /// assert_eq!(store.sequence(&acct, 1, b"first")?, Sequenced::Duplicate);
@@ -107,16 +115,122 @@ pub struct Delivered {
 #[non_exhaustive]
 pub enum Sequenced {
     /// This event and the successors it unblocked, in order (or, for a
-    /// redelivery of an event not acknowledged yet, it and every
-    /// unacknowledged event after it, handed back again). Handle them all,
-    /// [`ack`](Store::ack) them, then acknowledge this event upstream: the
-    /// parked ones were acknowledged upstream when they were parked, and
-    /// the store keeps them until `ack`.
+    /// redelivery of an event not acknowledged yet and not being handled,
+    /// it and the unacknowledged events after it, handed back again).
+    /// They are held for this caller for the hand-back lease: handle them
+    /// all, [`ack`](Store::ack) them, then acknowledge this event upstream.
+    /// The parked ones were acknowledged upstream when they were parked,
+    /// and the store keeps them until `ack`.
     Delivered(Vec<Delivered>),
     /// Early: parked durably until its predecessor lands.
     Parked,
     /// Already acknowledged, or parked or held.
     Duplicate,
+    /// Handed back and not acknowledged, and its hand-back's lease is
+    /// live: another consumer is handling it. Do not handle it; leave this
+    /// event unacknowledged upstream (or redeliver it after the lease), so
+    /// that it is handed back again if that consumer never acknowledges it.
+    Handling(Handling),
+}
+
+/// A live hand-back: an event handed back by [`Store::sequence`] or
+/// [`Store::release_held`] and not acknowledged yet, held for its handler
+/// until the lease lapses. Leases live in memory: after a restart (the
+/// handler's process is gone) every unacknowledged event is handed back
+/// at once.
+///
+/// # Examples
+/// See [`Sequenced`] and [`Unacked`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handling {
+    pub(crate) lease_until: u64,
+}
+
+impl Handling {
+    /// When the hand-back's lease lapses; from then on a redelivery hands
+    /// the event back again.
+    ///
+    /// # Examples
+    /// See [`Sequenced`].
+    pub fn lease_expires_at(&self) -> SystemTime {
+        to_system_time(self.lease_until)
+    }
+}
+
+/// An event handed back and not acknowledged yet, as [`Store::unacked`]
+/// lists it.
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Key, ManualClock, Store};
+/// # use std::time::Duration;
+/// # let dir = tempfile::tempdir().unwrap();
+/// let clock = ManualClock::new(1_700_000_000_000);
+/// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+/// let acct = Key::new("bank", "acct-1");
+/// store.sequence(&acct, 1, b"first")?;
+/// let listed = store.unacked(&acct)?;
+/// assert_eq!((listed[0].seq, &listed[0].payload[..]), (1, &b"first"[..]));
+/// assert!(listed[0].handling.is_some()); // its handler's lease is live
+/// clock.advance(Duration::from_secs(30)); // the default hand-back lease
+/// assert!(store.unacked(&acct)?[0].handling.is_none()); // a redelivery hands it back
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unacked {
+    /// Its sequence number.
+    pub seq: u64,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// The live hand-back that holds it, if any; `None`: its lease lapsed
+    /// (or its handler's process is gone), and its redelivery hands it
+    /// back.
+    pub handling: Option<Handling>,
+}
+
+/// Settings of one [`Store::sequence_with`] call, instead of the store's.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Key, SequenceOptions, Sequenced, Store};
+/// use std::time::Duration;
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let opts = SequenceOptions::new().lease(Duration::from_secs(120)); // a slow handler
+/// let acct = Key::new("bank", "acct-1");
+/// let Sequenced::Delivered(events) = store.sequence_with(&acct, 1, b"first", &opts)? else {
+///     unreachable!()
+/// };
+/// assert_eq!(store.ack(&acct, events[0].seq)?, 1);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[must_use]
+pub struct SequenceOptions {
+    pub(crate) lease: Option<Duration>,
+}
+
+impl SequenceOptions {
+    /// The store's settings for everything.
+    ///
+    /// # Examples
+    /// See [`SequenceOptions`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The lease of what this call hands back: how long a redelivery of
+    /// those events answers [`Sequenced::Handling`] before it hands them
+    /// back again. Default: the store's `handback_lease`. Must be at least
+    /// 1 ms.
+    ///
+    /// # Examples
+    /// See [`SequenceOptions`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
 }
 
 /// An event in the holding area: its gap stayed open longer than

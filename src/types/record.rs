@@ -261,9 +261,10 @@ impl Record {
     }
 
     /// Decodes a typed outcome stored with
-    /// [`complete_value`](crate::Store::complete_value): JSON, or postcard
-    /// for outcomes written by builds before JSON (their format tag says
-    /// which).
+    /// [`complete_value`](crate::Store::complete_value): CBOR, or JSON (a
+    /// value only JSON reads back, and every typed outcome of earlier
+    /// builds) or postcard (builds before JSON); the record's format tag
+    /// says which.
     ///
     /// # Errors
     /// [`Error::Codec`](crate::Error::Codec) if there is no outcome, it was

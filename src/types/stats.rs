@@ -94,6 +94,11 @@ pub struct Stats {
     /// Intents recorded before an external call that nobody marked
     /// answered: calls that may or may not have happened.
     pub intents_pending: u64,
+    /// Keys of completed operations the reconciliation windows hold in
+    /// memory (scopes named by `StoreBuilder::reconcile_keys_of`).
+    pub reconcile_keys: u64,
+    /// Heap bytes the reconciliation windows hold (their keys included).
+    pub reconcile_bytes: u64,
     /// The configured retention.
     pub retention: std::time::Duration,
     /// How far back the store actually remembers: the age of the oldest

@@ -28,8 +28,12 @@
 //! A few entities run through the sequencer (`Sequence`, `Ack`): parked
 //! events and events handed back but not acknowledged survive every
 //! eviction, reopen, crash and downtime; an entity with neither expires
-//! `ENTITY_RETENTION` after its last write. `max_hold` is longer than any
-//! case, so nothing moves to the holding area.
+//! `ENTITY_RETENTION` after its last write. A hand-back is held for the
+//! store's hand-back lease (the claim lease of the case): a redelivery
+//! meanwhile answers `Handling` with its end, one after it hands back the
+//! event and the lapsed ones after it, up to the first live one; a reopen
+//! or crash ends every hand-back. `max_hold` is longer than any case, so
+//! nothing moves to the holding area.
 //!
 //! The dead-letter area (`FailExhausted`, `Requeue`, `ResolveCompleted`,
 //! `ResolveAbandoned`, `ListDeadLetters`): a dead letter never expires.
@@ -54,9 +58,8 @@
 //!
 //! Tallies (`CompleteWithAmount`, `Tallies`): every completion (complete,
 //! `complete_batch`, resolve Completed) counts in its scope's window
-//! (`RECONCILE_WINDOW`), the record kept `RECONCILE_RETENTION` after the
-//! window's last one, in no earlier bucket; eviction or an open past its
-//! bucket drops the window.
+//! (`RECONCILE_WINDOW`), kept `RECONCILE_RETENTION` after the window's
+//! end; eviction or an open past that bucket drops the window.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -433,6 +436,9 @@ struct MEntity {
     parked: BTreeMap<u64, Vec<u8>>,
     /// Handed back, not acknowledged.
     unacked: BTreeMap<u64, Vec<u8>>,
+    /// The lease end of the hand-back holding each unacknowledged event,
+    /// given in this run (memory only).
+    handed: BTreeMap<u64, u64>,
     /// The bucket of its latest core record.
     bucket: u64,
 }
@@ -449,7 +455,16 @@ impl MEntity {
 /// A key's intent, as the model expects `intent` to report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct MIntent {
+    /// Settled: the provider's answer (here always an acceptance,
+    /// `mark_sent`) is recorded and no earlier call's fate is open.
     sent: bool,
+    /// An earlier attempt's call got no recorded answer.
+    open: bool,
+    /// The first reference the provider gave the operation.
+    reference: Option<Vec<u8>>,
+    /// A duplicate candidate: a second reference, or an acceptance after
+    /// a call of open fate.
+    doubt: bool,
     target: String,
     /// The request while pending, the reference once sent.
     data: Vec<u8>,
@@ -461,7 +476,7 @@ struct MIntent {
     bucket: u64,
 }
 
-/// A window's totals, and the bucket of its latest record.
+/// A window's totals, and the bucket its retention ends in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct MTally {
     count: u64,
@@ -599,7 +614,7 @@ impl Model {
             });
         t.count += 1;
         t.sum += i128::from(amount);
-        t.bucket = t.bucket.max((now + RECONCILE_RETENTION) / g);
+        t.bucket = (start + RECONCILE_WINDOW + RECONCILE_RETENTION) / g;
     }
 
     /// The operation of `k` finished (complete, permanent failure,
@@ -614,6 +629,10 @@ impl Model {
     /// closed are re-logged for the store's retention; the others go on
     /// with their record's retention.
     fn reopened(&mut self, now: u64) {
+        // Hand-backs live in memory: the process that held them is gone.
+        for m in self.entities.values_mut() {
+            m.handed.clear();
+        }
         self.expire_intents_and_tallies(now);
         self.carry_dead_letters(now, true);
         for r in self.keys.values_mut() {
@@ -818,6 +837,7 @@ impl Harness {
             // exactly.
             .background_eviction(false)
             .lease(Duration::from_millis(s.lease))
+            .handback_lease(Duration::from_millis(s.lease))
             .retention(Duration::from_millis(s.retention))
             .bucket_granularity(Duration::from_millis(s.granularity))
             // Rows of a few records: commits of several rows (as a huge
@@ -1572,6 +1592,7 @@ impl Harness {
 
     fn sequence(&mut self, e: usize, seq: u64, p: u8) -> TestResult {
         let now = self.now();
+        let until = now + self.model.s.lease;
         let payload = outcome(p);
         let got = check(self.store().sequence(&entity(e), seq, &payload), "sequence")?;
         let mut m = self
@@ -1580,18 +1601,46 @@ impl Harness {
             .cloned()
             .unwrap_or_else(MEntity::fresh);
         let (want, wrote) = if m.unacked.contains_key(&seq) {
+            if let Some(&live) = m.handed.get(&seq).filter(|u| **u > now) {
+                let Sequenced::Handling(h) = &got else {
+                    return Err(TestCaseError::fail(format!(
+                        "sequence {seq} of entity {e}: want Handling until {live}, got {got:?}"
+                    )));
+                };
+                prop_assert_eq!(
+                    h.lease_expires_at(),
+                    UNIX_EPOCH + Duration::from_millis(live),
+                    "lease of {} of entity {}",
+                    seq,
+                    e
+                );
+                return Ok(());
+            }
             let mut out = vec![(seq, payload)];
-            out.extend(m.unacked.range(seq + 1..).map(|(s, p)| (*s, p.clone())));
+            for (s, p) in m.unacked.range(seq + 1..) {
+                if m.handed.get(s).is_some_and(|u| *u > now) {
+                    break;
+                }
+                out.push((*s, p.clone()));
+            }
+            for (s, _) in &out {
+                m.handed.insert(*s, until);
+            }
+            if let Some(stored) = self.model.entities.get_mut(&e) {
+                stored.handed.clone_from(&m.handed);
+            }
             (Some(out), false)
         } else if seq < m.next || m.parked.contains_key(&seq) {
             (None, false)
         } else if seq == m.next {
             let mut out = vec![(seq, payload.clone())];
             m.unacked.insert(seq, payload);
+            m.handed.insert(seq, until);
             let mut n = seq + 1;
             while let Some(p) = m.parked.remove(&n) {
                 out.push((n, p.clone()));
                 m.unacked.insert(n, p);
+                m.handed.insert(n, until);
                 n += 1;
             }
             m.next = n;
@@ -1639,6 +1688,7 @@ impl Harness {
         let mark = upto.saturating_add(1).min(m.next);
         let still = m.unacked.split_off(&mark);
         let want = std::mem::replace(&mut m.unacked, still).len();
+        m.handed = m.handed.split_off(&mark);
         prop_assert_eq!(got, want, "ack {} of entity {}", upto, e);
         if want > 0 {
             self.model.wrote_entity(e, m, now);
@@ -1653,14 +1703,24 @@ impl Harness {
         let now = self.now();
         let (mut parked, mut unacked) = (0, 0);
         for e in 0..ENTITIES {
-            let got: Vec<(u64, Vec<u8>)> = check(self.store().unacked(&entity(e)), "unacked")?
-                .into_iter()
-                .map(|d| (d.seq, d.payload))
-                .collect();
-            let want: Vec<(u64, Vec<u8>)> = self
+            let got: Vec<(u64, Vec<u8>, Option<SystemTime>)> =
+                check(self.store().unacked(&entity(e)), "unacked")?
+                    .into_iter()
+                    .map(|d| (d.seq, d.payload, d.handling.map(|h| h.lease_expires_at())))
+                    .collect();
+            let want: Vec<(u64, Vec<u8>, Option<SystemTime>)> = self
                 .model
                 .entity(e, now)
-                .map(|m| m.unacked.clone().into_iter().collect())
+                .map(|m| {
+                    m.unacked
+                        .iter()
+                        .map(|(s, p)| {
+                            let live = m.handed.get(s).filter(|u| **u > now);
+                            let until = live.map(|u| UNIX_EPOCH + Duration::from_millis(*u));
+                            (*s, p.clone(), until)
+                        })
+                        .collect()
+                })
                 .unwrap_or_default();
             prop_assert_eq!(got, want, "unacked of entity {}", e);
             if let Some(m) = self.model.entity(e, now) {
@@ -1790,10 +1850,20 @@ impl Harness {
             let g = self.model.s.granularity;
             let bucket = ((now + retention_ms) / g).max(earlier.as_ref().map_or(0, |i| i.bucket));
             let recorded_at = pending.map_or(now, |i| i.recorded_at);
+            // The calls so far: a new operation starts afresh (an earlier
+            // one's unanswered call stays open); a later attempt keeps the
+            // reference and doubt, its predecessor's call open if unanswered.
+            let (reference, doubt) = match &earlier {
+                Some(e) if claim.attempt() > 1 => (e.reference.clone(), e.doubt),
+                _ => (None, false),
+            };
             self.model.intents.insert(
                 k,
                 MIntent {
                     sent: false,
+                    open: pending.is_some(),
+                    reference,
+                    doubt,
                     target,
                     data,
                     provider: claim.provider_key(),
@@ -1835,9 +1905,18 @@ impl Harness {
         };
         check(got, "mark_sent")?;
         let g = self.model.s.granularity;
+        let r = reference(r);
+        let doubt = earlier.doubt
+            || match &earlier.reference {
+                Some(first) => *first != r,
+                None => earlier.open,
+            };
         let intent = MIntent {
             sent: true,
-            data: reference(r),
+            open: false,
+            reference: Some(earlier.reference.clone().unwrap_or_else(|| r.clone())),
+            doubt,
+            data: r,
             provider: self.held[i].claim.provider_key(),
             attempt: prev.attempt,
             bucket: ((now + prev.retention_ms) / g).max(earlier.bucket),
@@ -1874,8 +1953,8 @@ impl Harness {
         Ok(())
     }
 
-    /// `pending_intents` (or, `duplicates`, `duplicate_candidates`: sent
-    /// by an attempt after the first) holds the model's, oldest recorded
+    /// `pending_intents` (or, `duplicates`, `duplicate_candidates`: a
+    /// second reference, or one after a call of open fate) holds the model's, oldest recorded
     /// first, and paged two at a time gives the same.
     fn check_intent_listing(&self, duplicates: bool) -> TestResult {
         let list = |l: &Listing| {
@@ -1889,13 +1968,7 @@ impl Harness {
             .model
             .intents
             .iter()
-            .filter(|(_, i)| {
-                if duplicates {
-                    i.sent && i.attempt > 1
-                } else {
-                    !i.sent
-                }
-            })
+            .filter(|(_, i)| if duplicates { i.doubt } else { !i.sent })
             .map(|(k, i)| (*k, i))
             .collect();
         let page = check(list(&Listing::new().limit(1_000)), "intent listing")?;

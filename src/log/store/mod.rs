@@ -31,7 +31,7 @@ pub(crate) const META_NAME: &str = "dedupkv.meta";
 const LOG_PREFIX: &str = "log.";
 
 /// The key of a bucket's summary in its table (part of the file format,
-/// from format 4): before every row, so rows are still appended after the
+/// from format 5): before every row, so rows are still appended after the
 /// table's last key (redb then starts a new leaf when the last one is
 /// full; an insert before a last key splits the leaf in halves, and the
 /// left half is never filled again).
@@ -102,7 +102,7 @@ pub(crate) type Rows = Box<dyn Iterator<Item = StoreResult<(u64, Vec<u8>)>> + Se
 
 /// One bucket table as a read sees it.
 pub(crate) struct Table {
-    /// Its summary as stored (none in a file older than format 4).
+    /// Its summary as stored (none in a file older than format 5).
     pub summary: Option<Vec<u8>>,
     /// Its rows, the summary excluded.
     pub rows: Rows,
