@@ -491,3 +491,68 @@ fn a_format_1_file_becomes_format_3_and_format_5_only_on_request() -> Result<()>
     store.verify()?;
     Ok(())
 }
+
+/// What format 4 changes in the records themselves (the provider's
+/// answers, counting) follows the format the file had at open: on a
+/// format-3 file an answer format 3 cannot hold is refused with
+/// `NeedsUpgrade`, and what is written stays readable by a format-3 build;
+/// after `Store::upgrade()` that holds until the next open, which writes
+/// format 4's records.
+#[test]
+fn a_format_3_file_gets_format_3_records_until_it_is_reopened_upgraded() -> Result<()> {
+    use dedupkv::{Answer, BeginOptions, Intent};
+    let (_dir, path) = copy("v3-basic.redb");
+    let clock = ManualClock::new(T0 + 10_000);
+    let intent = Intent {
+        target: "carrier",
+        request: b"label",
+    };
+    let refused = |store: &Store, id: &str| -> Result<()> {
+        let key = Key::new("ship", id);
+        let Begin::Started(c) =
+            store.begin_with_intent(&key, Fingerprint::NONE, &BeginOptions::default(), intent)?
+        else {
+            panic!("{id} is new")
+        };
+        store.mark_answered(&c, Answer::Refused("503"))?;
+        store.fail(&c, dedupkv::Failure::Retryable)
+    };
+    {
+        let store = builder(&clock).open(&path)?;
+        let err = refused(&store, "a").expect_err("format 3 holds no refusals");
+        assert!(
+            matches!(
+                err,
+                Error::NeedsUpgrade {
+                    found: 3,
+                    needed: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // An accepted call is format 3's own answer.
+        let key = Key::new("ship", "b");
+        let c = started(store.begin_with_intent(
+            &key,
+            Fingerprint::NONE,
+            &BeginOptions::default(),
+            intent,
+        )?);
+        store.mark_sent(&c, b"1Z999")?;
+        store.complete(&c, b"shipped")?;
+    }
+    let file = v3_keys(&path).expect("what was written is format 3's");
+    assert!(has(&file, "ship", "b"));
+    {
+        let store = builder(&clock).open(&path)?;
+        assert!(store.upgrade()?);
+        let err = refused(&store, "c").expect_err("until the next open");
+        assert!(matches!(err, Error::NeedsUpgrade { found: 3, .. }), "{err}");
+    }
+    let store = builder(&clock).open(&path)?;
+    assert_eq!(store.format(), 5);
+    refused(&store, "d")?;
+    store.verify()?;
+    Ok(())
+}
