@@ -496,6 +496,62 @@ impl StoreBuilder {
         self
     }
 
+    /// Upgrade a file written by an older build to this build's store
+    /// format, in the open's first commit. Off, a file of an older format
+    /// (3 or 4) is opened and written as it is, so the build it came from
+    /// can still open it (a deploy can be rolled back), and what needs a
+    /// newer format is unavailable: the open cannot check its bucket
+    /// tables against their summaries, [`Store::verify`] answers
+    /// [`Error::NeedsUpgrade`], and a format-3 file gets format 3's
+    /// records (no provider answers but accepted or found ones, no kept
+    /// keys). On, the file is rewritten as the newest format (5): every
+    /// bucket table gets its summary, and builds that read only older
+    /// formats refuse the file (`UnsupportedVersion`) from then on. A new file is always created in the newest format; files
+    /// of formats 1 and 2 (which no release wrote) are rewritten as format
+    /// 3 by their first commit either way. [`Store::upgrade`] does the
+    /// same on an open store. Default: false.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("s.redb");
+    /// let store = dedupkv::Store::builder().upgrade(true).open(&path)?;
+    /// assert_eq!(store.format(), 5);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn upgrade(mut self, on: bool) -> Self {
+        self.cfg.upgrade = on;
+        self
+    }
+
+    /// Check every page of the file when it is opened: redb verifies the
+    /// checksum of every page of the committed trees (each branch page
+    /// holds its children's checksums) and rebuilds its allocator state
+    /// from them, where otherwise it trusts a file that was closed cleanly
+    /// as it finds it. A damaged byte anywhere in a page the store relies
+    /// on then fails the open as [`Error::Corrupt`]. Off, the open reads
+    /// only what replay needs: rows missing from a bucket table are still
+    /// caught (by the bucket summaries, format 5), but a damaged byte in
+    /// redb's own allocator state can make the first commit write over a
+    /// live page, and some damaged pages make redb panic, or abort the
+    /// process, instead of failing. The check reads the whole file once
+    /// more (replay reads most of it anyway; docs/performance.md has
+    /// figures). Default: true.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// // A large file, reopened often, on a medium trusted not to flip bits.
+    /// let store = dedupkv::Store::builder()
+    ///     .verify_pages_on_open(false)
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn verify_pages_on_open(mut self, on: bool) -> Self {
+        self.cfg.verify_pages = on;
+        self
+    }
+
     /// Opens the store at `path`, creating it if it does not exist, and
     /// rebuilds the index from its log. (Use
     /// [`open_existing`](Self::open_existing) where a missing file must be

@@ -42,6 +42,23 @@ pub(crate) struct Config {
     pub tally_keys: Vec<Vec<u8>>,
     /// Where the log closes a row and opens the next (tests lower it).
     pub row_split_bytes: usize,
+    /// Upgrade an older file to the newest format at open.
+    pub upgrade: bool,
+    /// Check every page of the file at open (redb's integrity check).
+    pub verify_pages: bool,
+}
+
+impl Config {
+    /// How the log commits, from these settings.
+    pub(crate) fn log_settings(&self) -> crate::log::commit::LogSettings {
+        crate::log::commit::LogSettings {
+            durability: self.durability,
+            quick_repair: self.quick_repair,
+            split_at: self.row_split_bytes,
+            time_step: self.granularity_ms,
+            upgrade: self.upgrade,
+        }
+    }
 }
 
 impl Default for Config {
@@ -75,6 +92,8 @@ impl Default for Config {
             tally_retention_ms: 7 * 86_400_000,
             tally_keys: Vec::new(),
             row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
+            upgrade: false,
+            verify_pages: true,
         }
     }
 }
