@@ -4,11 +4,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(doc)]
+use crate::Error;
 use crate::clock::{Clock, SystemClock, millis};
 use crate::engine::{Config, Location};
 use crate::{Durability, KeyHashing, Result, Store};
-#[cfg(doc)]
-use crate::Error;
 
 /// Settings for [`Store`], made by [`Store::builder`].
 ///
