@@ -871,7 +871,10 @@ fn json_outcomes_of_earlier_builds_still_read_back() -> Result<()> {
     }
     let store = open_legacy(&path)?;
     check(&store)?;
-    assert_eq!(completed(&store, "new")?.outcome_as::<f64>()?, 0.5);
+    assert_eq!(
+        completed(&store, "new")?.outcome_as::<f64>()?.to_bits(),
+        0.5_f64.to_bits()
+    );
     assert!(completed(&store, "nan")?.outcome_as::<f64>()?.is_nan());
     Ok(())
 }
