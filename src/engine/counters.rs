@@ -25,6 +25,7 @@ impl Engine {
             keys: keys as u64,
             index_bytes: bytes as u64,
             commits: self.log.commits(),
+            format: self.log.format(),
             ..Stats::default()
         };
         counters.copy_into(&mut s);

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 #[cfg(feature = "replica")]
 use super::store::redb::RedbStore;
-use super::store::{Commit, LogStore};
+use super::store::{Commit, LogStore, SUMMARY_ROW};
 #[cfg(feature = "replica")]
 use super::store::{Location, MetaEntries};
 use crate::sync::Arc;
@@ -46,7 +46,8 @@ pub(crate) struct Shipped {
     pub drops: Vec<u64>,
     /// Rows deleted from a bucket's table: (bucket, first row, last row).
     pub trims: Vec<(u64, u64, u64)>,
-    /// Rows written: (bucket, row number, the sealed row's bytes).
+    /// Rows written: (bucket, row number, the sealed row's bytes), and
+    /// bucket summaries as rows numbered `SUMMARY_ROW`.
     pub rows: Vec<(u64, u64, Vec<u8>)>,
     /// Metadata entries written (`Some`) or removed (`None`).
     pub meta: Vec<(String, Option<Vec<u8>>)>,
@@ -75,7 +76,20 @@ impl Shipped {
                 .iter()
                 .map(|(b, r)| (*b, *r.start(), *r.end()))
                 .collect(),
-            rows: commit.rows.clone(),
+            // A bucket's summary is its table's row `SUMMARY_ROW`: shipped
+            // as one more row, after the commit's rows, so a restored table
+            // holds the summary its rows were written with.
+            rows: commit
+                .rows
+                .iter()
+                .cloned()
+                .chain(
+                    commit
+                        .summaries
+                        .iter()
+                        .map(|(b, sum)| (*b, SUMMARY_ROW, sum.clone())),
+                )
+                .collect(),
             meta: commit
                 .meta
                 .iter()
@@ -174,7 +188,7 @@ pub(crate) fn inspect(path: &Path) -> Result<Option<LocalFile>> {
     if !path.exists() {
         return Ok(None);
     }
-    let db = RedbStore::open(Location::Existing(path.to_path_buf()), 1 << 20)?;
+    let db = RedbStore::open(Location::Existing(path.to_path_buf()), 1 << 20, false)?;
     Ok(Some(LocalFile {
         last_row: db.last_row()?,
     }))
@@ -203,7 +217,7 @@ impl Restorer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::Storage(super::io_at(&tmp, &e))),
         }
-        let db = RedbStore::open(Location::Path(tmp.clone()), cache_bytes)?;
+        let db = RedbStore::open(Location::Path(tmp.clone()), cache_bytes, false)?;
         Ok(Restorer {
             db,
             tmp,
@@ -254,6 +268,7 @@ impl Restorer {
             drop_buckets: &first.drops,
             trims,
             rows,
+            summaries: Vec::new(),
             meta: Vec::new(),
             raw_meta,
         })?;
