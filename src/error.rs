@@ -141,6 +141,18 @@ pub enum Error {
     /// epoch and where. Close the store: the new owner serves its keys.
     #[error("fenced: {0}")]
     Fenced(String),
+    /// The partition is not served by this member's
+    /// [`PartitionSet`](crate::partitions::PartitionSet) (feature
+    /// "replica"): it was never assigned here, is still being assigned, is
+    /// being revoked, or was revoked. Nothing was recorded; the
+    /// partition's current owner serves it.
+    #[error("partition {partition} {reason}")]
+    NotAssigned {
+        /// The partition.
+        partition: i32,
+        /// Which of the above, for people.
+        reason: &'static str,
+    },
     /// The replica's object store failed (feature "replica"): `what` says
     /// which object and what the store was doing; the object store's own
     /// error is the [`source`](std::error::Error::source).

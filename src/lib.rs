@@ -46,6 +46,8 @@ mod index;
 mod key;
 mod log;
 #[cfg(feature = "replica")]
+pub mod partitions;
+#[cfg(feature = "replica")]
 pub mod replica;
 mod sync;
 mod types;

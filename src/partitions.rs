@@ -1,0 +1,689 @@
+//! A set of stores, one per assigned partition (feature "replica"): the
+//! stores move with their partitions when a consumer group (Kafka's, or
+//! any broker's assignment) hands a partition to another process.
+//!
+//! Each partition's store lives at `BASE/partition-P/store.redb` and
+//! ships to its own replica (the user's function makes its builder).
+//! [`PartitionSet::assign`] takes ownership of the replica (fencing an
+//! earlier owner), restores the file when it must and opens it;
+//! [`PartitionSet::revoke`] refuses new work for the partition, waits for
+//! the work in flight (up to a deadline), ships the tail and closes, so
+//! the next owner restores everything this one acknowledged.
+//!
+//! Invariants:
+//! - a partition's store is reached only through a [`Work`] handle, and
+//!   each call of a handle holds the partition's read lock for the call;
+//!   revoke takes the store out under the write lock before it ships the
+//!   tail, so every record is either committed before the tail is
+//!   shipped or refused: never recorded after it;
+//! - a [`Work`] handle is handed out only while the partition is open;
+//!   revoke first stops handing them out, then waits for the live ones,
+//!   so a begin racing a revoke either runs before the revoke's wait
+//!   ends or is refused with [`Error::NotAssigned`] naming the
+//!   partition;
+//! - a partition is in the set from the start of its assign until its
+//!   store is closed: assigning it again meanwhile is refused, and the
+//!   same file is never open twice.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::replica::Restored;
+use crate::sync::{Arc, Condvar, Mutex, RwLock};
+use crate::{
+    Begin, BeginOptions, Claim, Error, Failure, Fingerprint, Key, Record, Result, Store,
+    StoreBuilder,
+};
+
+/// How a [`PartitionSet`] makes the builder of one partition's store.
+type MakeBuilder = dyn Fn(i32) -> Result<StoreBuilder> + Send + Sync;
+
+/// A set of stores, one per assigned partition, each with its own replica
+/// (feature "replica"). Rebalance callbacks drive it: [`assign`](Self::assign)
+/// when the group hands this member a partition, [`revoke`](Self::revoke)
+/// when it takes one away. Handlers reach a partition's store through
+/// [`work`](Self::work).
+///
+/// Cheap to clone (an `Arc`); share it between the rebalance callback and
+/// the handlers.
+///
+/// # Examples
+/// ```
+/// use dedupkv::partitions::PartitionSet;
+/// use dedupkv::replica::{Replica, ReplicaMode, object_store::local::LocalFileSystem};
+/// use dedupkv::{Begin, Fingerprint, Key, Store};
+/// use std::{sync::Arc, time::Duration};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let bucket = dir.path().join("bucket");
+/// # std::fs::create_dir(&bucket).unwrap();
+/// let objects = Arc::new(LocalFileSystem::new_with_prefix(&bucket)?);
+/// let stores = move |p: i32| {
+///     let replica = Replica::new(objects.clone(), &format!("orders/{p}"))
+///         .mode(ReplicaMode::Synchronous);
+///     Ok(Store::builder().replica(replica))
+/// };
+/// let member_a = PartitionSet::new(dir.path().join("a"), stores.clone());
+/// member_a.assign(3)?;
+/// let key = Key::new("orders", "evt-1");
+/// let work = member_a.work(3)?;
+/// if let Begin::Started(claim) = work.begin(&key, Fingerprint::of("evt-1"))? {
+///     work.complete(&claim, b"done")?; // after the effect
+/// }
+/// drop(work);
+/// member_a.revoke(3, Duration::from_secs(10))?; // waits, ships the tail, closes
+///
+/// // Another member (another machine): the store comes with the partition.
+/// let member_b = PartitionSet::new(dir.path().join("b"), stores);
+/// assert!(member_b.assign(3)?.restored.is_some());
+/// assert!(matches!(member_b.work(3)?.begin(&key, Fingerprint::of("evt-1"))?, Begin::Completed(_)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct PartitionSet {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    base: PathBuf,
+    make: Box<MakeBuilder>,
+    slots: Mutex<HashMap<i32, Arc<Slot>>>,
+}
+
+/// One partition of the set.
+struct Slot {
+    partition: i32,
+    state: Mutex<SlotState>,
+    changed: Condvar,
+    /// `None` while opening and once revoked.
+    store: RwLock<Option<Store>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Opening,
+    Open,
+    Revoking,
+    /// The open failed or the revoke closed it; the slot is leaving the set.
+    Gone,
+}
+
+struct SlotState {
+    phase: Phase,
+    /// Live [`Work`] handles.
+    in_flight: usize,
+}
+
+impl std::fmt::Debug for PartitionSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionSet")
+            .field("base", &self.inner.base)
+            .field("assigned", &self.assigned())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`PartitionSet::assign`] did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Assigned {
+    /// The partition.
+    pub partition: i32,
+    /// The ownership epoch this member now holds for the partition's
+    /// replica (an earlier owner is fenced).
+    pub epoch: u64,
+    /// What the open restored from the replica, if it restored (the local
+    /// file was missing, older, or left by a fenced owner).
+    pub restored: Option<Restored>,
+    /// How long the assign took (ownership, restore and open).
+    pub took: Duration,
+}
+
+/// What [`PartitionSet::revoke`] did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Revoked {
+    /// The partition.
+    pub partition: i32,
+    /// How long it waited for the work in flight.
+    pub waited: Duration,
+    /// [`Work`] handles still alive at the deadline: their further calls
+    /// answer [`Error::NotAssigned`], and their open claims are taken over
+    /// by the next owner as interrupted (see [`Claim::interrupted`]).
+    pub abandoned: usize,
+    /// The last segment shipped before the store closed.
+    pub last_segment: Option<u64>,
+    /// How long the whole revoke took.
+    pub took: Duration,
+}
+
+fn check(partition: i32) -> Result<()> {
+    if partition < 0 {
+        return Err(Error::InvalidArgument {
+            what: "partition",
+            reason: format!("{partition} is negative; partitions are numbered from 0"),
+        });
+    }
+    Ok(())
+}
+
+fn not_assigned(partition: i32, reason: &'static str) -> Error {
+    Error::NotAssigned { partition, reason }
+}
+
+impl PartitionSet {
+    /// A set with no partition yet, keeping its stores under `base`;
+    /// `stores` makes the builder of partition `p`'s store, with the
+    /// replica of that partition (a prefix of its own, such as
+    /// `"orders/3"`).
+    ///
+    /// # Examples
+    /// See [`PartitionSet`].
+    pub fn new(
+        base: impl Into<PathBuf>,
+        stores: impl Fn(i32) -> Result<StoreBuilder> + Send + Sync + 'static,
+    ) -> PartitionSet {
+        PartitionSet {
+            inner: Arc::new(Inner {
+                base: base.into(),
+                make: Box::new(stores),
+                slots: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Where partition `partition`'s store file is kept:
+    /// `BASE/partition-P/store.redb`.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// let set = PartitionSet::new("/var/lib/orders", |_| Ok(dedupkv::Store::builder()));
+    /// assert!(set.path_of(7).ends_with("partition-7/store.redb"));
+    /// ```
+    pub fn path_of(&self, partition: i32) -> PathBuf {
+        self.inner
+            .base
+            .join(format!("partition-{partition}"))
+            .join("store.redb")
+    }
+
+    /// The partitions this set serves now (open, opening or being
+    /// revoked), in order.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// let set = PartitionSet::new("/var/lib/orders", |_| Ok(dedupkv::Store::builder()));
+    /// assert!(set.assigned().is_empty());
+    /// ```
+    pub fn assigned(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.inner.slots.lock().keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Takes `partition` over: makes its builder, takes ownership of its
+    /// replica (an earlier owner, in this process or another, is fenced:
+    /// its next upload, and from then on every call, answers
+    /// [`Error::Fenced`]), restores the file when it is missing, older
+    /// than the replica or left by a fenced owner, and opens it.
+    ///
+    /// # Concurrent calls on the same partition
+    /// A second assign while the first runs, or once it is open, is
+    /// refused. A [`revoke`](Self::revoke) meanwhile waits for the open to
+    /// finish, then revokes. [`work`](Self::work) answers
+    /// [`Error::NotAssigned`] until the open is done.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a negative partition or one already
+    /// assigned to this set; [`Error::InvalidConfig`] when the builder has
+    /// no replica; the errors of [`StoreBuilder::open`] (among them
+    /// [`Error::Fenced`] when another member took the same replica at the
+    /// same moment). After an error the partition is not assigned.
+    ///
+    /// # Examples
+    /// See [`PartitionSet`].
+    pub fn assign(&self, partition: i32) -> Result<Assigned> {
+        check(partition)?;
+        let start = Instant::now();
+        let slot = {
+            let mut slots = self.inner.slots.lock();
+            if slots.contains_key(&partition) {
+                return Err(Error::InvalidArgument {
+                    what: "partition",
+                    reason: format!("{partition} is already assigned to this set"),
+                });
+            }
+            let slot = Arc::new(Slot {
+                partition,
+                state: Mutex::new(SlotState {
+                    phase: Phase::Opening,
+                    in_flight: 0,
+                }),
+                changed: Condvar::new(),
+                store: RwLock::new(None),
+            });
+            slots.insert(partition, Arc::clone(&slot));
+            slot
+        };
+        match self.open(partition) {
+            Ok((store, epoch, restored)) => {
+                *slot.store.write() = Some(store);
+                slot.state.lock().phase = Phase::Open;
+                slot.changed.notify_all();
+                Ok(Assigned {
+                    partition,
+                    epoch,
+                    restored,
+                    took: start.elapsed(),
+                })
+            }
+            Err(e) => {
+                slot.state.lock().phase = Phase::Gone;
+                self.remove(&slot);
+                slot.changed.notify_all();
+                Err(e)
+            }
+        }
+    }
+
+    fn open(&self, partition: i32) -> Result<(Store, u64, Option<Restored>)> {
+        let builder = (self.inner.make)(partition)?;
+        let path = self.path_of(partition);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::Storage(crate::log::io_at(dir, &e)))?;
+        }
+        let store = builder.open(&path)?;
+        let Some(status) = store.replica_status() else {
+            return Err(Error::InvalidConfig(format!(
+                "the builder of partition {partition} has no replica; a partition set's \
+                 stores move with their partitions through their replicas"
+            )));
+        };
+        Ok((store, status.epoch, status.restored))
+    }
+
+    fn remove(&self, slot: &Arc<Slot>) {
+        let mut slots = self.inner.slots.lock();
+        if slots
+            .get(&slot.partition)
+            .is_some_and(|s| Arc::ptr_eq(s, slot))
+        {
+            slots.remove(&slot.partition);
+        }
+    }
+
+    /// A handle to do work on `partition`'s store: hold it from the claim
+    /// to the complete (a [`revoke`](Self::revoke) waits for the live
+    /// handles, up to its deadline).
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] when the partition is not open in this set
+    /// (never assigned, still opening, being revoked or revoked);
+    /// [`Error::InvalidArgument`] for a negative partition.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// let set = PartitionSet::new("/var/lib/orders", |_| Ok(dedupkv::Store::builder()));
+    /// let err = set.work(5).unwrap_err();
+    /// assert!(matches!(err, dedupkv::Error::NotAssigned { partition: 5, .. }));
+    /// ```
+    pub fn work(&self, partition: i32) -> Result<Work> {
+        check(partition)?;
+        let Some(slot) = self.inner.slots.lock().get(&partition).cloned() else {
+            return Err(not_assigned(partition, "is not assigned to this member"));
+        };
+        {
+            let mut st = slot.state.lock();
+            match st.phase {
+                Phase::Open => st.in_flight += 1,
+                Phase::Opening => return Err(not_assigned(partition, "is still being assigned")),
+                Phase::Revoking => {
+                    return Err(not_assigned(
+                        partition,
+                        "is being revoked from this member; its next owner serves it",
+                    ));
+                }
+                Phase::Gone => return Err(not_assigned(partition, "was revoked from this member")),
+            }
+        }
+        Ok(Work { slot })
+    }
+
+    /// Hands `partition` over: new [`work`](Self::work) for it is refused
+    /// at once, the live [`Work`] handles are waited for up to `deadline`
+    /// (past it their further calls are refused; the next owner takes
+    /// their claims over as interrupted), then the tail is shipped
+    /// ([`Store::sync_replica`]) and the store closed, so the next owner
+    /// restores everything acknowledged here.
+    ///
+    /// # Concurrent calls on the same partition
+    /// A revoke during the partition's assign waits for the open first. A
+    /// call of a [`Work`] handle either finishes before the store is taken
+    /// out (and its records are in the shipped tail) or answers
+    /// [`Error::NotAssigned`]; none is recorded after the tail.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] when the partition is not assigned to this
+    /// set (or another revoke of it runs); [`Error::InvalidArgument`] for
+    /// a negative partition; the errors of [`Store::sync_replica`] (such
+    /// as [`Error::Fenced`] when another member took the partition over
+    /// already). In every case but the first two the partition has left
+    /// the set and its store is closed.
+    ///
+    /// # Examples
+    /// See [`PartitionSet`].
+    pub fn revoke(&self, partition: i32, deadline: Duration) -> Result<Revoked> {
+        check(partition)?;
+        let start = Instant::now();
+        let until = start + deadline;
+        let Some(slot) = self.inner.slots.lock().get(&partition).cloned() else {
+            return Err(not_assigned(partition, "is not assigned to this member"));
+        };
+        let abandoned = {
+            let mut st = slot.state.lock();
+            while st.phase == Phase::Opening {
+                slot.changed.wait(&mut st);
+            }
+            match st.phase {
+                Phase::Open => st.phase = Phase::Revoking,
+                Phase::Revoking => return Err(not_assigned(partition, "is being revoked already")),
+                Phase::Opening | Phase::Gone => {
+                    return Err(not_assigned(partition, "is not assigned to this member"));
+                }
+            }
+            while st.in_flight > 0 && !slot.changed.wait_until(&mut st, until).timed_out() {}
+            st.in_flight
+        };
+        let waited = start.elapsed();
+        // Under the write lock no call of a handle runs; once the store is
+        // out, none can start.
+        let store = slot.store.write().take();
+        let shipped = store.as_ref().map_or(Ok(()), Store::sync_replica);
+        let last_segment = store
+            .as_ref()
+            .and_then(Store::replica_status)
+            .and_then(|s| s.last_segment);
+        drop(store);
+        slot.state.lock().phase = Phase::Gone;
+        self.remove(&slot);
+        slot.changed.notify_all();
+        shipped?;
+        Ok(Revoked {
+            partition,
+            waited,
+            abandoned,
+            last_segment,
+            took: start.elapsed(),
+        })
+    }
+
+    /// Revokes every partition of the set (see [`revoke`](Self::revoke)),
+    /// each with the same `deadline`; answers each partition's result, in
+    /// order.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// let set = PartitionSet::new("/var/lib/orders", |_| Ok(dedupkv::Store::builder()));
+    /// assert!(set.revoke_all(std::time::Duration::from_secs(5)).is_empty());
+    /// ```
+    pub fn revoke_all(&self, deadline: Duration) -> Vec<(i32, Result<Revoked>)> {
+        self.assigned()
+            .into_iter()
+            .map(|p| (p, self.revoke(p, deadline)))
+            .collect()
+    }
+
+    /// The directory the set keeps its stores under.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// let set = PartitionSet::new("/var/lib/orders", |_| Ok(dedupkv::Store::builder()));
+    /// assert_eq!(set.base(), std::path::Path::new("/var/lib/orders"));
+    /// ```
+    pub fn base(&self) -> &Path {
+        &self.inner.base
+    }
+}
+
+/// Work in flight on one partition's store, from
+/// [`PartitionSet::work`]: the store's calls, each refused with
+/// [`Error::NotAssigned`] once the partition was revoked. A revoke waits
+/// (up to its deadline) until every handle of its partition is dropped:
+/// hold one from the claim to the complete, and drop it before the next
+/// poll.
+///
+/// # Examples
+/// See [`PartitionSet`].
+pub struct Work {
+    slot: Arc<Slot>,
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("partition", &self.slot.partition)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        let mut st = self.slot.state.lock();
+        st.in_flight -= 1;
+        if st.in_flight == 0 {
+            self.slot.changed.notify_all();
+        }
+    }
+}
+
+impl Work {
+    /// The partition this handle works on.
+    ///
+    /// # Examples
+    /// See [`PartitionSet`].
+    pub fn partition(&self) -> i32 {
+        self.slot.partition
+    }
+
+    /// Runs `f` on the partition's store, under the partition's read lock
+    /// (a revoke's hand-over waits for it). Do not keep a clone of the
+    /// store beyond `f`: calls through it are not fenced by the revoke.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] once the partition was revoked; `f`'s own.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// # use dedupkv::replica::{Replica, object_store::memory::InMemory};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let objects = std::sync::Arc::new(InMemory::new());
+    /// # let set = PartitionSet::new(dir.path(), move |p| Ok(dedupkv::Store::builder()
+    /// #     .replica(Replica::new(objects.clone(), &format!("p/{p}")))));
+    /// # set.assign(0)?;
+    /// let keys = set.work(0)?.with(|store| Ok(store.stats().keys))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn with<R>(&self, f: impl FnOnce(&Store) -> Result<R>) -> Result<R> {
+        let guard = self.slot.store.read();
+        match guard.as_ref() {
+            Some(store) => f(store),
+            None => Err(not_assigned(
+                self.slot.partition,
+                "was revoked from this member while this work was in flight; its next \
+                 owner serves it",
+            )),
+        }
+    }
+
+    /// [`Store::begin`] on the partition's store.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] once the partition was revoked; those of
+    /// [`Store::begin`].
+    ///
+    /// # Examples
+    /// See [`PartitionSet`].
+    pub fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
+        self.with(|s| s.begin(key, fingerprint))
+    }
+
+    /// [`Store::begin_with`] on the partition's store.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] once the partition was revoked; those of
+    /// [`Store::begin_with`].
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// # use dedupkv::replica::{Replica, object_store::memory::InMemory};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let objects = std::sync::Arc::new(InMemory::new());
+    /// # let set = PartitionSet::new(dir.path(), move |p| Ok(dedupkv::Store::builder()
+    /// #     .replica(Replica::new(objects.clone(), &format!("p/{p}")))));
+    /// # set.assign(0)?;
+    /// let opts = dedupkv::BeginOptions::default();
+    /// let begin = set.work(0)?.begin_with(&dedupkv::Key::new("t", "a"), dedupkv::Fingerprint::of("a"), &opts)?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn begin_with(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+    ) -> Result<Begin> {
+        self.with(|s| s.begin_with(key, fingerprint, options))
+    }
+
+    /// [`Store::begin_batch`] on the partition's store.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] once the partition was revoked; those of
+    /// [`Store::begin_batch`].
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// # use dedupkv::replica::{Replica, object_store::memory::InMemory};
+    /// # use dedupkv::{Begin, Fingerprint, Key};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let objects = std::sync::Arc::new(InMemory::new());
+    /// # let set = PartitionSet::new(dir.path(), move |p| Ok(dedupkv::Store::builder()
+    /// #     .replica(Replica::new(objects.clone(), &format!("p/{p}")))));
+    /// # set.assign(0)?;
+    /// let work = set.work(0)?;
+    /// let items = [(Key::new("t", "a"), Fingerprint::of("a")), (Key::new("t", "b"), Fingerprint::of("b"))];
+    /// let mut done = Vec::new();
+    /// for begin in work.begin_batch(&items)? {
+    ///     if let Begin::Started(claim) = begin? {
+    ///         done.push(claim); // after its effect
+    ///     }
+    /// }
+    /// let outcomes: Vec<_> = done.iter().map(|c| (c, &b"ok"[..])).collect();
+    /// work.complete_batch(&outcomes)?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Vec<Result<Begin>>> {
+        self.with(|s| s.begin_batch(items))
+    }
+
+    /// [`Store::complete`] on the partition's store.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] once the partition was revoked; those of
+    /// [`Store::complete`].
+    ///
+    /// # Examples
+    /// See [`PartitionSet`].
+    pub fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
+        self.with(|s| s.complete(claim, outcome))
+    }
+
+    /// [`Store::complete_batch`] on the partition's store.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] once the partition was revoked; those of
+    /// [`Store::complete_batch`].
+    ///
+    /// # Examples
+    /// See [`begin_batch`](Self::begin_batch).
+    pub fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
+        self.with(|s| s.complete_batch(items))
+    }
+
+    /// [`Store::fail`] on the partition's store.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] once the partition was revoked; those of
+    /// [`Store::fail`].
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// # use dedupkv::replica::{Replica, object_store::memory::InMemory};
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let objects = std::sync::Arc::new(InMemory::new());
+    /// # let set = PartitionSet::new(dir.path(), move |p| Ok(dedupkv::Store::builder()
+    /// #     .replica(Replica::new(objects.clone(), &format!("p/{p}")))));
+    /// # set.assign(0)?;
+    /// let work = set.work(0)?;
+    /// if let Begin::Started(claim) = work.begin(&Key::new("t", "a"), Fingerprint::of("a"))? {
+    ///     work.fail(&claim, Failure::Retryable)?;
+    /// }
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
+        self.with(|s| s.fail(claim, failure))
+    }
+
+    /// [`Store::insert_if_absent`] on the partition's store.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] once the partition was revoked; those of
+    /// [`Store::insert_if_absent`].
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// # use dedupkv::replica::{Replica, object_store::memory::InMemory};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let objects = std::sync::Arc::new(InMemory::new());
+    /// # let set = PartitionSet::new(dir.path(), move |p| Ok(dedupkv::Store::builder()
+    /// #     .replica(Replica::new(objects.clone(), &format!("p/{p}")))));
+    /// # set.assign(0)?;
+    /// assert!(set.work(0)?.insert_if_absent(&dedupkv::Key::new("t", "evt-1"))?);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
+        self.with(|s| s.insert_if_absent(key))
+    }
+
+    /// [`Store::get`] on the partition's store.
+    ///
+    /// # Errors
+    /// [`Error::NotAssigned`] once the partition was revoked; those of
+    /// [`Store::get`].
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::partitions::PartitionSet;
+    /// # use dedupkv::replica::{Replica, object_store::memory::InMemory};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let objects = std::sync::Arc::new(InMemory::new());
+    /// # let set = PartitionSet::new(dir.path(), move |p| Ok(dedupkv::Store::builder()
+    /// #     .replica(Replica::new(objects.clone(), &format!("p/{p}")))));
+    /// # set.assign(0)?;
+    /// assert!(set.work(0)?.get(&dedupkv::Key::new("t", "evt-1"))?.is_none());
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
+        self.with(|s| s.get(key))
+    }
+}
