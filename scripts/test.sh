@@ -6,13 +6,22 @@
 # one contender is skipped with a message and everything else still runs;
 # under CI (CI=true; .ci/run sets it) it is an error instead.
 #
-# `cargo test` alone tests the library only, and never builds SQLite. The
-# replica (feature "replica") is tested after it, against local files:
-# its unit tests, doc tests and tests/replica_*.rs.
+# `cargo test` alone tests the library only, and never builds SQLite or
+# librdkafka. crates/dedupkv-kafka is tested on its own, after the rest of
+# the workspace (it turns the library's "replica" feature on, which would
+# otherwise reach every member's build): its consumer-group run
+# (tests/group_run/, ~1 min) against librdkafka's in-process mock cluster,
+# every scenario in both replica modes; it needs no service, so it is never
+# skipped. The replica (feature "replica") is tested last, against local
+# files: its unit tests, doc tests, tests/replica_*.rs and the partition
+# set (tests/partitions_*.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/with-postgres.sh cargo test --workspace --locked "$@"
+bash scripts/with-postgres.sh cargo test --workspace --exclude dedupkv-kafka --locked "$@"
+cargo test -p dedupkv-kafka --locked "$@"
 cargo test --locked --features replica --lib replica "$@"
 cargo test --locked --features replica --doc replica "$@"
+cargo test --locked --features replica --doc partitions "$@"
 exec cargo test --locked --features replica \
-    --test replica_restore --test replica_fencing --test replica_faults --test replica_crash "$@"
+    --test replica_restore --test replica_fencing --test replica_faults --test replica_crash \
+    --test partitions_handover "$@"
