@@ -267,25 +267,25 @@ impl PartitionSet {
             slots.insert(partition, Arc::clone(&slot));
             slot
         };
-        match self.open(partition) {
-            Ok((store, epoch, restored)) => {
-                *slot.store.write() = Some(store);
-                slot.state.lock().phase = Phase::Open;
-                slot.changed.notify_all();
-                Ok(Assigned {
-                    partition,
-                    epoch,
-                    restored,
-                    took: start.elapsed(),
-                })
-            }
-            Err(e) => {
-                slot.state.lock().phase = Phase::Gone;
-                self.remove(&slot);
-                slot.changed.notify_all();
-                Err(e)
-            }
-        }
+        // Until the open succeeds, leaving (by an error or a panic of the
+        // user's builder function) takes the partition out of the set, so
+        // a revoke waiting for the open is not left waiting.
+        let mut leaving = Leaving {
+            set: self,
+            slot: &slot,
+            armed: true,
+        };
+        let (store, epoch, restored) = self.open(partition)?;
+        leaving.armed = false;
+        *slot.store.write() = Some(store);
+        slot.state.lock().phase = Phase::Open;
+        slot.changed.notify_all();
+        Ok(Assigned {
+            partition,
+            epoch,
+            restored,
+            took: start.elapsed(),
+        })
     }
 
     fn open(&self, partition: i32) -> Result<(Store, u64, Option<Restored>)> {
@@ -447,6 +447,23 @@ impl PartitionSet {
     /// ```
     pub fn base(&self) -> &Path {
         &self.inner.base
+    }
+}
+
+/// Takes a partition whose open did not finish out of the set.
+struct Leaving<'a> {
+    set: &'a PartitionSet,
+    slot: &'a Arc<Slot>,
+    armed: bool,
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.slot.state.lock().phase = Phase::Gone;
+            self.set.remove(self.slot);
+            self.slot.changed.notify_all();
+        }
     }
 }
 

@@ -446,3 +446,28 @@ fn a_builder_without_a_replica_is_refused() -> TestResult {
     assert!(a.assigned().is_empty());
     Ok(())
 }
+
+#[test]
+fn a_panicking_builder_leaves_the_partition_unassigned() -> TestResult {
+    let b = Bucket::new();
+    let dir = tempfile::tempdir()?;
+    let objects = Arc::clone(&b.objects);
+    let prefix = b.prefix.clone();
+    let a = PartitionSet::new(dir.path(), move |p| {
+        assert!(p != 3, "the builder of partition 3 panics");
+        Ok(Store::builder().replica(Replica::new(
+            Arc::clone(&objects),
+            &format!("{prefix}/orders/{p}"),
+        )))
+    });
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.assign(3)));
+    assert!(panicked.is_err());
+    assert!(a.assigned().is_empty());
+    assert!(matches!(
+        a.revoke(3, DEADLINE),
+        Err(Error::NotAssigned { partition: 3, .. })
+    ));
+    a.assign(1)?;
+    assert_eq!(a.assigned(), vec![1]);
+    Ok(())
+}

@@ -79,6 +79,28 @@ fn provide(ledger: &Path, provider_key: &str, id: &str) -> bool {
     }
 }
 
+/// Stops here, for the parent's SIGKILL: logs the replica's lag and says
+/// `PAUSED` on stdout.
+fn pause(log: &Log, work: &dedupkv::partitions::Work) -> ! {
+    let lag = work
+        .with(|s| Ok(s.replica_status()))
+        .ok()
+        .flatten()
+        .map_or((0, 0), |s| (s.lag_bytes, s.lag.as_micros()));
+    log.line(&format!(
+        "pause {} {} lag_bytes={} lag_us={}",
+        work.partition(),
+        now_us(),
+        lag.0,
+        lag.1
+    ));
+    println!("PAUSED");
+    std::io::stdout().flush().expect("stdout");
+    loop {
+        std::thread::park();
+    }
+}
+
 #[allow(clippy::too_many_lines)] // one member's whole life, in order
 pub fn run() {
     let member = env("DEDUPKV_KAFKA_MEMBER");
@@ -92,6 +114,7 @@ pub fn run() {
     let pause_at: Option<u64> = std::env::var("DEDUPKV_KAFKA_PAUSE_AT")
         .ok()
         .and_then(|v| v.parse().ok());
+    let point = std::env::var("DEDUPKV_KAFKA_PAUSE_POINT").unwrap_or_default();
     let log = Arc::new(Log(Mutex::new(
         OpenOptions::new()
             .create(true)
@@ -261,24 +284,13 @@ pub fn run() {
             // 2. The effects, each idempotent on the claim's provider key.
             batches += 1;
             for (i, (id, c)) in started.iter().enumerate() {
-                if pause_at == Some(batches) && started.len() >= 2 && i == started.len() / 2 {
-                    let lag = work
-                        .with(|s| Ok(s.replica_status()))
-                        .ok()
-                        .flatten()
-                        .map_or((0, 0), |s| (s.lag_bytes, s.lag.as_micros()));
-                    log.line(&format!(
-                        "pause {p} {} lag_bytes={} lag_us={}",
-                        now_us(),
-                        lag.0,
-                        lag.1
-                    ));
-                    // Mid-batch: half the effects done, none completed.
-                    println!("PAUSED");
-                    std::io::stdout().flush().expect("stdout");
-                    loop {
-                        std::thread::park();
-                    }
+                if pause_at == Some(batches)
+                    && point == "mid"
+                    && started.len() >= 2
+                    && i == started.len() / 2
+                {
+                    // Half the effects done, none completed.
+                    pause(&log, &work);
                 }
                 // The event's own id is the provider's idempotency key, not
                 // `provider_key()`: that one is derived from the store's
@@ -308,6 +320,10 @@ pub fn run() {
                     continue;
                 }
                 Err(e) => panic!("complete_batch on {p}: {e}"),
+            }
+            if pause_at == Some(batches) && point == "complete" {
+                // Completed, the offsets not committed.
+                pause(&log, &work);
             }
             drop(work);
             let last = msgs.iter().map(|(o, _)| *o).max().unwrap_or(0);

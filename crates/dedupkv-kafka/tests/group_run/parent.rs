@@ -59,7 +59,7 @@ impl Run {
     fn spawn(
         &mut self,
         name: &str,
-        pause_at: Option<u64>,
+        pause_at: Option<(u64, &str)>,
     ) -> Option<std::sync::mpsc::Receiver<()>> {
         let exe = std::env::current_exe().expect("this binary");
         let mut cmd = Command::new(exe);
@@ -74,8 +74,9 @@ impl Run {
             .env("DEDUPKV_KAFKA_BOOTSTRAP", &self.bootstrap)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        if let Some(n) = pause_at {
-            cmd.env("DEDUPKV_KAFKA_PAUSE_AT", n.to_string());
+        if let Some((n, point)) = pause_at {
+            cmd.env("DEDUPKV_KAFKA_PAUSE_AT", n.to_string())
+                .env("DEDUPKV_KAFKA_PAUSE_POINT", point);
         }
         let mut child = cmd.spawn().expect("spawn a member");
         let out = child.stdout.take().expect("stdout");
@@ -278,7 +279,15 @@ fn scenario(sc: Scenario, mode: &'static str) -> Report {
     let mut lag_at_kill = String::new();
     match sc {
         Scenario::Kill | Scenario::LostDisk => {
-            let paused = run.spawn("a", Some(4)).expect("a pauses");
+            // The kill: mid-batch (between the effect and the complete for
+            // half the claims, between the claim and the effect for the
+            // rest); the lost disk: between the complete and the commit.
+            let point = if sc == Scenario::Kill {
+                "mid"
+            } else {
+                "complete"
+            };
+            let paused = run.spawn("a", Some((4, point))).expect("a pauses");
             run.spawn("b", None);
             // Wait for the pause (a's 4th batch) while watching the others.
             let t = Instant::now();
