@@ -79,20 +79,26 @@ fn provide(ledger: &Path, provider_key: &str, id: &str) -> bool {
     }
 }
 
-/// Stops here, for the parent's SIGKILL: logs the replica's lag and says
-/// `PAUSED` on stdout.
-fn pause(log: &Log, work: &dedupkv::partitions::Work) -> ! {
-    let lag = work
-        .with(|s| Ok(s.replica_status()))
-        .ok()
-        .flatten()
-        .map_or((0, 0), |s| (s.lag_bytes, s.lag.as_micros()));
+/// Stops here, for the parent's SIGKILL: logs the replica lag of every
+/// store of the set (bytes summed, the oldest unshipped commit's wait at
+/// most) and says `PAUSED` on stdout.
+fn pause(log: &Log, set: &PartitionSet, work: &dedupkv::partitions::Work) -> ! {
+    let (mut bytes, mut oldest) = (0, 0);
+    for q in set.assigned() {
+        let status = if q == work.partition() {
+            work.with(|s| Ok(s.replica_status()))
+        } else {
+            set.work(q).and_then(|w| w.with(|s| Ok(s.replica_status())))
+        };
+        if let Ok(Some(s)) = status {
+            bytes += s.lag_bytes;
+            oldest = oldest.max(s.lag.as_micros());
+        }
+    }
     log.line(&format!(
-        "pause {} {} lag_bytes={} lag_us={}",
+        "pause {} {} lag_bytes={bytes} lag_us={oldest}",
         work.partition(),
         now_us(),
-        lag.0,
-        lag.1
     ));
     println!("PAUSED");
     std::io::stdout().flush().expect("stdout");
@@ -290,7 +296,7 @@ pub fn run() {
                     && i == started.len() / 2
                 {
                     // Half the effects done, none completed.
-                    pause(&log, &work);
+                    pause(&log, &set, &work);
                 }
                 // The event's own id is the provider's idempotency key, not
                 // `provider_key()`: that one is derived from the store's
@@ -299,10 +305,11 @@ pub fn run() {
                 // owner starts a new store with a new secret).
                 let applied = provide(&ledger, &format!("events/{id}"), id);
                 log.line(&format!(
-                    "effect {id} {} attempt={} interrupted={} {p}",
+                    "effect {id} {} attempt={} interrupted={} {p} {}",
                     if applied { "applied" } else { "dup" },
                     c.attempt(),
-                    c.interrupted()
+                    c.interrupted(),
+                    now_us()
                 ));
             }
             // 3. The outcomes.
@@ -323,7 +330,7 @@ pub fn run() {
             }
             if pause_at == Some(batches) && point == "complete" {
                 // Completed, the offsets not committed.
-                pause(&log, &work);
+                pause(&log, &set, &work);
             }
             drop(work);
             let last = msgs.iter().map(|(o, _)| *o).max().unwrap_or(0);
