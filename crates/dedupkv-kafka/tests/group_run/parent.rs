@@ -39,7 +39,10 @@ impl Scenario {
 
 /// One run's place: the replica bucket, the ledger, the members' logs.
 struct Run {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
+    /// Removes `dir` when the run ends, unless it failed (then the logs
+    /// stay for a look).
+    guard: Option<tempfile::TempDir>,
     bootstrap: String,
     mode: &'static str,
     members: HashMap<String, Child>,
@@ -47,7 +50,7 @@ struct Run {
 
 impl Run {
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.dir.join(name)
     }
 
     fn base(&self, member: &str) -> PathBuf {
@@ -113,10 +116,7 @@ impl Run {
     /// Every line of every member's log, as (member, fields).
     fn lines(&self) -> Vec<(String, Vec<String>)> {
         let mut all = Vec::new();
-        for e in std::fs::read_dir(self.dir.path())
-            .expect("run dir")
-            .flatten()
-        {
+        for e in std::fs::read_dir(&self.dir).expect("run dir").flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(member) = name.strip_prefix("log-") else {
                 continue;
@@ -152,6 +152,14 @@ impl Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(g) = self.guard.take()
+        {
+            eprintln!(
+                "group_run: the failed run's logs are in {}",
+                g.keep().display()
+            );
+        }
         for (_, mut c) in self.members.drain() {
             let _ = c.kill();
             let _ = c.wait();
@@ -167,6 +175,14 @@ fn field<T: std::str::FromStr>(l: &[String], i: usize) -> T {
     l.get(i)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("field {i} of {l:?}"))
+}
+
+/// Offset commits logged by `member`.
+fn commits_by(lines: &[(String, Vec<String>)], member: &str) -> usize {
+    lines
+        .iter()
+        .filter(|(w, l)| w == member && is(l, "commit"))
+        .count()
 }
 
 /// The members that have assigned partitions since `since` (µs), and how
@@ -269,7 +285,8 @@ fn scenario(sc: Scenario, mode: &'static str) -> Report {
         std::fs::create_dir_all(dir.path().join(d)).expect("dirs");
     }
     let mut run = Run {
-        dir,
+        dir: dir.path().to_path_buf(),
+        guard: Some(dir),
         bootstrap: cluster.bootstrap_servers(),
         mode,
         members: HashMap::new(),
@@ -295,6 +312,9 @@ fn scenario(sc: Scenario, mode: &'static str) -> Report {
                 assert!(t.elapsed() < PATIENCE, "a never reached its 4th batch");
                 std::thread::sleep(Duration::from_millis(20));
             }
+            // a stays paused: let b handle some first, so that both
+            // members' partitions move with keys in their stores.
+            run.wait_for("b handling", |ls| commits_by(ls, "b") >= 3);
             let at = run.kill("a");
             killed = Some(("a".into(), at));
             lag_at_kill = run
@@ -324,16 +344,18 @@ fn scenario(sc: Scenario, mode: &'static str) -> Report {
         Scenario::Rolling => {
             run.spawn("a", None);
             run.spawn("b", None);
-            run.wait_for("a and b sharing the partitions", |ls| {
-                let m = assigned_since(ls, 0);
-                m.contains_key("a") && m.contains_key("b")
+            // Each step waits for handling, not only for the assignment:
+            // a store that moves must hold keys for the move to test
+            // anything.
+            run.wait_for("a and b handling", |ls| {
+                commits_by(ls, "a") >= 3 && commits_by(ls, "b") >= 3
             });
             // Replace a with c, then b with d, one at a time.
             for (new, old) in [("c", "a"), ("d", "b")] {
                 let t = now_us();
                 run.spawn(new, None);
-                run.wait_for(&format!("{new} joining"), |ls| {
-                    assigned_since(ls, t).contains_key(new)
+                run.wait_for(&format!("{new} joining and handling"), |ls| {
+                    assigned_since(ls, t).contains_key(new) && commits_by(ls, new) >= 3
                 });
                 let t = now_us();
                 run.stop(old);
