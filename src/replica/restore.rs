@@ -247,8 +247,13 @@ pub(crate) fn restore(
 }
 
 /// Adds rows to the report: each row's record count is in its header.
+/// A bucket's summary travels as a row numbered `SUMMARY_ROW` but is no
+/// log row: it is not counted.
 fn count(report: &mut Restored, rows: &[(u64, u64, Vec<u8>)]) {
-    for (_, _, bytes) in rows {
+    for (_, row, bytes) in rows {
+        if *row == crate::log::store::SUMMARY_ROW {
+            continue;
+        }
         report.rows += 1;
         if let Some(c) = bytes.get(2..6) {
             let mut b = [0u8; 4];
