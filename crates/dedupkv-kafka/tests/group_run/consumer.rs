@@ -117,9 +117,9 @@ pub fn run() {
     let base = PathBuf::from(env("DEDUPKV_KAFKA_BASE"));
     let ledger = PathBuf::from(env("DEDUPKV_KAFKA_LEDGER"));
     let stop = PathBuf::from(env("DEDUPKV_KAFKA_STOP"));
-    let pause_at: Option<u64> = std::env::var("DEDUPKV_KAFKA_PAUSE_AT")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    // Once this file exists, the next batch stops at `point` for the
+    // parent's SIGKILL.
+    let arm = std::env::var("DEDUPKV_KAFKA_ARM").ok().map(PathBuf::from);
     let point = std::env::var("DEDUPKV_KAFKA_PAUSE_POINT").unwrap_or_default();
     let log = Arc::new(Log(Mutex::new(
         OpenOptions::new()
@@ -210,7 +210,6 @@ pub fn run() {
             generation.lock().get(&p).copied().unwrap_or(0)
         )
     };
-    let mut batches = 0u64;
     while !stop.exists() {
         // Poll a batch (the messages are copied out: nothing borrows the
         // consumer while the batch is handled).
@@ -287,14 +286,10 @@ pub fn run() {
                 log.line(&format!("skip {p} revoked"));
                 continue;
             }
-            // 2. The effects, each idempotent on the claim's provider key.
-            batches += 1;
+            // 2. The effects, each idempotent on an idempotency key.
+            let armed = arm.as_ref().is_some_and(|a| a.exists());
             for (i, (id, c)) in started.iter().enumerate() {
-                if pause_at == Some(batches)
-                    && point == "mid"
-                    && started.len() >= 2
-                    && i == started.len() / 2
-                {
+                if armed && point == "mid" && started.len() >= 2 && i == started.len() / 2 {
                     // Half the effects done, none completed.
                     pause(&log, &set, &work);
                 }
@@ -328,7 +323,7 @@ pub fn run() {
                 }
                 Err(e) => panic!("complete_batch on {p}: {e}"),
             }
-            if pause_at == Some(batches) && point == "complete" {
+            if armed && point == "complete" {
                 // Completed, the offsets not committed.
                 pause(&log, &set, &work);
             }

@@ -57,13 +57,10 @@ impl Run {
         self.path(&format!("disk-{member}"))
     }
 
-    /// Starts member `name` (a consumer process); with `pause_at`, it
-    /// stops mid-batch in its `pause_at`-th batch and prints `PAUSED`.
-    fn spawn(
-        &mut self,
-        name: &str,
-        pause_at: Option<(u64, &str)>,
-    ) -> Option<std::sync::mpsc::Receiver<()>> {
+    /// Starts member `name` (a consumer process); with a pause point, it
+    /// stops there in its first batch after the file `arm-NAME` appears,
+    /// and prints `PAUSED`.
+    fn spawn(&mut self, name: &str, pause: Option<&str>) -> Option<std::sync::mpsc::Receiver<()>> {
         let exe = std::env::current_exe().expect("this binary");
         let mut cmd = Command::new(exe);
         cmd.env("DEDUPKV_KAFKA_ROLE", "consumer")
@@ -77,8 +74,8 @@ impl Run {
             .env("DEDUPKV_KAFKA_BOOTSTRAP", &self.bootstrap)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        if let Some((n, point)) = pause_at {
-            cmd.env("DEDUPKV_KAFKA_PAUSE_AT", n.to_string())
+        if let Some(point) = pause {
+            cmd.env("DEDUPKV_KAFKA_ARM", self.path(&format!("arm-{name}")))
                 .env("DEDUPKV_KAFKA_PAUSE_POINT", point);
         }
         let mut child = cmd.spawn().expect("spawn a member");
@@ -92,7 +89,7 @@ impl Run {
             }
         });
         self.members.insert(name.to_string(), child);
-        pause_at.map(|_| rx)
+        pause.map(|_| rx)
     }
 
     /// SIGKILLs member `name` (std's `Child::kill` is SIGKILL on Unix).
@@ -175,6 +172,23 @@ fn field<T: std::str::FromStr>(l: &[String], i: usize) -> T {
     l.get(i)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("field {i} of {l:?}"))
+}
+
+/// The partitions `member` owns now, by its assigns and revokes in order.
+fn owned(lines: &[(String, Vec<String>)], member: &str) -> HashSet<i32> {
+    let mut now = HashSet::new();
+    for (w, l) in lines {
+        if w != member {
+            continue;
+        }
+        if is(l, "assign") && l.get(3).is_some_and(|s| s == "ok") {
+            now.insert(field(l, 1));
+        }
+        if is(l, "revoke_start") {
+            now.remove(&field(l, 1));
+        }
+    }
+    now
 }
 
 /// Offset commits logged by `member`.
@@ -304,17 +318,20 @@ fn scenario(sc: Scenario, mode: &'static str) -> Report {
             } else {
                 "complete"
             };
-            let paused = run.spawn("a", Some((4, point))).expect("a pauses");
+            let paused = run.spawn("a", Some(point)).expect("a pauses");
             run.spawn("b", None);
-            // Wait for the pause (a's 4th batch) while watching the others.
+            // Both members handle first, so that both members' partitions
+            // move with keys in their stores; then a stops in its next
+            // batch, and is killed at once.
+            run.wait_for("a and b handling", |ls| {
+                commits_by(ls, "a") >= 3 && commits_by(ls, "b") >= 3
+            });
+            std::fs::write(run.path("arm-a"), b"").expect("arm a");
             let t = Instant::now();
             while paused.try_recv().is_err() {
-                assert!(t.elapsed() < PATIENCE, "a never reached its 4th batch");
-                std::thread::sleep(Duration::from_millis(20));
+                assert!(t.elapsed() < PATIENCE, "a never stopped in a batch");
+                std::thread::sleep(Duration::from_millis(5));
             }
-            // a stays paused: let b handle some first, so that both
-            // members' partitions move with keys in their stores.
-            run.wait_for("b handling", |ls| commits_by(ls, "b") >= 3);
             let at = run.kill("a");
             killed = Some(("a".into(), at));
             lag_at_kill = run
@@ -323,9 +340,16 @@ fn scenario(sc: Scenario, mode: &'static str) -> Report {
                 .find(|(w, l)| w == "a" && is(l, "pause"))
                 .map(|(_, l)| l[3..].join(" "))
                 .unwrap_or_default();
-            // The group notices (session timeout) and b takes all six.
+            // The group notices (session timeout) and b takes all six
+            // (counted from a's pause: a paused member does not poll, so a
+            // rebalance between the pause and the kill also moves them).
+            let paused_at = run
+                .lines()
+                .iter()
+                .find(|(w, l)| w == "a" && is(l, "pause"))
+                .map_or(at, |(_, l)| field(l, 2));
             run.wait_for("b owning every partition after the kill", |ls| {
-                assigned_since(ls, at).get("b").copied().unwrap_or(0) >= PARTITIONS as usize
+                assigned_since(ls, paused_at).get("b").copied().unwrap_or(0) >= PARTITIONS as usize
             });
             if sc == Scenario::LostDisk {
                 std::fs::remove_dir_all(run.base("a")).expect("lose a's disk");
@@ -359,8 +383,10 @@ fn scenario(sc: Scenario, mode: &'static str) -> Report {
                 });
                 let t = now_us();
                 run.stop(old);
+                let live: Vec<String> = run.members.keys().cloned().collect();
                 run.wait_for(&format!("{old}'s partitions moving"), |ls| {
-                    assigned_since(ls, t).values().sum::<usize>() >= PARTITIONS as usize
+                    let all: HashSet<i32> = live.iter().flat_map(|m| owned(ls, m)).collect();
+                    assigned_since(ls, t).contains_key(new) && all.len() == PARTITIONS as usize
                 });
             }
         }
