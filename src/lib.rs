@@ -48,6 +48,8 @@ mod log;
 mod sync;
 mod types;
 
+#[cfg(feature = "async")]
+pub use api::AsyncStore;
 pub use api::{Begin, Claim, Store, StoreBuilder};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use durability::Durability;

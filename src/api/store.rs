@@ -269,7 +269,9 @@ impl Store {
     /// time (a [`ManualClock`](crate::ManualClock)) or turned the background
     /// evictor off.
     ///
-    /// Expired keys are never answered as present, evicted or not.
+    /// Expired keys are never answered as present, evicted or not. It also
+    /// wakes callers of [`begin_or_wait`](Self::begin_or_wait) whose
+    /// awaited lease has lapsed by the store's time, so they take over.
     ///
     /// # Errors
     /// [`Error::Poisoned`] or [`Error::Storage`] if the deletion commit fails.
@@ -277,7 +279,11 @@ impl Store {
     /// # Examples
     /// See [`Eviction`].
     pub fn evict_expired(&self) -> Result<Eviction> {
-        self.engine.evict()
+        // Its waits happen in order, even inside `AsyncStore::call`.
+        let evicted = crate::engine::durable::blocking(|| self.engine.evict());
+        // Time moved: callers waiting on a lapsed lease take over now.
+        self.engine.wake_lapsed();
+        evicted
     }
 
     /// Compacts the store file now, giving the space freed by eviction back

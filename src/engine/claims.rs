@@ -542,6 +542,8 @@ impl Engine {
             _ => shard.counters.released += 1,
         }
         claim.finished.store(true, Ordering::Release);
+        drop(shard);
+        self.notify_waiters(h);
         Ok(row)
     }
 

@@ -48,6 +48,7 @@ impl Engine {
         s.clock_behind = self.counters.clock_behind.load(Ordering::Relaxed);
         s.replays = self.counters.replays.load(Ordering::Relaxed);
         s.intents_pending = self.pending_intent_count();
+        s.waiting = self.waiting();
         let (dead, oldest) = self.dead_letter_usage();
         s.dead_letters_now = dead;
         s.oldest_dead_letter = oldest.map(|at| Duration::from_millis(now.saturating_sub(at)));

@@ -164,6 +164,7 @@ impl Engine {
             evicting: Mutex::new(()),
             compact_due: AtomicBool::new(true),
             counters: StoreCounters::default(),
+            waiters: super::waiters::KeyWaiters::default(),
             path,
         });
         // The expired tables go once the entities that still have events

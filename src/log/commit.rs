@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::Storage;
 use super::decode::{RowReader, read_row};
+use super::durable::{self, Wakers};
 use super::format::RowWriter;
 use super::meta::{self, Manifest};
 use super::record::RecordRef;
@@ -218,6 +219,8 @@ struct Shared {
     /// The manifest as of the last commit (every bucket table, expired
     /// ones included, and the floors); only `write` takes it.
     manifest: Mutex<Manifest>,
+    /// Async callers awaiting a row (see `durable.rs`).
+    wakers: Wakers,
 }
 
 /// How the log commits.
@@ -289,6 +292,7 @@ impl Log {
             time_step,
             buckets: Mutex::new(buckets),
             manifest: Mutex::new(manifest),
+            wakers: Wakers::default(),
         });
         let wait = match durability {
             Durability::Deferred { max_delay } => Some(max_delay),
@@ -364,6 +368,7 @@ impl Log {
     /// The batch to append to. Fails if the log is poisoned.
     pub(crate) fn batch(&self) -> Result<MutexGuard<'_, Batch>> {
         self.check()?;
+        durable::note_append();
         Ok(self.shared.batch.lock())
     }
 
@@ -391,7 +396,7 @@ impl Log {
     /// committer when enough is buffered.
     pub(crate) fn settle(&self, row: u64) -> Result<()> {
         match self.durability {
-            Durability::Immediate => self.wait_durable(row),
+            Durability::Immediate => self.wait_answer(row),
             Durability::Deferred { .. } => {
                 if self.shared.batch.lock().bytes >= DEFERRED_FLUSH_BYTES {
                     let _ = self.shared.kick.try_send(());
@@ -468,11 +473,13 @@ impl Log {
 
     /// Commits everything appended so far and waits for it.
     pub(crate) fn flush(&self) -> Result<()> {
-        let row = {
-            let b = self.shared.batch.lock();
-            if b.is_empty() { b.row - 1 } else { b.row }
-        };
-        self.wait_durable(row)
+        self.wait_durable(self.last_row())
+    }
+
+    /// The row that holds the newest record appended so far.
+    pub(crate) fn last_row(&self) -> u64 {
+        let b = self.shared.batch.lock();
+        if b.is_empty() { b.row - 1 } else { b.row }
     }
 
     /// Deletes the tables of `buckets` in the next commit and waits for it.
@@ -514,6 +521,77 @@ impl Log {
     /// Durable commits made since open.
     pub(crate) fn commits(&self) -> u64 {
         self.shared.commits.load(Ordering::Relaxed)
+    }
+}
+
+// Awaitable durability (see `durable.rs`): the deferring scope's hooks
+// and the async wait. Blocking callers never reach past a thread-local read.
+impl Log {
+    /// Waits until `row` is durable, as an answer resting on it requires;
+    /// inside a deferring scope, notes it for the caller to await instead.
+    pub(crate) fn wait_answer(&self, row: u64) -> Result<()> {
+        if durable::defer_answer(row) {
+            return Ok(());
+        }
+        self.wait_durable(row)
+    }
+
+    /// Waits until `row` is durable, so it can be read. Inside a deferring
+    /// scope that may run its call again and has recorded nothing, fails
+    /// with `WouldBlock` instead, the row noted for the caller to await.
+    pub(crate) fn wait_readable(&self, row: u64) -> Result<()> {
+        if self.shared.durable_row.load(Ordering::Acquire) >= row {
+            return Ok(());
+        }
+        if durable::defer_read(row) {
+            return Err(Error::Io {
+                what: "reading a log row before its commit",
+                source: std::io::ErrorKind::WouldBlock.into(),
+            });
+        }
+        self.wait_durable(row)
+    }
+
+    #[cfg(feature = "async")]
+    /// Polls for `row` to be durable without blocking: registers the
+    /// task's waker in `slot` (kept by the caller's future, and passed to
+    /// [`Log::stop_waiting`] when it is dropped) and wakes the committer.
+    /// The committer, not this thread, commits: a commit syncs the disk.
+    pub(crate) fn poll_durable(
+        &self,
+        row: u64,
+        slot: &mut Option<Arc<durable::Waiting>>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<()>> {
+        use std::task::Poll;
+        let s = &*self.shared;
+        let ready = || {
+            if s.durable_row.load(Ordering::Acquire) >= row {
+                return Some(Ok(()));
+            }
+            if s.poisoned.load(Ordering::Acquire) {
+                return Some(Err(poisoned_error(s)));
+            }
+            None
+        };
+        if let Some(r) = ready() {
+            return Poll::Ready(r);
+        }
+        let first = slot.is_none();
+        s.wakers.register(slot, row, cx.waker());
+        if first {
+            self.kick();
+        }
+        match ready() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Forgets the waker of a future that stopped waiting.
+    #[cfg(feature = "async")]
+    pub(crate) fn stop_waiting(&self, slot: &Arc<durable::Waiting>) {
+        self.shared.wakers.remove(slot);
     }
 }
 
@@ -637,6 +715,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
                 lead.last_callers += s.callers[other].swap(0, Ordering::Relaxed);
                 s.woke[other].wake_all();
             }
+            s.wakers.wake_through(row);
             Committed::Row
         }
         Err(e) => {
@@ -646,6 +725,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
             for w in &s.woke {
                 w.wake_all();
             }
+            s.wakers.wake_all();
             Committed::Failed(e)
         }
     }

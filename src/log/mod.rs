@@ -5,6 +5,8 @@
 //! - [`record`]: what a record says, with a constructor per kind;
 //! - [`format`](mod@format) and [`decode`]: a row's bytes, written and read;
 //! - [`commit`]: group commit, the log's one write path;
+//! - [`durable`]: durability awaited by async callers (a waker list beside
+//!   the commit futex, and the deferring scope);
 //! - [`meta`]: the settings fixed at creation and the manifest;
 //! - [`recovery`]: replay at open;
 //! - [`store`]: the storage trait and its redb implementation;
@@ -17,6 +19,7 @@
 pub(crate) mod body;
 pub(crate) mod commit;
 pub(crate) mod decode;
+pub(crate) mod durable;
 pub(crate) mod error;
 pub(crate) mod format;
 pub(crate) mod meta;

@@ -91,6 +91,10 @@ pub struct Stats {
     /// Intents recorded before an external call that nobody marked
     /// answered: calls that may or may not have happened.
     pub intents_pending: u64,
+    /// Callers asleep now in
+    /// [`Store::begin_or_wait`](crate::Store::begin_or_wait) (or its async
+    /// twin), waiting for an in-flight attempt's finish or lapse.
+    pub waiting: u64,
     /// The configured retention.
     pub retention: std::time::Duration,
     /// How far back the store actually remembers: the age of the oldest
