@@ -45,6 +45,8 @@ mod error;
 mod index;
 mod key;
 mod log;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod sync;
 mod types;
 

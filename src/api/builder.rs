@@ -61,6 +61,7 @@ impl Default for StoreBuilder {
                 tally_window_ms: 3_600_000,
                 tally_retention_ms: 7 * 86_400_000,
                 row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
+                metrics_label: "default".into(),
             },
             clock: Arc::new(SystemClock),
         }
@@ -481,6 +482,24 @@ impl StoreBuilder {
     /// ```
     pub fn evict_slice_bytes(mut self, bytes: usize) -> Self {
         self.cfg.evict_slice_bytes = bytes;
+        self
+    }
+
+    /// The value of the `store` label on every series this store
+    /// publishes through the `metrics` facade (feature `metrics`): name
+    /// each store of a process apart. Default: `"default"`.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::builder()
+    ///     .metrics_label("orders")
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    #[cfg(feature = "metrics")]
+    pub fn metrics_label(mut self, label: impl Into<String>) -> Self {
+        self.cfg.metrics_label = label.into();
         self
     }
 

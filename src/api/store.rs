@@ -32,6 +32,8 @@ pub struct Store {
     // engine.
     _threads: Threads,
     engine: Arc<Engine>,
+    #[cfg(feature = "metrics")]
+    metrics: Arc<crate::metrics::Bridge>,
 }
 
 impl std::fmt::Debug for Store {
@@ -54,6 +56,8 @@ impl Store {
         let (engine, threads) = Engine::open(cfg, clock, location)?;
         Ok(Store {
             _threads: threads,
+            #[cfg(feature = "metrics")]
+            metrics: crate::metrics::Bridge::install(&engine),
             engine,
         })
     }
@@ -61,6 +65,21 @@ impl Store {
     /// The longest outcome (or failure payload) this store records.
     pub(crate) fn max_outcome_len(&self) -> usize {
         self.engine.config().max_outcome
+    }
+
+    /// The metrics bridge.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn metrics(&self) -> &crate::metrics::Bridge {
+        &self.metrics
+    }
+
+    /// Counts a batch call (in `Stats`, and the metrics bridge's histogram).
+    pub(crate) fn count_batch(&self, call: &'static str, items: usize) {
+        self.engine.count_batch(items);
+        #[cfg(feature = "metrics")]
+        self.metrics.batch(call, items);
+        #[cfg(not(feature = "metrics"))]
+        let _ = call;
     }
 
     /// The engine, for the face's other rooms.
@@ -183,6 +202,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
+        self.count_batch("insert_batch", keys.len());
         self.engine.insert_batch(keys)
     }
 

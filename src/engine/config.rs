@@ -38,4 +38,7 @@ pub(crate) struct Config {
     pub tally_retention_ms: u64,
     /// Where the log closes a row and opens the next (tests lower it).
     pub row_split_bytes: usize,
+    /// The `store` label of the metrics bridge's series.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub metrics_label: String,
 }

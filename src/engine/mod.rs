@@ -111,6 +111,8 @@ pub(crate) struct Engine {
     counters: counters::StoreCounters,
     /// Callers waiting for an in-flight result, per key (see [`waiters`]).
     waiters: waiters::KeyWaiters,
+    /// Called on every tick of the background evictor (a metrics bridge).
+    tick_hook: std::sync::OnceLock<counters::TickHook>,
     /// The file, for a store opened by path (compaction checks its size).
     path: Option<std::path::PathBuf>,
 }

@@ -71,6 +71,7 @@ impl Engine {
         location: Location,
     ) -> Result<(Arc<Engine>, Threads)> {
         let path = location.path().map(Path::to_path_buf);
+        let _span = tracing::info_span!("dedupkv.recovery", path = ?path).entered();
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).map_err(|e| Error::Io {
             what: "drawing the key secret from the operating system",
@@ -165,6 +166,7 @@ impl Engine {
             compact_due: AtomicBool::new(true),
             counters: StoreCounters::default(),
             waiters: super::waiters::KeyWaiters::default(),
+            tick_hook: std::sync::OnceLock::new(),
             path,
         });
         // The expired tables go once the entities that still have events

@@ -221,6 +221,8 @@ struct Shared {
     manifest: Mutex<Manifest>,
     /// Async callers awaiting a row (see `durable.rs`).
     wakers: Wakers,
+    /// What commits cost (see `observe.rs`).
+    observed: super::observe::CommitStats,
 }
 
 /// How the log commits.
@@ -293,6 +295,7 @@ impl Log {
             buckets: Mutex::new(buckets),
             manifest: Mutex::new(manifest),
             wakers: Wakers::default(),
+            observed: super::observe::CommitStats::default(),
         });
         let wait = match durability {
             Durability::Deferred { max_delay } => Some(max_delay),
@@ -360,6 +363,7 @@ impl Log {
     /// anything was compacted.
     pub(crate) fn compact(&self) -> Result<bool> {
         self.check()?;
+        let _span = tracing::debug_span!("dedupkv.compact").entered();
         let mut db = self.shared.db.write();
         let db = db.as_mut().ok_or(Error::Closed)?;
         Ok(db.compact()?)
@@ -588,6 +592,11 @@ impl Log {
         }
     }
 
+    /// What commits cost since open (totals, and the per-commit observer).
+    pub(crate) fn observed(&self) -> &super::observe::CommitStats {
+        &self.shared.observed
+    }
+
     /// Forgets the waker of a future that stopped waiting.
     #[cfg(feature = "async")]
     pub(crate) fn stop_waiting(&self, slot: &Arc<durable::Waiting>) {
@@ -677,6 +686,14 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
     };
     let (first_row, row) = (batch.first_row, batch.row);
     lead.last_records = batch.own_records();
+    let span = tracing::trace_span!(
+        "dedupkv.commit",
+        row,
+        records = batch.own_records(),
+        bytes = batch.bytes
+    );
+    let _entered = span.enter();
+    let started = std::time::Instant::now();
     let dropped = batch.drop_buckets.clone();
     let written: Vec<u64> = batch
         .closed
@@ -704,6 +721,8 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
                 set.extend(written);
             }
             s.commits.fetch_add(1, Ordering::Relaxed);
+            s.observed
+                .committed(started.elapsed(), u64::from(lead.last_records));
             s.durable_row.store(row, Ordering::Release);
             let parity = (row % 2) as usize;
             lead.last_callers = s.callers[parity].swap(0, Ordering::Relaxed);

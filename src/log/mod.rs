@@ -8,6 +8,7 @@
 //! - [`durable`]: durability awaited by async callers (a waker list beside
 //!   the commit futex, and the deferring scope);
 //! - [`meta`]: the settings fixed at creation and the manifest;
+//! - [`observe`]: what commits cost (totals, and an observer per commit);
 //! - [`recovery`]: replay at open;
 //! - [`store`]: the storage trait and its redb implementation;
 //! - [`error`]: what the storage reports, in the log's terms.
@@ -23,6 +24,7 @@ pub(crate) mod durable;
 pub(crate) mod error;
 pub(crate) mod format;
 pub(crate) mod meta;
+pub(crate) mod observe;
 pub(crate) mod record;
 pub(crate) mod recovery;
 pub(crate) mod store;
