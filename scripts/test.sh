@@ -2,11 +2,12 @@
 # The project's test command: the whole workspace's suite (the library's
 # unit, integration and doc tests, the fixture command's tests, and the
 # comparison harness's smoke test), with a throwaway PostgreSQL on loopback
-# for that smoke test. Without PostgreSQL (and no way to install it) that
+# for that smoke test and a throwaway Redis for the Redis Streams run
+# (crates/redis-streams; scripts/with-redis.sh installs and starts it). Without PostgreSQL (and no way to install it) that
 # one contender is skipped with a message and everything else still runs;
 # under CI (CI=true; .ci/run sets it) it is an error instead.
 #
 # `cargo test` alone tests the library only, and never builds SQLite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec bash scripts/with-postgres.sh cargo test --workspace --locked "$@"
+exec bash scripts/with-postgres.sh bash scripts/with-redis.sh cargo test --workspace --locked "$@"
