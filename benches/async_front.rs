@@ -320,7 +320,7 @@ fn main() {
     println!("| none (the ticker alone, 1 s: the machine's jitter) | 0 | {worst:.2} | {p99:.2} |");
     let (worst, p99) = stall(per, false);
     println!("| async front | {per} × 3 | {worst:.2} | {p99:.2} |");
-    let (worst, p99) = stall(5, true);
+    let (worst, _) = stall(5, true);
     println!("| blocking, inline | 5 × 3 | {worst:.2} | (a burst after each stall) |");
     println!("\n## complete → waiter's answer (begin_or_wait), 200 keys\n");
     println!("| waiter | p50 ms | p99 ms |");
