@@ -61,9 +61,9 @@ pub use effects::{
 pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use types::{
-    Advance, BeginOptions, Cursor, DeadLetter, Delivered, Eviction, Failure, Forget, Handling,
-    Held, InProgress, Intent, IntentEntry, Listing, Page, Reconciliation, Record, Resolution,
-    SequenceOptions, Sequenced, State, Stats, Tally, Unacked, Update, WindowDiff,
+    Advance, Answer, BeginOptions, Cursor, DeadLetter, Delivered, Duplicate, Eviction, Failure,
+    Forget, Handling, Held, InProgress, Intent, IntentEntry, Listing, Page, Reconciliation, Record,
+    Resolution, SequenceOptions, Sequenced, State, Stats, Tally, Unacked, Update, WindowDiff,
 };
 
 /// The README's code, compiled and run as doc tests so it cannot go stale.

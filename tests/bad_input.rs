@@ -254,14 +254,14 @@ fn a_newer_format_version_is_refused() -> Result<()> {
     let dir = tempdir();
     let p = dir.path().join("s.redb");
     drop(Store::open(&p)?);
-    set_format(&p, 4, true);
+    set_format(&p, 5, true);
     let err = Store::open(&p).unwrap_err();
     assert!(
         matches!(
             err,
             Error::UnsupportedVersion {
-                found: 4,
-                supported: 3
+                found: 5,
+                supported: 4
             }
         ),
         "{err}"
@@ -346,14 +346,14 @@ fn format_of(p: &std::path::Path) -> u32 {
 }
 
 #[test]
-fn a_format_2_file_opens_whole_and_is_rewritten_as_format_3() -> Result<()> {
+fn a_format_2_file_opens_whole_and_is_rewritten_as_the_newest_format() -> Result<()> {
     let dir = tempdir();
     let p = dir.path().join("s.redb");
     {
         let store = Store::open(&p)?;
         store.insert_if_absent(&dedupkv::Key::new("t", "kept"))?;
     }
-    assert_eq!(format_of(&p), 3, "a new file is format 3");
+    assert_eq!(format_of(&p), 4, "a new file is format 4");
     set_format(&p, 2, true); // as the build before dead letters wrote it
     {
         let store = Store::open(&p)?;
@@ -361,7 +361,7 @@ fn a_format_2_file_opens_whole_and_is_rewritten_as_format_3() -> Result<()> {
     }
     assert_eq!(
         format_of(&p),
-        3,
+        4,
         "the first commit rewrites it, so a format-2 build refuses the file as newer"
     );
     let store = Store::open(&p)?;

@@ -22,10 +22,7 @@ use dedupkv::{
     Begin, Clock, Durability, Error, Failure, Fingerprint, Forget, Key, Listing, ManualClock,
     Result, State, Store,
 };
-
-/// The manual clock's only time: no lease lapses here, so every claim is
-/// live until its holder finishes it.
-const T0: u64 = 1_700_000_000_000;
+use dedupkv_testkit::T0;
 
 /// A store whose commits gather for 20 ms (`Deferred`), so that many
 /// records of one key share a row — the moment each race needs — while

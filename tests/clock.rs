@@ -6,15 +6,12 @@
 use std::time::Duration;
 
 use dedupkv::{Begin, Fingerprint, Key, ManualClock, Result, Store};
-use dedupkv_testkit::tempdir;
+use dedupkv_testkit::{T0, tempdir};
 
-const T0: u64 = 1_700_000_000_000;
 const MIN: u64 = 60_000;
 
 fn builder(clock: &ManualClock) -> dedupkv::StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
-        .background_eviction(false)
+    dedupkv_testkit::builder(clock)
         .lease(Duration::from_secs(30))
         .retention(Duration::from_secs(3_600))
 }

@@ -9,19 +9,15 @@ use dedupkv::{
     Begin, DeadLetter, ErrorClass, Failure, Fingerprint, Forget, Key, Listing, ManualClock,
     Resolution, Result, RetryPolicy, Run, State, Store, StoreBuilder,
 };
-use dedupkv_testkit::{started, tempdir};
+use dedupkv_testkit::{T0, started, tempdir};
 
 const MIN: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
-/// A bucket boundary (a multiple of 60 s).
-const T0: u64 = 1_700_000_040_000;
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .retention(HOUR)
         .bucket_granularity(MIN)
-        .background_eviction(false)
 }
 
 /// Begins `key` and dead-letters its attempt with `reason`.

@@ -13,12 +13,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 use dedupkv::{
-    Claim, Effect, ErrorClass, Fingerprint, GiveUpReason, Intent, Key, Listing, ManualClock,
-    Result, RetryPolicy, Run, State, Store,
+    Answer, Claim, Effect, ErrorClass, Fingerprint, GiveUpReason, Intent, Key, Listing,
+    ManualClock, Result, RetryPolicy, Run, State, Store,
 };
-use dedupkv_testkit::tempdir;
+use dedupkv_testkit::{T0, tempdir};
 
-const T0: u64 = 1_700_000_000_000;
 const REQUEST: &[u8] = b"ship order 7: 2 parcels";
 const INTENT: Intent<'static> = Intent {
     target: "carrier",
@@ -283,8 +282,8 @@ fn a_refusal_for_good_fails_permanently_with_the_answer_recorded() -> Result<()>
     );
     let intent = s.store.intent(&key())?.expect("answered");
     assert_eq!(
-        intent.reference(),
-        Some(&b"refused: 400 from the carrier"[..])
+        intent.answer(),
+        Some(Answer::Refused("400 from the carrier"))
     );
     // Later deliveries replay the failure without asking or calling.
     let run = call(&s, &carrier)?;
@@ -382,7 +381,7 @@ fn past_the_limit_no_call_is_made_and_one_lookup_settles_the_last() -> Result<()
     assert_eq!(dl.payload(), Some(REQUEST));
     assert!(s.store.pending_intents(&Listing::new())?.items.is_empty());
     let intent = s.store.intent(&key())?.expect("answered");
-    assert_eq!(intent.reference(), Some(&b"not found"[..]));
+    assert_eq!(intent.answer(), Some(Answer::NotFound));
     Ok(())
 }
 

@@ -16,7 +16,7 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use dedupkv::{
-    Effect, ErrorClass, Fingerprint, Intent, Key, Listing, Result, RetryPolicy, Run, Store,
+    Answer, Effect, ErrorClass, Fingerprint, Intent, Key, Listing, Result, RetryPolicy, Run, Store,
 };
 use dedupkv_testkit::tempdir;
 
@@ -199,7 +199,7 @@ fn crash_loop(mode: &str) -> Result<Vec<u32>> {
             let pending = store.pending_intents(&Listing::new())?;
             assert!(pending.items.is_empty(), "{:?}", pending.items);
             let intent = store.intent(&key())?.expect("recorded");
-            assert_eq!(intent.reference(), Some(&b"not found"[..]));
+            assert_eq!(intent.answer(), Some(Answer::NotFound));
         }
         // The operator requeues it: exactly one more round.
         assert!(store.requeue(&key())?);

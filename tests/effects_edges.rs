@@ -7,18 +7,15 @@ use dedupkv::{
     Begin, BeginOptions, DeadLetter, Durability, Error, Failure, Fingerprint, Intent, Key, Listing,
     ManualClock, Result, State, Store, StoreBuilder,
 };
-use dedupkv_testkit::{started, tempdir};
+use dedupkv_testkit::{T0, started, tempdir};
 
 const MIN: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
-const T0: u64 = 1_700_000_040_000;
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .retention(HOUR)
         .bucket_granularity(MIN)
-        .background_eviction(false)
 }
 
 fn dead(b: Begin) -> DeadLetter {

@@ -15,9 +15,7 @@ use dedupkv::{
     ErrorClass, Failure, Fingerprint, GiveUpReason, Key, Listing, ManualClock, Result, RetryPolicy,
     Run, State, Store,
 };
-use dedupkv_testkit::{started, tempdir};
-
-const T0: u64 = 1_700_000_000_000;
+use dedupkv_testkit::{T0, started, tempdir};
 
 fn open(path: &Path, clock: &ManualClock) -> Result<Store> {
     Store::builder().clock(clock.clone()).open(path)

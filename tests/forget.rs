@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use dedupkv::{Begin, Fingerprint, Forget, Key, ManualClock, Result, State, Store};
-use dedupkv_testkit::{started, tempdir};
-
-const T0: u64 = 1_700_000_000_000;
+use dedupkv_testkit::{T0, started, tempdir};
 
 fn open(path: &std::path::Path, clock: &ManualClock) -> Result<Store> {
     Store::builder()

@@ -9,9 +9,8 @@ use dedupkv::{
     Begin, BeginOptions, Error, Failure, Fingerprint, Intent, Key, Listing, ManualClock, Result,
     Store, StoreBuilder,
 };
-use dedupkv_testkit::{started, tempdir};
+use dedupkv_testkit::{T0, started, tempdir};
 
-const T0: u64 = 1_700_000_040_000;
 const HOUR: Duration = Duration::from_secs(3600);
 const SHIP: Intent<'static> = Intent {
     target: "carrier",
@@ -19,11 +18,9 @@ const SHIP: Intent<'static> = Intent {
 };
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .retention(HOUR)
         .bucket_granularity(Duration::from_secs(60))
-        .background_eviction(false)
 }
 
 fn open(path: &Path, clock: &ManualClock) -> Result<Store> {

@@ -4,16 +4,12 @@
 use std::time::Duration;
 
 use dedupkv::{Begin, Fingerprint, Key, Listing, ManualClock, Result, Store, StoreBuilder};
-use dedupkv_testkit::{started, tempdir};
-
-const T0: u64 = 1_700_000_040_000;
+use dedupkv_testkit::{T0, started, tempdir};
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .lease(Duration::from_secs(30))
         .max_hold(Duration::from_secs(60))
-        .background_eviction(false)
 }
 
 /// Claims `key` and leaves the claim unfinished (a hung worker).

@@ -8,18 +8,15 @@ use std::time::{Duration, UNIX_EPOCH};
 use dedupkv::{
     Error, Key, ManualClock, Result, SequenceOptions, Sequenced, Store, StoreBuilder, Unacked,
 };
-use dedupkv_testkit::{FaultBackend, tempdir};
+use dedupkv_testkit::{FaultBackend, T0, tempdir};
 
-const T0: u64 = 1_700_000_040_000;
 const LEASE: Duration = Duration::from_secs(10);
 const MS: Duration = Duration::from_millis(1);
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .handback_lease(LEASE)
         .max_hold(Duration::from_secs(300))
-        .background_eviction(false)
 }
 
 fn seqs(answer: &Sequenced) -> Vec<u64> {

@@ -6,20 +6,17 @@ use std::time::Duration;
 use dedupkv::{
     Advance, Durability, Error, Key, ManualClock, Result, Sequenced, Store, StoreBuilder, Update,
 };
-use dedupkv_testkit::{FaultBackend, Plan, tempdir};
+use dedupkv_testkit::{FaultBackend, Plan, T0, tempdir};
 use proptest::prelude::*;
 
-const T0: u64 = 1_700_000_040_000;
 const MIN: Duration = Duration::from_secs(60);
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .retention(60 * MIN)
         .entity_retention(24 * 60 * MIN)
         .max_hold(5 * MIN)
         .handback_lease(MIN)
-        .background_eviction(false)
 }
 
 /// One delivery of an update event: (event id, entity, version, value).

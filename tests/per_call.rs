@@ -3,17 +3,14 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use dedupkv::{Begin, BeginOptions, Error, Fingerprint, Key, ManualClock, Result, Store};
-use dedupkv_testkit::{started, tempdir};
+use dedupkv::{Begin, BeginOptions, Error, Fingerprint, Key, ManualClock, Result};
+use dedupkv_testkit::{T0, started, tempdir};
 
-const T0: u64 = 1_700_000_000_000;
 const SEC: u64 = 1_000;
 const MIN: u64 = 60 * SEC;
 
 fn builder(clock: &ManualClock) -> dedupkv::StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
-        .background_eviction(false)
+    dedupkv_testkit::builder(clock)
         .lease(Duration::from_secs(30))
         .retention(Duration::from_secs(24 * 3_600))
 }

@@ -3,19 +3,15 @@
 use std::time::Duration;
 
 use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Result, Store, StoreBuilder};
-use dedupkv_testkit::{FaultBackend, Plan, is_fault, tempdir};
+use dedupkv_testkit::{FaultBackend, Plan, T0, is_fault, tempdir};
 
 const MIN: Duration = Duration::from_secs(60);
-/// A bucket boundary (a multiple of 60 s), so windows line up with buckets.
-const T0: u64 = 1_700_000_040_000;
 
 fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
+    dedupkv_testkit::builder(clock)
         .lease(Duration::from_secs(30))
         .retention(10 * MIN)
         .bucket_granularity(MIN)
-        .background_eviction(false)
 }
 
 fn ids(window: usize, n: usize) -> Vec<String> {

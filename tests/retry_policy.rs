@@ -11,8 +11,7 @@ use dedupkv::{
     Begin, Decision, Error, ErrorClass, Fingerprint, GiveUpReason, Jitter, Key, ManualClock,
     Result, RetryPolicy, Run, State, Store,
 };
-
-const T0: u64 = 1_700_000_000_000;
+use dedupkv_testkit::T0;
 
 fn open(path: &Path, clock: &ManualClock) -> Result<Store> {
     Store::builder().clock(clock.clone()).open(path)

@@ -9,12 +9,10 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
 use dedupkv::{Begin, Error, Failure, Fingerprint, Key, ManualClock, Result, State, Store};
-use dedupkv_testkit::{started, tempdir};
+use dedupkv_testkit::{T0, started, tempdir};
 use proptest::prelude::*;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-
-const T0: u64 = 1_700_000_040_000;
 
 fn open(path: &Path, clock: &ManualClock) -> Result<Store> {
     Store::builder().clock(clock.clone()).open(path)

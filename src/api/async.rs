@@ -23,7 +23,7 @@ use crate::types::{
     Advance, BeginOptions, Delivered, Forget, Intent, Record, Resolution, SequenceOptions,
     Sequenced, Update,
 };
-use crate::{Begin, Claim, Failure, Fingerprint, Key, Result, Store};
+use crate::{Answer, Begin, Claim, Failure, Fingerprint, Key, Result, Store};
 #[cfg(doc)]
 use crate::{Durability, Error};
 
@@ -48,7 +48,8 @@ use crate::{Durability, Error};
 /// |---|---|
 /// | `insert_if_absent*`, `insert_batch` | the keys are recorded; a repeat answers "seen" |
 /// | `begin*`, `begin_batch` | the claims were made, and drop with the future: each is released as a dropped claim, and the next attempt is [`interrupted`](Claim::interrupted), as for a dropped [`Claim`] |
-/// | `complete*`, `fail`, `mark_sent` | recorded; the claim is finished |
+/// | `complete*`, `fail` | recorded; the claim is finished |
+/// | `mark_sent`, `mark_answered` | the answer is recorded |
 /// | `renew*` | the lease was moved |
 /// | `forget`, `requeue`, `resolve` | done |
 /// | `advance`, `apply_event`, `sequence*`, `ack`, `release_held` | applied; events handed back by a dropped `sequence` or `release_held` are not acknowledged, so they are handed back again, as for a consumer that died before handling them |
@@ -563,6 +564,17 @@ impl AsyncStore {
     /// See [`Intent`].
     pub async fn mark_sent(&self, claim: &Claim, reference: &[u8]) -> Result<()> {
         self.call(|s| s.mark_sent(claim, reference)).await
+    }
+
+    /// [`Store::mark_answered`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::mark_answered`].
+    ///
+    /// # Examples
+    /// See [`Store::mark_answered`].
+    pub async fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<()> {
+        self.call(|s| s.mark_answered(claim, answer)).await
     }
 
     /// [`Store::requeue`], resolved once durable.

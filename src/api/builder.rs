@@ -277,7 +277,9 @@ impl StoreBuilder {
     /// buckets early, which shrinks the dedup window; that is surfaced in
     /// [`Stats::early_evicted_buckets`](crate::Stats::early_evicted_buckets),
     /// [`Stats::effective_window`](crate::Stats::effective_window) and a
-    /// `tracing` warning. Enforced at each eviction pass. Default: none.
+    /// `tracing` warning. Enforced at each eviction pass. Dead letters do
+    /// not count: they are kept until worked whatever the bound, so they
+    /// never make eviction drop live buckets early. Default: none.
     ///
     /// # Examples
     /// ```
@@ -318,6 +320,11 @@ impl StoreBuilder {
     /// the entity starts afresh (see [`Store::advance`] and
     /// [`Store::sequence`]). Entities with parked, held or unacknowledged
     /// events are kept, however long the store is closed.
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for 0 (every entity
+    /// would be forgotten as it is written), or for one spanning 2^22
+    /// buckets or more.
     ///
     /// # Examples
     /// ```
@@ -635,6 +642,13 @@ impl StoreBuilder {
         }
         if c.evict_slice_bytes == 0 {
             return bad("evict_slice_bytes must be at least 1".into());
+        }
+        if c.entity_retention_ms == 0 {
+            return bad(
+                "entity_retention must be at least 1 ms: an entity's version and sequencer \
+                 state would be forgotten as it is written"
+                    .into(),
+            );
         }
         if c.entity_retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
             return bad(format!(

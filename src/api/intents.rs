@@ -4,9 +4,11 @@
 //! engine's `intents` and `reconcile` rooms do the work).
 
 #[cfg(doc)]
+use crate::Duplicate;
+#[cfg(doc)]
 use crate::Error;
 use crate::engine::Engine;
-use crate::types::{BeginOptions, IntentEntry, Listing, Page};
+use crate::types::{Answer, BeginOptions, IntentEntry, Listing, Page};
 use crate::{Begin, Claim, Fingerprint, Intent, Key, Result, Store};
 
 impl Store {
@@ -43,21 +45,47 @@ impl Store {
         Engine::begin_with_intent(self.engine(), key, fingerprint, options, intent).map(Begin::from)
     }
 
-    /// Records that the provider answered the claim's intent, with its
-    /// reference (a tracking number, a charge id): one durable commit. The
-    /// intent is no longer ambiguous; it stays listed by
-    /// [`duplicate_candidates`](Self::duplicate_candidates) if an attempt
-    /// after the first sent it.
+    /// Records that the provider accepted the claim's call, with its
+    /// reference (a tracking number, a charge id): one durable commit.
+    /// The same as [`mark_answered`](Self::mark_answered) with
+    /// [`Answer::Accepted`].
     ///
     /// # Errors
-    /// [`Error::ClaimLost`] if the claim is no longer the key's active one;
-    /// [`Error::InvalidArgument`] if it recorded no intent;
-    /// [`Error::InvalidInput`] for a reference over `max_outcome_len`.
+    /// As `mark_answered`.
     ///
     /// # Examples
     /// See [`Intent`].
     pub fn mark_sent(&self, claim: &Claim, reference: &[u8]) -> Result<()> {
-        self.engine().mark_sent(claim.ticket(), reference)
+        self.mark_answered(claim, Answer::Accepted(reference))
+    }
+
+    /// Records what the provider answered the claim's intent: one durable
+    /// commit. To this attempt's call: [`Answer::Accepted`] with its
+    /// reference, [`Answer::Refused`] with its reason (it had no effect),
+    /// [`Answer::Unknown`] (no answer came: it may have happened). Or,
+    /// asked with the [`provider_key`](Claim::provider_key) before calling
+    /// again (as [`Claim::unanswered_intent`] says to):
+    /// [`Answer::Found`] with its reference, [`Answer::NotFound`].
+    ///
+    /// An accepted, found or refused call settles the intent (no longer
+    /// listed by [`pending_intents`](Self::pending_intents), and the next
+    /// attempt need not ask first); an unknown one leaves it unanswered.
+    /// [`duplicate_candidates`](Self::duplicate_candidates) then lists the
+    /// operation only if more than one call may have reached the provider
+    /// and it did not confirm one effect (see [`Duplicate`]): record every
+    /// answer, including a lookup's, so a 503, a takeover or a timeout
+    /// settled by asking first is not listed.
+    ///
+    /// # Errors
+    /// [`Error::ClaimLost`] if the claim is no longer the key's active one;
+    /// [`Error::InvalidArgument`] if it recorded no intent;
+    /// [`Error::InvalidInput`] for a reference or reason that, with the
+    /// intent's target, is over `max_outcome_len`.
+    ///
+    /// # Examples
+    /// See [`Answer`].
+    pub fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<()> {
+        self.engine().mark_answered(claim.ticket(), &answer)
     }
 
     /// The operation's intent, if it recorded one that is unanswered or
@@ -83,38 +111,50 @@ impl Store {
     /// # Examples
     /// See [`IntentEntry`].
     pub fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
-        self.engine()
-            .intents_listed(listing, crate::index::intent::IntentState::Pending, 0)
+        self.engine().pending_intents(listing)
     }
 
-    /// Intents marked sent by an attempt after the first: the operations
-    /// where an earlier attempt may have reached the provider too — the
-    /// candidates for a duplicate external effect, to check against the
-    /// system of record. Kept until their records expire.
+    /// The candidates for a duplicate external effect, to check against
+    /// the system of record, oldest first (by when their intent was first
+    /// recorded): operations where more than one call may have reached the
+    /// provider and it did not confirm one effect — it accepted two calls
+    /// with different references, or a call whose fate was unknown was
+    /// followed by another without asking the provider in between (see
+    /// [`Duplicate`] and [`mark_answered`](Self::mark_answered)). A call
+    /// refused, a lookup's answer, or the same reference again (a provider
+    /// that deduplicates on the provider key) lists nothing. Kept until
+    /// their records expire, through early eviction (`max_keys`) too.
     ///
     /// # Errors
     /// As [`dead_letters`](Self::dead_letters).
     ///
     /// # Examples
     /// ```
-    /// use dedupkv::{Begin, BeginOptions, Fingerprint, Intent, Key, Listing, Store};
+    /// use dedupkv::{Answer, Begin, BeginOptions, Duplicate, Fingerprint, Intent, Key, Listing, Store};
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let store = Store::open(dir.path().join("s.redb"))?;
-    /// let key = Key::new("shop-42", "ship-7");
     /// let intent = Intent { target: "carrier", request: b"order 7" };
-    /// let first = store.begin_with_intent(&key, Fingerprint::NONE, &BeginOptions::new(), intent)?;
-    /// drop(first); // the worker died after calling the carrier, before it answered
-    /// let Begin::Started(again) = store.begin_with_intent(&key, Fingerprint::NONE, &BeginOptions::new(), intent)? else { unreachable!() };
-    /// assert!(again.unanswered_intent()); // ask the carrier first
-    /// store.mark_sent(&again, b"1Z999")?;
-    /// store.complete(&again, b"1Z999")?;
+    /// let begin = |key: &Key<'_>| store.begin_with_intent(key, Fingerprint::NONE, &BeginOptions::new(), intent);
+    /// for (id, ask_first) in [("ship-7", true), ("ship-8", false)] {
+    ///     let key = Key::new("shop-42", id);
+    ///     drop(begin(&key)?); // the worker died after calling the carrier, before it answered
+    ///     let Begin::Started(again) = begin(&key)? else { unreachable!() };
+    ///     assert!(again.unanswered_intent()); // ask the carrier first
+    ///     if ask_first {
+    ///         store.mark_answered(&again, Answer::Found(b"1Z999"))?; // it has it: no second call
+    ///     } else {
+    ///         store.mark_sent(&again, b"1Z999")?; // called again without asking
+    ///     }
+    ///     store.complete(&again, b"1Z999")?;
+    /// }
     /// let twice = store.duplicate_candidates(&Listing::new())?;
-    /// assert_eq!(twice.items[0].key(), &key);
+    /// assert_eq!(twice.items.len(), 1);
+    /// assert_eq!(twice.items[0].key(), &Key::new("shop-42", "ship-8"));
+    /// assert_eq!(twice.items[0].duplicate(), Some(Duplicate::AfterUnknown));
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
-        self.engine()
-            .intents_listed(listing, crate::index::intent::IntentState::Sent, 1)
+        self.engine().duplicate_candidates(listing)
     }
 }
 

@@ -7,13 +7,18 @@ use crate::{Result, Store};
 
 impl Store {
     /// Claims nobody came back for: in progress, their lease lapsed (or
-    /// their process is gone), by when the lease lapsed, oldest first.
+    /// their process is gone), by when they became stranded, oldest first.
     /// Retention evicts a stranded claim with its key, so look here before
     /// it does: each is an operation that may or may not have had its
     /// effect. The record's [`provider_key`](Record::provider_key) is what
     /// to ask the downstream system about.
     ///
-    /// [`Listing::older_than`] counts from when the lease lapsed.
+    /// [`Listing::older_than`] counts from when the claim became stranded:
+    /// the end of its lease; for a claim of a process that is gone (made
+    /// before this store was opened: it crashed, or was closed with the
+    /// claim held), the opening of this store, if that came before the
+    /// lease's end. So a claim stranded by a crash ages from the reopen
+    /// at the latest, however long its lease.
     ///
     /// # Errors
     /// [`Error::Corrupt`](crate::Error::Corrupt) if a claim's record is

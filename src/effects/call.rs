@@ -19,9 +19,12 @@
 //! - after an interrupted attempt, or an earlier call whose answer is
 //!   unknown, the provider is asked before it is called again; a call it
 //!   has is completed with its reference, never made twice by this runner;
-//! - every answer the provider gave is recorded (`mark_sent`) before the
-//!   operation completes, fails or is released; an unknown one is not, so
-//!   the intent stays unanswered and the next attempt asks first.
+//! - every answer the provider gave is recorded (`mark_answered`: accepted,
+//!   refused, unknown, or, asked, found or not found) before the
+//!   operation completes, fails or is released, or the call is made; an
+//!   unknown one leaves the intent unanswered, so the next attempt asks
+//!   first. A lookup's answer is recorded as one (`Found`, `NotFound`), so
+//!   a takeover or a timeout settled by asking is no duplicate candidate.
 
 use std::fmt;
 use std::ops::ControlFlow;
@@ -156,12 +159,17 @@ pub(crate) enum Step<E> {
     Send(Claim),
 }
 
-/// What the provider said, as the runner records it with `mark_sent`.
+/// What the provider said, as the runner records it with
+/// `mark_answered`.
 enum Answer<'a> {
-    /// It has the call, with this reference.
+    /// It accepted the call, with this reference.
     Accepted(&'a [u8]),
+    /// Asked, it has the call, with this reference.
+    Found(&'a [u8]),
     /// It refused the call.
     Refused(&'a dyn fmt::Display),
+    /// No answer came to the call.
+    Unknown,
     /// Asked, it has no such call.
     NotFound,
 }
@@ -179,27 +187,29 @@ impl RetryPolicy {
     ///    [`max_elapsed`](crate::RetryPolicyBuilder::max_elapsed)): past
     ///    them, the call is not made. If an earlier attempt's call may have
     ///    happened (as in 3), `lookup` settles it first — found: recorded
-    ///    and completed, [`Run::Reconciled`]; not found: recorded as
-    ///    `"not found"` — unless this claim is more than one past
+    ///    and completed, [`Run::Reconciled`]; not found: recorded
+    ///    ([`Answer::NotFound`](crate::Answer::NotFound)) — unless this claim is more than one past
     ///    `max_attempts` (the lookup itself may be what kills the worker).
     ///    Then the operation is dead-lettered with the intent's request as
     ///    the payload: [`Run::Exhausted`].
     /// 3. If the claim took over an attempt that never answered
     ///    ([`Claim::interrupted`]) or an earlier call's answer is unknown
     ///    ([`Claim::unanswered_intent`]): `lookup` first. Found: the
-    ///    reference is recorded ([`Store::mark_sent`]) and completed with,
-    ///    and the call is not made again: [`Run::Reconciled`]. Not found:
-    ///    on to the call. Could not tell: released for a retry under the
+    ///    reference is recorded ([`Store::mark_answered`] with
+    ///    [`Answer::Found`](crate::Answer::Found)) and completed with, and
+    ///    the call is not made again: [`Run::Reconciled`]. Not found:
+    ///    recorded ([`Answer::NotFound`](crate::Answer::NotFound)), then on
+    ///    to the call. Could not tell: released for a retry under the
     ///    policy, the intent still unanswered: [`Run::RetryAfter`] (or
     ///    [`Run::GaveUp`], dead-lettered, when the policy gives up).
     /// 4. `send`. Accepted: `mark_sent` with the reference, then
     ///    [`Store::complete_with_amount`] with it: [`Run::Done`]. Refused:
-    ///    `mark_sent` with `"refused: <error>"` (the provider answered, so
-    ///    the next attempt need not ask), then, by `classify`, a retry
+    ///    [`Answer::Refused`](crate::Answer::Refused) with the error (the
+    ///    provider answered, so the next attempt need not ask), then, by `classify`, a retry
     ///    ([`Run::RetryAfter`]), a dead letter when the policy gives up, or
     ///    a permanent failure ([`Run::GaveUp`]). No answer
-    ///    ([`ErrorClass::Unanswered`]): released for a retry without
-    ///    `mark_sent`, so the next attempt asks first.
+    ///    ([`ErrorClass::Unanswered`]): [`Answer::Unknown`](crate::Answer::Unknown)
+    ///    recorded, released for a retry, so the next attempt asks first.
     ///
     /// It never sleeps: wait [`Run::retry_after`] and call again, or hand
     /// the key to a queue with that delay. [`run`](Self::run) stays for
@@ -335,10 +345,14 @@ impl RetryPolicy {
         let payload = Some(intent.request);
         let run = match (found, limit) {
             (Ok(Some(reference)), _) => {
-                accepted(store, &claim, intent, &reference, amount)?;
+                accepted(store, &claim, intent, (true, &reference), amount)?;
                 Run::Reconciled(reference)
             }
-            (Ok(None), None) => return Ok(ControlFlow::Continue(claim)),
+            (Ok(None), None) => {
+                // Settles the earlier call before this one is made.
+                record(store, &claim, intent, &Answer::NotFound)?;
+                return Ok(ControlFlow::Continue(claim));
+            }
             (Ok(None), Some(reason)) => {
                 record(store, &claim, intent, &Answer::NotFound)?;
                 dead_letter_before(store, &claim, reason, payload, false)?
@@ -363,43 +377,54 @@ impl RetryPolicy {
     ) -> Result<Run<Vec<u8>, E>> {
         match sent {
             Ok(reference) => {
-                accepted(store, claim, intent, &reference, amount)?;
+                accepted(store, claim, intent, (false, &reference), amount)?;
                 Ok(Run::Done(reference))
             }
             Err(error) => {
                 let class = classify(&error);
-                if class != ErrorClass::Unanswered {
-                    record(store, claim, intent, &Answer::Refused(&error))?;
-                }
+                let answer = if class == ErrorClass::Unanswered {
+                    Answer::Unknown
+                } else {
+                    Answer::Refused(&error)
+                };
+                record(store, claim, intent, &answer)?;
                 self.failed(store, claim, class, error, Some(intent.request))
             }
         }
     }
 }
 
-/// The provider has the call: its answer recorded, then the outcome.
+/// The provider has the call, with `reference` (it accepted it, or,
+/// `found`, asked, it has it): its answer recorded, then the outcome.
 fn accepted(
     store: &Store,
     claim: &Claim,
     intent: Intent<'_>,
-    reference: &[u8],
+    (found, reference): (bool, &[u8]),
     amount: i64,
 ) -> Result<()> {
-    record(store, claim, intent, &Answer::Accepted(reference))?;
+    let answer = if found {
+        Answer::Found(reference)
+    } else {
+        Answer::Accepted(reference)
+    };
+    record(store, claim, intent, &answer)?;
     store.complete_with_amount(claim, reference, amount)
 }
 
-/// Records the provider's answer to the claim's intent. (An answer that
-/// did not come is not recorded: the intent stays unanswered.)
+/// Records the provider's answer to the claim's intent (one that did not
+/// come as `Unknown`: the intent stays unanswered).
 fn record(store: &Store, claim: &Claim, intent: Intent<'_>, answer: &Answer<'_>) -> Result<()> {
     match answer {
         Answer::Accepted(reference) => store.mark_sent(claim, reference),
+        Answer::Found(reference) => store.mark_answered(claim, crate::Answer::Found(reference)),
         Answer::Refused(error) => {
             // Within the intent record's limit, with its target.
             let limit = store.max_outcome_len().saturating_sub(intent.target.len());
-            let text = cut(format!("refused: {error}"), limit);
-            store.mark_sent(claim, text.as_bytes())
+            let text = cut(error.to_string(), limit);
+            store.mark_answered(claim, crate::Answer::Refused(&text))
         }
-        Answer::NotFound => store.mark_sent(claim, b"not found"),
+        Answer::Unknown => store.mark_answered(claim, crate::Answer::Unknown),
+        Answer::NotFound => store.mark_answered(claim, crate::Answer::NotFound),
     }
 }

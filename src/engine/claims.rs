@@ -15,7 +15,7 @@ use std::time::SystemTime;
 
 use super::Engine;
 use super::input::{CLAIM_BYTES, key_bytes};
-use super::rounds::RoundBytes;
+use super::intents::IntentWrite;
 use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
@@ -24,9 +24,7 @@ use crate::index::intent::IntentState;
 use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
 use crate::log::body::DeadLetterBody;
-use crate::log::record::{
-    ClaimFields, INTENT_PENDING, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
-};
+use crate::log::record::{ClaimFields, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
 use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Intent, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
@@ -263,12 +261,13 @@ impl Engine {
                     if interrupted {
                         took_over(&mut w, key, s.state(), &p, now);
                     }
-                    (
-                        p.attempt.saturating_add(1),
-                        p.first_at,
-                        interrupted,
-                        p.round.next(interrupted),
-                    )
+                    let mut round = p.round.next(interrupted);
+                    if s.state() == SlotState::Claimed {
+                        // It failed when it became stranded (a released
+                        // one's failure came with its release).
+                        round = round.failed(this.stranded_since(p.token, p.lease_until).min(now));
+                    }
+                    (p.attempt.saturating_add(1), p.first_at, interrupted, round)
                 }
             },
         };
@@ -293,19 +292,19 @@ impl Engine {
                 failed_at: 0,
                 round,
             };
-            let round = RoundBytes::of(&p);
+            let round = this.round_bytes(&p);
             let mut rec = claim_record(key.scope(), key.id(), &p, now).with_round(round.as_slice());
             let mut row = w.append(this, &mut batch, Next::Claimed(p), &mut rec);
             if let Some(intent) = op.intent {
                 // In the claim's commit: no claim is durable without it.
-                let body = Engine::intent_body(&shard, h, now, intent.target, intent.request);
+                let body = Engine::intent_body(&shard, h, (now, attempt), intent);
                 row = row.max(this.log_intent(
                     &mut shard,
                     &mut batch,
                     (h, key.scope(), key.id()),
                     fields(&p),
                     (now, op.retention_ms),
-                    (IntentState::Pending, INTENT_PENDING, true),
+                    IntentWrite::BEGUN,
                     &body,
                 ));
             }
@@ -376,8 +375,10 @@ impl Engine {
             }
             Failure::Exhausted { reason, payload } => {
                 self.check_dead_letter(reason, payload)?;
+                // Its first failure is the round's, filled in by `finish`.
                 let body = DeadLetterBody {
                     failed_at: self.now(),
+                    first_failed_at: 0,
                     reason,
                     payload,
                 }
@@ -405,7 +406,7 @@ impl Engine {
             lease_ms,
             ..p
         };
-        let round = RoundBytes::of(&p);
+        let round = self.round_bytes(&p);
         let mut rec =
             claim_record(claim.key.scope(), claim.key.id(), &p, now).with_round(round.as_slice());
         let row = {
@@ -485,13 +486,6 @@ impl Engine {
             now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
         );
         let (scope, id) = (claim.key.scope(), claim.key.id());
-        let round = RoundBytes::of(&p);
-        let mut rec = match kind {
-            Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
-            Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
-            Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
-            _ => RecordRef::release(scope, id, at, fields(&p), tag).with_round(round.as_slice()),
-        };
         let next = match kind {
             Kind::Complete => Next::Completed,
             Kind::Fail => Next::Failed,
@@ -502,13 +496,29 @@ impl Engine {
                 failed_at: DeadLetterBody::decode(outcome).map_or(now, |b| b.failed_at),
                 ..p
             }),
+            // A retryable failure, or a dropped claim: the round failed.
             _ => Next::Released(Pending {
                 lease_until: 0,
                 any_request: tag == RELEASE_ANY_REQUEST,
                 abandoned: tag == RELEASE_ABANDONED,
                 failed_at: 0,
+                round: p.round.failed(now),
                 ..p
             }),
+        };
+        let dead_body = (kind == Kind::DeadLetter)
+            .then(|| self.dead_letter_body(outcome, p.round))
+            .flatten();
+        let outcome = dead_body.as_deref().unwrap_or(outcome);
+        let round = match &next {
+            Next::Released(released) => self.round_bytes(released),
+            _ => self.round_bytes(&p),
+        };
+        let mut rec = match kind {
+            Kind::Complete => RecordRef::complete(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::Fail => RecordRef::fail(scope, id, at, fields(&p), (tag, outcome)),
+            Kind::DeadLetter => RecordRef::dead_letter(scope, id, at, fields(&p), outcome),
+            _ => RecordRef::release(scope, id, at, fields(&p), tag).with_round(round.as_slice()),
         };
         let row = {
             let mut batch = self.log.batch()?;
@@ -532,6 +542,14 @@ impl Engine {
                     fields(&p),
                     at,
                 )),
+                // Given up after asking: nothing happened.
+                Kind::DeadLetter => row.max(self.settle_asked_intent(
+                    &mut shard,
+                    &mut batch,
+                    (h, claim.key.scope(), claim.key.id()),
+                    fields(&p),
+                    at,
+                )),
                 _ => row,
             }
         };
@@ -552,6 +570,22 @@ impl Engine {
         drop(shard);
         self.notify_waiters(h);
         Ok(row)
+    }
+
+    /// The body of a dead letter of `round` from the one `fail` encoded:
+    /// with the round's first failure (or, none before, its own) beside
+    /// its last, in the file's format.
+    fn dead_letter_body(&self, encoded: &[u8], round: Round) -> Option<Vec<u8>> {
+        let b = DeadLetterBody::decode(encoded)?;
+        let body = DeadLetterBody {
+            first_failed_at: round.failed(b.failed_at).first_failed_at,
+            ..b
+        };
+        Some(if self.has_format_4_bodies() {
+            body.encode()
+        } else {
+            body.encode_v1()
+        })
     }
 
     /// Releases a claim dropped without an answer. Does not wait: if the

@@ -24,8 +24,7 @@ use std::collections::HashMap;
 
 use super::Engine;
 use super::claims::fields;
-use super::listings::page;
-use super::rounds::RoundBytes;
+use super::listings::{ListingKind, page};
 use super::write::{Next, Write};
 use crate::codec::TAG_RAW;
 use crate::index::{Pending, Round, SlotState};
@@ -51,9 +50,9 @@ impl Engine {
     /// A page of the dead-letter area.
     pub(crate) fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
         self.check_readable()?;
-        let found = self.keys_listed(listing, |p, state| {
+        let found = self.keys_listed((listing, ListingKind::DeadLetters), |p, state| {
             (state == Some(SlotState::DeadLettered)).then_some(p.failed_at)
-        });
+        })?;
         page(
             listing,
             found,
@@ -136,7 +135,7 @@ impl Engine {
         let (next, rec) = make(p, key.scope(), key.id(), at);
         // A requeue's Release record carries the round it starts.
         let round = match &next {
-            Next::Released(p) => Some(RoundBytes::of(p)),
+            Next::Released(p) => Some(self.round_bytes(p)),
             _ => None,
         };
         let mut rec = match &round {

@@ -28,10 +28,12 @@
 //! - a size bound evicts the oldest *live* buckets early, never the bucket
 //!   currently being written, and never a claim whose lease is alive: such
 //!   a claim's record is carried into the open batch, so it is durable
-//!   elsewhere before its bucket is deleted.
+//!   elsewhere before its bucket is deleted;
+//! - the size bound counts every key but the dead letters, which are never
+//!   evicted (early or not), so they cannot drive early eviction of live
+//!   buckets.
 use super::Engine;
 use super::claims::claim_record;
-use super::rounds::RoundBytes;
 use super::write::{Next, Write};
 use crate::Result;
 use crate::index::SlotState;
@@ -69,7 +71,7 @@ impl Engine {
             victims.push(b);
         }
         if let Some(max) = self.cfg.max_keys {
-            let mut keys = self.index.usage().0 as u64;
+            let mut keys = self.bounded_keys();
             for &b in buckets
                 .iter()
                 .filter(|b| **b >= nb && **b + 1 < write_bucket)
@@ -126,6 +128,23 @@ impl Engine {
             "dedupkv eviction pass"
         );
         Ok(out)
+    }
+
+    /// The keys `max_keys` bounds: every key's slot but the dead letters'.
+    /// Eviction carries a dead letter instead of removing it, so counting
+    /// them would make a store whose dead letters alone exceed the bound
+    /// evict its live buckets early on every pass, to no end.
+    fn bounded_keys(&self) -> u64 {
+        (0..self.cfg.shards)
+            .map(|i| {
+                let shard = self.index.lock_shard(i);
+                let dead = shard
+                    .pending_entries()
+                    .filter(|(_, state)| *state == Some(SlotState::DeadLettered))
+                    .count();
+                shard.len().saturating_sub(dead) as u64
+            })
+            .sum()
     }
 
     /// Removes from the index the keys whose latest record is in bucket `b`;
@@ -192,7 +211,7 @@ impl Engine {
                     // into the open batch, it is committed no later than
                     // this bucket's deletion (like an entity's core record).
                     let mut batch = self.log.batch()?;
-                    let round = RoundBytes::of(&p);
+                    let round = self.round_bytes(&p);
                     let mut carried =
                         claim_record(rec.scope, rec.id, &p, now).with_round(round.as_slice());
                     Write::new(&mut shard, h, self.bucket_of(now)).append(

@@ -1,41 +1,46 @@
 //! Intents before external calls (an outbox): an operation records what it
-//! is about to call, in its claim's commit, before the call; marks it sent
-//! with the provider's reference when the provider answers; and an
-//! unanswered one stays findable — after a crash, a takeover, past
-//! retention — until it is answered or its operation finishes.
+//! is about to call, in its claim's commit, before the call; records what
+//! the provider answered (accepted with its reference, refused, no answer;
+//! or, asked before calling again, found or not); and an unanswered one
+//! stays findable — after a crash, a takeover, past retention — until it
+//! is answered or its operation finishes. What the answers say about
+//! duplicate effects is [`answers`](super::answers)'.
 //!
 //! Invariants:
 //! - an intent is recorded in the same commit as the claim it rides with
 //!   (`begin_with_intent`), under the key's shard lock: no claim with an
 //!   intent is durable without it;
 //! - `Intent` records are self-contained and the latest one of a key wins
-//!   (their buckets never move earlier): pending, sent (with the
-//!   reference), or closed (the operation finished without a `mark_sent`;
-//!   written in the finishing record's commit);
+//!   (their buckets never move earlier): pending, settled (answered, or a
+//!   duplicate candidate whose operation finished), or closed (the
+//!   operation finished without an answer; written in the finishing
+//!   record's commit);
+//! - what the provider answered so far (`Calls`) is in every record and
+//!   in the intent's slot, so `begin_with_intent` writes the next record
+//!   under the shard lock without reading a row;
 //! - an unanswered intent is never evicted silently: eviction carries it
 //!   out of a bucket it deletes, and recovery keeps the pending intents of
 //!   expired tables that no later `Intent` record superseded, and carries
 //!   them before the tables go;
-//! - a sent intent is kept until its record expires, for the listing of
-//!   operations whose effect may have happened twice.
+//! - a settled intent is kept until its record expires (a duplicate
+//!   candidate for `duplicate_candidates`): an early eviction (`max_keys`)
+//!   carries it with its own expiry instead of dropping it.
 
 use std::collections::HashMap;
 
 use super::Engine;
 use super::claims::{Ticket, fields};
-use super::listings::page;
+use super::listings::{ListingKind, page};
 use crate::index::Shard;
 use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, SlotState};
 use crate::key::KeyHash;
 use crate::log::body::IntentBody;
 use crate::log::commit::Batch;
-use crate::log::record::{ClaimFields, INTENT_PENDING, INTENT_SENT, RecordRef};
-use crate::types::{IntentEntry, Listing, Page};
+use crate::log::record::{ClaimFields, INTENT_CLOSED, INTENT_PENDING, INTENT_SETTLED, RecordRef};
+use crate::types::intent::{Answered, Calls, Doubt};
+use crate::types::{Answer, Duplicate, Intent, IntentEntry, Listing, Page};
 use crate::{Error, Key, Result};
-
-/// The `outcome_tag` of an `Intent` record closed without an answer.
-pub(crate) const INTENT_CLOSED: u8 = 2;
 
 /// A pending intent read from an expired table at open, kept until replay
 /// shows whether a later `Intent` record of its key supersedes it.
@@ -49,10 +54,39 @@ pub(crate) struct ExpiredIntent {
 /// Pending intents of expired tables found at open, by key hash.
 pub(crate) type ExpiredIntents = HashMap<KeyHash, ExpiredIntent>;
 
+/// What an `Intent` record is written as: its state and tag, and whether
+/// it rides with the caller's own record (`extra`, for group commit).
+#[derive(Clone, Copy)]
+pub(crate) struct IntentWrite {
+    tag: u8,
+    extra: bool,
+}
+
+impl IntentWrite {
+    /// The record of a new attempt's intent, in its claim's commit.
+    pub(crate) const BEGUN: IntentWrite = IntentWrite {
+        tag: INTENT_PENDING,
+        extra: true,
+    };
+}
+
 impl Engine {
-    /// Appends an `Intent` record for the operation `c` of `key` and sets
-    /// its intent slot (`extra`: it rides with the caller's own record). The caller holds the key's shard lock and the
-    /// batch lock.
+    /// Whether the open file holds what store format 4 adds to `Intent`
+    /// and `DeadLetter` bodies (the provider's answers; first failure
+    /// times): the one place this build decides it. Every file is
+    /// rewritten as the newest format by its open's first commit, so today
+    /// it always does. Once a file can stay at format 3 until an explicit
+    /// upgrade, this becomes `format() >= 4`: the writers then fall back
+    /// to format 3's bodies, and `mark_answered` refuses the answers only
+    /// format 4 can hold.
+    #[allow(clippy::unused_self)] // it reads the file's format once upgrades are explicit
+    pub(crate) fn has_format_4_bodies(&self) -> bool {
+        true
+    }
+
+    /// Appends an `Intent` record of `body` for the operation `c` of `key`
+    /// and sets (or, closed, removes) its intent slot. The caller holds
+    /// the key's shard lock and the batch lock.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn log_intent(
         &self,
@@ -61,60 +95,75 @@ impl Engine {
         (h, scope, id): (KeyHash, &[u8], &[u8]),
         c: ClaimFields,
         (now, retention_ms): (u64, u64),
-        (state, tag, extra): (IntentState, u8, bool),
-        body: &[u8],
+        how: IntentWrite,
+        body: &IntentBody<'_>,
     ) -> u64 {
         let previous = shard.intent(h).copied();
+        let bytes = if self.has_format_4_bodies() {
+            body.encode()
+        } else {
+            body.encode_v1()
+        };
         let mut rec = RecordRef::intent(
             scope,
             id,
             (now, now.saturating_add(retention_ms)),
             c,
-            (tag, body),
+            (how.tag, &bytes),
         );
-        let (bucket, row) = self.place_as(batch, previous.map(|i| i.bucket), &mut rec, extra);
-        let recorded_at = IntentBody::decode(body).map_or(now, |b| b.recorded_at);
-        if tag == INTENT_CLOSED {
+        let (bucket, row) = self.place_as(batch, previous.map(|i| i.bucket), &mut rec, how.extra);
+        if how.tag == INTENT_CLOSED {
             shard.remove_intent(h);
         } else {
             shard.set_intent(IntentSlot {
                 hash: h,
                 bucket,
                 row,
-                recorded_at,
+                recorded_at: body.recorded_at,
                 attempt: c.attempt,
-                state,
+                state: if how.tag == INTENT_PENDING {
+                    IntentState::Pending
+                } else {
+                    IntentState::Settled
+                },
+                calls: body.calls,
             });
         }
         row
     }
 
-    /// The body of a new pending intent of `h` at `now` (keeping the
-    /// first-recorded time of an earlier pending one).
-    pub(crate) fn intent_body(
+    /// The body of the intent a new attempt of `h` records at `now`
+    /// (`attempt` 1: a new operation): its calls move on from the previous
+    /// intent's, and it keeps the first-recorded time of a pending one.
+    pub(crate) fn intent_body<'a>(
         shard: &Shard,
         h: KeyHash,
-        now: u64,
-        target: &str,
-        request: &[u8],
-    ) -> Vec<u8> {
-        let recorded_at = shard
-            .intent(h)
-            .filter(|i| i.state == IntentState::Pending)
-            .map_or(now, |i| i.recorded_at);
+        (now, attempt): (u64, u32),
+        intent: Intent<'a>,
+    ) -> IntentBody<'a> {
+        let previous = shard.intent(h);
+        let pending = previous.filter(|i| i.state == IntentState::Pending);
+        let calls = match previous {
+            None => Calls::FIRST,
+            // A finished operation's candidate says nothing of this one.
+            Some(i) if attempt == 1 && i.state == IntentState::Settled => Calls::FIRST,
+            Some(i) => i.calls.next_attempt(attempt == 1),
+        };
         IntentBody {
-            recorded_at,
-            target,
-            data: request,
+            recorded_at: pending.map_or(now, |i| i.recorded_at),
+            target: intent.target,
+            calls,
+            data: intent.request,
         }
-        .encode()
     }
 
     /// Closes the operation's pending intent in the commit of the record
-    /// that finishes it (complete, fail, resolve; `forget` closes a sent
-    /// one too, so it never sticks to the key's next operation); returns
-    /// the row (0: none to close). The caller holds the shard and batch
-    /// locks.
+    /// that finishes it (complete, fail, resolve; `forget` closes a
+    /// settled one too, so it never sticks to the key's next operation);
+    /// returns the row (0: none written). A pending intent that is a
+    /// duplicate candidate is settled instead, kept until its record
+    /// expires (without its target and request, which only its record
+    /// holds). The caller holds the shard and batch locks.
     pub(crate) fn close_intent(
         &self,
         shard: &mut Shard,
@@ -123,18 +172,24 @@ impl Engine {
         c: ClaimFields,
         at: (u64, u64),
     ) -> u64 {
-        if !shard
-            .intent(key.0)
-            .is_some_and(|i| sent_too || i.state == IntentState::Pending)
-        {
+        let Some(i) = shard.intent(key.0).copied() else {
             return 0;
-        }
+        };
+        let tag = match (sent_too, i.state, i.calls.doubted()) {
+            (true, _, _) | (false, IntentState::Pending, false) => INTENT_CLOSED,
+            (false, IntentState::Pending, true) => INTENT_SETTLED,
+            (false, IntentState::Settled, _) => return 0,
+        };
         let body = IntentBody {
-            recorded_at: at.0,
+            recorded_at: if tag == INTENT_CLOSED {
+                at.0
+            } else {
+                i.recorded_at
+            },
             target: "",
+            calls: i.calls,
             data: &[],
-        }
-        .encode();
+        };
         let retention = at.1.saturating_sub(at.0);
         self.log_intent(
             shard,
@@ -142,22 +197,73 @@ impl Engine {
             key,
             c,
             (at.0, retention),
-            (IntentState::Pending, INTENT_CLOSED, true),
+            IntentWrite { tag, extra: true },
             &body,
         )
     }
 
-    /// Records that the provider answered the claim's intent, with its
-    /// reference (a tracking number, a charge id).
-    pub(crate) fn mark_sent(&self, claim: &Ticket, reference: &[u8]) -> Result<()> {
+    /// Settles the operation's intent in the commit of its dead letter
+    /// if the last attempt only asked the provider, which had no call
+    /// (`NotFound`, and no call answered since): nothing happened, so it
+    /// is not left unanswered. Returns the row (0: none written). The
+    /// caller holds the shard and batch locks.
+    pub(crate) fn settle_asked_intent(
+        &self,
+        shard: &mut Shard,
+        batch: &mut Batch,
+        key: (KeyHash, &[u8], &[u8]),
+        c: ClaimFields,
+        at: (u64, u64),
+    ) -> u64 {
+        let Some(i) = shard
+            .intent(key.0)
+            .copied()
+            .filter(|i| i.state == IntentState::Pending && i.calls.only_asked())
+        else {
+            return 0;
+        };
+        let body = IntentBody {
+            recorded_at: i.recorded_at,
+            target: "",
+            calls: i.calls,
+            data: &[],
+        };
+        self.log_intent(
+            shard,
+            batch,
+            key,
+            c,
+            (at.0, at.1.saturating_sub(at.0)),
+            IntentWrite {
+                tag: INTENT_SETTLED,
+                extra: true,
+            },
+            &body,
+        )
+    }
+
+    /// Records what the provider answered the claim's intent (see
+    /// [`Answer`]): one durable commit.
+    pub(crate) fn mark_answered(&self, claim: &Ticket, answer: &Answer<'_>) -> Result<()> {
         self.log.check()?;
         // Before any shard lock: refusing another store's claim counts it
         // under that lock.
         self.check_owner(claim)?;
+        if !self.has_format_4_bodies() && !matches!(answer, Answer::Accepted(_) | Answer::Found(_))
+        {
+            return Err(Error::InvalidArgument {
+                what: "answer",
+                reason: format!(
+                    "recording {answer:?} for {} needs store format 4; this file is older \
+                     (only an accepted or found reference can be recorded until it is upgraded)",
+                    claim.key
+                ),
+            });
+        }
         let h = claim.hash;
         loop {
-            // The target is read from the intent's record before the
-            // shard lock is taken (a row read, not to be done under it).
+            // The previous record is read before the shard lock is taken
+            // (a row read, not to be done under it).
             let slot = {
                 let (_, nb) = self.time()?;
                 let mut shard = self.index.lock(h);
@@ -173,12 +279,30 @@ impl Engine {
                     ),
                 });
             };
-            let target = self
+            let (target, data) = self
                 .load_of((&claim.key, true), slot.bucket, slot.row, |r| {
-                    Ok(r.intent_body()?.target.to_owned())
+                    let b = r.intent_body()?;
+                    Ok((b.target.to_owned(), b.data.to_vec()))
                 })?
                 .unwrap_or_default();
-            self.check_intent_len(&target, reference)?;
+            let calls = slot.calls.answered(answer);
+            let data: &[u8] = match *answer {
+                Answer::Accepted(reference) | Answer::Found(reference) => reference,
+                Answer::Refused(reason) => reason.as_bytes(),
+                // The data stays while it means the same: the request
+                // (none or an unknown answer), or the reference or reason
+                // of an answer a lookup did not change.
+                Answer::Unknown | Answer::NotFound => {
+                    let request =
+                        |a| matches!(a, Answered::None | Answered::Unknown | Answered::Absent);
+                    if request(slot.calls.answer) == request(calls.answer) {
+                        &data
+                    } else {
+                        &[]
+                    }
+                }
+            };
+            self.check_intent_len(&target, data)?;
             let (now, nb) = self.time()?;
             let mut shard = self.index.lock(h);
             let p = Self::active_claim(&mut shard, h, nb, claim)?;
@@ -188,9 +312,14 @@ impl Engine {
             let body = IntentBody {
                 recorded_at: slot.recorded_at,
                 target: &target,
-                data: reference,
-            }
-            .encode();
+                calls,
+                data,
+            };
+            let tag = if calls.unanswered() {
+                INTENT_PENDING
+            } else {
+                INTENT_SETTLED
+            };
             let row = {
                 let mut batch = self.log.batch()?;
                 self.log_intent(
@@ -199,7 +328,7 @@ impl Engine {
                     (h, claim.key.scope(), claim.key.id()),
                     fields(&p),
                     (now, p.retention_ms),
-                    (IntentState::Sent, INTENT_SENT, false),
+                    IntentWrite { tag, extra: false },
                     &body,
                 )
             };
@@ -208,7 +337,8 @@ impl Engine {
         }
     }
 
-    /// The operation's intent, if it recorded one that is pending or sent.
+    /// The operation's intent, if it recorded one that is pending or
+    /// settled.
     pub(crate) fn intent(&self, key: &Key<'_>) -> Result<Option<IntentEntry>> {
         self.check_readable()?;
         self.check_key(key)?;
@@ -227,7 +357,14 @@ impl Engine {
             Ok(IntentEntry {
                 key: Key::owned(r.scope.to_vec(), r.id.to_vec()),
                 target: body.target.to_owned(),
-                sent: r.intent_sent(),
+                answer: body.calls.answer,
+                unanswered: body.calls.unanswered(),
+                duplicate: match body.calls.doubt {
+                    Doubt::None => None,
+                    Doubt::AfterUnknown => Some(Duplicate::AfterUnknown),
+                    Doubt::TwoReferences => Some(Duplicate::TwoReferences),
+                    Doubt::Unrecorded => Some(Duplicate::Unrecorded),
+                },
                 data: body.data.to_vec(),
                 provider_key: crate::key::provider_key(
                     &self.hasher.secret(),
@@ -242,24 +379,36 @@ impl Engine {
         })
     }
 
-    /// A page of intents in state `want` (`attempt_over`: only those of an
-    /// attempt past that number), by when they were recorded.
-    pub(crate) fn intents_listed(
+    /// A page of the unanswered intents, by when they were recorded.
+    pub(crate) fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        self.intents_listed((listing, ListingKind::PendingIntents), |i| {
+            i.state == IntentState::Pending
+        })
+    }
+
+    /// A page of the duplicate candidates, by when they were recorded.
+    pub(crate) fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        self.intents_listed((listing, ListingKind::DuplicateCandidates), |i| {
+            i.calls.doubted()
+        })
+    }
+
+    /// A page of the intents `want` picks, by when they were recorded.
+    fn intents_listed(
         &self,
-        listing: &Listing,
-        want: IntentState,
-        attempt_over: u32,
+        listing: (&Listing, ListingKind),
+        want: impl Fn(&IntentSlot) -> bool,
     ) -> Result<Page<IntentEntry>> {
         self.check_readable()?;
         let found = self.items_listed(listing, |shard, out| {
             for i in shard.intents() {
-                if i.state == want && i.attempt > attempt_over {
+                if want(i) {
                     out.push((i.recorded_at, i.hash, 0, *i));
                 }
             }
-        });
+        })?;
         page(
-            listing,
+            listing.0,
             found,
             |i: IntentSlot| self.load_intent(i.hash, i),
             |e| e.key().scope(),
@@ -279,9 +428,11 @@ impl Engine {
         n
     }
 
-    /// Re-logs the intent `rec` (read from bucket `b`, being evicted) into
-    /// the open batch if it is its key's latest and unanswered; forgets a
-    /// sent one whose record expires. The caller holds the shard lock.
+    /// Handles the intent `rec` of bucket `b` (row `n`), being evicted, if
+    /// it is its key's latest: an unanswered one is re-logged into the
+    /// open batch; a settled one too while its record has not expired (an
+    /// early eviction), with its own expiry, and forgotten otherwise. The
+    /// caller holds the shard lock.
     pub(crate) fn evict_intent(
         &self,
         shard: &mut Shard,
@@ -296,19 +447,26 @@ impl Engine {
         if slot.bucket != b || slot.row != n {
             return Ok(());
         }
-        if slot.state != IntentState::Pending {
-            shard.remove_intent(h);
-            return Ok(());
-        }
+        let (retention_ms, tag) = match slot.state {
+            IntentState::Pending => (self.cfg.retention_ms, INTENT_PENDING),
+            IntentState::Settled if rec.expires > now => {
+                (rec.expires.saturating_sub(now), INTENT_SETTLED)
+            }
+            IntentState::Settled => {
+                shard.remove_intent(h);
+                return Ok(());
+            }
+        };
+        let body = rec.intent_body()?;
         let mut batch = self.log.batch()?;
         self.log_intent(
             shard,
             &mut batch,
             (h, rec.scope, rec.id),
             rec.claim_fields(),
-            (now, self.cfg.retention_ms),
-            (IntentState::Pending, INTENT_PENDING, false),
-            rec.outcome,
+            (now, retention_ms),
+            IntentWrite { tag, extra: false },
+            &body,
         );
         Ok(())
     }
@@ -322,6 +480,13 @@ impl Engine {
             if shard.intent(h).is_some() {
                 continue; // a live record of it came later
             }
+            let body = IntentBody::decode(&d.body, false, d.claim.attempt).ok_or_else(|| {
+                Error::Corrupt(format!(
+                    "the Intent record of {} has a malformed {}-byte body",
+                    crate::error::show_key(&d.scope, &d.id),
+                    d.body.len()
+                ))
+            })?;
             let mut batch = self.log.batch()?;
             self.log_intent(
                 &mut shard,
@@ -329,16 +494,19 @@ impl Engine {
                 (h, &d.scope, &d.id),
                 d.claim,
                 (now, self.cfg.retention_ms),
-                (IntentState::Pending, INTENT_PENDING, false),
-                &d.body,
+                IntentWrite {
+                    tag: INTENT_PENDING,
+                    extra: false,
+                },
+                &body,
             );
         }
         Ok(())
     }
 
     /// The claim's pending details if it is its key's active claim (for
-    /// `mark_sent`, which does not finish it). The caller checked that the
-    /// claim is this store's.
+    /// `mark_answered`, which does not finish it). The caller checked that
+    /// the claim is this store's.
     fn active_claim(shard: &mut Shard, h: KeyHash, nb: u64, claim: &Ticket) -> Result<Pending> {
         let w = super::write::Write::new(shard, h, nb);
         match (w.live().map(|s| s.state()), w.pending()) {

@@ -6,9 +6,13 @@
 //! entry written meanwhile may be left out or shown as it was. Entries are
 //! ordered by (time, key hash, sequence number), so a cursor pages without
 //! repeating or skipping an entry that stays put.
+//!
+//! Invariant: a cursor is accepted only by the listing that made it — the
+//! same store (a hash of the file's key secret) and the same kind of
+//! listing ([`ListingKind`]); any other is `InvalidArgument`, never a page
+//! of something else from an arbitrary position.
 
 use super::Engine;
-use crate::Result;
 use crate::civil::rfc3339;
 use crate::clock::to_system_time;
 use crate::index::entity::EventState;
@@ -16,38 +20,107 @@ use crate::index::{Pending, Shard, SlotState};
 use crate::key::KeyHash;
 use crate::log::record::Kind;
 use crate::types::{Cursor, Held, Listing, Page, Record};
+use crate::{Error, Result};
+
+/// Where a listed key's latest record is: its hash, bucket and row.
+pub(crate) type KeyAt = (KeyHash, u64, u64);
+
+/// Which listing a [`Cursor`] pages (its number is in the cursor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ListingKind {
+    DeadLetters = 1,
+    StrandedClaims = 2,
+    HoldingArea = 3,
+    PendingIntents = 4,
+    DuplicateCandidates = 5,
+}
+
+impl ListingKind {
+    fn name(self) -> &'static str {
+        match self {
+            ListingKind::DeadLetters => "dead_letters",
+            ListingKind::StrandedClaims => "stranded_claims",
+            ListingKind::HoldingArea => "holding_area",
+            ListingKind::PendingIntents => "pending_intents",
+            ListingKind::DuplicateCandidates => "duplicate_candidates",
+        }
+    }
+
+    fn of(n: u8) -> Option<ListingKind> {
+        [
+            ListingKind::DeadLetters,
+            ListingKind::StrandedClaims,
+            ListingKind::HoldingArea,
+            ListingKind::PendingIntents,
+            ListingKind::DuplicateCandidates,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == n)
+    }
+}
 
 impl Engine {
     /// Every item `collect` finds, shard by shard, as (time, key hash,
     /// sequence number, item), kept if within `listing`'s age and past its
-    /// cursor.
+    /// cursor; `InvalidArgument` for a cursor of another store's listing
+    /// or of another kind of listing.
     pub(crate) fn items_listed<T>(
         &self,
-        listing: &Listing,
+        (listing, kind): (&Listing, ListingKind),
         mut collect: impl FnMut(&mut Shard, &mut Vec<(u64, KeyHash, u64, T)>),
-    ) -> Vec<(Cursor, T)> {
+    ) -> Result<Vec<(Cursor, T)>> {
+        self.check_cursor(listing, kind)?;
         let now = self.now();
+        let store = self.listing_store_id();
         let mut found = Vec::new();
         let mut here = Vec::new();
         for i in 0..self.cfg.shards {
             collect(&mut self.index.lock_shard(i), &mut here);
             for (at, h, seq, item) in here.drain(..) {
-                let c = cursor(at, h, seq);
+                let c = cursor((store, kind), at, h, seq);
                 if listed(listing, now, c) {
                     found.push((c, item));
                 }
             }
         }
-        found
+        Ok(found)
+    }
+
+    /// The store's part of its cursors: a hash of the file's key secret,
+    /// the same for every open of the file, and another for another file.
+    fn listing_store_id(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64_with_seed(&self.hasher.secret(), CURSOR_SEED)
+    }
+
+    /// Fails for a cursor that `kind`'s listing of this store did not make.
+    fn check_cursor(&self, listing: &Listing, kind: ListingKind) -> Result<()> {
+        let Some(c) = listing.after else {
+            return Ok(());
+        };
+        let reason = if c.store != self.listing_store_id() {
+            "it comes from a listing of another store".to_owned()
+        } else if c.listing != kind as u8 {
+            format!(
+                "it comes from {}, not {}",
+                ListingKind::of(c.listing).map_or("another listing", ListingKind::name),
+                kind.name()
+            )
+        } else {
+            return Ok(());
+        };
+        Err(Error::InvalidArgument {
+            what: "cursor",
+            reason,
+        })
     }
 
     /// (cursor, (hash, bucket, row)) of every event key whose pending entry
     /// `pick` gives a time for, within `listing`'s age and past its cursor.
     pub(crate) fn keys_listed(
         &self,
-        listing: &Listing,
+        listing: (&Listing, ListingKind),
         pick: impl Fn(&Pending, Option<SlotState>) -> Option<u64>,
-    ) -> Vec<(Cursor, (KeyHash, u64, u64))> {
+    ) -> Result<Vec<(Cursor, KeyAt)>> {
         let nb = self.bucket_of(self.now());
         self.items_listed(listing, |shard, out| {
             // Read under the shard's lock: no slot of the shard points
@@ -65,15 +138,17 @@ impl Engine {
     }
 
     /// A page of claims whose lease lapsed (or whose process is gone) with
-    /// nobody back to finish them, by when the lease lapsed: what retention
-    /// would otherwise evict without a word.
+    /// nobody back to finish them, by when they became stranded (see
+    /// [`stranded_since`](Self::stranded_since)): what retention would
+    /// otherwise evict without a word.
     pub(crate) fn stranded_claims(&self, listing: &Listing) -> Result<Page<Record>> {
         self.check_readable()?;
         let now = self.now();
-        let found = self.keys_listed(listing, |p, state| {
-            let lapsed = p.lease_until <= now || self.orphaned(p.token);
-            (state == Some(SlotState::Claimed) && lapsed).then_some(p.lease_until)
-        });
+        let found = self.keys_listed((listing, ListingKind::StrandedClaims), |p, state| {
+            (state == Some(SlotState::Claimed))
+                .then(|| self.stranded_since(p.token, p.lease_until))
+                .filter(|since| *since <= now)
+        })?;
         page(
             listing,
             found,
@@ -91,11 +166,25 @@ impl Engine {
         )
     }
 
+    /// When a claim with `token` and lease end `lease_until` became
+    /// stranded, as the operator sees it: when its lease lapses; for a
+    /// claim of an earlier process (gone, so nobody finishes it), when
+    /// this run opened the store if that came first — a store reopened
+    /// after a crash shows the dead process's claims as stranded from the
+    /// reopen, however long their leases were.
+    pub(crate) fn stranded_since(&self, token: u64, lease_until: u64) -> u64 {
+        if self.orphaned(token) {
+            lease_until.min(self.opened_at)
+        } else {
+            lease_until
+        }
+    }
+
     /// A page of the sequencer's holding area across every entity: events
     /// whose predecessor never came, by when it went missing.
     pub(crate) fn holding_area(&self, listing: &Listing) -> Result<Page<Held>> {
         self.check_readable()?;
-        let found = self.items_listed(listing, |shard, out| {
+        let found = self.items_listed((listing, ListingKind::HoldingArea), |shard, out| {
             for e in shard.entities_with_events() {
                 for (seq, ev) in &e.held {
                     if let EventState::Held { missing, since } = ev.state {
@@ -111,7 +200,7 @@ impl Engine {
                     }
                 }
             }
-        });
+        })?;
         page(listing, found, |h| Ok(Some(h)), |h| h.entity.scope())
     }
 }
@@ -121,8 +210,14 @@ pub(crate) fn held_reason(missing: u64, since: u64) -> String {
     format!("predecessor {missing} missing since {}", rfc3339(since))
 }
 
-fn cursor(at: u64, h: KeyHash, seq: u64) -> Cursor {
+/// Seeds the hash of the key secret that cursors carry (not the key
+/// hashes' own use of the secret).
+const CURSOR_SEED: u64 = 0x6375_7273_6f72_0001; // "cursor", 1
+
+fn cursor((store, kind): (u64, ListingKind), at: u64, h: KeyHash, seq: u64) -> Cursor {
     Cursor {
+        store,
+        listing: kind as u8,
         at,
         id: (u128::from(h.hi) << 64) | u128::from(h.lo),
         seq,
@@ -135,7 +230,10 @@ fn listed(listing: &Listing, now: u64, cursor: Cursor) -> bool {
     let old_enough = listing
         .older_than
         .is_none_or(|age| cursor.at <= now.saturating_sub(crate::clock::millis(age)));
-    old_enough && listing.after.is_none_or(|a| cursor > a)
+    old_enough
+        && listing
+            .after
+            .is_none_or(|a| cursor.position() > a.position())
 }
 
 /// The page of `listing` from candidates in any order: sorted, each made

@@ -17,6 +17,8 @@
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
 //!   until requeued or resolved);
 //! - [`intents`]: intents recorded before external calls (an outbox);
+//! - [`answers`]: what the provider answered an operation's calls, and
+//!   when it is a candidate for a duplicate effect;
 //! - [`rounds`]: an operation's rounds of attempts (from its first attempt,
 //!   and from each requeue), which retry limits count within;
 //! - [`reconcile`]: per-window counts of completions, against the
@@ -42,6 +44,7 @@
 //! The engine uses the index, the log and the shared vocabulary; it never
 //! uses the public face (`api`), which wraps it.
 
+pub(crate) mod answers;
 pub(crate) mod background;
 pub(crate) mod buckets;
 pub(crate) mod claims;
@@ -115,6 +118,9 @@ pub(crate) struct Engine {
     tick_hook: std::sync::OnceLock<counters::TickHook>,
     /// The file, for a store opened by path (compaction checks its size).
     path: Option<std::path::PathBuf>,
+    /// The store's time when this run opened it: claims of earlier
+    /// processes are stranded from then at the latest.
+    opened_at: u64,
 }
 
 impl Engine {

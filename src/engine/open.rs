@@ -25,7 +25,7 @@ use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, Round, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
 use crate::log::record::{
-    INTENT_PENDING, INTENT_SENT, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
+    INTENT_PENDING, INTENT_SETTLED, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
 };
 use crate::log::{FileMeta, Location, Log, open_database};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
@@ -98,7 +98,8 @@ impl Engine {
         // The store's time never goes back: not below the floor persisted
         // by earlier runs, nor (below) the latest record's time.
         let time_floor = meta.time_floor.min(MAX_TIME);
-        let now_bucket = clock.now_millis().clamp(time_floor, MAX_TIME) / cfg.granularity_ms;
+        let opened_at = clock.now_millis().clamp(time_floor, MAX_TIME);
+        let now_bucket = opened_at / cfg.granularity_ms;
         let mut max_token = 0;
         let mut time_floor = time_floor;
         let mut expired_dead = ExpiredDeadLetters::new();
@@ -168,6 +169,7 @@ impl Engine {
             waiters: super::waiters::KeyWaiters::default(),
             tick_hook: std::sync::OnceLock::new(),
             path,
+            opened_at: opened_at.max(time_floor),
         });
         // The expired tables go once the entities that still have events
         // are carried out of them: the carried records are committed in the
@@ -258,7 +260,7 @@ fn apply_intent_record(
     let mut shard = index.lock(h);
     let state = match rec.outcome_tag {
         INTENT_PENDING => IntentState::Pending,
-        INTENT_SENT => IntentState::Sent,
+        INTENT_SETTLED => IntentState::Settled,
         _ => {
             shard.remove_intent(h);
             return Ok(());
@@ -271,6 +273,7 @@ fn apply_intent_record(
         recorded_at: body.recorded_at,
         attempt: rec.claim_fields().attempt,
         state,
+        calls: body.calls,
     });
     Ok(())
 }

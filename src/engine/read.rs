@@ -152,8 +152,15 @@ impl Engine {
     /// The dead letter a `DeadLetter` record holds.
     pub(crate) fn dead_letter_of(&self, rec: &RecordRef<'_>) -> Result<DeadLetter> {
         let body = rec.dead_letter_body()?;
+        let record = self.record_of(rec);
         Ok(DeadLetter {
-            record: self.record_of(rec),
+            // Not recorded before format 4: the first attempt's time, a
+            // lower bound.
+            first_failed_at: match body.first_failed_at {
+                0 => rec.claim_fields().first_at.min(body.failed_at),
+                at => at,
+            },
+            record,
             failed_at: body.failed_at,
             reason: body.reason.to_owned(),
             payload: body.payload.map(<[u8]>::to_vec),

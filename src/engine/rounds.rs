@@ -11,7 +11,11 @@
 //!   record without one is an operation's first round, uninterrupted, so
 //!   the common path writes no extra byte and older files read as before;
 //! - the takeover of an attempt that never answered counts one
-//!   interruption in the round, before the new attempt is told `Started`.
+//!   interruption in the round, before the new attempt is told `Started`;
+//! - a round keeps when its first failure came (format 4): the release of
+//!   a retryable failure or a dropped claim, or the takeover of a stranded
+//!   attempt (from when it became stranded); a dead letter reports it
+//!   beside its last failure.
 
 use crate::Result;
 use crate::index::{Pending, Round};
@@ -34,6 +38,20 @@ impl Round {
             before: attempts,
             since: now,
             interrupted: 0,
+            first_failed_at: 0,
+        }
+    }
+
+    /// This round after an attempt of it failed at `at`: its first
+    /// failure, if it had none.
+    pub(crate) fn failed(self, at: u64) -> Round {
+        Round {
+            first_failed_at: if self.first_failed_at == 0 {
+                at.max(1)
+            } else {
+                self.first_failed_at
+            },
+            ..self
         }
     }
 
@@ -47,6 +65,7 @@ impl Round {
             before: b.before,
             since: b.since,
             interrupted: b.interrupted,
+            first_failed_at: b.first_failed_at,
         }))
     }
 }
@@ -59,9 +78,13 @@ pub(crate) struct RoundBytes {
 }
 
 impl RoundBytes {
-    /// The round of claim `p`.
-    pub(crate) fn of(p: &Pending) -> RoundBytes {
-        let r = p.round;
+    /// The round of claim `p`; `v2`: as format 4 writes it, with its first
+    /// failure time (else as format 3, without).
+    pub(crate) fn of(p: &Pending, v2: bool) -> RoundBytes {
+        let mut r = p.round;
+        if !v2 {
+            r.first_failed_at = 0;
+        }
         if r == Round::first(p.first_at) {
             return RoundBytes {
                 body: [0; ROUND_BODY_LEN],
@@ -72,16 +95,22 @@ impl RoundBytes {
             before: r.before,
             since: r.since,
             interrupted: r.interrupted,
-        }
-        .encode();
-        RoundBytes {
-            body,
-            len: ROUND_BODY_LEN,
-        }
+            first_failed_at: r.first_failed_at,
+        };
+        let (body, len) = if v2 { body.encode() } else { body.encode_v1() };
+        RoundBytes { body, len }
     }
 
     /// The bytes for [`RecordRef::with_round`].
     pub(crate) fn as_slice(&self) -> &[u8] {
         &self.body[..self.len]
+    }
+}
+
+impl crate::engine::Engine {
+    /// The round of claim `p` as its `Claim` or `Release` record carries
+    /// it in the open file's format.
+    pub(crate) fn round_bytes(&self, p: &Pending) -> RoundBytes {
+        RoundBytes::of(p, self.has_format_4_bodies())
     }
 }

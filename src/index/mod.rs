@@ -69,6 +69,10 @@ pub(crate) struct Round {
     /// answer (their worker died, their lease lapsed, their claim was
     /// dropped).
     pub interrupted: u32,
+    /// When the round's first failure came, in ms (0: none yet): a
+    /// retryable failure, a dropped claim, or an attempt found stranded
+    /// (its lease lapsed, its process gone). A dead letter reports it.
+    pub first_failed_at: u64,
 }
 
 impl Round {
@@ -78,6 +82,7 @@ impl Round {
             before: 0,
             since: first_at,
             interrupted: 0,
+            first_failed_at: 0,
         }
     }
 }

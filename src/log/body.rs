@@ -2,58 +2,160 @@
 //! letter's and an intent's (see `Kind::DeadLetter`, `Kind::Intent`), and
 //! the round a `Claim` or `Release` record's claim belongs to.
 
-/// What an `Intent` record says besides its claim fields:
+use crate::types::intent::{Answered, Calls, Doubt};
+
+/// What an `Intent` record says besides its claim fields. Version 2
+/// (store format 4) records what the provider answered the operation's
+/// calls:
 ///
 /// ```text
-/// version:u8 (=1) | recorded_at:u64 LE | target_len:u32 LE | target (UTF-8)
-///                 | data (the rest: the request, or once sent the reference)
+/// version:u8 (=2) | recorded_at:u64 LE | target_len:u32 LE | target (UTF-8)
+///                 | answer:u8 | flags:u8 | doubt:u8 | reference_hash:u64 LE
+///                 | data (the rest)
 /// ```
+///
+/// - `answer` ([`Answered`]): what the provider answered the latest call
+///   (0 none yet, 1 accepted, 2 refused, 3 unknown, 4 asked: not found);
+/// - `flags`: bit 0 `open` (an earlier call's fate is unknown and no
+///   lookup settled it), bit 1 a reference is known (`reference_hash`,
+///   xxh3-64 of the first reference the provider gave; 0 otherwise);
+///   other bits 0;
+/// - `doubt` ([`Doubt`]): why the operation is a candidate for a
+///   duplicate effect (0 none);
+/// - `data`: the request while no answer is recorded or the answer is
+///   unknown, or the provider was asked and had none; the reference when
+///   accepted; the reason when refused.
+///
+/// Version 1 (format 3) is `version:u8 (=1) | recorded_at | target_len |
+/// target | data`, with `data` the request (`outcome_tag` pending) or the
+/// reference (sent). It still reads: a sent one as accepted, and, if an
+/// attempt after the first sent it, as [`Doubt::Unrecorded`] (format 3
+/// kept no answers, and listed every such intent as a candidate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IntentBody<'a> {
     /// When the intent was first recorded.
     pub recorded_at: u64,
     /// What is called (the caller's name for it).
     pub target: &'a str,
-    /// The request (pending), or the provider's reference (sent).
+    /// What the provider answered the operation's calls, so far.
+    pub calls: Calls,
+    /// The request, the provider's reference or its reason (see above).
     pub data: &'a [u8],
 }
 
-impl<'a> IntentBody<'a> {
-    const VERSION: u8 = 1;
+/// The hash of a provider's reference that an intent keeps (so a later
+/// reference can be compared with it whatever was stored since).
+pub(crate) fn reference_hash(reference: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(reference)
+}
 
-    /// The encoded body.
+const OPEN: u8 = 1;
+const HAS_REFERENCE: u8 = 2;
+
+impl<'a> IntentBody<'a> {
+    /// The body as format 4 writes it (version 2).
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = head(
-            Self::VERSION,
-            self.recorded_at,
-            self.target,
-            self.data.len(),
-        );
+        let c = self.calls;
+        let mut out = head(2, self.recorded_at, self.target, 11 + self.data.len());
+        out.push(c.answer as u8);
+        out.push((u8::from(c.open) * OPEN) | (u8::from(c.reference.is_some()) * HAS_REFERENCE));
+        out.push(c.doubt as u8);
+        out.extend_from_slice(&c.reference.unwrap_or(0).to_le_bytes());
         out.extend_from_slice(self.data);
         out
     }
 
-    /// The body encoded in `bytes`, if well formed.
-    pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
-        let (recorded_at, target, data) = read_head(bytes, Self::VERSION)?;
+    /// The body as format 3 writes it (version 1): the time, the target
+    /// and the data; what the provider answered is only the record's
+    /// pending or sent tag.
+    pub(crate) fn encode_v1(&self) -> Vec<u8> {
+        let mut out = head(1, self.recorded_at, self.target, self.data.len());
+        out.extend_from_slice(self.data);
+        out
+    }
+
+    /// The body encoded in `bytes`, if well formed; `sent` and `attempt`
+    /// are the record's (a version-1 body has nothing more to tell).
+    pub(crate) fn decode(bytes: &'a [u8], sent: bool, attempt: u32) -> Option<Self> {
+        let version = *bytes.first()?;
+        let (recorded_at, target, rest) = read_head(bytes, version)?;
+        let target = std::str::from_utf8(target).ok()?;
+        let (calls, data) = match version {
+            1 => {
+                let calls = if sent {
+                    Calls {
+                        answer: Answered::Accepted,
+                        reference: Some(reference_hash(rest)),
+                        doubt: if attempt > 1 {
+                            Doubt::Unrecorded
+                        } else {
+                            Doubt::None
+                        },
+                        ..Calls::FIRST
+                    }
+                } else {
+                    Calls::FIRST
+                };
+                (calls, rest)
+            }
+            2 => {
+                let (fixed, data) = rest.split_at_checked(11)?;
+                let answer = match fixed[0] {
+                    0 => Answered::None,
+                    1 => Answered::Accepted,
+                    2 => Answered::Refused,
+                    3 => Answered::Unknown,
+                    4 => Answered::Absent,
+                    _ => return None,
+                };
+                let flags = fixed[1];
+                if flags & !(OPEN | HAS_REFERENCE) != 0 {
+                    return None;
+                }
+                let doubt = match fixed[2] {
+                    0 => Doubt::None,
+                    1 => Doubt::AfterUnknown,
+                    2 => Doubt::TwoReferences,
+                    3 => Doubt::Unrecorded,
+                    _ => return None,
+                };
+                let hash = u64::from_le_bytes(fixed[3..].try_into().ok()?);
+                let calls = Calls {
+                    answer,
+                    open: flags & OPEN != 0,
+                    reference: (flags & HAS_REFERENCE != 0).then_some(hash),
+                    doubt,
+                };
+                (calls, data)
+            }
+            _ => return None,
+        };
         Some(IntentBody {
             recorded_at,
-            target: std::str::from_utf8(target).ok()?,
+            target,
+            calls,
             data,
         })
     }
 }
 
-/// What a `DeadLetter` record says besides its claim fields:
+/// What a `DeadLetter` record says besides its claim fields. Version 2
+/// (store format 4) adds when the round's first failure came:
 ///
 /// ```text
-/// version:u8 (=1) | failed_at:u64 LE | reason_len:u32 LE | reason (UTF-8)
-///                 | has_payload:u8 (0 or 1) | payload (the rest)
+/// version:u8 (=2) | failed_at:u64 LE | reason_len:u32 LE | reason (UTF-8)
+///                 | first_failed_at:u64 LE | has_payload:u8 (0 or 1) | payload (the rest)
 /// ```
+///
+/// Version 1 (format 3) has no `first_failed_at`; it reads as 0 (not
+/// recorded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DeadLetterBody<'a> {
     /// When the last attempt failed and the operation was dead-lettered.
     pub failed_at: u64,
+    /// When the first attempt of its round failed (a retryable failure, a
+    /// dropped claim, a lapsed lease or a dead process); 0: not recorded.
+    pub first_failed_at: u64,
     /// The caller's reason.
     pub reason: &'a str,
     /// The bytes the caller asked to keep, if any.
@@ -61,17 +163,28 @@ pub(crate) struct DeadLetterBody<'a> {
 }
 
 impl<'a> DeadLetterBody<'a> {
-    const VERSION: u8 = 1;
-
-    /// The encoded body.
+    /// The body as format 4 writes it (version 2).
     pub(crate) fn encode(&self) -> Vec<u8> {
+        self.encode_as(2)
+    }
+
+    /// The body as format 3 writes it (version 1: no first failure time).
+    pub(crate) fn encode_v1(&self) -> Vec<u8> {
+        self.encode_as(1)
+    }
+
+    fn encode_as(&self, version: u8) -> Vec<u8> {
         let payload = self.payload.unwrap_or_default();
+        let first = if version >= 2 { 8 } else { 0 };
         let mut out = head(
-            Self::VERSION,
+            version,
             self.failed_at,
             self.reason,
-            1 + payload.len(),
+            first + 1 + payload.len(),
         );
+        if version >= 2 {
+            out.extend_from_slice(&self.first_failed_at.to_le_bytes());
+        }
         out.push(u8::from(self.payload.is_some()));
         out.extend_from_slice(payload);
         out
@@ -79,7 +192,16 @@ impl<'a> DeadLetterBody<'a> {
 
     /// The body encoded in `bytes`, if well formed.
     pub(crate) fn decode(bytes: &'a [u8]) -> Option<Self> {
-        let (failed_at, reason, rest) = read_head(bytes, Self::VERSION)?;
+        let version = *bytes.first()?;
+        let (failed_at, reason, rest) = read_head(bytes, version)?;
+        let (first_failed_at, rest) = match version {
+            1 => (0, rest),
+            2 => {
+                let (first, rest) = rest.split_at_checked(8)?;
+                (u64::from_le_bytes(first.try_into().ok()?), rest)
+            }
+            _ => return None,
+        };
         let (&has, payload) = rest.split_first()?;
         let payload = match has {
             0 if payload.is_empty() => None,
@@ -88,6 +210,7 @@ impl<'a> DeadLetterBody<'a> {
         };
         Some(DeadLetterBody {
             failed_at,
+            first_failed_at,
             reason: std::str::from_utf8(reason).ok()?,
             payload,
         })
@@ -96,11 +219,15 @@ impl<'a> DeadLetterBody<'a> {
 
 /// The round of attempts a `Claim` or `Release` record's claim belongs
 /// to, in that record's outcome (which is empty for an operation's first
-/// round while none of its attempts was interrupted):
+/// round while none of its attempts failed or was interrupted). Version 2
+/// (store format 4) adds when the round's first failure came:
 ///
 /// ```text
-/// version:u8 (=1) | before:u32 LE | since:u64 LE | interrupted:u32 LE
+/// version:u8 (=2) | before:u32 LE | since:u64 LE | interrupted:u32 LE | first_failed_at:u64 LE
 /// ```
+///
+/// Version 1 (format 3) is the first four fields; `first_failed_at` reads
+/// as 0 (none recorded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RoundBody {
     /// Attempts of earlier rounds.
@@ -109,34 +236,48 @@ pub(crate) struct RoundBody {
     pub since: u64,
     /// Attempts of this round that ended without an answer.
     pub interrupted: u32,
+    /// When the round's first failure came (ms; 0: none yet).
+    pub first_failed_at: u64,
 }
 
-/// The length of an encoded [`RoundBody`].
-pub(crate) const ROUND_BODY_LEN: usize = 17;
+/// The length of an encoded [`RoundBody`] (version 2).
+pub(crate) const ROUND_BODY_LEN: usize = 25;
+/// The length of a version-1 [`RoundBody`].
+const ROUND_BODY_V1_LEN: usize = 17;
 
 impl RoundBody {
-    const VERSION: u8 = 1;
-
-    /// The encoded body.
-    pub(crate) fn encode(&self) -> [u8; ROUND_BODY_LEN] {
+    /// The body as format 4 writes it (version 2), and its length.
+    pub(crate) fn encode(&self) -> ([u8; ROUND_BODY_LEN], usize) {
         let mut out = [0; ROUND_BODY_LEN];
-        out[0] = Self::VERSION;
+        out[0] = 2;
         out[1..5].copy_from_slice(&self.before.to_le_bytes());
         out[5..13].copy_from_slice(&self.since.to_le_bytes());
-        out[13..].copy_from_slice(&self.interrupted.to_le_bytes());
-        out
+        out[13..17].copy_from_slice(&self.interrupted.to_le_bytes());
+        out[17..].copy_from_slice(&self.first_failed_at.to_le_bytes());
+        (out, ROUND_BODY_LEN)
+    }
+
+    /// The body as format 3 writes it (version 1, no first failure time),
+    /// and its length.
+    pub(crate) fn encode_v1(&self) -> ([u8; ROUND_BODY_LEN], usize) {
+        let (mut out, _) = self.encode();
+        out[0] = 1;
+        out[ROUND_BODY_V1_LEN..].fill(0);
+        (out, ROUND_BODY_V1_LEN)
     }
 
     /// The body encoded in `bytes`, if well formed.
     pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
-        let bytes: &[u8; ROUND_BODY_LEN] = bytes.try_into().ok()?;
-        if bytes[0] != Self::VERSION {
-            return None;
-        }
+        let first_failed_at = match (bytes.first()?, bytes.len()) {
+            (1, ROUND_BODY_V1_LEN) => 0,
+            (2, ROUND_BODY_LEN) => u64::from_le_bytes(bytes[17..].try_into().ok()?),
+            _ => return None,
+        };
         Some(RoundBody {
             before: u32::from_le_bytes(bytes[1..5].try_into().ok()?),
             since: u64::from_le_bytes(bytes[5..13].try_into().ok()?),
-            interrupted: u32::from_le_bytes(bytes[13..].try_into().ok()?),
+            interrupted: u32::from_le_bytes(bytes[13..17].try_into().ok()?),
+            first_failed_at,
         })
     }
 }
@@ -177,24 +318,43 @@ mod tests {
                 before: 0,
                 since: 0,
                 interrupted: 1,
+                first_failed_at: 0,
             },
             RoundBody {
                 before: u32::MAX,
                 since: u64::MAX,
                 interrupted: u32::MAX,
+                first_failed_at: u64::MAX,
             },
         ] {
-            let bytes = body.encode();
+            let (bytes, len) = body.encode();
+            assert_eq!(len, bytes.len());
             assert_eq!(RoundBody::decode(&bytes), Some(body));
             for n in 0..bytes.len() {
-                assert_eq!(RoundBody::decode(&bytes[..n]), None, "cut at {n}");
+                if n != 17 {
+                    assert_eq!(RoundBody::decode(&bytes[..n]), None, "cut at {n}");
+                }
             }
             let mut longer = bytes.to_vec();
             longer.push(0);
             assert_eq!(RoundBody::decode(&longer), None);
-            let mut other = bytes;
-            other[0] = 2;
-            assert_eq!(RoundBody::decode(&other), None, "another version");
+            for v in [0, 3] {
+                let mut other = bytes;
+                other[0] = v;
+                assert_eq!(RoundBody::decode(&other), None, "version {v}");
+            }
+            // Format 3's: the first four fields, no first failure time.
+            let (v1, len) = body.encode_v1();
+            assert_eq!((v1[0], len), (1, 17));
+            let back = RoundBody::decode(&v1[..len]).expect("version 1");
+            assert_eq!(
+                back,
+                RoundBody {
+                    first_failed_at: 0,
+                    ..body
+                }
+            );
+            assert_eq!(RoundBody::decode(&bytes[..17]), None, "a cut version 2");
         }
     }
 
@@ -207,6 +367,7 @@ mod tests {
         ] {
             let body = DeadLetterBody {
                 failed_at: u64::MAX,
+                first_failed_at: 1_700_000_000_000,
                 reason,
                 payload,
             };
@@ -214,16 +375,26 @@ mod tests {
             assert_eq!(DeadLetterBody::decode(&bytes), Some(body));
             // Every truncation up to the payload (whose end the row's
             // checksum guards), and every bad version or flag, is refused.
-            let flag = 1 + 8 + 4 + reason.len();
+            let flag = 1 + 8 + 4 + reason.len() + 8;
             for n in 0..=flag {
                 assert_eq!(DeadLetterBody::decode(&bytes[..n]), None, "{n}");
             }
             let mut bad = bytes.clone();
-            bad[0] = 2;
+            bad[0] = 3;
             assert_eq!(DeadLetterBody::decode(&bad), None);
             bad = bytes.clone();
             bad[flag] = 2;
             assert_eq!(DeadLetterBody::decode(&bad), None);
+            // Format 3's: no first failure time.
+            let v1 = body.encode_v1();
+            assert_eq!(v1.len(), bytes.len() - 8);
+            assert_eq!(
+                DeadLetterBody::decode(&v1),
+                Some(DeadLetterBody {
+                    first_failed_at: 0,
+                    ..body
+                })
+            );
         }
         assert_eq!(DeadLetterBody::decode(&[1, 0, 0]), None);
         // A reason that is not UTF-8.
@@ -236,20 +407,87 @@ mod tests {
 
     #[test]
     fn an_intent_body_round_trips_and_refuses_damage() {
+        let calls = [
+            Calls::FIRST,
+            Calls {
+                answer: Answered::Unknown,
+                open: true,
+                reference: None,
+                doubt: Doubt::AfterUnknown,
+            },
+            Calls {
+                answer: Answered::Accepted,
+                open: false,
+                reference: Some(u64::MAX - 3),
+                doubt: Doubt::TwoReferences,
+            },
+            Calls {
+                answer: Answered::Refused,
+                open: true,
+                reference: Some(0),
+                doubt: Doubt::Unrecorded,
+            },
+            Calls {
+                answer: Answered::Absent,
+                ..Calls::FIRST
+            },
+        ];
         for (target, data) in [("", &b""[..]), ("shipping", &b"{\"order\":7}"[..])] {
-            let body = IntentBody {
-                recorded_at: 1_700_000_000_000,
-                target,
-                data,
-            };
-            let bytes = body.encode();
-            assert_eq!(IntentBody::decode(&bytes), Some(body));
-            for n in 0..13 + target.len() {
-                assert_eq!(IntentBody::decode(&bytes[..n]), None, "{n}");
+            for calls in calls {
+                let body = IntentBody {
+                    recorded_at: 1_700_000_000_000,
+                    target,
+                    calls,
+                    data,
+                };
+                let bytes = body.encode();
+                assert_eq!(IntentBody::decode(&bytes, false, 1), Some(body));
+                for n in 0..13 + target.len() + 11 {
+                    assert_eq!(IntentBody::decode(&bytes[..n], false, 1), None, "{n}");
+                }
+                for (at, bad) in [(0, 9), (13 + target.len(), 5), (14 + target.len(), 4)] {
+                    let mut b = bytes.clone();
+                    b[at] = bad;
+                    assert_eq!(IntentBody::decode(&b, false, 1), None, "byte {at}");
+                }
+                let mut b = bytes.clone();
+                b[15 + target.len()] = 4;
+                assert_eq!(IntentBody::decode(&b, false, 1), None, "doubt");
             }
-            let mut bad = bytes.clone();
-            bad[0] = 9;
-            assert_eq!(IntentBody::decode(&bad), None);
         }
+    }
+
+    #[test]
+    fn a_format_3_intent_body_reads_as_pending_or_accepted() {
+        let body = IntentBody {
+            recorded_at: 7,
+            target: "carrier",
+            calls: Calls::FIRST,
+            data: b"1Z999",
+        };
+        let v1 = body.encode_v1();
+        assert_eq!(v1.len(), 13 + 7 + 5, "format 3's layout");
+        assert_eq!(IntentBody::decode(&v1, false, 2), Some(body), "pending");
+        let sent = IntentBody::decode(&v1, true, 1).expect("sent");
+        assert_eq!(
+            (
+                sent.calls.answer,
+                sent.calls.reference,
+                sent.calls.doubt,
+                sent.data
+            ),
+            (
+                Answered::Accepted,
+                Some(reference_hash(b"1Z999")),
+                Doubt::None,
+                &b"1Z999"[..]
+            )
+        );
+        let later = IntentBody::decode(&v1, true, 2).expect("sent");
+        assert_eq!(
+            later.calls.doubt,
+            Doubt::Unrecorded,
+            "listed as format 3 did"
+        );
     }
 }

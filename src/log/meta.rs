@@ -3,11 +3,11 @@
 //! its own; and the check at open that the file holds exactly the tables
 //! the manifest lists.
 //!
-//! Entries (format 3; format 2 has the same entries):
+//! Entries (format 4; formats 2 and 3 have the same entries):
 //!
 //! ```text
 //! magic          = "dedupkv store"
-//! format         = u32 LE (3)
+//! format         = u32 LE (4)
 //! key_hashing    = u8
 //! key_secret     = 16 bytes
 //! granularity_ms = u64 LE
@@ -22,10 +22,12 @@
 //!
 //! Format 1 (no checksum, no manifest, an optional `token_floor` = u64 LE)
 //! is read by trusting the tables present once; its first commit rewrites
-//! it as the current format. Format 2 differs from 3 only in the record
-//! kinds it may hold (3 adds `DeadLetter`): its first commit rewrites
-//! `format` and `settings_sum`, so a build that knows only format 2 refuses
-//! the file as newer rather than meeting a record kind it cannot read.
+//! it as the current format. Formats 2, 3 and 4 differ only in the records
+//! they may hold (3 adds the kinds `DeadLetter`, `Intent`, `Tally`; 4 the
+//! answers in `Intent` bodies and the first failure times in `DeadLetter`
+//! bodies): an older file's first commit rewrites `format` and
+//! `settings_sum`, so a build that knows only the older format refuses the
+//! file as newer rather than meeting a record it cannot read.
 //! Every later format keeps `settings_sum` as defined here, so a build can
 //! tell a newer file from a damaged one.
 
@@ -40,7 +42,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8] = b"dedupkv store";
 /// The newest store format this build understands (and the one it writes).
-pub(crate) const FORMAT_VERSION: u32 = 3;
+pub(crate) const FORMAT_VERSION: u32 = 4;
 /// The entries the settings checksum covers, in its order.
 const SETTINGS: [&str; 5] = [
     "magic",

@@ -55,8 +55,9 @@ pub(crate) enum Kind {
     DeadLetter = 11,
     /// An intent to call an external system for the operation (format
     /// 3), recorded in the claim's commit: claim fields of the attempt
-    /// that recorded it, `outcome_tag` [`INTENT_PENDING`] or
-    /// [`INTENT_SENT`], the body an [`IntentBody`]. It is the key's record
+    /// that last wrote it, `outcome_tag` [`INTENT_PENDING`],
+    /// [`INTENT_SETTLED`] or [`INTENT_CLOSED`], the body an [`IntentBody`]
+    /// (format 4: with what the provider answered). It is the key's record
     /// beside its state, never its state: an unanswered one is carried
     /// forward past expiry like a dead letter.
     Intent = 12,
@@ -69,11 +70,17 @@ pub(crate) enum Kind {
     Tally = 13,
 }
 
-/// The `outcome_tag` of an `Intent` record not answered yet.
+/// The `outcome_tag` of an `Intent` record not answered yet: a call of the
+/// operation may or may not have happened.
 pub(crate) const INTENT_PENDING: u8 = 0;
-/// The `outcome_tag` of an `Intent` record the provider answered; its body
-/// holds the provider's reference instead of the request.
-pub(crate) const INTENT_SENT: u8 = 1;
+/// The `outcome_tag` of an `Intent` record that is settled: the provider
+/// answered (format 3: "sent", the body holding its reference), or the
+/// operation finished while it is a candidate for a duplicate effect
+/// (format 4). Kept until the record expires.
+pub(crate) const INTENT_SETTLED: u8 = 1;
+/// The `outcome_tag` of an `Intent` record closed without an answer: its
+/// operation finished (completed, failed for good, resolved, forgotten).
+pub(crate) const INTENT_CLOSED: u8 = 2;
 
 /// The `outcome_tag` of a `Release` record that frees the key for any
 /// request (`Failure::RetryableAnyRequest`); 0 keeps the fingerprint.
@@ -378,8 +385,9 @@ impl<'a> RecordRef<'a> {
         )
     }
 
-    /// An intent of the operation (`tag` [`INTENT_PENDING`] or
-    /// [`INTENT_SENT`]); `body` is an encoded [`IntentBody`].
+    /// An intent of the operation (`tag` [`INTENT_PENDING`],
+    /// [`INTENT_SETTLED`] or [`INTENT_CLOSED`]); `body` is an encoded
+    /// [`IntentBody`].
     #[inline]
     pub(crate) fn intent(
         scope: &'a [u8],
@@ -573,19 +581,18 @@ impl<'a> RecordRef<'a> {
     /// The body of an `Intent` record; `Corrupt` if it is malformed.
     pub(crate) fn intent_body(&self) -> crate::Result<IntentBody<'a>> {
         debug_assert_eq!(self.kind, Kind::Intent);
-        IntentBody::decode(self.outcome).ok_or_else(|| {
+        IntentBody::decode(
+            self.outcome,
+            self.outcome_tag == INTENT_SETTLED,
+            self.attempt,
+        )
+        .ok_or_else(|| {
             crate::Error::Corrupt(format!(
                 "the Intent record of {} has a malformed {}-byte body",
                 crate::error::show_key(self.scope, self.id),
                 self.outcome.len()
             ))
         })
-    }
-
-    /// Whether an `Intent` record says the provider answered.
-    pub(crate) fn intent_sent(&self) -> bool {
-        debug_assert_eq!(self.kind, Kind::Intent);
-        self.outcome_tag == INTENT_SENT
     }
 
     /// The round a `Claim` or `Release` record's claim belongs to (`None`:
@@ -763,10 +770,11 @@ mod tests {
     #[test]
     fn a_claims_round_reads_back_through_a_row_and_damage_is_corrupt() -> crate::Result<()> {
         let (s, i) = KEY;
-        let round = RoundBody {
+        let (round, _) = RoundBody {
             before: 3,
             since: TIMES.0 - 5,
             interrupted: 2,
+            first_failed_at: TIMES.0 - 4,
         }
         .encode();
         let mut recs = [

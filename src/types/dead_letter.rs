@@ -27,6 +27,7 @@ use crate::types::record::Record;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
     pub(crate) record: Record,
+    pub(crate) first_failed_at: u64,
     pub(crate) failed_at: u64,
     pub(crate) reason: String,
     pub(crate) payload: Option<Vec<u8>>,
@@ -50,7 +51,7 @@ impl DeadLetter {
     }
 
     /// When the operation's first attempt was claimed (its first failure
-    /// came after it).
+    /// came after it; see [`first_failed_at`](Self::first_failed_at)).
     ///
     /// # Examples
     /// ```
@@ -71,12 +72,48 @@ impl DeadLetter {
         self.record.first_seen_at()
     }
 
-    /// When the last attempt failed and the operation was dead-lettered.
+    /// When the last attempt failed and the operation was dead-lettered:
+    /// the last failure.
     ///
     /// # Examples
-    /// See [`first_attempt_at`](Self::first_attempt_at).
+    /// See [`first_failed_at`](Self::first_failed_at).
     pub fn failed_at(&self) -> SystemTime {
         to_system_time(self.failed_at)
+    }
+
+    /// When the first failure of its round of attempts came (since its
+    /// first attempt, or since its latest [`requeue`](crate::Store::requeue)):
+    /// a retryable failure ([`Failure::Retryable`](crate::Failure::Retryable)),
+    /// a claim dropped without an answer, or an attempt found stranded —
+    /// its lease lapsed, or its process was gone, from the store's reopen
+    /// at the latest (as [`stranded_claims`](crate::Store::stranded_claims)
+    /// counts). If the operation was dead-lettered at its first failure,
+    /// the same as [`failed_at`](Self::failed_at). For a dead letter an
+    /// older build recorded (store format 3), which kept no such time,
+    /// the first attempt's time (it came no earlier).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{Begin, Failure, Fingerprint, Key, Listing, ManualClock, Store};
+    /// # use std::time::{Duration, UNIX_EPOCH};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
+    /// let key = Key::new("t", "op");
+    /// let at = |ms| UNIX_EPOCH + Duration::from_millis(ms);
+    /// clock.advance(Duration::from_secs(10));
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.fail(&c, Failure::Retryable)?; // the first failure, at +10 s
+    /// clock.advance(Duration::from_secs(50));
+    /// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+    /// store.fail(&c, Failure::Exhausted { reason: "gave up", payload: None })?; // the last, at +60 s
+    /// let dl = &store.dead_letters(&Listing::new())?.items[0];
+    /// assert_eq!(dl.first_failed_at(), at(1_700_000_010_000));
+    /// assert_eq!(dl.failed_at(), at(1_700_000_060_000));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn first_failed_at(&self) -> SystemTime {
+        to_system_time(self.first_failed_at)
     }
 
     /// The reason given with [`Failure::Exhausted`](crate::Failure::Exhausted).
@@ -207,11 +244,54 @@ impl Listing {
 /// Where a listing stopped; pass it to [`Listing::after`] for the next
 /// page. Entries are ordered oldest first (ties in a fixed order), so
 /// paging never repeats or skips an entry that stays put.
+///
+/// A cursor belongs to the listing that made it: the store (its file) and
+/// the kind of listing. Passed to another store, or to another listing of
+/// the same store (a [`dead_letters`](crate::Store::dead_letters) cursor
+/// to [`pending_intents`](crate::Store::pending_intents)), it is refused
+/// with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+/// (`what: "cursor"`) instead of starting that listing at a position that
+/// means nothing there. It stays valid across reopens of the same file.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Begin, Error, Failure, Fingerprint, Key, Listing, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// for id in ["a", "b"] {
+///     let Begin::Started(c) = store.begin(&Key::new("t", id), Fingerprint::NONE)? else { unreachable!() };
+///     store.fail(&c, Failure::Exhausted { reason: "gave up", payload: None })?;
+/// }
+/// let page = store.dead_letters(&Listing::new().limit(1))?;
+/// let cursor = page.next.expect("a second page");
+/// assert_eq!(store.dead_letters(&Listing::new().after(cursor))?.items.len(), 1);
+/// let other = Store::open(dir.path().join("other.redb"))?;
+/// assert!(matches!(
+///     other.dead_letters(&Listing::new().after(cursor)),
+///     Err(Error::InvalidArgument { what: "cursor", .. })
+/// ));
+/// assert!(matches!(
+///     store.stranded_claims(&Listing::new().after(cursor)),
+///     Err(Error::InvalidArgument { what: "cursor", .. })
+/// ));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cursor {
+    /// The store whose listing made it (a hash of its file's key secret).
+    pub(crate) store: u64,
+    /// The kind of listing that made it.
+    pub(crate) listing: u8,
     pub(crate) at: u64,
     pub(crate) id: u128,
     pub(crate) seq: u64,
+}
+
+impl Cursor {
+    /// Where it stands within its listing.
+    pub(crate) fn position(self) -> (u64, u128, u64) {
+        (self.at, self.id, self.seq)
+    }
 }
 
 /// One page of a listing.

@@ -16,7 +16,7 @@ pub(crate) mod stats;
 pub use attempt::{Failure, Forget, InProgress};
 pub use dead_letter::{Cursor, DeadLetter, Listing, Page, Resolution};
 pub use eviction::Eviction;
-pub use intent::{Intent, IntentEntry};
+pub use intent::{Answer, Duplicate, Intent, IntentEntry};
 pub use options::BeginOptions;
 pub use order::{Advance, Delivered, Handling, Held, SequenceOptions, Sequenced, Unacked, Update};
 pub use reconcile::{Reconciliation, Tally, WindowDiff};

@@ -8,7 +8,8 @@
 //!   reopened.
 //! - [`model`]: the model of the store's semantics that random operation
 //!   sequences are checked against.
-//! - Helpers the tests repeat: [`started`], [`is_fault`], [`tempdir`].
+//! - Helpers the tests repeat: [`started`], [`is_fault`], [`tempdir`],
+//!   and the shared set-up: the start time [`T0`] and [`builder`].
 //!
 //! It uses dedupkv's public API only, and `std`/`parking_lot` locks (never
 //! dedupkv's `sync` module), so it builds and behaves the same under
@@ -34,7 +35,37 @@ pub mod model;
 
 pub use backend::{FaultBackend, Plan};
 
-use dedupkv::{Begin, Claim, Error};
+use dedupkv::{Begin, Claim, Error, ManualClock, Store, StoreBuilder};
+
+/// The tests' start time on a [`ManualClock`]: 2023-11-14T22:14:00Z, on a
+/// minute boundary (so on a bucket boundary for every granularity that
+/// divides a minute).
+pub const T0: u64 = 1_700_000_040_000;
+
+/// [`T0`] rounded down to an hour: the start of a reconciliation window
+/// of the default hour.
+pub const T0_HOUR: u64 = T0 - T0 % 3_600_000;
+
+/// The builder every test starts from: `clock`, and no background
+/// eviction (a test evicts when it says so). Each test adds its settings.
+///
+/// # Examples
+///
+/// ```
+/// use dedupkv::{Key, ManualClock};
+/// use dedupkv_testkit::{T0, builder, tempdir};
+///
+/// let clock = ManualClock::new(T0);
+/// let dir = tempdir();
+/// let store = builder(&clock).open(dir.path().join("s.redb"))?;
+/// assert!(store.insert_if_absent(&Key::new("t", "a"))?);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub fn builder(clock: &ManualClock) -> StoreBuilder {
+    Store::builder()
+        .clock(clock.clone())
+        .background_eviction(false)
+}
 
 /// The claim of a `begin` that started the operation.
 ///

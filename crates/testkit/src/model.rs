@@ -456,7 +456,16 @@ impl MEntity {
 /// A key's intent, as the model expects `intent` to report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct MIntent {
+    /// Settled: the provider's answer (here always an acceptance,
+    /// `mark_sent`) is recorded and no earlier call's fate is open.
     sent: bool,
+    /// An earlier attempt's call got no recorded answer.
+    open: bool,
+    /// The first reference the provider gave the operation.
+    reference: Option<Vec<u8>>,
+    /// A duplicate candidate: a second reference, or an acceptance after
+    /// a call of open fate.
+    doubt: bool,
     target: String,
     /// The request while pending, the reference once sent.
     data: Vec<u8>,
@@ -1842,10 +1851,20 @@ impl Harness {
             let g = self.model.s.granularity;
             let bucket = ((now + retention_ms) / g).max(earlier.as_ref().map_or(0, |i| i.bucket));
             let recorded_at = pending.map_or(now, |i| i.recorded_at);
+            // The calls so far: a new operation starts afresh (an earlier
+            // one's unanswered call stays open); a later attempt keeps the
+            // reference and doubt, its predecessor's call open if unanswered.
+            let (reference, doubt) = match &earlier {
+                Some(e) if claim.attempt() > 1 => (e.reference.clone(), e.doubt),
+                _ => (None, false),
+            };
             self.model.intents.insert(
                 k,
                 MIntent {
                     sent: false,
+                    open: pending.is_some(),
+                    reference,
+                    doubt,
                     target,
                     data,
                     provider: claim.provider_key(),
@@ -1887,9 +1906,18 @@ impl Harness {
         };
         check(got, "mark_sent")?;
         let g = self.model.s.granularity;
+        let r = reference(r);
+        let doubt = earlier.doubt
+            || match &earlier.reference {
+                Some(first) => *first != r,
+                None => earlier.open,
+            };
         let intent = MIntent {
             sent: true,
-            data: reference(r),
+            open: false,
+            reference: Some(earlier.reference.clone().unwrap_or_else(|| r.clone())),
+            doubt,
+            data: r,
             provider: self.held[i].claim.provider_key(),
             attempt: prev.attempt,
             bucket: ((now + prev.retention_ms) / g).max(earlier.bucket),
@@ -1926,8 +1954,8 @@ impl Harness {
         Ok(())
     }
 
-    /// `pending_intents` (or, `duplicates`, `duplicate_candidates`: sent
-    /// by an attempt after the first) holds the model's, oldest recorded
+    /// `pending_intents` (or, `duplicates`, `duplicate_candidates`: a
+    /// second reference, or one after a call of open fate) holds the model's, oldest recorded
     /// first, and paged two at a time gives the same.
     fn check_intent_listing(&self, duplicates: bool) -> TestResult {
         let list = |l: &Listing| {
@@ -1941,13 +1969,7 @@ impl Harness {
             .model
             .intents
             .iter()
-            .filter(|(_, i)| {
-                if duplicates {
-                    i.sent && i.attempt > 1
-                } else {
-                    !i.sent
-                }
-            })
+            .filter(|(_, i)| if duplicates { i.doubt } else { !i.sent })
             .map(|(k, i)| (*k, i))
             .collect();
         let page = check(list(&Listing::new().limit(1_000)), "intent listing")?;
