@@ -14,7 +14,10 @@
 //!
 //! `cargo bench --bench async_front` (`DEDUPKV_BENCH_RUNS` rounds, default
 //! 3; `DEDUPKV_ASYNC_OPS` operations per worker, default 300;
-//! `DEDUPKV_BENCH_VERBOSE=1` prints each round and its records per commit).
+//! `DEDUPKV_BENCH_VERBOSE=1` prints each round and its records per commit;
+//! `DEDUPKV_ASYNC_WORKERS` sets the tasks' runtime's workers, 0 for a
+//! current-thread runtime; `DEDUPKV_BENCH_DIR=/dev/shm` puts the stores on
+//! a tmpfs).
 #![allow(
     missing_docs,
     clippy::unwrap_used,
@@ -40,6 +43,16 @@ enum Work {
     BeginComplete,
 }
 
+/// A fresh directory for a store: in `DEDUPKV_BENCH_DIR` if set (a tmpfs
+/// such as /dev/shm takes the disk out: each sync is free, and what is left
+/// is the front's own cost), else the system's temp dir.
+fn tempdir() -> tempfile::TempDir {
+    match std::env::var_os("DEDUPKV_BENCH_DIR") {
+        Some(d) => tempfile::tempdir_in(d).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    }
+}
+
 fn open(dir: &tempfile::TempDir) -> Store {
     Store::builder()
         .background_eviction(false)
@@ -48,7 +61,7 @@ fn open(dir: &tempfile::TempDir) -> Store {
 }
 
 fn threads(work: Work, ops: usize) -> f64 {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let store = open(&dir);
     let barrier = Barrier::new(WORKERS);
     let t = Instant::now();
@@ -86,7 +99,7 @@ fn threads(work: Work, ops: usize) -> f64 {
 }
 
 fn tasks(rt: &tokio::runtime::Runtime, work: Work, ops: usize) -> f64 {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let store = AsyncStore::new(open(&dir));
     rt.block_on(async {
         let t = Instant::now();
@@ -162,7 +175,7 @@ fn stall_alone(for_: Duration) -> (f64, f64) {
 /// The worst and p99 gap of a 1 ms ticker (in ms, past its 1 ms), beside
 /// 16 tasks doing `ops` insert + begin + complete each, async or inline.
 fn stall(ops: usize, inline: bool) -> (f64, f64) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let store = AsyncStore::new(open(&dir));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -223,7 +236,7 @@ fn stall(ops: usize, inline: bool) -> (f64, f64) {
 
 /// `complete` → waiter's answer, in ms: p50, p99 over `n` keys.
 fn wakeup(n: usize, blocking: bool) -> (f64, f64) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let store = AsyncStore::new(open(&dir));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -280,10 +293,23 @@ fn wakeup(n: usize, blocking: bool) -> (f64, f64) {
 fn main() {
     let runs = env_or("DEDUPKV_BENCH_RUNS", 3);
     let ops = env_or("DEDUPKV_ASYNC_OPS", 300);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    // Workers of the tasks' runtime: tokio's default (one per core), or
+    // DEDUPKV_ASYNC_WORKERS (0: a current-thread runtime).
+    let rt = match std::env::var("DEDUPKV_ASYNC_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(0) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build()
+    .unwrap();
     println!(
         "## 16 tasks (async front) vs 16 threads (blocking), Immediate, {ops} ops per worker, {runs} rounds\n"
     );

@@ -1,11 +1,11 @@
 //! Durability that can be awaited as well as waited on.
 //!
-//! A blocking caller sleeps on the commit futex ([`Log::wait_durable`]).
+//! A blocking caller sleeps on the commit futex ([`Log::wait_durable`](super::Log::wait_durable)).
 //! An async caller instead runs its call in a *deferring scope*
 //! ([`deferring`]): on this thread, for the length of the call, the waits
 //! an answer needs (its own records, and the records it was answered from)
 //! are noted instead of waited for; the caller then awaits the noted row
-//! through [`Log::poll_durable`], whose waker sits in [`Wakers`] until the
+//! through [`Log::poll_durable`](super::Log::poll_durable), whose waker sits in [`Wakers`] until the
 //! commit that covers the row wakes it.
 //!
 //! Invariants:
@@ -16,7 +16,7 @@
 //! - a call that must read a row before it is durable (a replay of a
 //!   record still in the open batch) blocks as before — unless nothing was
 //!   appended yet in the scope and the caller can run the call again
-//!   ([`Scope::retry`]): then the read fails with `WouldBlock`, the row is
+//!   ([`Scope::Retry`]): then the read fails with `WouldBlock`, the row is
 //!   noted as [`Deferred::unreadable`], and the caller awaits it and runs
 //!   the call again, which is the same call, since nothing was recorded;
 //! - a waker is registered before the durable row is checked again, and a
