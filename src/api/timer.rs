@@ -2,7 +2,9 @@
 //! timeout, a lease end): one process-wide thread, `dedupkv-timer`,
 //! started on the first timed wait, keeps the deadlines in a heap and
 //! wakes each task once when its deadline passes. No runtime is needed
-//! and none is assumed; a dropped sleep removes its waker.
+//! and none is assumed; a dropped sleep removes its waker. It uses std's
+//! locks rather than `crate::sync`'s: it is a process-wide static outside
+//! any store, and the async front is not part of the loom models.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};

@@ -2,7 +2,8 @@
 //! spent committing and records committed, and an optional observer told
 //! of each commit (the `metrics` feature's histograms). Nothing is
 //! observed until an observer is set; the totals are two relaxed adds per
-//! commit.
+//! commit. std's atomics, not `crate::sync`'s: these totals steer nothing,
+//! so the model checker need not follow them.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
