@@ -9,7 +9,11 @@
 //!
 //! `cargo bench --bench effects` (`DEDUPKV_BENCH_RUNS` runs per figure,
 //! default 5; `DEDUPKV_EFFECTS_OPS_1` and `DEDUPKV_EFFECTS_OPS_16`
-//! operations per worker, defaults 1,000 and 500).
+//! operations per worker, defaults 1,000 and 500;
+//! `DEDUPKV_EFFECTS_DEFERRED=1` for `Durability::Deferred` (10 ms), which
+//! takes the syncs out and leaves the engine's own cost;
+//! `DEDUPKV_EFFECTS_PLAIN_ONLY=1` runs only `begin` + `complete` and
+//! `begin` + `complete_with_amount`).
 #![allow(missing_docs, clippy::unwrap_used, clippy::cast_precision_loss)]
 
 #[path = "common/mod.rs"]
@@ -19,7 +23,7 @@ use common::env_or;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Barrier;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dedupkv::{Begin, BeginOptions, Durability, Fingerprint, Intent, Key, Store};
 
@@ -90,7 +94,7 @@ impl Shape {
 /// a fresh store. Returns (ops/s, durable commits per op).
 fn run(dir: &Path, shape: Shape, workers: usize, per: usize, tag: usize) -> (f64, f64) {
     let store = Store::builder()
-        .durability(Durability::Immediate)
+        .durability(durability())
         .open(dir.join(format!("effects-{tag}.redb")))
         .unwrap();
     let barrier = Barrier::new(workers);
@@ -115,6 +119,16 @@ fn run(dir: &Path, shape: Shape, workers: usize, per: usize, tag: usize) -> (f64
     (ops / secs, commits as f64 / ops)
 }
 
+fn durability() -> Durability {
+    if env_or("DEDUPKV_EFFECTS_DEFERRED", 0) == 1 {
+        Durability::Deferred {
+            max_delay: Duration::from_millis(10),
+        }
+    } else {
+        Durability::Immediate
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -123,7 +137,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Alternates the shapes `runs` times with `workers` workers; table rows.
 fn bench(workers: usize, per: usize, runs: usize) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
-    let n = Shape::ALL.len();
+    let shapes: Vec<Shape> = Shape::ALL
+        .into_iter()
+        .filter(|s| {
+            env_or("DEDUPKV_EFFECTS_PLAIN_ONLY", 0) == 0
+                || matches!(s, Shape::Plain | Shape::Tallied)
+        })
+        .collect();
+    let n = shapes.len();
     let (mut rate, mut commits) = (vec![vec![]; n], vec![vec![]; n]);
     let mut ratio = vec![vec![]; n];
     for r in 0..runs {
@@ -131,7 +152,7 @@ fn bench(workers: usize, per: usize, runs: usize) -> Vec<String> {
         let mut round = vec![0.0; n];
         for j in 0..n {
             let i = (r + j) % n;
-            let (ops, c) = run(dir.path(), Shape::ALL[i], workers, per, r * n + i);
+            let (ops, c) = run(dir.path(), shapes[i], workers, per, r * n + i);
             round[i] = ops;
             rate[i].push(ops);
             commits[i].push(c);
@@ -141,7 +162,7 @@ fn bench(workers: usize, per: usize, runs: usize) -> Vec<String> {
         }
     }
     let plain_commits = median(commits[0].clone());
-    Shape::ALL
+    shapes
         .into_iter()
         .enumerate()
         .map(|(i, shape)| {
@@ -169,8 +190,12 @@ fn main() {
         println!("{line}");
         writeln!(out, "{line}").unwrap();
     };
+    let mode = match durability() {
+        Durability::Immediate => "Immediate",
+        _ => "Deferred 10 ms",
+    };
     row(format!(
-        "dedupkv effects bench: Immediate, {per_1} ops (1 worker) / {per_16} ops per worker (16 workers), {runs} alternating runs, medians"
+        "dedupkv effects bench: {mode}, {per_1} ops (1 worker) / {per_16} ops per worker (16 workers), {runs} alternating runs, medians"
     ));
     row(String::new());
     row("| workers | per operation | ops/s | commits/op | ops/s ÷ begin + complete, same round (range) | commits/op − begin + complete |".into());

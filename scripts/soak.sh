@@ -1,19 +1,51 @@
 #!/usr/bin/env bash
-# Crash soak: re-runs the real-process SIGKILL test (tests/crash_sigkill.rs,
-# 20 kills per round, every acknowledged key checked after each kill) for
-# SOAK_ROUNDS rounds (default 10) within SOAK_SECONDS (default 600), then
-# prints the kills survived and the acknowledged keys checked. Stops by
-# itself: at the round limit, at the time limit (the running round is cut
-# short and not counted), or at the first failing round (exit 1).
+# Soak: first the concurrent-history check (tests/claims_linearizable.rs,
+# release build) on fresh seeds for SOAK_LIN_SECONDS (default 120; 0 skips
+# it): many threads making every call on a few keys, each key's recorded
+# history checked for linearizability against the model, a hang past 20 s
+# a failure. Then the crash soak: re-runs the real-process SIGKILL test
+# (tests/crash_sigkill.rs, 20 kills per round, every acknowledged key
+# checked after each kill) for SOAK_ROUNDS rounds (default 10) within
+# SOAK_SECONDS (default 600), then prints the kills survived and the
+# acknowledged keys checked. Stops by itself: at the round limit, at the
+# time limit (the running round is cut short and not counted), or at the
+# first failing round or history (exit 1).
 #
 #   scripts/soak.sh
-#   SOAK_ROUNDS=100 SOAK_SECONDS=3600 scripts/soak.sh
+#   SOAK_LIN_SECONDS=1800 SOAK_ROUNDS=100 SOAK_SECONDS=3600 scripts/soak.sh
+#   SOAK_LIN_SECONDS=600 SOAK_ROUNDS=0 scripts/soak.sh   # histories only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 rounds=${SOAK_ROUNDS:-10}
 budget=${SOAK_SECONDS:-600}
+lin_seconds=${SOAK_LIN_SECONDS:-120}
 test_name=kills_never_lose_an_acknowledged_key
+
+if ((lin_seconds > 0)); then
+    echo "concurrent histories: fresh seeds for ${lin_seconds}s (release build)"
+    lin_log=$(mktemp)
+    # Seeds past the CI's fixed ones; a failure prints the shrunk history
+    # and the DEDUPKV_LIN_SEEDS that reproduces its calls. A hung call
+    # fails its run after 20 s; the outer timeout only guards the harness.
+    first=$(((RANDOM << 15 | RANDOM) + 100))
+    status=0
+    DEDUPKV_LIN_SEEDS=$first DEDUPKV_LIN_SECS=$lin_seconds \
+        timeout --kill-after=10 $((lin_seconds + 900)) \
+        cargo test --release --locked --test claims_linearizable -- --nocapture \
+        >"$lin_log" 2>&1 || status=$?
+    if ((status != 0)); then
+        echo "concurrent histories FAILED (exit $status); the end of the output:" >&2
+        tail -n 120 "$lin_log" >&2
+        rm -f "$lin_log"
+        exit 1
+    fi
+    grep -E '^[0-9]+ runs, ' "$lin_log" | tail -1
+    rm -f "$lin_log"
+    if ((rounds == 0)); then
+        exit 0
+    fi
+fi
 
 echo "building the crash test (release)"
 exe=$(cargo test --release --test crash_sigkill --no-run --message-format=json \

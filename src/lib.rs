@@ -62,8 +62,9 @@ pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use types::{
     Advance, Answer, BeginOptions, Cursor, DeadLetter, Delivered, Duplicate, Eviction, Failure,
-    Forget, Handling, Held, InProgress, Intent, IntentEntry, Listing, Page, Reconciliation, Record,
-    Resolution, SequenceOptions, Sequenced, State, Stats, Tally, Unacked, Update, WindowDiff,
+    Forget, Handling, Held, InProgress, Intent, IntentEntry, KeyKind, KeyReconciliation,
+    KeyWindowDiff, Listing, Page, Reconciliation, Record, Resolution, SequenceOptions, Sequenced,
+    State, Stats, Tally, Unacked, Update, WindowDiff, WindowKeys,
 };
 
 /// The README's code, compiled and run as doc tests so it cannot go stale.

@@ -175,6 +175,18 @@ const GAUGES: &[GaugeDef] = &[
         "callers waiting for an in-flight result",
         |s| s.waiting as f64,
     ),
+    (
+        "dedupkv_reconcile_keys",
+        Unit::Count,
+        "completed keys the reconciliation windows hold",
+        |s| s.reconcile_keys as f64,
+    ),
+    (
+        "dedupkv_reconcile_bytes",
+        Unit::Bytes,
+        "heap bytes the reconciliation windows hold",
+        |s| s.reconcile_bytes as f64,
+    ),
 ];
 
 const COMMIT_SECONDS: &str = "dedupkv_commit_duration_seconds";

@@ -58,12 +58,16 @@ fn a_run_dropped_inside_its_work_leaves_an_interrupted_attempt() -> Result<()> {
     let key = Key::new("t", "op");
     let transient = |_: &String| ErrorClass::Retryable;
     runtime().block_on(async {
-        // The work never finishes; the whole run is dropped mid-way.
+        // The work starts and never finishes; the run is dropped inside it.
+        let (started, in_work) = tokio::sync::oneshot::channel::<()>();
         let run = policy.run_async(&store, &key, Fingerprint::NONE, transient, |_| {
+            let _ = started.send(());
             std::future::pending::<std::result::Result<Vec<u8>, String>>()
         });
-        let cut = tokio::time::timeout(std::time::Duration::from_millis(10), run).await;
-        assert!(cut.is_err(), "the work never ends");
+        tokio::select! {
+            _ = run => panic!("the work never ends"),
+            _ = in_work => {}
+        }
         let next = policy
             .run_async(&store, &key, Fingerprint::NONE, transient, |claim| {
                 let interrupted = claim.interrupted();
@@ -83,8 +87,11 @@ fn call_async_asks_the_provider_after_an_interrupted_call() -> Result<()> {
     let key = Key::new("t", "ship-7");
     let request = b"order 7";
     let calls = Arc::new(AtomicUsize::new(0));
-    let effect = |hang: bool| {
+    let (reached, at_carrier) = tokio::sync::oneshot::channel::<()>();
+    let mut reached = Some(reached);
+    let mut effect = |hang: bool| {
         let calls = Arc::clone(&calls);
+        let reached = if hang { reached.take() } else { None };
         Effect::new_async(
             Intent {
                 target: "carrier",
@@ -97,7 +104,9 @@ fn call_async_asks_the_provider_after_an_interrupted_call() -> Result<()> {
             },
             move |_claim| async move {
                 calls.fetch_add(1, Ordering::SeqCst);
-                if hang {
+                if let Some(reached) = reached {
+                    // The carrier has the call; its answer never comes back.
+                    let _ = reached.send(());
                     std::future::pending::<()>().await;
                 }
                 Ok(b"1Z001".to_vec())
@@ -108,12 +117,10 @@ fn call_async_asks_the_provider_after_an_interrupted_call() -> Result<()> {
     runtime().block_on(async {
         let fp = Fingerprint::of(&request[..]);
         // The first call reaches the carrier, then its task is dropped.
-        let cut = tokio::time::timeout(
-            std::time::Duration::from_millis(10),
-            policy.call_async(&store, &key, fp, effect(true)),
-        )
-        .await;
-        assert!(cut.is_err());
+        tokio::select! {
+            _ = policy.call_async(&store, &key, fp, effect(true)) => panic!("never answered"),
+            _ = at_carrier => {}
+        }
         let run = policy.call_async(&store, &key, fp, effect(false)).await?;
         assert!(
             matches!(run, Run::Reconciled(ref r) if r == b"1Z001"),

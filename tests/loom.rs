@@ -8,7 +8,13 @@
 //! the backend's crash image (only the synced bytes), and that image,
 //! reopened as a store, holds the acknowledged record. The same holds for
 //! `flush` in `Deferred` mode, and with an injected sync failure no caller
-//! of the failed batch is acknowledged.
+//! of the failed batch is acknowledged. Two writes of one key in the open
+//! log row (`Deferred` mode lets one thread make both before a commit)
+//! must not fool a call that read the row between its two locks: `forget`
+//! never frees a claim `begin` started meanwhile, and `begin` replays as
+//! `Completed` only a finished record, never a `requeue`'s release; and a
+//! listing returns when a dead letter lands in a row newer than the one it
+//! read when it began.
 //!
 //! Each model opens its store with one shard and a manual clock, so an
 //! execution is a function of loom's schedule alone (loom requires it): the
@@ -22,8 +28,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dedupkv::{Begin, Durability, Error, Fingerprint, Key, ManualClock, Result, Store};
-use dedupkv_testkit::{FaultBackend, Plan, is_fault};
+use dedupkv::{Begin, Durability, Error, Failure, Fingerprint, Key, ManualClock, Result, Store};
+use dedupkv_testkit::{FaultBackend, Plan, is_fault, started};
 use loom::thread::JoinHandle;
 use redb::StorageBackend;
 
@@ -373,4 +379,118 @@ fn failure_in_a_later_commit_keeps_earlier_acks_durable() {
     );
     println!("loom:   acknowledged {ok} times, refused {err} times");
     assert!(ok > 0 && err > 0, "acknowledged {ok}, refused {err}");
+}
+
+/// Deferred mode: a write returns before its commit, so two writes of one
+/// key can share the open log row without a third thread.
+fn deferred() -> Durability {
+    Durability::Deferred {
+        max_delay: Duration::from_millis(5),
+    }
+}
+
+#[test]
+fn forget_never_frees_a_live_claim() {
+    check(
+        "forget vs fail + begin: a Started claim stays the key's",
+        2,
+        || {
+            let store = open_with(FaultBackend::new(), deferred())?;
+            let first = started(store.begin(&Key::new("t", "op"), fp())?);
+            let (forgot, again) = race(|| {
+                let racer = {
+                    let store = store.clone();
+                    spawn(move || store.forget(&Key::new("t", "op")))
+                };
+                let again = store
+                    .fail(&first, Failure::Retryable)
+                    .and_then(|()| store.begin(&Key::new("t", "op"), fp()));
+                (join(racer), again)
+            });
+            let (forgot, again) = (forgot?, again?);
+            // Forgotten before the begin (a new operation, attempt 1) or
+            // refused while the first claim was live: either way a Started
+            // claim is the key's active claim until it finishes.
+            if let Begin::Started(claim) = again
+                && let Err(e) = store.complete(&claim, OUTCOME)
+            {
+                panic!(
+                    "begin started attempt {} while forget answered {forgot:?}, \
+                     and the claim was lost: {e}",
+                    claim.attempt()
+                );
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn begin_replays_only_finished_records() {
+    check(
+        "begin vs requeue: Completed only for a finished record",
+        2,
+        || {
+            let store = open_with(FaultBackend::new(), deferred())?;
+            let first = started(store.begin(&Key::new("t", "op"), fp())?);
+            let (mine, requeued) = race(|| {
+                let racer = {
+                    let store = store.clone();
+                    spawn(move || store.requeue(&Key::new("t", "op")))
+                };
+                let exhausted = Failure::Exhausted {
+                    reason: "gave up",
+                    payload: None,
+                };
+                let mine = store
+                    .fail(&first, exhausted)
+                    .and_then(|()| store.begin(&Key::new("t", "op"), fp()));
+                (mine, join(racer))
+            });
+            let (mine, requeued) = (mine?, requeued?);
+            // Dead-lettered (before the requeue) or a new attempt (after
+            // it); nothing here ever completed.
+            if let Begin::Completed(rec) = &mine {
+                panic!("begin answered Completed with {rec:?} (requeued: {requeued})");
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn dead_letters_listing_returns() {
+    check(
+        "dead_letters vs a dead letter written into a newer row",
+        2,
+        || {
+            let store = open(FaultBackend::new())?;
+            let first = started(store.begin(&Key::new("t", "op"), fp())?);
+            let (listed, failed) = race(|| {
+                let racer = {
+                    let store = store.clone();
+                    spawn(move || {
+                        // A commit after the listing began: the dead letter
+                        // lands in a row newer than the one it read.
+                        store.insert_if_absent(&Key::new("t", "other"))?;
+                        store.fail(
+                            &first,
+                            Failure::Exhausted {
+                                reason: "gave up",
+                                payload: None,
+                            },
+                        )
+                    })
+                };
+                let listed = store.dead_letters(&dedupkv::Listing::new());
+                (listed, join(racer))
+            });
+            failed?;
+            // It returned (loom reports a listing that waits forever as a
+            // deadlock), with the dead letter or without it.
+            let listed = listed?;
+            assert!(listed.items.len() <= 1, "listed {listed:?}");
+            Ok(())
+        },
+    );
 }

@@ -73,6 +73,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => key_index().prop_map(Op::Forget),
         3 => (0..ENTITIES, 1..=MAX_SEQ, 0u8..3).prop_map(|(e, s, p)| Op::Sequence(e, s, p)),
         1 => (0..ENTITIES, 0..=MAX_SEQ).prop_map(|(e, upto)| Op::Ack(e, upto)),
+        1 => (0..ENTITIES, 1..=MAX_SEQ).prop_map(|(e, v)| Op::Version(e, v)),
         4 => step().prop_map(Op::Advance),
         1 => Just(Op::Evict),
         1 => Just(Op::Flush),

@@ -1,22 +1,17 @@
 //! Reconciliation: durable per-window counts of completed operations, and
-//! their comparison with the system of record's.
+//! their comparison with the system of record's. The counts live in the
+//! completions' own records and in the window totals eviction writes
+//! before those records leave: exact after a crash, after eviction (early
+//! too) and after weeks closed.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use dedupkv::{
-    Begin, Failure, Fingerprint, Key, ManualClock, Resolution, Result, Store, StoreBuilder, Tally,
+    Begin, Error, Failure, Fingerprint, Key, ManualClock, Resolution, Result, Store, Tally,
 };
-use dedupkv_testkit::{FaultBackend, started, tempdir};
+use dedupkv_testkit::{FaultBackend, T0_HOUR as T0, builder, started, tempdir};
 
 const HOUR: Duration = Duration::from_secs(3600);
-/// 2023-11-14T22:00:00Z, a window boundary.
-const T0: u64 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000;
-
-fn builder(clock: &ManualClock) -> StoreBuilder {
-    Store::builder()
-        .clock(clock.clone())
-        .background_eviction(false)
-}
 
 fn ship(store: &Store, id: &str, amount: i64) -> Result<()> {
     let c = started(store.begin(&Key::new("shipments", id), Fingerprint::NONE)?);
@@ -193,6 +188,173 @@ fn an_answer_other_than_started_counts_nothing() -> Result<()> {
         store.tallies("shipments")?[0].count,
         1,
         "a replay is no completion"
+    );
+    Ok(())
+}
+
+/// The scope's windows as (start offset from `T0` in minutes, count, amount).
+fn windows(store: &Store) -> Result<Vec<(u64, u64, i128)>> {
+    Ok(store
+        .tallies("shipments")?
+        .iter()
+        .map(|t| {
+            let ms = t
+                .window_start
+                .duration_since(UNIX_EPOCH)
+                .expect("after the epoch")
+                .as_millis() as u64;
+            ((ms - T0) / 60_000, t.count, t.amount)
+        })
+        .collect())
+}
+
+#[test]
+fn counts_outlive_the_records_they_come_from() -> Result<()> {
+    let clock = ManualClock::new(T0);
+    let backend = FaultBackend::new();
+    // Operations are kept a minute; their window's counts a week.
+    let open = |b: FaultBackend| {
+        builder(&clock)
+            .retention(Duration::from_secs(60))
+            .bucket_granularity(Duration::from_secs(1))
+            .open_with_backend(b)
+    };
+    let store = open(backend.clone())?;
+    for i in 0..5 {
+        ship(&store, &format!("a{i}"), 10)?;
+    }
+    clock.advance(Duration::from_secs(120));
+    store.evict_expired()?;
+    assert!(
+        store.get(&Key::new("shipments", "a0"))?.is_none(),
+        "the records are gone"
+    );
+    assert_eq!(windows(&store)?, vec![(0, 5, 50)]);
+    // The window is still open: more completions after the eviction.
+    for i in 0..3 {
+        ship(&store, &format!("b{i}"), 1)?;
+    }
+    clock.advance(Duration::from_secs(120));
+    store.evict_expired()?;
+    for i in 0..2 {
+        ship(&store, &format!("c{i}"), 100)?;
+    }
+    clock.advance(HOUR);
+    ship(&store, "d0", 0)?;
+    let want = vec![(0, 10, 253), (60, 1, 0)];
+    assert_eq!(windows(&store)?, want);
+    // A power cut: only the durable part of the file survives.
+    let image = backend.crash_image();
+    drop(store);
+    let store = open(image)?;
+    assert_eq!(windows(&store)?, want, "after a crash");
+    // And evicted once more, then reopened.
+    clock.advance(Duration::from_secs(120));
+    store.evict_expired()?;
+    drop(store);
+    let store = open(backend.healthy())?;
+    assert_eq!(windows(&store)?, want, "after a reopen");
+    Ok(())
+}
+
+#[test]
+fn an_early_eviction_keeps_the_counts() -> Result<()> {
+    let clock = ManualClock::new(T0);
+    let backend = FaultBackend::new();
+    let open = |b: FaultBackend| {
+        builder(&clock)
+            .bucket_granularity(Duration::from_secs(1))
+            .max_keys(10)
+            .open_with_backend(b)
+    };
+    let store = open(backend.clone())?;
+    let mut early = 0;
+    for i in 0..40 {
+        ship(&store, &format!("k{i}"), 2)?;
+        clock.advance(Duration::from_secs(1));
+        if i % 10 == 9 {
+            early += store.evict_expired()?.early_buckets;
+        }
+    }
+    assert!(early >= 20, "live buckets went early: {early}");
+    assert_eq!(windows(&store)?, vec![(0, 40, 80)]);
+    drop(store);
+    let store = open(backend.crash_image())?;
+    assert_eq!(windows(&store)?, vec![(0, 40, 80)], "after a crash");
+    Ok(())
+}
+
+#[test]
+fn counts_survive_weeks_closed() -> Result<()> {
+    let dir = tempdir();
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let open = || builder(&clock).open(&path);
+    {
+        let store = open()?;
+        for i in 0..4 {
+            ship(&store, &format!("a{i}"), 25)?;
+        }
+        clock.advance(HOUR);
+        ship(&store, "b0", 1)?;
+    }
+    // Closed for three days: every operation's record expired (a day's
+    // retention), the windows' counts (a week) did not.
+    clock.advance(Duration::from_secs(3 * 86_400));
+    let want = vec![(0, 4, 100), (60, 1, 1)];
+    {
+        let store = open()?;
+        assert_eq!(windows(&store)?, want);
+        assert!(store.get(&Key::new("shipments", "a0"))?.is_none());
+    }
+    clock.advance(Duration::from_secs(2 * 86_400));
+    assert_eq!(windows(&open()?)?, want, "the open carried them");
+    clock.advance(Duration::from_secs(3 * 86_400));
+    assert!(windows(&open()?)?.is_empty(), "a week after their end");
+    Ok(())
+}
+
+#[test]
+fn reconcile_refuses_a_phantom_window_and_an_overlong_scope() -> Result<()> {
+    let dir = tempdir();
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock)
+        .max_scope_len(16)
+        .open(dir.path().join("s.redb"))?;
+    ship(&store, "a", 1)?;
+    let w0 = UNIX_EPOCH + Duration::from_millis(T0);
+    let off = w0 + Duration::from_secs(90);
+    match store.reconcile("shipments", &[Tally::new(off, 1, 1)]) {
+        Err(Error::InvalidArgument { what, reason }) => {
+            assert_eq!(what, "tally");
+            assert!(
+                reason.contains(&format!("{:?}", off.duration_since(UNIX_EPOCH).unwrap())),
+                "{reason}"
+            );
+            assert!(reason.contains("3600000 ms"), "{reason}");
+        }
+        other => panic!("a tally off a boundary: {other:?}"),
+    }
+    let long = "s".repeat(17);
+    for got in [
+        store.reconcile(&long, &[]).map(|_| ()),
+        store.tallies(&long).map(|_| ()),
+    ] {
+        match got {
+            Err(Error::InvalidArgument { what, reason }) => {
+                assert_eq!(what, "scope");
+                assert!(
+                    reason.contains("17 bytes") && reason.contains("max_scope_len (16)"),
+                    "{reason}"
+                );
+            }
+            other => panic!("an overlong scope: {other:?}"),
+        }
+    }
+    assert!(
+        store
+            .reconcile("shipments", &[Tally::new(w0, 1, 1)])?
+            .is_clean()
     );
     Ok(())
 }

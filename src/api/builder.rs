@@ -60,6 +60,7 @@ impl Default for StoreBuilder {
                 max_batch_bytes: 256 << 20,
                 tally_window_ms: 3_600_000,
                 tally_retention_ms: 7 * 86_400_000,
+                tally_keys: Vec::new(),
                 row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
                 metrics_label: "default".into(),
             },
@@ -417,8 +418,8 @@ impl StoreBuilder {
         self
     }
 
-    /// How long a reconciliation window's totals are kept after its last
-    /// completion. Default: 7 days. `open` fails with
+    /// How long a reconciliation window's totals (and kept keys) are kept
+    /// after the window ends. Default: 7 days. `open` fails with
     /// [`Error::InvalidConfig`] for one spanning 2^22 buckets or more.
     ///
     /// # Examples
@@ -432,6 +433,38 @@ impl StoreBuilder {
     /// ```
     pub fn reconcile_retention(mut self, retention: Duration) -> Self {
         self.cfg.tally_retention_ms = millis(retention);
+        self
+    }
+
+    /// Keeps the keys of the operations completed in `scope`, per
+    /// reconciliation window, for [`Store::reconcile_keys`]: which
+    /// operation a count is missing, or which one is extra. Call once per
+    /// scope. Default: no scope keeps keys.
+    ///
+    /// Cost, per completed operation, until `reconcile_retention` after
+    /// its window's end: 32 bytes of memory plus its id (a `Vec` may hold
+    /// up to twice what it uses while it grows), nothing more on the
+    /// completion's commit, and some 20 bytes plus its id in a `Keys`
+    /// record once its `Complete` record leaves the log (eviction writes
+    /// the keys again before it deletes them). Memory is bounded by the
+    /// completions of one retention and stays flat under steady traffic.
+    /// Keys are kept from the open that names the scope on: a window that
+    /// began before it holds only the keys whose records were still in
+    /// the log.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::builder()
+    ///     .reconcile_keys_of("shipments")
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn reconcile_keys_of(mut self, scope: impl AsRef<[u8]>) -> Self {
+        let scope = scope.as_ref().to_vec();
+        if !self.cfg.tally_keys.contains(&scope) {
+            self.cfg.tally_keys.push(scope);
+        }
         self
     }
 

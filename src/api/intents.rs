@@ -1,7 +1,6 @@
 //! The calls for effects that leave the system: an intent recorded with
 //! the claim, marked sent when the provider answers, listed while it is
-//! not; and the completions counted per window for reconciliation (the
-//! engine's `intents` and `reconcile` rooms do the work).
+//! not (the engine's `intents` room does the work).
 
 #[cfg(doc)]
 use crate::Duplicate;
@@ -155,74 +154,5 @@ impl Store {
     /// ```
     pub fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
         self.engine().duplicate_candidates(listing)
-    }
-}
-
-impl Store {
-    /// [`complete`](Self::complete), counting `amount` (a charge in cents,
-    /// items shipped) in the scope's reconciliation window: see
-    /// [`tallies`](Self::tallies) and [`reconcile`](Self::reconcile).
-    /// Every completion is counted; a plain `complete` counts 0.
-    ///
-    /// # Errors
-    /// As `complete`.
-    ///
-    /// # Examples
-    /// See [`Tally`](crate::Tally).
-    pub fn complete_with_amount(&self, claim: &Claim, outcome: &[u8], amount: i64) -> Result<()> {
-        self.engine().complete(
-            claim.ticket(),
-            (crate::codec::TAG_RAW, outcome),
-            None,
-            amount,
-        )
-    }
-
-    /// The scope's reconciliation windows: per window, how many operations
-    /// completed and the sum of their amounts, oldest first. Durable (each
-    /// count is in its completion's commit) and kept `reconcile_retention`
-    /// after a window's last completion.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for an empty scope.
-    ///
-    /// # Examples
-    /// See [`Tally`](crate::Tally).
-    pub fn tallies(&self, scope: impl AsRef<[u8]>) -> Result<Vec<crate::Tally>> {
-        self.engine().tallies(scope.as_ref())
-    }
-
-    /// Compares the scope's windows with the system of record's counts
-    /// (`theirs`, one [`Tally::new`](crate::Tally::new) per window; several
-    /// for one window add up): per window, operations completed here that
-    /// it lacks (`missing`: effects lost) and operations it has beyond
-    /// those (`extra`: duplicate effects, or work done outside the store).
-    ///
-    /// # Errors
-    /// As [`tallies`](Self::tallies).
-    ///
-    /// # Examples
-    /// ```
-    /// use dedupkv::{Begin, Fingerprint, Key, ManualClock, Store, Tally};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// let clock = ManualClock::new(1_700_002_800_000);
-    /// let store = Store::builder().clock(clock.clone()).open(dir.path().join("s.redb"))?;
-    /// for order in ["o1", "o2", "o3"] {
-    ///     let Begin::Started(c) = store.begin(&Key::new("shipments", order), Fingerprint::NONE)? else { unreachable!() };
-    ///     store.complete(&c, b"label")?;
-    /// }
-    /// let window = store.tallies("shipments")?[0].window_start;
-    /// // The carrier's invoice lists four labels for that hour: one too many.
-    /// let report = store.reconcile("shipments", &[Tally::new(window, 4, 0)])?;
-    /// assert!(!report.is_clean());
-    /// assert_eq!(report.windows[0].extra, 1);
-    /// # Ok::<(), dedupkv::Error>(())
-    /// ```
-    pub fn reconcile(
-        &self,
-        scope: impl AsRef<[u8]>,
-        theirs: &[crate::Tally],
-    ) -> Result<crate::Reconciliation> {
-        self.engine().reconcile(scope.as_ref(), theirs)
     }
 }

@@ -11,6 +11,7 @@ pub(crate) mod dead_letter;
 pub(crate) mod intents;
 pub(crate) mod listings;
 pub(crate) mod order;
+pub(crate) mod reconcile;
 pub(crate) mod store;
 #[cfg(feature = "async")]
 pub(crate) mod timer;

@@ -16,6 +16,7 @@ use std::time::SystemTime;
 use super::Engine;
 use super::input::{CLAIM_BYTES, key_bytes};
 use super::intents::IntentWrite;
+use super::reconcile::Completion;
 use super::time::Op;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
@@ -524,9 +525,19 @@ impl Engine {
             let mut batch = self.log.batch()?;
             let row = w.append(self, &mut batch, next, &mut rec);
             match kind {
-                // Counted for reconciliation, in the outcome's commit.
+                // Counted for reconciliation, with the outcome.
                 Kind::Complete => row
-                    .max(self.count_completion(&mut batch, claim.key.scope(), now, amount))
+                    .max(self.count_completion(
+                        &mut shard,
+                        &mut batch,
+                        &Completion {
+                            scope,
+                            id,
+                            provider_key: claim.provider_key,
+                            at,
+                            amount,
+                        },
+                    ))
                     .max(self.close_intent(
                         &mut shard,
                         &mut batch,
@@ -556,20 +567,26 @@ impl Engine {
         match kind {
             Kind::Complete => shard.counters.completed += 1,
             Kind::Fail => shard.counters.failed += 1,
-            Kind::DeadLetter => {
-                shard.counters.dead_lettered += 1;
-                tracing::warn!(
-                    key = %claim.key,
-                    attempt = claim.attempt,
-                    "dedupkv: operation moved to the dead-letter area"
-                );
-            }
+            Kind::DeadLetter => shard.counters.dead_lettered += 1,
             _ => shard.counters.released += 1,
         }
         claim.finished.store(true, Ordering::Release);
-        drop(shard);
-        self.notify_waiters(h);
+        self.finished(claim, kind);
         Ok(row)
+    }
+
+    /// After a claim's finish is appended (the caller still holds the
+    /// shard lock): its key's waiters are woken (see `waiters.rs`), and a
+    /// dead letter is logged (its key, never its payload).
+    fn finished(&self, claim: &Ticket, kind: Kind) {
+        self.notify_waiters(claim.hash);
+        if kind == Kind::DeadLetter {
+            tracing::warn!(
+                key = %claim.key,
+                attempt = claim.attempt,
+                "dedupkv: operation moved to the dead-letter area"
+            );
+        }
     }
 
     /// The body of a dead letter of `round` from the one `fail` encoded:

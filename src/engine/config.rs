@@ -34,8 +34,10 @@ pub(crate) struct Config {
     pub max_batch_bytes: usize,
     /// The length of a reconciliation window, in ms.
     pub tally_window_ms: u64,
-    /// How long a window's totals are kept after its last completion.
+    /// How long a window's totals are kept after its end.
     pub tally_retention_ms: u64,
+    /// The scopes whose windows keep their completed operations' keys.
+    pub tally_keys: Vec<Vec<u8>>,
     /// Where the log closes a row and opens the next (tests lower it).
     pub row_split_bytes: usize,
     /// The `store` label of the metrics bridge's series.

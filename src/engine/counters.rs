@@ -92,6 +92,8 @@ impl Engine {
             ..Stats::default()
         };
         counters.copy_into(&mut s);
+        let (keys, bytes) = self.tally_usage();
+        (s.reconcile_keys, s.reconcile_bytes) = (keys as u64, bytes as u64);
         let now = self.now();
         let g = self.cfg.granularity_ms;
         let oldest = self.log.buckets().into_iter().find(|b| *b >= now / g);

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use super::Engine;
 use super::claims::fields;
 use super::listings::{ListingKind, page};
+use super::reconcile::Completion;
 use super::write::{Next, Write};
 use crate::codec::TAG_RAW;
 use crate::index::{Pending, Round, SlotState};
@@ -148,7 +149,20 @@ impl Engine {
             let mut batch = self.log.batch()?;
             let mut row = w.append(self, &mut batch, next, &mut rec);
             if completed {
-                row = row.max(self.count_completion(&mut batch, key.scope(), now, 0));
+                let done = Completion {
+                    scope: key.scope(),
+                    id: key.id(),
+                    provider_key: crate::key::provider_key(
+                        &self.hasher.secret(),
+                        key.scope(),
+                        key.id(),
+                        p.first_at,
+                        p.params,
+                    ),
+                    at,
+                    amount: 0,
+                };
+                row = row.max(self.count_completion(&mut shard, &mut batch, &done));
             }
             if settled {
                 let key = (h, key.scope(), key.id());

@@ -32,8 +32,13 @@
 //! - the size bound counts every key but the dead letters, which are never
 //!   evicted (early or not), so they cannot drive early eviction of live
 //!   buckets.
+//! - the reconciliation windows still kept that a deleted bucket's records
+//!   count in, and the keys it holds, are written again (a Tally record
+//!   per window, Keys records) into the open batch before the first
+//!   deletion commit (see `reconcile`).
 use super::Engine;
 use super::claims::claim_record;
+use super::reconcile::{TallyCarry, note_leaving};
 use super::write::{Next, Write};
 use crate::Result;
 use crate::index::SlotState;
@@ -62,12 +67,15 @@ impl Engine {
                 .fetch_max(nb - 1, crate::sync::Ordering::SeqCst);
             self.log.flush()?;
         }
+        // Windows that ended leave the shards; those past their retention go.
+        self.fold_tallies(now, nb);
         let buckets = self.log.buckets();
         let mut out = Eviction::default();
         let mut victims = Vec::new();
         let mut slices = Vec::new();
+        let mut tallies = TallyCarry::default();
         for &b in buckets.iter().filter(|b| **b < nb) {
-            out.keys += self.evict_index(b, now, false, &mut slices)?;
+            out.keys += self.evict_index(b, now, false, (&mut slices, &mut tallies))?;
             victims.push(b);
         }
         if let Some(max) = self.cfg.max_keys {
@@ -86,7 +94,7 @@ impl Engine {
                 self.closed_bucket
                     .fetch_max(b, crate::sync::Ordering::SeqCst);
                 self.log.flush()?;
-                let removed = self.evict_index(b, now, true, &mut slices)?;
+                let removed = self.evict_index(b, now, true, (&mut slices, &mut tallies))?;
                 keys = keys.saturating_sub(removed);
                 out.keys += removed;
                 out.early_buckets += 1;
@@ -109,6 +117,9 @@ impl Engine {
         self.counters
             .evicted_keys
             .fetch_add(out.keys, crate::sync::Ordering::Relaxed);
+        // The counts and keys of kept windows these buckets hold go into
+        // the open batch: committed by the first deletion below, or before.
+        self.carry_tallies(&tallies, now)?;
         // Bucket by bucket, oldest first: what a crash part-way has deleted
         // is a prefix of the log in (bucket, row) order, so an expired
         // Park record outlives no later record that consumed it (recovery
@@ -150,14 +161,19 @@ impl Engine {
     /// Removes from the index the keys whose latest record is in bucket `b`;
     /// returns how many. Adds to `slices` the ranges of `b`'s rows to delete
     /// a commit at a time, each holding at least `evict_slice_bytes` of log;
-    /// the rest, less than that, goes with the table.
+    /// the rest, less than that, goes with the table. Notes in `tallies`
+    /// the reconciliation windows and keys `b` holds.
     fn evict_index(
         &self,
         b: u64,
         now: u64,
         early: bool,
-        slices: &mut Vec<(u64, std::ops::RangeInclusive<u64>)>,
+        (slices, tallies): (
+            &mut Vec<(u64, std::ops::RangeInclusive<u64>)>,
+            &mut TallyCarry,
+        ),
     ) -> Result<u64> {
+        let (nb, secret) = (now / self.cfg.granularity_ms, self.hasher.secret());
         let mut removed = 0;
         let (mut first, mut bytes) = (None, 0);
         self.log.scan_bucket(b, |n, len, records| {
@@ -175,9 +191,11 @@ impl Engine {
                     removed += self.evict_entity_record(b, now, rec)?;
                     continue;
                 }
-                if rec.kind == Kind::Tally {
-                    self.evict_tally((b, n), rec)?;
-                    continue;
+                if rec.kind.is_tally() || rec.kind == Kind::Complete {
+                    note_leaving(&self.cfg, &secret, tallies, rec, nb)?;
+                    if rec.kind.is_tally() {
+                        continue;
+                    }
                 }
                 let h = self.hasher.hash(rec.scope, rec.id);
                 let mut shard = self.index.lock(h);

@@ -73,7 +73,9 @@ impl IntentWrite {
 impl Engine {
     /// Whether the open file holds what store format 4 adds to `Intent`
     /// and `DeadLetter` bodies (the provider's answers; first failure
-    /// times): the one place this build decides it. Every file is
+    /// times) and to reconciliation (`Engine::counting`: completions
+    /// counted from their own records, `Keys` and `Amount` records): the
+    /// one place this build decides it. Every file is
     /// rewritten as the newest format by its open's first commit, so today
     /// it always does. Once a file can stay at format 3 until an explicit
     /// upgrade, this becomes `format() >= 4`: the writers then fall back
@@ -343,18 +345,38 @@ impl Engine {
         self.check_readable()?;
         self.check_key(key)?;
         let h = self.hash(key);
-        let Some(slot) = self.index.lock(h).intent(h).copied() else {
-            return Ok(None);
-        };
-        self.load_intent(h, slot)
+        loop {
+            let Some(slot) = self.index.lock(h).intent(h).copied() else {
+                return Ok(None);
+            };
+            if let Some(entry) = self.load_intent(h, slot)? {
+                return Ok(Some(entry));
+            }
+            // Evicted, or rewritten in the same row (closed, answered):
+            // gone if the index still says what it said.
+            if self.index.lock(h).intent(h) == Some(&slot) {
+                return Ok(None);
+            }
+        }
     }
 
-    /// The entry of the intent at `slot`.
+    /// The entry of the intent at `slot`; `None` if its bucket was evicted
+    /// meanwhile, or if the row's latest Intent record of the key is no
+    /// longer in the slot's state: a later record of the key (the close
+    /// of a `complete`, an answer) joined the row after the slot was read,
+    /// and is the key's intent now.
     fn load_intent(&self, h: KeyHash, slot: IntentSlot) -> Result<Option<IntentEntry>> {
-        self.load_hashed((h, true), slot.bucket, slot.row, |r| {
+        let tag = match slot.state {
+            IntentState::Pending => INTENT_PENDING,
+            IntentState::Settled => INTENT_SETTLED,
+        };
+        let found = self.load_hashed((h, true), slot.bucket, slot.row, |r| {
+            if r.outcome_tag != tag {
+                return Ok(None);
+            }
             let body = r.intent_body()?;
             let c = r.claim_fields();
-            Ok(IntentEntry {
+            Ok(Some(IntentEntry {
                 key: Key::owned(r.scope.to_vec(), r.id.to_vec()),
                 target: body.target.to_owned(),
                 answer: body.calls.answer,
@@ -375,8 +397,9 @@ impl Engine {
                 ),
                 recorded_at: body.recorded_at,
                 attempt: c.attempt,
-            })
-        })
+            }))
+        })?;
+        Ok(found.flatten())
     }
 
     /// A page of the unanswered intents, by when they were recorded.

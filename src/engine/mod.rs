@@ -21,8 +21,9 @@
 //!   when it is a candidate for a duplicate effect;
 //! - [`rounds`]: an operation's rounds of attempts (from its first attempt,
 //!   and from each requeue), which retry limits count within;
-//! - [`reconcile`]: per-window counts of completions, against the
-//!   system of record;
+//! - [`reconcile`]: per-window counts of completions (and, for a scope
+//!   that keeps them, their keys); [`reconcile_keys`]: those keys against
+//!   the system of record's;
 //! - [`listings`]: what an operator lists (dead letters, held events,
 //!   stranded claims), oldest first, paged;
 //! - [`evict`]: retention, bucket by bucket; [`background`]: the threads;
@@ -61,6 +62,7 @@ pub(crate) mod open;
 pub(crate) mod order;
 pub(crate) mod read;
 pub(crate) mod reconcile;
+pub(crate) mod reconcile_keys;
 pub(crate) mod rounds;
 pub(crate) mod time;
 pub(crate) mod tokens;

@@ -5,7 +5,8 @@
 //! - recovery replays in log order, the last record of a key wins, and
 //!   nothing expired is loaded — except entity records, which are applied
 //!   from expired tables too, so entities that still have events are
-//!   carried forward before those tables are deleted;
+//!   carried forward before those tables are deleted, and the records of
+//!   reconciliation windows still kept (`reconcile`), carried likewise;
 //! - the open makes its first commit itself and fails with that commit's
 //!   error: a store that cannot write is never handed out;
 //! - a redb panic while opening is reported as damage, never a crash.
@@ -17,6 +18,7 @@ use super::counters::StoreCounters;
 use super::dead_letter::{ExpiredDeadLetter, ExpiredDeadLetters};
 use super::intents::{ExpiredIntent, ExpiredIntents};
 use super::order::apply_entity_record;
+use super::reconcile::Recovered;
 use super::time::MAX_TIME;
 use super::tokens::{TOKEN_BLOCK, Tokens};
 use super::{Config, Engine, Threads};
@@ -104,6 +106,7 @@ impl Engine {
         let mut time_floor = time_floor;
         let mut expired_dead = ExpiredDeadLetters::new();
         let mut expired_intents = ExpiredIntents::new();
+        let mut tallies = Recovered::new(&cfg, meta.hasher.secret(), now_bucket);
         let replayed =
             crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec, expired| {
                 time_floor = time_floor.max(rec.at);
@@ -113,7 +116,7 @@ impl Engine {
                 apply(
                     &index,
                     &meta.hasher,
-                    (&mut expired_dead, &mut expired_intents),
+                    (&mut expired_dead, &mut expired_intents, &mut tallies),
                     (bucket, row, expired),
                     rec,
                 )
@@ -121,6 +124,7 @@ impl Engine {
         for i in 0..cfg.shards {
             index.lock_shard(i).settle_entities(now_bucket);
         }
+        let tally_carry = tallies.into_index(&index);
         // Fencing tokens never repeat, even once the records that held them
         // expired: continue above the persisted floor, and reserve a block
         // (persisted by the first commit).
@@ -177,6 +181,7 @@ impl Engine {
         engine.carry_expired(now_bucket)?;
         engine.carry_expired_dead_letters(expired_dead)?;
         engine.carry_expired_intents(expired_intents)?;
+        engine.carry_tallies(&tally_carry, engine.now())?;
         engine.log.drop_buckets(&replayed.expired)?;
         let threads = Threads::start(&engine, background, tick)?;
         Ok((engine, threads))
@@ -190,20 +195,23 @@ impl Engine {
 fn apply(
     index: &ShardedIndex,
     hasher: &KeyHasher,
-    (expired_dead, expired_intents): (&mut ExpiredDeadLetters, &mut ExpiredIntents),
+    (expired_dead, expired_intents, tallies): (
+        &mut ExpiredDeadLetters,
+        &mut ExpiredIntents,
+        &mut Recovered<'_>,
+    ),
     (bucket, row, expired): (u64, u64, bool),
     rec: &RecordRef<'_>,
 ) -> Result<()> {
+    if rec.kind.is_tally() || rec.kind == Kind::Complete {
+        tallies.apply(rec, expired)?;
+        if rec.kind.is_tally() {
+            return Ok(());
+        }
+    }
     if rec.kind.is_entity() {
         let h = hasher.hash_entity(rec.scope, rec.id);
         return apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
-    }
-    if rec.kind == Kind::Tally {
-        // Counts of an expired window are gone with it.
-        if expired {
-            return Ok(());
-        }
-        return Engine::apply_tally(&mut index.tallies(), (bucket, row), rec);
     }
     if rec.kind == Kind::Intent {
         return apply_intent_record(index, hasher, expired_intents, (bucket, row, expired), rec);
@@ -319,7 +327,14 @@ fn apply_record(
         Kind::Forget => SlotState::Forgotten,
         Kind::DeadLetter => SlotState::DeadLettered,
         // Entity records are applied by `order::apply_entity_record`.
-        Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent | Kind::Tally => {
+        Kind::Insert
+        | Kind::Entity
+        | Kind::Park
+        | Kind::Hold
+        | Kind::Intent
+        | Kind::Tally
+        | Kind::Keys
+        | Kind::Amount => {
             return Ok(());
         }
     };

@@ -171,9 +171,14 @@ impl Engine {
     pub(crate) fn record_of(&self, rec: &RecordRef<'_>) -> Record {
         let state = match rec.kind {
             // Only key-state records reach here: `load` skips the others.
-            Kind::Insert | Kind::Entity | Kind::Park | Kind::Hold | Kind::Intent | Kind::Tally => {
-                State::Inserted
-            }
+            Kind::Insert
+            | Kind::Entity
+            | Kind::Park
+            | Kind::Hold
+            | Kind::Intent
+            | Kind::Tally
+            | Kind::Keys
+            | Kind::Amount => State::Inserted,
             Kind::Claim => State::InProgress,
             Kind::Release => State::Retryable,
             Kind::Complete => State::Completed,

@@ -99,6 +99,9 @@ pub(crate) struct Shard {
     /// Operation counters, kept per shard so the hot path bumps a line it
     /// already owns.
     pub counters: Counters,
+    /// Completions counted for reconciliation since the last fold (see
+    /// [`tally`]).
+    pub tallies: tally::ShardTallies,
     /// Where to ask for background growth, and this shard's number.
     grow: Option<(Arc<GrowQueue>, u32)>,
     /// Asked for growth, not yet grown.
@@ -337,8 +340,11 @@ pub(crate) struct ShardedIndex {
     shards: Box<[Padded]>,
     shift: u32,
     grow: Arc<GrowQueue>,
-    /// Reconciliation tallies (see [`tally`]).
+    /// Reconciliation windows folded out of the shards (see [`tally`]).
     tallies: Mutex<tally::Tallies>,
+    /// Held by whoever moves windows between the shards and `tallies`, or
+    /// reads both (see [`tally`]).
+    tally_fold: Mutex<()>,
 }
 
 impl ShardedIndex {
@@ -359,12 +365,26 @@ impl ShardedIndex {
             shift: if bits == 0 { 64 } else { 64 - bits },
             grow,
             tallies: Mutex::new(tally::Tallies::new()),
+            tally_fold: Mutex::new(()),
         }
     }
 
-    /// The reconciliation tallies.
+    /// The store-wide reconciliation windows: the innermost lock, taken
+    /// last and held briefly.
     pub(crate) fn tallies(&self) -> MutexGuard<'_, tally::Tallies> {
         self.tallies.lock()
+    }
+
+    /// The fold lock of the reconciliation windows: the outermost lock,
+    /// never taken by a completion.
+    pub(crate) fn tally_fold(&self) -> MutexGuard<'_, ()> {
+        self.tally_fold.lock()
+    }
+
+    /// Every shard, locked in ascending order (as two-shard calls lock
+    /// theirs, so neither deadlocks the other).
+    pub(crate) fn lock_all(&self) -> Vec<MutexGuard<'_, Shard>> {
+        self.shards.iter().map(|s| s.0.lock()).collect()
     }
 
     /// [`new`](Self::new), with room for `keys` keys spread evenly.

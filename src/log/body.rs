@@ -1,6 +1,7 @@
 //! The bodies of the records that carry more than an outcome: a dead
-//! letter's and an intent's (see `Kind::DeadLetter`, `Kind::Intent`), and
-//! the round a `Claim` or `Release` record's claim belongs to.
+//! letter's, an intent's and a window's keys (see `Kind::DeadLetter`,
+//! `Kind::Intent`, `Kind::Keys`), and the round a `Claim` or `Release`
+//! record's claim belongs to.
 
 use crate::types::intent::{Answered, Calls, Doubt};
 
@@ -217,6 +218,65 @@ impl<'a> DeadLetterBody<'a> {
     }
 }
 
+/// What a `Keys` record holds: as many keys as the record's count, each
+///
+/// ```text
+/// version:u8 (=1) | ( id_len:var | id | provider_key:u128 LE | at_offset:var ){count}
+/// ```
+///
+/// `at_offset` is the completion's time in ms after the window's start;
+/// `var` an unsigned LEB128 varint. A key with a 16-byte id takes 36
+/// bytes or so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeysBody<'a> {
+    keys: &'a [u8],
+    count: u64,
+}
+
+/// One key of a [`KeysBody`].
+pub(crate) type KeyOf<'a> = (&'a [u8], u128, u64);
+
+impl<'a> KeysBody<'a> {
+    const VERSION: u8 = 1;
+
+    /// An empty body, to [`push`](Self::push) keys onto.
+    pub(crate) fn start() -> Vec<u8> {
+        vec![Self::VERSION]
+    }
+
+    /// Appends a key to an encoded body.
+    pub(crate) fn push(out: &mut Vec<u8>, (id, provider_key, at_offset): KeyOf<'_>) {
+        put_var(out, id.len() as u64);
+        out.extend_from_slice(id);
+        out.extend_from_slice(&provider_key.to_le_bytes());
+        put_var(out, at_offset);
+    }
+
+    /// The body encoded in `bytes` with `count` keys, if well formed:
+    /// every key whole and nothing after the last.
+    pub(crate) fn decode(bytes: &'a [u8], count: u64) -> Option<Self> {
+        let (&v, keys) = bytes.split_first()?;
+        if v != Self::VERSION {
+            return None;
+        }
+        let mut rest = keys;
+        for _ in 0..count {
+            rest = read_key(rest)?.1;
+        }
+        rest.is_empty().then_some(KeysBody { keys, count })
+    }
+
+    /// The keys: (id, provider key, ms after the window's start).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = KeyOf<'a>> + use<'a> {
+        let mut rest = self.keys;
+        std::iter::from_fn(move || {
+            let (key, more) = read_key(rest)?;
+            rest = more;
+            Some(key)
+        })
+    }
+}
+
 /// The round of attempts a `Claim` or `Release` record's claim belongs
 /// to, in that record's outcome (which is empty for an operation's first
 /// round while none of its attempts failed or was interrupted). Version 2
@@ -282,6 +342,39 @@ impl RoundBody {
     }
 }
 
+/// One key of a keys body, and what follows it.
+fn read_key(bytes: &[u8]) -> Option<(KeyOf<'_>, &[u8])> {
+    let (len, rest) = read_var(bytes)?;
+    let (id, rest) = rest.split_at_checked(usize::try_from(len).ok()?)?;
+    let (pk, rest) = rest.split_at_checked(16)?;
+    let (at, rest) = read_var(rest)?;
+    Some(((id, u128::from_le_bytes(pk.try_into().ok()?), at), rest))
+}
+
+fn put_var(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// An unsigned LEB128 varint of at most 64 bits, and what follows it.
+fn read_var(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let mut v = 0u64;
+    for (i, &b) in bytes.iter().enumerate().take(10) {
+        let part = u64::from(b & 0x7f);
+        if i == 9 && part > 1 {
+            return None;
+        }
+        v |= part << (7 * i);
+        if b & 0x80 == 0 {
+            return Some((v, &bytes[i + 1..]));
+        }
+    }
+    None
+}
+
 /// The head both bodies share: `version | time:u64 LE | len:u32 LE |
 /// text`, with room for `rest` more bytes.
 fn head(version: u8, time: u64, text: &str, rest: usize) -> Vec<u8> {
@@ -310,6 +403,40 @@ fn read_head(bytes: &[u8], version: u8) -> Option<(u64, &[u8], &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keys_body_round_trips_and_refuses_damage() {
+        let mut body = KeysBody::start();
+        KeysBody::push(&mut body, (b"order-1", 7, 0));
+        KeysBody::push(&mut body, (b"", u128::MAX, u64::MAX));
+        let back = KeysBody::decode(&body, 2).expect("well formed");
+        let keys: Vec<_> = back.iter().collect();
+        assert_eq!(
+            keys,
+            vec![(&b"order-1"[..], 7, 0), (&b""[..], u128::MAX, u64::MAX)]
+        );
+        assert_eq!(back.count, 2);
+        assert!(
+            KeysBody::decode(&body, 1).is_none(),
+            "bytes after the count"
+        );
+        assert!(KeysBody::decode(&body, 3).is_none(), "a key missing");
+        for cut in 0..body.len() {
+            assert!(KeysBody::decode(&body[..cut], 2).is_none(), "cut at {cut}");
+        }
+        let mut other = body.clone();
+        other[0] = 2;
+        assert!(KeysBody::decode(&other, 2).is_none(), "another version");
+        assert!(
+            KeysBody::decode(
+                &[
+                    1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f
+                ],
+                1
+            )
+            .is_none()
+        );
+    }
 
     #[test]
     fn a_round_body_round_trips_and_refuses_damage() {

@@ -2,7 +2,7 @@
 //! a constructor per kind and named accessors for the fields a kind
 //! reuses. The bytes are [`format`](super::format)'s.
 
-use super::body::{DeadLetterBody, IntentBody, RoundBody};
+use super::body::{DeadLetterBody, IntentBody, KeysBody, RoundBody};
 use crate::codec::TAG_RAW;
 
 /// Hard caps imposed by the record format.
@@ -61,13 +61,28 @@ pub(crate) enum Kind {
     /// beside its state, never its state: an unanswered one is carried
     /// forward past expiry like a dead letter.
     Intent = 12,
-    /// The running totals of one reconciliation window of one scope
-    /// (format 3): `scope` is the operation scope, `id` the window's start
-    /// (ms, 8 bytes big-endian); `value` = completed operations, `aux` =
-    /// the window's length in ms; payload = the sum of their amounts
-    /// (i128, 16 bytes little-endian). The latest one of a window wins; it
-    /// lives in its own namespace (neither an event key nor an entity).
+    /// The totals of one reconciliation window of one scope as of its
+    /// place in the log (format 3): `scope` is the operation scope, `id`
+    /// the window's start (ms, 8 bytes big-endian); `value` = completed
+    /// operations, `aux` = the window's length in ms; payload = the sum of
+    /// their amounts (i128, 16 bytes little-endian). Replay sets the
+    /// window's totals to it and adds the `Complete` and `Amount` records
+    /// of the window that follow it. It lives in its own namespace
+    /// (neither an event key nor an entity).
     Tally = 13,
+    /// Keys of operations completed in one reconciliation window, for a
+    /// scope that keeps them (format 4): `scope` and `id` as a `Tally`'s;
+    /// `value` = how many keys, `aux` = the window's length in ms; payload
+    /// a [`KeysBody`]. Written when the `Complete` records they come from
+    /// leave the log; a window's keys are the union of its `Keys` records
+    /// and its `Complete` records.
+    Keys = 14,
+    /// The amount of one completion (`complete_with_amount`, format 4):
+    /// the operation's scope and id, `at` = the completion's time (its
+    /// window's), `value` = the amount, zigzag-encoded. Written in the
+    /// `Complete` record's commit, after it; replay adds it to the
+    /// window's sum.
+    Amount = 15,
 }
 
 /// The `outcome_tag` of an `Intent` record not answered yet: a call of the
@@ -115,6 +130,8 @@ impl Kind {
             11 => Kind::DeadLetter,
             12 => Kind::Intent,
             13 => Kind::Tally,
+            14 => Kind::Keys,
+            15 => Kind::Amount,
             _ => return None,
         })
     }
@@ -130,15 +147,24 @@ impl Kind {
             | Kind::Forget
             | Kind::DeadLetter
             | Kind::Intent => Body::Claim,
-            Kind::Entity | Kind::Park | Kind::Hold | Kind::Tally => Body::Entity,
+            Kind::Entity | Kind::Park | Kind::Hold | Kind::Tally | Kind::Keys | Kind::Amount => {
+                Body::Entity
+            }
         }
     }
 
     /// Records that say what state their key is in (every event-key kind
-    /// but `Intent`, which is kept beside the state).
+    /// but `Intent`, which is kept beside the state, and the
+    /// reconciliation kinds).
     #[inline]
     pub(crate) fn is_key_state(self) -> bool {
-        !self.is_entity() && !matches!(self, Kind::Intent | Kind::Tally)
+        !self.is_entity() && !matches!(self, Kind::Intent) && !self.is_tally()
+    }
+
+    /// Records of reconciliation windows: `Tally`, `Keys`, `Amount`.
+    #[inline]
+    pub(crate) fn is_tally(self) -> bool {
+        matches!(self, Kind::Tally | Kind::Keys | Kind::Amount)
     }
 
     /// Records with claim fields (every event-key kind but `Insert`).
@@ -422,6 +448,43 @@ impl<'a> RecordRef<'a> {
         )
     }
 
+    /// Keys of a reconciliation window: `window_id` as a Tally's, `count`
+    /// keys encoded in `body` (a [`KeysBody`]).
+    #[inline]
+    pub(crate) fn keys(
+        scope: &'a [u8],
+        window_id: &'a [u8],
+        (at, expires): (u64, u64),
+        (count, window_ms): (u64, u64),
+        body: &'a [u8],
+    ) -> Self {
+        Self::with_entity(
+            Kind::Keys,
+            (scope, window_id),
+            (at, expires),
+            [count, window_ms, 0],
+            body,
+        )
+    }
+
+    /// The amount of the completion of (`scope`, `id`) at `at`.
+    #[inline]
+    pub(crate) fn amount(
+        scope: &'a [u8],
+        id: &'a [u8],
+        (at, expires): (u64, u64),
+        amount: i64,
+    ) -> Self {
+        let zigzag = ((amount << 1) ^ (amount >> 63)).cast_unsigned();
+        Self::with_entity(
+            Kind::Amount,
+            (scope, id),
+            (at, expires),
+            [zigzag, 0, 0],
+            &[],
+        )
+    }
+
     /// An entity's core state: its version (`None` before the first),
     /// the next expected sequence number (0: no sequencer state), when
     /// the current gap opened (0: none) and the ack mark payload.
@@ -576,6 +639,31 @@ impl<'a> RecordRef<'a> {
             return Err(bad());
         }
         Ok((start, self.first_at, self.token, sum))
+    }
+
+    /// A `Keys` record's window (start, length in ms) and keys; `Corrupt`
+    /// if malformed.
+    pub(crate) fn window_keys(&self) -> crate::Result<(u64, u64, KeysBody<'a>)> {
+        debug_assert_eq!(self.kind, Kind::Keys);
+        let bad = || {
+            crate::Error::Corrupt(format!(
+                "the Keys record of scope {:?} is malformed",
+                String::from_utf8_lossy(self.scope)
+            ))
+        };
+        let start = u64::from_be_bytes(self.id.try_into().map_err(|_| bad())?);
+        if self.first_at == 0 {
+            return Err(bad());
+        }
+        let body = KeysBody::decode(self.outcome, self.token).ok_or_else(bad)?;
+        Ok((start, self.first_at, body))
+    }
+
+    /// An `Amount` record's amount.
+    pub(crate) fn amount_value(&self) -> i64 {
+        debug_assert_eq!(self.kind, Kind::Amount);
+        let z = self.token;
+        (z >> 1).cast_signed() ^ -(z & 1).cast_signed()
     }
 
     /// The body of an `Intent` record; `Corrupt` if it is malformed.

@@ -19,6 +19,8 @@ pub use eviction::Eviction;
 pub use intent::{Answer, Duplicate, Intent, IntentEntry};
 pub use options::BeginOptions;
 pub use order::{Advance, Delivered, Handling, Held, SequenceOptions, Sequenced, Unacked, Update};
-pub use reconcile::{Reconciliation, Tally, WindowDiff};
+pub use reconcile::{
+    KeyKind, KeyReconciliation, KeyWindowDiff, Reconciliation, Tally, WindowDiff, WindowKeys,
+};
 pub use record::{Record, State};
 pub use stats::Stats;

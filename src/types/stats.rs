@@ -117,6 +117,11 @@ pub struct Stats {
     /// [`Store::begin_or_wait`](crate::Store::begin_or_wait) (or its async
     /// twin), waiting for an in-flight attempt's finish or lapse.
     pub waiting: u64,
+    /// Keys of completed operations the reconciliation windows hold in
+    /// memory (scopes named by `StoreBuilder::reconcile_keys_of`).
+    pub reconcile_keys: u64,
+    /// Heap bytes the reconciliation windows hold (their keys included).
+    pub reconcile_bytes: u64,
     /// The configured retention.
     pub retention: std::time::Duration,
     /// How far back the store actually remembers: the age of the oldest

@@ -585,8 +585,28 @@ pub fn orchestrate(exe: &std::path::Path, url: &str) -> Result<Report, BoxError>
         std::thread::sleep(Duration::from_millis(5));
     }
     // Its next charge is under way by now (each one takes 20 ms after
-    // the provider charged): the kill lands inside it, most likely.
-    std::thread::sleep(Duration::from_millis(10));
+    // the provider charged): the kill lands inside it, most likely. It is
+    // made while the consumer has entries pending (read, not acked), so
+    // there is something for its successor to reclaim.
+    loop {
+        std::thread::sleep(Duration::from_millis(10));
+        let summary: redis::Value = rt.block_on(
+            redis::cmd("XPENDING")
+                .arg(stream(0))
+                .arg(GROUP)
+                .query_async(&mut con),
+        )?;
+        let pending = match summary {
+            redis::Value::Array(f) => redis::from_redis_value_ref::<u64>(&f[0])?,
+            _ => 0,
+        };
+        if pending > 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("partition 0's consumer never had entries pending".into());
+        }
+    }
     children[0].kill()?; // SIGKILL
     children[0].wait()?;
     let successor = "0,c0-successor,reclaim".to_string();

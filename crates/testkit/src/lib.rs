@@ -8,6 +8,8 @@
 //!   reopened.
 //! - [`model`]: the model of the store's semantics that random operation
 //!   sequences are checked against.
+//! - [`history`]: many threads making every call at once, their recorded
+//!   history checked for linearizability against the same model.
 //! - Helpers the tests repeat: [`started`], [`is_fault`], [`tempdir`],
 //!   and the shared set-up: the start time [`T0`] and [`builder`].
 //!
@@ -31,6 +33,7 @@
 //! ```
 
 mod backend;
+pub mod history;
 pub mod model;
 
 pub use backend::{FaultBackend, Plan};
