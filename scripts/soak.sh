@@ -9,7 +9,11 @@
 # SOAK_SECONDS (default 600), then prints the kills survived and the
 # acknowledged keys checked. Stops by itself: at the round limit, at the
 # time limit (the running round is cut short and not counted), or at the
-# first failing round or history (exit 1).
+# first failing round or history (exit 1). Then the damage sweeps at full
+# size (tests/log_damage.rs, release): every byte of the small store's
+# B-tree pages and SOAK_DAMAGE_FLIPS (default 2000) random flips of a store
+# the size of the reported one (8,553 facts, 1.2 MB); SOAK_DAMAGE_FLIPS=0
+# skips them.
 #
 #   scripts/soak.sh
 #   SOAK_LIN_SECONDS=1800 SOAK_ROUNDS=100 SOAK_SECONDS=3600 scripts/soak.sh
@@ -99,3 +103,17 @@ done
 
 echo "soak: $done_rounds round(s), $kills kills survived, $keys acknowledged keys checked" \
     "in $((SECONDS - start))s (stopped at the $stopped_by limit)"
+
+flips=${SOAK_DAMAGE_FLIPS:-2000}
+if ((flips > 0)); then
+    echo "damage sweeps: every byte of the small store, $flips flips of a 1.2 MB one (release)"
+    status=0
+    DEDUPKV_DAMAGE_ALL=1 DEDUPKV_DAMAGE_FLIPS=$flips \
+        cargo test --release --test log_damage -- --nocapture >"$logs/damage" 2>&1 || status=$?
+    grep -E ' flips: ' "$logs/damage" || true
+    if ((status != 0)); then
+        echo "the damage sweeps FAILED (exit $status); the end of their output:" >&2
+        tail -n 40 "$logs/damage" >&2
+        exit 1
+    fi
+fi

@@ -96,6 +96,23 @@ pub enum Error {
         /// The newest version this build reads.
         supported: u32,
     },
+    /// The call needs a newer store format than the open file has: the
+    /// file was written by an older build and not upgraded yet (see
+    /// [`StoreBuilder::upgrade`](crate::StoreBuilder::upgrade)). Nothing
+    /// was changed; the rest of the store works as before.
+    #[error(
+        "{feature} needs store format {needed}, but this file is format {found}; upgrade it \
+         with `StoreBuilder::upgrade(true)` at open or `Store::upgrade()` (after which builds \
+         that read only format {found} refuse the file)"
+    )]
+    NeedsUpgrade {
+        /// What needs it (the call, and what it relies on).
+        feature: &'static str,
+        /// The file's format.
+        found: u32,
+        /// The format it needs.
+        needed: u32,
+    },
     /// The store's contents fail a checksum or structural check.
     #[error("corrupt store: {0}")]
     Corrupt(String),

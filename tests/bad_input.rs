@@ -254,14 +254,14 @@ fn a_newer_format_version_is_refused() -> Result<()> {
     let dir = tempdir();
     let p = dir.path().join("s.redb");
     drop(Store::open(&p)?);
-    set_format(&p, 5, true);
+    set_format(&p, 6, true);
     let err = Store::open(&p).unwrap_err();
     assert!(
         matches!(
             err,
             Error::UnsupportedVersion {
-                found: 5,
-                supported: 4
+                found: 6,
+                supported: 5
             }
         ),
         "{err}"
@@ -349,22 +349,29 @@ fn format_of(p: &std::path::Path) -> u32 {
 fn a_format_2_file_opens_whole_and_is_rewritten_as_the_newest_format() -> Result<()> {
     let dir = tempdir();
     let p = dir.path().join("s.redb");
+    drop(Store::open(&p)?);
+    assert_eq!(format_of(&p), 5, "a new file is the newest format");
+    // A format-3 file (written by an earlier build) with its format set
+    // back to 2, as the build before dead letters wrote it.
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v3-basic.redb");
+    std::fs::copy(fixture, &p).expect("copy");
+    set_format(&p, 2, true);
+    // The fixture's time: its records are live.
+    let clock = dedupkv::ManualClock::new(1_700_000_050_000);
+    let open = || Store::builder().clock(clock.clone()).open(&p);
     {
-        let store = Store::open(&p)?;
-        store.insert_if_absent(&dedupkv::Key::new("t", "kept"))?;
-    }
-    assert_eq!(format_of(&p), 4, "a new file is format 4");
-    set_format(&p, 2, true); // as the build before dead letters wrote it
-    {
-        let store = Store::open(&p)?;
-        assert!(!store.insert_if_absent(&dedupkv::Key::new("t", "kept"))?);
+        let store = open()?;
+        assert!(!store.insert_if_absent(&dedupkv::Key::new("shop", "evt-1"))?);
+        assert_eq!(store.format(), 3);
     }
     assert_eq!(
         format_of(&p),
-        4,
-        "the first commit rewrites it, so a format-2 build refuses the file as newer"
+        3,
+        "the first commit rewrites it, so a format-2 build refuses the file as newer \
+         (and no further: later formats wait for an explicit upgrade)"
     );
-    let store = Store::open(&p)?;
-    assert!(!store.insert_if_absent(&dedupkv::Key::new("t", "kept"))?);
+    let store = open()?;
+    assert!(!store.insert_if_absent(&dedupkv::Key::new("shop", "evt-1"))?);
     Ok(())
 }

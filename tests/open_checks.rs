@@ -1,6 +1,11 @@
 //! Everything the store trusts at open is checked: a damaged byte in a
 //! table name, in the settings or in a page of the file is an error that
 //! says the file is damaged, never an open that silently lost records.
+//!
+//! The stores here are opened without redb's check of every page
+//! (`verify_pages_on_open(false)`), which would report most of this damage
+//! first: these tests attack dedupkv's own checks behind it
+//! (`tests/log_damage.rs` sweeps both).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,6 +25,7 @@ fn builder(clock: &ManualClock) -> StoreBuilder {
         .retention(Duration::from_secs(3_600))
         .background_eviction(false)
         .compact_when_free(None)
+        .verify_pages_on_open(false)
 }
 
 /// The buckets of [`write_store`] not expired at `clock`'s time.
@@ -199,6 +205,15 @@ fn metadata_missing_beside_log_tables_is_damage_not_a_foreign_file() -> Result<(
     let err = builder(&clock).open(&path).expect_err("damaged");
     assert!(
         matches!(&err, Error::Corrupt(m) if m.contains("dedupkv.meta")),
+        "{err}"
+    );
+    // With redb's page check (the default), redb reports it first.
+    let err = builder(&clock)
+        .verify_pages_on_open(true)
+        .open(&path)
+        .expect_err("damaged");
+    assert!(
+        matches!(&err, Error::Corrupt(m) if m.contains("damaged")),
         "{err}"
     );
     Ok(())

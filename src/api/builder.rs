@@ -4,11 +4,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(doc)]
+use crate::Error;
 use crate::clock::{Clock, SystemClock, millis};
-use crate::engine::config::{FORMAT_MAX_KEY_PART, FORMAT_MAX_OUTCOME};
 use crate::engine::{Config, Location};
-use crate::index::MAX_BUCKET_SPAN;
-use crate::{Durability, Error, KeyHashing, Result, Store};
+use crate::{Durability, KeyHashing, Result, Store};
 
 /// Settings for [`Store`], made by [`Store::builder`].
 ///
@@ -34,36 +34,7 @@ pub struct StoreBuilder {
 impl Default for StoreBuilder {
     fn default() -> Self {
         Self {
-            cfg: Config {
-                shards: 64,
-                durability: Durability::Immediate,
-                lease_ms: 30_000,
-                retention_ms: 24 * 3_600_000,
-                granularity_ms: 60_000,
-                cache_bytes: 64 << 20,
-                quick_repair: false,
-                key_hashing: KeyHashing::SipHash13,
-                hashing_set: false,
-                granularity_set: false,
-                max_scope: 256,
-                max_id: 1024,
-                max_outcome: 1 << 20,
-                expected_keys: 0,
-                background_eviction: true,
-                max_keys: None,
-                max_retry_window_ms: None,
-                entity_retention_ms: 7 * 24 * 3_600_000,
-                max_hold_ms: 5 * 60_000,
-                handback_lease_ms: 30_000,
-                compact_when_free: Some(0.5),
-                evict_slice_bytes: 1 << 20,
-                max_batch_bytes: 256 << 20,
-                tally_window_ms: 3_600_000,
-                tally_retention_ms: 7 * 86_400_000,
-                tally_keys: Vec::new(),
-                row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
-                metrics_label: "default".into(),
-            },
+            cfg: Config::default(),
             clock: Arc::new(SystemClock),
         }
     }
@@ -525,6 +496,62 @@ impl StoreBuilder {
         self
     }
 
+    /// Upgrade a file written by an older build to this build's store
+    /// format, in the open's first commit. Off, a file of an older format
+    /// (3 or 4) is opened and written as it is, so the build it came from
+    /// can still open it (a deploy can be rolled back), and what needs a
+    /// newer format is unavailable: the open cannot check its bucket
+    /// tables against their summaries, [`Store::verify`] answers
+    /// [`Error::NeedsUpgrade`], and a format-3 file gets format 3's
+    /// records (no provider answers but accepted or found ones, no kept
+    /// keys). On, the file is rewritten as the newest format (5): every
+    /// bucket table gets its summary, and builds that read only older
+    /// formats refuse the file (`UnsupportedVersion`) from then on. A new file is always created in the newest format; files
+    /// of formats 1 and 2 (which no release wrote) are rewritten as format
+    /// 3 by their first commit either way. [`Store::upgrade`] does the
+    /// same on an open store. Default: false.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("s.redb");
+    /// let store = dedupkv::Store::builder().upgrade(true).open(&path)?;
+    /// assert_eq!(store.format(), 5);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn upgrade(mut self, on: bool) -> Self {
+        self.cfg.upgrade = on;
+        self
+    }
+
+    /// Check every page of the file when it is opened: redb verifies the
+    /// checksum of every page of the committed trees (each branch page
+    /// holds its children's checksums) and rebuilds its allocator state
+    /// from them, where otherwise it trusts a file that was closed cleanly
+    /// as it finds it. A damaged byte anywhere in a page the store relies
+    /// on then fails the open as [`Error::Corrupt`]. Off, the open reads
+    /// only what replay needs: rows missing from a bucket table are still
+    /// caught (by the bucket summaries, format 5), but a damaged byte in
+    /// redb's own allocator state can make the first commit write over a
+    /// live page, and some damaged pages make redb panic, or abort the
+    /// process, instead of failing. The check reads the whole file once
+    /// more (replay reads most of it anyway; docs/performance.md has
+    /// figures). Default: true.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// // A large file, reopened often, on a medium trusted not to flip bits.
+    /// let store = dedupkv::Store::builder()
+    ///     .verify_pages_on_open(false)
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn verify_pages_on_open(mut self, on: bool) -> Self {
+        self.cfg.verify_pages = on;
+        self
+    }
+
     /// The value of the `store` label on every series this store
     /// publishes through the `metrics` facade (feature `metrics`): name
     /// each store of a process apart. Default: `"default"`.
@@ -616,101 +643,6 @@ impl StoreBuilder {
     }
 
     fn validate(&self) -> Result<()> {
-        let c = &self.cfg;
-        let bad = |m: String| Err(Error::InvalidConfig(m));
-        if !c.shards.is_power_of_two() || c.shards > 65_536 {
-            return bad(format!(
-                "shards must be a power of two from 1 to 65536, not {}",
-                c.shards
-            ));
-        }
-        if c.lease_ms == 0 {
-            return bad("the lease must be at least 1 ms".into());
-        }
-        if c.handback_lease_ms == 0 {
-            return bad("the hand-back lease must be at least 1 ms".into());
-        }
-        if c.tally_window_ms == 0 || c.tally_window_ms > c.tally_retention_ms {
-            return bad(format!(
-                "the reconcile window ({} ms) must be at least 1 ms and at most the \
-                 reconcile retention ({} ms)",
-                c.tally_window_ms, c.tally_retention_ms
-            ));
-        }
-        if c.tally_retention_ms / c.granularity_ms.max(1) >= MAX_BUCKET_SPAN {
-            return bad(format!(
-                "the reconcile retention ({} ms) spans 2^22 buckets or more",
-                c.tally_retention_ms
-            ));
-        }
-        if c.granularity_ms < 1_000 {
-            return bad(format!(
-                "the bucket granularity must be at least 1 s, not {} ms: slots keep 24 bits of \
-                 their bucket, so eviction must run at least every 2^22 buckets",
-                c.granularity_ms
-            ));
-        }
-        if c.retention_ms < c.lease_ms {
-            return bad(format!(
-                "retention ({} ms) is shorter than the lease ({} ms): a claim could be forgotten while held",
-                c.retention_ms, c.lease_ms
-            ));
-        }
-        if let Some(w) = c.max_retry_window_ms
-            && c.retention_ms < w
-        {
-            return bad(format!(
-                "retention ({} ms) is shorter than the upstream's max retry window ({w} ms): \
-                 a redelivery after the retention would be handled twice",
-                c.retention_ms
-            ));
-        }
-        if let Some(f) = c.compact_when_free
-            && !(0.0..1.0).contains(&f)
-        {
-            return bad(format!("compact_when_free must be in 0.0..1.0, not {f}"));
-        }
-        if c.max_batch_bytes == 0 {
-            return bad("max_batch_bytes must be at least 1".into());
-        }
-        if c.evict_slice_bytes == 0 {
-            return bad("evict_slice_bytes must be at least 1".into());
-        }
-        if c.entity_retention_ms == 0 {
-            return bad(
-                "entity_retention must be at least 1 ms: an entity's version and sequencer \
-                 state would be forgotten as it is written"
-                    .into(),
-            );
-        }
-        if c.entity_retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
-            return bad(format!(
-                "entity retention spans {} buckets; at most {} are supported",
-                c.entity_retention_ms / c.granularity_ms,
-                MAX_BUCKET_SPAN - 1
-            ));
-        }
-        if c.retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
-            return bad(format!(
-                "retention spans {} buckets; at most {} are supported (raise the granularity)",
-                c.retention_ms / c.granularity_ms,
-                MAX_BUCKET_SPAN - 1
-            ));
-        }
-        for (what, v, max) in [
-            ("max_scope_len", c.max_scope, FORMAT_MAX_KEY_PART),
-            ("max_id_len", c.max_id, FORMAT_MAX_KEY_PART),
-            ("max_outcome_len", c.max_outcome, FORMAT_MAX_OUTCOME),
-        ] {
-            if v > max {
-                return bad(format!("{what} is {v}; the format allows at most {max}"));
-            }
-        }
-        if let Durability::Deferred { max_delay } = c.durability
-            && max_delay.is_zero()
-        {
-            return bad("Deferred max_delay must be above zero".into());
-        }
-        Ok(())
+        self.cfg.validate()
     }
 }

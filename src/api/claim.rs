@@ -566,9 +566,9 @@ impl Store {
     where
         T: serde::Serialize + serde::de::DeserializeOwned,
     {
-        let (tag, bytes) = codec::encode_outcome(codec::WRITE_TAGS, outcome)?;
-        self.engine()
-            .complete(claim.ticket(), (tag, &bytes), None, 0)
+        let engine = self.engine();
+        let (tag, bytes) = codec::encode_outcome(engine.outcome_tags(), outcome)?;
+        engine.complete(claim.ticket(), (tag, &bytes), None, 0)
     }
 
     /// Fails a claim: [`Failure::Retryable`] frees the key for another

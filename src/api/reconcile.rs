@@ -14,6 +14,10 @@ impl Store {
     /// Every completion is counted; a plain `complete` counts 0. An amount
     /// other than 0 adds one small record to the completion's commit.
     ///
+    /// One operation's amount is an `i64`; a window's sum
+    /// ([`Tally::amount`]) is an `i128`, so no number of `i64::MAX`
+    /// amounts in one window can overflow it.
+    ///
     /// # Errors
     /// As `complete`.
     ///

@@ -1,6 +1,8 @@
-//! The engine's settings, as the builder validated them.
+//! The engine's settings: their defaults, and the checks the builder's
+//! settings must pass before a store opens (the face only collects them).
 
-use crate::{Durability, KeyHashing};
+use crate::index::MAX_BUCKET_SPAN;
+use crate::{Durability, Error, KeyHashing, Result};
 
 pub(crate) use crate::log::record::{FORMAT_MAX_KEY_PART, FORMAT_MAX_OUTCOME};
 
@@ -43,4 +45,162 @@ pub(crate) struct Config {
     /// The `store` label of the metrics bridge's series.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub metrics_label: String,
+    /// Upgrade an older file to the newest format at open.
+    pub upgrade: bool,
+    /// Check every page of the file at open (redb's integrity check).
+    pub verify_pages: bool,
+}
+
+impl Config {
+    /// How the log commits, from these settings.
+    pub(crate) fn log_settings(&self) -> crate::log::commit::LogSettings {
+        crate::log::commit::LogSettings {
+            durability: self.durability,
+            quick_repair: self.quick_repair,
+            split_at: self.row_split_bytes,
+            time_step: self.granularity_ms,
+            upgrade: self.upgrade,
+        }
+    }
+}
+
+impl Default for Config {
+    /// The defaults each builder setting documents.
+    fn default() -> Self {
+        Config {
+            shards: 64,
+            durability: Durability::Immediate,
+            lease_ms: 30_000,
+            retention_ms: 24 * 3_600_000,
+            granularity_ms: 60_000,
+            cache_bytes: 64 << 20,
+            quick_repair: false,
+            key_hashing: KeyHashing::SipHash13,
+            hashing_set: false,
+            granularity_set: false,
+            max_scope: 256,
+            max_id: 1024,
+            max_outcome: 1 << 20,
+            expected_keys: 0,
+            background_eviction: true,
+            max_keys: None,
+            max_retry_window_ms: None,
+            entity_retention_ms: 7 * 24 * 3_600_000,
+            max_hold_ms: 5 * 60_000,
+            handback_lease_ms: 30_000,
+            compact_when_free: Some(0.5),
+            evict_slice_bytes: 1 << 20,
+            max_batch_bytes: 256 << 20,
+            tally_window_ms: 3_600_000,
+            tally_retention_ms: 7 * 86_400_000,
+            tally_keys: Vec::new(),
+            row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
+            metrics_label: "default".into(),
+            upgrade: false,
+            verify_pages: true,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the settings against each other and against what the
+    /// format and the index can represent.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let c = self;
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if !c.shards.is_power_of_two() || c.shards > 65_536 {
+            return bad(format!(
+                "shards must be a power of two from 1 to 65536, not {}",
+                c.shards
+            ));
+        }
+        if c.lease_ms == 0 {
+            return bad("the lease must be at least 1 ms".into());
+        }
+        if c.handback_lease_ms == 0 {
+            return bad("the hand-back lease must be at least 1 ms".into());
+        }
+        if c.tally_window_ms == 0 || c.tally_window_ms > c.tally_retention_ms {
+            return bad(format!(
+                "the reconcile window ({} ms) must be at least 1 ms and at most the \
+                 reconcile retention ({} ms)",
+                c.tally_window_ms, c.tally_retention_ms
+            ));
+        }
+        if c.tally_retention_ms / c.granularity_ms.max(1) >= MAX_BUCKET_SPAN {
+            return bad(format!(
+                "the reconcile retention ({} ms) spans 2^22 buckets or more",
+                c.tally_retention_ms
+            ));
+        }
+        if c.granularity_ms < 1_000 {
+            return bad(format!(
+                "the bucket granularity must be at least 1 s, not {} ms: slots keep 24 bits of \
+                 their bucket, so eviction must run at least every 2^22 buckets",
+                c.granularity_ms
+            ));
+        }
+        if c.retention_ms < c.lease_ms {
+            return bad(format!(
+                "retention ({} ms) is shorter than the lease ({} ms): a claim could be forgotten while held",
+                c.retention_ms, c.lease_ms
+            ));
+        }
+        if let Some(w) = c.max_retry_window_ms
+            && c.retention_ms < w
+        {
+            return bad(format!(
+                "retention ({} ms) is shorter than the upstream's max retry window ({w} ms): \
+                 a redelivery after the retention would be handled twice",
+                c.retention_ms
+            ));
+        }
+        if let Some(f) = c.compact_when_free
+            && !(0.0..1.0).contains(&f)
+        {
+            return bad(format!("compact_when_free must be in 0.0..1.0, not {f}"));
+        }
+        if c.max_batch_bytes == 0 {
+            return bad("max_batch_bytes must be at least 1".into());
+        }
+        if c.evict_slice_bytes == 0 {
+            return bad("evict_slice_bytes must be at least 1".into());
+        }
+        if c.entity_retention_ms == 0 {
+            return bad(
+                "entity_retention must be at least 1 ms: an entity's version and sequencer \
+                 state would be forgotten as it is written"
+                    .into(),
+            );
+        }
+        if c.entity_retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
+            return bad(format!(
+                "entity retention spans {} buckets; at most {} are supported",
+                c.entity_retention_ms / c.granularity_ms,
+                MAX_BUCKET_SPAN - 1
+            ));
+        }
+        if c.retention_ms / c.granularity_ms >= MAX_BUCKET_SPAN {
+            return bad(format!(
+                "retention spans {} buckets; at most {} are supported (raise the granularity)",
+                c.retention_ms / c.granularity_ms,
+                MAX_BUCKET_SPAN - 1
+            ));
+        }
+        for (what, v, max) in [
+            ("max_scope_len", c.max_scope, FORMAT_MAX_KEY_PART),
+            ("max_id_len", c.max_id, FORMAT_MAX_KEY_PART),
+            ("max_outcome_len", c.max_outcome, FORMAT_MAX_OUTCOME),
+        ] {
+            if v > max {
+                return bad(format!("{what} is {v}; the format allows at most {max}"));
+            }
+        }
+        if let Durability::Deferred { max_delay } = c.durability
+            && max_delay.is_zero()
+        {
+            return bad("Deferred max_delay must be above zero".into());
+        }
+        Ok(())
+    }
 }

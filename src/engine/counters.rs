@@ -89,6 +89,7 @@ impl Engine {
             commits: self.log.commits(),
             commit_time: self.log.observed().time(),
             records_committed: self.log.observed().records(),
+            format: self.log.format(),
             ..Stats::default()
         };
         counters.copy_into(&mut s);

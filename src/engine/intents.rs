@@ -75,15 +75,25 @@ impl Engine {
     /// and `DeadLetter` bodies (the provider's answers; first failure
     /// times) and to reconciliation (`Engine::counting`: completions
     /// counted from their own records, `Keys` and `Amount` records): the
-    /// one place this build decides it. Every file is
-    /// rewritten as the newest format by its open's first commit, so today
-    /// it always does. Once a file can stay at format 3 until an explicit
-    /// upgrade, this becomes `format() >= 4`: the writers then fall back
-    /// to format 3's bodies, and `mark_answered` refuses the answers only
-    /// format 4 can hold.
-    #[allow(clippy::unused_self)] // it reads the file's format once upgrades are explicit
+    /// one place this build decides it. A file keeps its format until an
+    /// explicit upgrade, so this is "the file's records follow format 4
+    /// or later" ([`Engine::records_format`], decided at open): otherwise
+    /// the writers fall back to format 3's bodies, and `mark_answered`
+    /// refuses the answers only format 4 can hold.
     pub(crate) fn has_format_4_bodies(&self) -> bool {
-        true
+        self.records_format() >= crate::log::meta::BODIES_FORMAT
+    }
+
+    /// The encodings a typed outcome may be written in, in order of
+    /// preference: CBOR (tag 3) needs format 4, so a format-3 file not yet
+    /// upgraded gets JSON, which the build before reads (a value JSON
+    /// cannot hold, such as NaN, is then refused with `Codec`).
+    pub(crate) fn outcome_tags(&self) -> &'static [u8] {
+        if self.has_format_4_bodies() {
+            crate::codec::WRITE_TAGS
+        } else {
+            &[crate::codec::TAG_JSON]
+        }
     }
 
     /// Appends an `Intent` record of `body` for the operation `c` of `key`
@@ -251,16 +261,14 @@ impl Engine {
         // Before any shard lock: refusing another store's claim counts it
         // under that lock.
         self.check_owner(claim)?;
-        if !self.has_format_4_bodies() && !matches!(answer, Answer::Accepted(_) | Answer::Found(_))
-        {
-            return Err(Error::InvalidArgument {
-                what: "answer",
-                reason: format!(
-                    "recording {answer:?} for {} needs store format 4; this file is older \
-                     (only an accepted or found reference can be recorded until it is upgraded)",
-                    claim.key
-                ),
-            });
+        if !matches!(answer, Answer::Accepted(_) | Answer::Found(_)) {
+            self.require_format(
+                "mark_answered with a refused, unknown or not-found answer (only an accepted \
+                 or found reference fits format 3; an upgrade of the open store takes effect \
+                 at its next open)",
+                crate::log::meta::BODIES_FORMAT,
+                true,
+            )?;
         }
         let h = claim.hash;
         loop {

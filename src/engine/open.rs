@@ -9,6 +9,12 @@
 //!   reconciliation windows still kept (`reconcile`), carried likewise;
 //! - the open makes its first commit itself and fails with that commit's
 //!   error: a store that cannot write is never handed out;
+//! - an open never yields fewer rows than the last commit recorded: in a
+//!   format-5 file every bucket table's rows are checked against its
+//!   summary during replay (see `log::summary`);
+//! - the file keeps its format (from format 3 on) unless the operator asks
+//!   for the upgrade ([`Config::upgrade`], [`Engine::upgrade`]); a feature
+//!   that needs a newer format asks [`Engine::require_format`] first;
 //! - a redb panic while opening is reported as damage, never a crash.
 
 use std::path::Path;
@@ -26,6 +32,8 @@ use crate::clock::Clock;
 use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, Round, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
+use crate::log::commit::Found;
+use crate::log::meta::SUMMARIES_FORMAT;
 use crate::log::record::{
     INTENT_PENDING, INTENT_SETTLED, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
 };
@@ -44,6 +52,7 @@ impl Engine {
         let place = location
             .path()
             .map_or_else(|| "the store".into(), |p| p.display().to_string());
+        let _span = tracing::info_span!("dedupkv.recovery", place = %place).entered();
         // redb 4.6 can panic (rather than fail) on some damaged files; a
         // damaged file must be an error for the caller, not a crash.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -67,13 +76,15 @@ impl Engine {
         })
     }
 
+    // The open's steps in the order they must happen; the engine's fields
+    // are set in one place.
+    #[allow(clippy::too_many_lines)]
     fn open_unguarded(
         mut cfg: Config,
         clock: Arc<dyn Clock>,
         location: Location,
     ) -> Result<(Arc<Engine>, Threads)> {
         let path = location.path().map(Path::to_path_buf);
-        let _span = tracing::info_span!("dedupkv.recovery", path = ?path).entered();
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).map_err(|e| Error::Io {
             what: "drawing the key secret from the operating system",
@@ -82,7 +93,7 @@ impl Engine {
         let wanted = FileMeta::new(KeyHasher::new(cfg.key_hashing, secret), cfg.granularity_ms);
         let (db, meta) = open_database(
             location,
-            cfg.cache_bytes,
+            (cfg.cache_bytes, cfg.verify_pages),
             &wanted,
             cfg.hashing_set,
             cfg.granularity_set,
@@ -106,9 +117,13 @@ impl Engine {
         let mut time_floor = time_floor;
         let mut expired_dead = ExpiredDeadLetters::new();
         let mut expired_intents = ExpiredIntents::new();
+        let checked = meta.format >= SUMMARIES_FORMAT;
+        if !checked && !cfg.upgrade {
+            note_unchecked(meta.format);
+        }
         let mut tallies = Recovered::new(&cfg, meta.hasher.secret(), now_bucket);
         let replayed =
-            crate::log::recovery::replay(&db, now_bucket, |bucket, row, rec, expired| {
+            crate::log::recovery::replay(&db, now_bucket, checked, |bucket, row, rec, expired| {
                 time_floor = time_floor.max(rec.at);
                 if !expired && rec.kind.is_claim_body() {
                     max_token = max_token.max(rec.claim_fields().token);
@@ -136,16 +151,15 @@ impl Engine {
         );
         let log = Log::start(
             db,
-            replayed.last_row,
-            replayed.live.iter().copied().collect(),
-            first_token + TOKEN_BLOCK,
-            meta.manifest,
-            crate::log::commit::LogSettings {
-                durability: cfg.durability,
-                quick_repair: cfg.quick_repair,
-                split_at: cfg.row_split_bytes,
-                time_step: cfg.granularity_ms,
+            Found {
+                last_row: replayed.last_row,
+                buckets: replayed.live.iter().copied().collect(),
+                manifest: meta.manifest,
+                summaries: replayed.summaries,
+                format: meta.format,
             },
+            first_token + TOKEN_BLOCK,
+            cfg.log_settings(),
         )
         // The first commit: an open that cannot write (a full disk, a
         // damaged page) fails here, saying why, instead of handing out a
@@ -186,6 +200,83 @@ impl Engine {
         let threads = Threads::start(&engine, background, tick)?;
         Ok((engine, threads))
     }
+}
+
+impl Engine {
+    /// The store format of the open file: 3 or 4 for a file an older
+    /// build wrote, until [`upgrade`](Self::upgrade); 5 for a new or
+    /// upgraded one.
+    pub(crate) fn format(&self) -> u32 {
+        self.log.format()
+    }
+
+    /// The format the engine's own records follow (bodies, counting): the
+    /// file's once the open's first commit was made. An upgrade of the
+    /// open store changes them from the next open on, so no running
+    /// decision (how completions are counted) changes under its callers.
+    pub(crate) fn records_format(&self) -> u32 {
+        self.log.opened_format()
+    }
+
+    /// Fails with [`Error::NeedsUpgrade`] unless the file is at least
+    /// format `needed` (its format now, or, `for_records`, the one its
+    /// records follow since the open): the one check a feature that writes
+    /// or reads something only a newer format has makes before it does.
+    pub(crate) fn require_format(
+        &self,
+        feature: &'static str,
+        needed: u32,
+        for_records: bool,
+    ) -> Result<()> {
+        let found = if for_records {
+            self.records_format()
+        } else {
+            self.format()
+        };
+        if found < needed {
+            return Err(Error::NeedsUpgrade {
+                feature,
+                found,
+                needed,
+            });
+        }
+        Ok(())
+    }
+
+    /// Rewrites the file as the newest format (format 5: every bucket
+    /// table gets its summary) in one commit; whether it was older.
+    pub(crate) fn upgrade(&self) -> Result<bool> {
+        let upgraded = self.log.upgrade()?;
+        if upgraded {
+            tracing::info!(
+                format = self.format(),
+                "dedupkv: the file was upgraded; builds that know only older formats refuse it"
+            );
+        }
+        Ok(upgraded)
+    }
+
+    /// Reads every bucket table and checks it against its summary, every
+    /// row against its checksum; returns the rows read.
+    pub(crate) fn verify(&self) -> Result<u64> {
+        self.require_format("Store::verify (bucket summaries)", SUMMARIES_FORMAT, false)?;
+        self.log.verify().map_err(|e| match (e, &self.path) {
+            (Error::Corrupt(why), Some(p)) => {
+                Error::Corrupt(format!("{} is damaged ({why})", p.display()))
+            }
+            (e, _) => e,
+        })
+    }
+}
+
+/// Says that a file of an older format runs without the checks it lacks.
+fn note_unchecked(format: u32) {
+    tracing::info!(
+        format,
+        "dedupkv: the file is format {format}: it runs without bucket summaries (an open \
+         cannot tell a bucket table that lost rows) until upgraded \
+         (StoreBuilder::upgrade, Store::upgrade)"
+    );
 }
 
 /// Applies one replayed record: an entity's to the entity (entities with

@@ -105,10 +105,12 @@ impl Engine {
     fn check_keys_scope(&self, scope: &[u8]) -> Result<()> {
         self.check_tally_scope(scope)?;
         if self.counting() == Counting::Legacy {
-            return Err(Error::InvalidArgument {
-                what: "scope",
-                reason: "keeps no keys: this file's format predates kept keys; upgrade it".into(),
-            });
+            self.require_format(
+                "reconciling keys (kept keys; an upgrade of the open store takes effect at \
+                 its next open)",
+                crate::log::meta::BODIES_FORMAT,
+                true,
+            )?;
         }
         if !self.keeps_keys(scope) {
             return Err(Error::InvalidArgument {

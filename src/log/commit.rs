@@ -11,18 +11,25 @@
 //! - after a failed commit the log is poisoned: nothing in or after the
 //!   failed row is ever reported durable, and every later append fails;
 //! - commits never overlap (the `lead` lock), and a waiter returns only once
-//!   `durable_row` covers its row, whoever committed it.
+//!   `durable_row` covers its row, whoever committed it;
+//! - every bucket table's [`Summary`] is known as of the last commit, and a
+//!   commit of a format-5 file writes the summary of every bucket it writes
+//!   or trims (of every bucket, when it upgrades the file to format 5);
+//! - the file's format changes only in a commit that carries an upgrade:
+//!   implicitly from format 1 or 2 to 3 (the open's first commit), and
+//!   otherwise only when the operator asks ([`Log::upgrade`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::Storage;
 use super::decode::{RowReader, read_row};
 use super::durable::{self, Wakers};
 use super::format::RowWriter;
-use super::meta::{self, Manifest};
+use super::meta::{self, FORMAT_VERSION, Manifest, OLDEST_KEPT_FORMAT, SUMMARIES_FORMAT};
 use super::record::RecordRef;
 use super::store::Commit;
+use super::summary::{self, Summary};
 use crate::sync::{
     Arc, AtomicBool, AtomicU32, AtomicU64, Futex, JoinHandle, MappedRwLockReadGuard, Mutex,
     MutexGuard, Ordering, Receiver, RwLock, RwLockReadGuard, Sender, bounded,
@@ -69,8 +76,12 @@ pub(crate) struct Batch {
     /// Bucket tables to delete in this commit, before its rows are written.
     drop_buckets: Vec<u64>,
     /// Log rows to delete from a bucket's table in this commit: a range
-    /// of row numbers (see [`Log::trim_bucket`]).
-    trims: Vec<(u64, std::ops::RangeInclusive<u64>)>,
+    /// of row numbers, and the summary of the rows in it (see
+    /// [`Log::trim_bucket`]).
+    trims: Vec<(u64, std::ops::RangeInclusive<u64>, Summary)>,
+    /// Rewrite the file as this format in this commit (see
+    /// [`Log::upgrade`]).
+    upgrade_to: Option<u32>,
     /// A new fencing-token floor to persist with this commit.
     token_floor: Option<u64>,
     /// A new time floor (a clock reading, ms) to persist with this commit.
@@ -96,6 +107,7 @@ impl Batch {
             parts: Vec::new(),
             drop_buckets: Vec::new(),
             trims: Vec::new(),
+            upgrade_to: None,
             token_floor: None,
             time_floor: None,
             max_at: 0,
@@ -107,6 +119,7 @@ impl Batch {
             && self.closed.is_empty()
             && self.drop_buckets.is_empty()
             && self.trims.is_empty()
+            && self.upgrade_to.is_none()
             && self.token_floor.is_none()
             && self.time_floor.is_none()
     }
@@ -223,6 +236,11 @@ struct Shared {
     wakers: Wakers,
     /// What commits cost (see `observe.rs`).
     observed: super::observe::CommitStats,
+    /// Every bucket table's summary as of the last commit, whatever the
+    /// file's format; only `write` takes it (after `manifest`).
+    summaries: Mutex<BTreeMap<u64, Summary>>,
+    /// The file's store format as of the last commit.
+    format: AtomicU32,
 }
 
 /// How the log commits.
@@ -237,6 +255,22 @@ pub(crate) struct LogSettings {
     /// a commit rewrites it (the bucket granularity: a reopened store's
     /// time then starts at most this far behind the latest record's).
     pub time_step: u64,
+    /// Upgrade the file to the newest format in the first commit.
+    pub upgrade: bool,
+}
+
+/// What open found in the file, for the log to go on from.
+pub(crate) struct Found {
+    /// The newest row on disk.
+    pub last_row: u64,
+    /// The live buckets' tables.
+    pub buckets: BTreeSet<u64>,
+    /// The manifest as checked at open.
+    pub manifest: Manifest,
+    /// Every bucket table's summary, as replay computed it from the rows.
+    pub summaries: BTreeMap<u64, Summary>,
+    /// The file's store format.
+    pub format: u32,
 }
 
 /// The log: append under a shard lock, then wait for durability.
@@ -244,6 +278,8 @@ pub(crate) struct Log {
     shared: Arc<Shared>,
     durability: Durability,
     committer: Option<JoinHandle<()>>,
+    /// The file's format once the open's first commit was made.
+    opened_format: u32,
 }
 
 /// A poisoned log reports why.
@@ -252,18 +288,18 @@ fn poisoned_error(s: &Shared) -> Error {
 }
 
 impl Log {
-    /// Starts the committer. `last_row` is the newest row already on disk;
-    /// `manifest` is the file's, as checked at open (every commit that
-    /// changes it rewrites it). Returns after the first commit, which
-    /// persists the fencing-token `token_floor` before any record of this
-    /// run; its failure is the error ([`Error::Corrupt`] when the storage
-    /// engine panicked, as it does on a damaged file).
+    /// Starts the committer on what open `found` (the manifest, as
+    /// checked at open, is rewritten by every commit that changes it).
+    /// Returns after the first commit, which persists the fencing-token
+    /// `token_floor` before any record of this run, and rewrites a file of
+    /// format 1 or 2 as format 3 (or any older file as the newest format,
+    /// with [`LogSettings::upgrade`]); its failure is the error
+    /// ([`Error::Corrupt`] when the storage engine panicked, as it does on
+    /// a damaged file).
     pub(crate) fn start(
         db: Storage,
-        last_row: u64,
-        buckets: BTreeSet<u64>,
+        found: Found,
         token_floor: u64,
-        manifest: Manifest,
         settings: LogSettings,
     ) -> Result<Log> {
         let LogSettings {
@@ -271,11 +307,25 @@ impl Log {
             quick_repair,
             split_at,
             time_step,
+            upgrade,
         } = settings;
+        let Found {
+            last_row,
+            buckets,
+            manifest,
+            summaries,
+            format,
+        } = found;
         let (kick, kicked) = bounded(1);
         let open_row = Arc::new(AtomicU64::new(last_row + 1));
         let mut first = Batch::new(last_row + 1, split_at.min(ROW_SPLIT_BYTES), &open_row);
         first.token_floor = Some(token_floor);
+        first.upgrade_to = if upgrade {
+            Some(FORMAT_VERSION)
+        } else {
+            Some(OLDEST_KEPT_FORMAT)
+        }
+        .filter(|to| *to > format);
         let shared = Arc::new(Shared {
             db: RwLock::new(Some(db)),
             panicked: AtomicBool::new(false),
@@ -296,6 +346,8 @@ impl Log {
             manifest: Mutex::new(manifest),
             wakers: Wakers::default(),
             observed: super::observe::CommitStats::default(),
+            summaries: Mutex::new(summaries),
+            format: AtomicU32::new(format),
         });
         let wait = match durability {
             Durability::Deferred { max_delay } => Some(max_delay),
@@ -307,10 +359,11 @@ impl Log {
                 what: "starting the commit thread",
                 source,
             })?;
-        let log = Log {
+        let mut log = Log {
             shared,
             durability,
             committer: Some(committer),
+            opened_format: format,
         };
         // The first commit is made here, not by the committer: open reports
         // its failure, and returns with nothing in flight and no kick queued
@@ -324,6 +377,7 @@ impl Log {
             }
             return Err(e);
         }
+        log.opened_format = log.format();
         Ok(log)
     }
 
@@ -345,12 +399,60 @@ impl Log {
         bucket: u64,
         mut each: impl FnMut(u64, usize, RowReader<'_>) -> Result<()>,
     ) -> Result<()> {
-        let rows = self.db()?.rows(&[bucket])?;
-        for row in rows.into_iter().flatten().flatten() {
+        let Some(table) = self.db()?.table(bucket)? else {
+            return Ok(());
+        };
+        for row in table.rows {
             let (n, bytes) = row?;
             each(n, bytes.len(), read_row(&bytes)?)?;
         }
         Ok(())
+    }
+
+    /// The file's store format as of the last commit.
+    pub(crate) fn format(&self) -> u32 {
+        self.shared.format.load(Ordering::Acquire)
+    }
+
+    /// The file's store format once the open's first commit was made (an
+    /// upgrade at open included, [`upgrade`](Self::upgrade) on the open
+    /// log not).
+    pub(crate) fn opened_format(&self) -> u32 {
+        self.opened_format
+    }
+
+    /// Rewrites the file as the newest format in the next commit (format
+    /// 5: every bucket table gets its summary) and waits for it. Returns
+    /// whether the file was older; from then on a build that knows only
+    /// the older format refuses it as `UnsupportedVersion`.
+    pub(crate) fn upgrade(&self) -> Result<bool> {
+        if self.format() >= FORMAT_VERSION {
+            self.check()?;
+            return Ok(false);
+        }
+        self.commit_with(|b| b.upgrade_to = Some(FORMAT_VERSION))?;
+        Ok(true)
+    }
+
+    /// Reads every bucket table as one snapshot and checks each against
+    /// the summary stored beside it, and every row against its checksum;
+    /// returns the rows read. Only a file of format 5 or later has the
+    /// summaries (the caller checks the format).
+    pub(crate) fn verify(&self) -> Result<u64> {
+        let mut rows = 0;
+        for (bucket, table) in self.db()?.tables()? {
+            let mut seen = Summary::default();
+            for row in table.rows {
+                let (n, bytes) = row?;
+                for rec in read_row(&bytes)? {
+                    rec?;
+                }
+                seen.add(bucket, n, &bytes);
+            }
+            summary::check(bucket, table.summary.as_deref(), &seen)?;
+            rows += seen.rows;
+        }
+        Ok(rows)
     }
 
     /// Bytes of the file in use (the rest is free space).
@@ -498,13 +600,20 @@ impl Log {
     /// next commit and waits for it. Eviction deletes a large bucket this
     /// way, a slice per commit, before it deletes the table: redb frees a
     /// deleted table's pages inside one commit, and every writer waits for
-    /// that commit.
+    /// that commit. The slice is read first, off the commit path, for the
+    /// summary of what it deletes (its rows are committed, and a row is
+    /// never rewritten).
     pub(crate) fn trim_bucket(
         &self,
         bucket: u64,
         rows: std::ops::RangeInclusive<u64>,
     ) -> Result<()> {
-        self.commit_with(|b| b.trims.push((bucket, rows)))
+        let mut gone = Summary::default();
+        for row in self.db()?.row_range(bucket, rows.clone())? {
+            let (n, bytes) = row?;
+            gone.add(bucket, n, &bytes);
+        }
+        self.commit_with(|b| b.trims.push((bucket, rows, gone)))
     }
 
     /// Adds `change` to the open batch and waits for its commit.
@@ -611,23 +720,27 @@ impl Drop for Log {
         if let Some(h) = self.committer.take() {
             let _ = h.join();
         }
-        if self.shared.panicked.load(Ordering::Acquire)
-            && let Some(db) = self.shared.db.write().take()
-        {
-            if std::thread::panicking() {
+        let Some(db) = self.shared.db.write().take() else {
+            return;
+        };
+        let panicked = self.shared.panicked.load(Ordering::Acquire);
+        if std::thread::panicking() {
+            if panicked {
                 // A second panic while unwinding would abort the process.
                 std::mem::forget(db);
-            } else {
-                // redb closes without writing after a transaction it
-                // unwound from; should its `Drop` panic anyway, the panic
-                // stays here and the file handle still closes, so the
-                // store can be reopened as `Error::Poisoned` says.
-                let closed =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
-                if closed.is_err() {
-                    tracing::error!("dedupkv: the storage engine panicked again while closing");
-                }
             }
+            return;
+        }
+        // redb closes without writing after a transaction it unwound from,
+        // and otherwise writes its allocator state, which on a damaged file
+        // can panic: the panic stays here and the file handle still
+        // closes, so the store can be reopened (and its damage reported).
+        let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+        if closed.is_err() {
+            tracing::error!(
+                earlier_panic = panicked,
+                "dedupkv: the storage engine panicked while closing the file"
+            );
         }
     }
 }
@@ -777,15 +890,17 @@ fn gather(s: &Shared, kicked: &Receiver<()>, last_records: u32) {
 
 /// One storage commit for the batch. The manifest is rewritten in it
 /// whenever the batch creates or deletes a bucket table or raises a floor,
-/// so the file's tables are the manifest's after every commit.
+/// so the file's tables are the manifest's after every commit; in a
+/// format-5 file, so is the summary of every bucket the batch writes or
+/// trims.
 fn write(s: &Shared, batch: Batch) -> Result<()> {
     let db = s.db.read();
     let db = db.as_ref().ok_or(Error::Closed)?;
     let mut manifest = s.manifest.lock();
-    let mut next = Manifest {
-        written: true,
-        ..manifest.clone()
-    };
+    let mut summaries = s.summaries.lock();
+    let format = s.format.load(Ordering::Acquire);
+    let upgrade = batch.upgrade_to.filter(|to| *to > format);
+    let mut next = manifest.clone();
     if let Some(floor) = batch.token_floor {
         next.token_floor = next.token_floor.max(floor);
     }
@@ -795,41 +910,90 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
     if batch.max_at >= next.time_floor.saturating_add(s.time_step) {
         next.time_floor = batch.max_at;
     }
+    // The summaries this commit changes; `None`: the table is deleted.
+    let mut changed: BTreeMap<u64, Option<Summary>> = BTreeMap::new();
     // Deletions first: a bucket dropped and written in one commit keeps the
     // new rows.
     for bucket in &batch.drop_buckets {
         next.buckets.remove(bucket);
+        changed.insert(*bucket, None);
     }
     let mut trims = Vec::with_capacity(batch.trims.len());
-    for (bucket, rows) in batch.trims {
+    for (bucket, rows, gone) in batch.trims {
         // Trimming would create a table deleted in this commit.
         if batch.drop_buckets.contains(&bucket) {
             continue;
         }
         trims.push((bucket, rows));
         next.buckets.insert(bucket);
+        changed
+            .entry(bucket)
+            .or_insert_with(|| summaries.get(&bucket).copied())
+            .get_or_insert_default()
+            .remove(&gone);
     }
     let mut rows = Vec::with_capacity(batch.parts.len());
     let last = (batch.row, batch.parts);
     for (row, parts) in batch.closed.into_iter().chain(std::iter::once(last)) {
         for (bucket, part) in parts {
-            rows.push((bucket, row, part.finish()));
+            let bytes = part.finish();
+            changed
+                .entry(bucket)
+                .or_insert_with(|| summaries.get(&bucket).copied())
+                .get_or_insert_default()
+                .add(bucket, row, &bytes);
+            rows.push((bucket, row, bytes));
             next.buckets.insert(bucket);
         }
     }
-    let meta = if next == *manifest {
+    let new_format = upgrade.unwrap_or(format);
+    let stored = if new_format < SUMMARIES_FORMAT {
         Vec::new()
+    } else if upgrade.is_some() && format < SUMMARIES_FORMAT {
+        // Every table gets its summary with the upgrade.
+        next.buckets
+            .iter()
+            .map(|b| {
+                debug_assert!(
+                    changed.contains_key(b) || summaries.contains_key(b),
+                    "bucket {b} has a table but no summary"
+                );
+                let sum = match changed.get(b) {
+                    Some(c) => c.unwrap_or_default(),
+                    None => summaries.get(b).copied().unwrap_or_default(),
+                };
+                (*b, sum.encode(*b))
+            })
+            .collect()
     } else {
-        meta::manifest_changes(&**db, &next, !manifest.written)?
+        changed
+            .iter()
+            .filter_map(|(b, sum)| sum.map(|sum| (*b, sum.encode(*b))))
+            .collect()
+    };
+    let meta = match upgrade {
+        Some(to) => meta::upgrade_changes(&**db, &next, to)?,
+        None if next != *manifest => vec![meta::manifest_change(&next)],
+        None => Vec::new(),
     };
     db.commit(Commit {
         quick_repair: s.quick_repair,
         drop_buckets: &batch.drop_buckets,
         trims,
         rows,
+        summaries: stored,
         meta,
     })?;
     *manifest = next;
+    for (b, sum) in changed {
+        match sum {
+            Some(sum) => summaries.insert(b, sum),
+            None => summaries.remove(&b),
+        };
+    }
+    if let Some(to) = upgrade {
+        s.format.store(to, Ordering::Release);
+    }
     Ok(())
 }
 
@@ -843,7 +1007,7 @@ mod tests {
         let wanted = FileMeta::new(KeyHasher::new(KeyHashing::Xxh3, [7; 16]), 60_000);
         open_database(
             Location::Path(path.to_path_buf()),
-            1 << 20,
+            (1 << 20, false),
             &wanted,
             false,
             false,
@@ -853,15 +1017,20 @@ mod tests {
     fn start(db: Storage, meta: &FileMeta) -> Result<Log> {
         Log::start(
             db,
-            0,
-            BTreeSet::new(),
+            Found {
+                last_row: 0,
+                buckets: BTreeSet::new(),
+                manifest: meta.manifest.clone(),
+                summaries: BTreeMap::new(),
+                format: meta.format,
+            },
             meta.token_floor,
-            meta.manifest.clone(),
             LogSettings {
                 durability: Durability::Immediate,
                 quick_repair: false,
                 split_at: ROW_SPLIT_BYTES,
                 time_step: u64::MAX,
+                upgrade: false,
             },
         )
     }

@@ -3,11 +3,11 @@
 //! its own; and the check at open that the file holds exactly the tables
 //! the manifest lists.
 //!
-//! Entries (format 4; formats 2 and 3 have the same entries):
+//! Entries (format 5; formats 2 to 4 have the same entries):
 //!
 //! ```text
 //! magic          = "dedupkv store"
-//! format         = u32 LE (4)
+//! format         = u32 LE (5)
 //! key_hashing    = u8
 //! key_secret     = 16 bytes
 //! granularity_ms = u64 LE
@@ -22,12 +22,16 @@
 //!
 //! Format 1 (no checksum, no manifest, an optional `token_floor` = u64 LE)
 //! is read by trusting the tables present once; its first commit rewrites
-//! it as the current format. Formats 2, 3 and 4 differ only in the records
-//! they may hold (3 adds the kinds `DeadLetter`, `Intent`, `Tally`; 4 the
-//! answers in `Intent` bodies and the first failure times in `DeadLetter`
-//! bodies): an older file's first commit rewrites `format` and
-//! `settings_sum`, so a build that knows only the older format refuses the
-//! file as newer rather than meeting a record it cannot read.
+//! it as format 3. Format 2 differs from 3 only in the record kinds it may
+//! hold (3 adds `DeadLetter`, `Intent`, `Tally`): its first commit rewrites
+//! `format` and `settings_sum` as 3, so a build that knows only format 2
+//! refuses the file as newer rather than meeting a record kind it cannot
+//! read. No release wrote either. From format 3 on a file keeps its format
+//! until an explicit upgrade ([`upgrade_changes`]), and a build writes into
+//! it only what its format holds: format 4 adds the answers in `Intent`
+//! bodies, the first failure times in `DeadLetter` bodies and rounds, and
+//! the kinds `Keys` and `Amount` (writers ask `Engine::has_format_4_bodies`);
+//! format 5 the bucket summaries ([`summary`](super::summary)).
 //! Every later format keeps `settings_sum` as defined here, so a build can
 //! tell a newer file from a damaged one.
 
@@ -41,8 +45,17 @@ use crate::key::{KeyHasher, KeyHashing};
 use crate::{Error, Result};
 
 const MAGIC: &[u8] = b"dedupkv store";
-/// The newest store format this build understands (and the one it writes).
-pub(crate) const FORMAT_VERSION: u32 = 4;
+/// The newest store format this build understands (and the one a new file
+/// gets, or an older one on an explicit upgrade).
+pub(crate) const FORMAT_VERSION: u32 = 5;
+/// The oldest format this build writes as it is: older files (1, 2) are
+/// rewritten as this one by their first commit.
+pub(crate) const OLDEST_KEPT_FORMAT: u32 = 3;
+/// The first format with version-2 `Intent`, `DeadLetter` and round
+/// bodies and the kinds `Keys` and `Amount`.
+pub(crate) const BODIES_FORMAT: u32 = 4;
+/// The first format whose bucket tables hold summaries.
+pub(crate) const SUMMARIES_FORMAT: u32 = 5;
 /// The entries the settings checksum covers, in its order.
 const SETTINGS: [&str; 5] = [
     "magic",
@@ -61,14 +74,15 @@ const MANIFEST_VERSION: u8 = 1;
 /// says.
 #[derive(Clone)]
 pub(crate) struct FileMeta {
+    /// The file's store format, as found (a new file: [`FORMAT_VERSION`]).
+    pub format: u32,
     pub hasher: KeyHasher,
     pub granularity_ms: u64,
     /// The highest clock reading the store has recorded (0 when none).
     pub time_floor: u64,
     /// The lowest fencing token a reopened store may issue.
     pub token_floor: u64,
-    /// The bucket tables in the file (all of them, expired ones included),
-    /// and whether the file has a manifest yet (a format-1 file does not).
+    /// The bucket tables in the file (all of them, expired ones included).
     pub manifest: Manifest,
 }
 
@@ -76,6 +90,7 @@ impl FileMeta {
     /// The settings a new file gets.
     pub(crate) fn new(hasher: KeyHasher, granularity_ms: u64) -> Self {
         FileMeta {
+            format: FORMAT_VERSION,
             hasher,
             granularity_ms,
             time_floor: 0,
@@ -86,14 +101,12 @@ impl FileMeta {
 }
 
 /// What the manifest records: every bucket table in the file and the
-/// floors. `written` is false for a file of an older format (1 or 2) until
-/// its first commit rewrites it as the current one.
+/// floors.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Manifest {
     pub buckets: BTreeSet<u64>,
     pub token_floor: u64,
     pub time_floor: u64,
-    pub written: bool,
 }
 
 impl Manifest {
@@ -326,6 +339,7 @@ fn check_meta(entries: MetaEntries) -> Result<(FileMeta, Option<Decoded>)> {
     };
     let time_floor = decoded.as_ref().map_or(0, |d| d.time_floor);
     let meta = FileMeta {
+        format: version,
         hasher: KeyHasher::new(kind, secret),
         granularity_ms,
         time_floor,
@@ -334,7 +348,6 @@ fn check_meta(entries: MetaEntries) -> Result<(FileMeta, Option<Decoded>)> {
             buckets: BTreeSet::new(),
             token_floor,
             time_floor,
-            written: decoded.is_some() && version == FORMAT_VERSION,
         },
     };
     Ok((meta, decoded))
@@ -419,10 +432,7 @@ fn init(db: &dyn LogStore, wanted: &FileMeta) -> Result<FileMeta> {
         &wanted.hasher.secret(),
         &granularity,
     ];
-    let manifest = Manifest {
-        written: true,
-        ..Manifest::default()
-    };
+    let manifest = Manifest::default();
     let mut meta: Vec<MetaChange> = SETTINGS
         .iter()
         .zip(values)
@@ -445,37 +455,43 @@ fn init(db: &dyn LogStore, wanted: &FileMeta) -> Result<FileMeta> {
     })
 }
 
-/// The metadata changes that write `manifest`; with `upgrade`, a format-1
-/// file also becomes format 2 in them (settings checksum added, the old
-/// token floor entry folded in), from its entries as `db` holds them.
-pub(crate) fn manifest_changes(
+/// The metadata change that writes `manifest`.
+pub(crate) fn manifest_change(manifest: &Manifest) -> MetaChange {
+    (MANIFEST, Some(manifest.encode()))
+}
+
+/// The metadata changes that rewrite the file as format `to` (from the
+/// entries `db` holds) and write `manifest`: `format` and `settings_sum`
+/// rewritten, and a format-1 file's token floor entry removed (the
+/// manifest holds it). What else a format needs (format 5's summaries)
+/// the same commit writes.
+pub(crate) fn upgrade_changes(
     db: &dyn LogStore,
     manifest: &Manifest,
-    upgrade: bool,
+    to: u32,
 ) -> Result<Vec<MetaChange>> {
-    let mut out = Vec::with_capacity(4);
-    if upgrade {
-        let entries: BTreeMap<String, Vec<u8>> =
-            db.read_meta()?.unwrap_or_default().into_iter().collect();
-        let format = FORMAT_VERSION.to_le_bytes();
-        let mut values: Vec<Vec<u8>> = Vec::with_capacity(SETTINGS.len());
-        for k in SETTINGS {
-            let v = if k == "format" {
-                format.to_vec()
-            } else {
-                entries.get(k).cloned().ok_or_else(|| {
-                    Error::Corrupt(format!("the {META_NAME} entry {k:?} is missing"))
-                })?
-            };
-            values.push(v);
-        }
-        let sum = settings_sum([&values[0], &values[1], &values[2], &values[3], &values[4]]);
-        out.push(("format", Some(format.to_vec())));
-        out.push((SETTINGS_SUM, Some(sum.to_le_bytes().to_vec())));
-        out.push((OLD_TOKEN_FLOOR, None));
+    let entries: BTreeMap<String, Vec<u8>> =
+        db.read_meta()?.unwrap_or_default().into_iter().collect();
+    let format = to.to_le_bytes();
+    let mut values: Vec<Vec<u8>> = Vec::with_capacity(SETTINGS.len());
+    for k in SETTINGS {
+        let v = if k == "format" {
+            format.to_vec()
+        } else {
+            entries
+                .get(k)
+                .cloned()
+                .ok_or_else(|| Error::Corrupt(format!("the {META_NAME} entry {k:?} is missing")))?
+        };
+        values.push(v);
     }
-    out.push((MANIFEST, Some(manifest.encode())));
-    Ok(out)
+    let sum = settings_sum([&values[0], &values[1], &values[2], &values[3], &values[4]]);
+    Ok(vec![
+        ("format", Some(format.to_vec())),
+        (SETTINGS_SUM, Some(sum.to_le_bytes().to_vec())),
+        (OLD_TOKEN_FLOOR, None),
+        manifest_change(manifest),
+    ])
 }
 
 fn fixed<const N: usize>(v: &[u8], what: &str) -> Result<[u8; N]> {
@@ -492,7 +508,6 @@ mod tests {
             buckets: buckets.into_iter().collect(),
             token_floor: 1 << 40,
             time_floor: 1_700_000_000_000,
-            written: true,
         }
     }
 

@@ -9,13 +9,17 @@
 //!   the commit futex, and the deferring scope);
 //! - [`meta`]: the settings fixed at creation and the manifest;
 //! - [`observe`]: what commits cost (totals, and an observer per commit);
+//! - [`summary`]: each bucket table's summary, which an open checks;
 //! - [`recovery`]: replay at open;
 //! - [`store`]: the storage trait and its redb implementation;
 //! - [`error`]: what the storage reports, in the log's terms.
 //!
 //! Invariants: a row number is written by one commit only, and rows of
 //! later commits have larger numbers; the tables in the file are exactly
-//! the ones the manifest lists, as of every commit.
+//! the ones the manifest lists, as of every commit; in a format-5 file
+//! each bucket table's rows are the ones its summary records, as of every
+//! commit, so an open never yields fewer rows than the last commit
+//! recorded.
 
 pub(crate) mod body;
 pub(crate) mod commit;
@@ -28,6 +32,7 @@ pub(crate) mod observe;
 pub(crate) mod record;
 pub(crate) mod recovery;
 pub(crate) mod store;
+pub(crate) mod summary;
 
 use std::path::Path;
 
@@ -43,15 +48,21 @@ use store::LogStore;
 /// row read or table scan, never per record.
 pub(crate) type Storage = Box<dyn LogStore>;
 
-/// Opens (or creates) the storage and checks or writes its metadata.
+/// Opens (or creates) the storage, with a page cache of `cache_bytes` and
+/// redb's check of every page if `verify_pages`, and checks or writes its
+/// metadata.
 pub(crate) fn open_database(
     location: Location,
-    cache_bytes: usize,
+    (cache_bytes, verify_pages): (usize, bool),
     wanted: &FileMeta,
     hashing_set: bool,
     granularity_set: bool,
 ) -> Result<(Storage, FileMeta)> {
-    let db: Storage = Box::new(store::redb::RedbStore::open(location, cache_bytes)?);
+    let db: Storage = Box::new(store::redb::RedbStore::open(
+        location,
+        cache_bytes,
+        verify_pages,
+    )?);
     let meta = meta::read_or_init(&*db, wanted)?;
     if hashing_set && meta.hasher.kind() != wanted.hasher.kind() {
         return Err(Error::InvalidConfig(format!(

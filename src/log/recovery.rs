@@ -8,14 +8,21 @@
 //! held and unacknowledged events and dead letters are never dropped,
 //! however long the store was closed, so the caller keeps those and
 //! carries them forward before it deletes the tables.
+//!
+//! Replay summarises each table's rows as it reads them (see
+//! [`summary`]): in a format-5 file each summary must
+//! match the one the last commit stored beside the rows, so an open never
+//! yields fewer rows than that commit recorded; the summaries are the
+//! log's from then on, whatever the format.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use super::Storage;
 use super::decode::read_row;
 use super::record::RecordRef;
 use super::store::table_name;
+use super::summary::{self, Summary};
 use crate::{Error, Result};
 
 /// What replay found.
@@ -28,31 +35,32 @@ pub(crate) struct Replayed {
     pub records: u64,
     /// Buckets with a live table, oldest first.
     pub live: Vec<u64>,
+    /// Every table's summary, from the rows read.
+    pub summaries: BTreeMap<u64, Summary>,
 }
 
 /// Calls `apply(bucket, row, record, expired)` in log order for every
 /// record of every bucket table; `expired` says the bucket is before
-/// `now_bucket`.
+/// `now_bucket`. With `checked` (a format-5 file), each table's rows must
+/// match its stored summary.
 pub(crate) fn replay(
     db: &Storage,
     now_bucket: u64,
+    checked: bool,
     mut apply: impl FnMut(u64, u64, &RecordRef<'_>, bool) -> Result<()>,
 ) -> Result<Replayed> {
-    let all = db.buckets()?;
+    let tables = db.tables()?;
+    let all: Vec<u64> = tables.iter().map(|(b, _)| *b).collect();
     let names: Vec<String> = all.iter().map(|b| table_name(*b)).collect();
-    let mut iters = db
-        .rows(&all)?
-        .into_iter()
-        .zip(&names)
-        .map(|(rows, name)| {
-            rows.ok_or_else(|| Error::Corrupt(format!("the table {name:?} vanished at open")))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let (stored, mut iters): (Vec<_>, Vec<_>) =
+        tables.into_iter().map(|(_, t)| (t.summary, t.rows)).unzip();
+    let mut seen = vec![Summary::default(); all.len()];
     let mut heads: Vec<Option<(u64, Vec<u8>)>> = Vec::with_capacity(iters.len());
     let mut heap = BinaryHeap::new();
     for (i, it) in iters.iter_mut().enumerate() {
         let first = it.next().transpose()?;
-        if let Some((row, _)) = &first {
+        if let Some((row, bytes)) = &first {
+            seen[i].add(all[i], *row, bytes);
             heap.push(Reverse((*row, i)));
         }
         heads.push(first);
@@ -62,6 +70,7 @@ pub(crate) fn replay(
         expired: all.iter().copied().filter(|b| *b < now_bucket).collect(),
         records: 0,
         live: all.iter().copied().filter(|b| *b >= now_bucket).collect(),
+        summaries: BTreeMap::new(),
     };
     let mut apply = |bucket: u64, row: u64, rec: &RecordRef<'_>| -> Result<()> {
         apply(bucket, row, rec, bucket < now_bucket)?;
@@ -88,6 +97,7 @@ pub(crate) fn replay(
                         names[i]
                     )));
                 }
+                seen[i].add(all[i], k, &v);
                 heads[i] = Some((k, v));
                 heap.push(Reverse((k, i)));
             }
@@ -112,5 +122,11 @@ pub(crate) fn replay(
         }
     }
     out.last_row = last_row;
+    for (i, &bucket) in all.iter().enumerate() {
+        if checked {
+            summary::check(bucket, stored[i].as_deref(), &seen[i])?;
+        }
+        out.summaries.insert(bucket, seen[i]);
+    }
     Ok(out)
 }

@@ -34,7 +34,9 @@ pub struct Tally {
     pub window: Duration,
     /// Completed operations.
     pub count: u64,
-    /// The sum of their amounts.
+    /// The sum of their amounts: each an `i64`
+    /// ([`Store::complete_with_amount`](crate::Store::complete_with_amount)),
+    /// summed in an `i128` so the sum never overflows.
     pub amount: i128,
 }
 

@@ -21,6 +21,9 @@
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
+    /// The store format of the open file (see
+    /// [`Store::format`](crate::Store::format)).
+    pub format: u32,
     /// Keys in the index.
     pub keys: u64,
     /// Heap bytes held by the index tables.

@@ -1,16 +1,18 @@
 //! What the log needs from the storage under it, and nothing more: a
 //! metadata table of named entries, one table of rows per expiry bucket
-//! (row number to row bytes), and commits that change several of them at
-//! once, durably. [`redb`] implements it; nothing outside this folder
-//! names the storage engine, except the backend a caller may hand in
-//! ([`Location::Backend`]).
+//! (row number to row bytes, and the bucket's summary), and commits that
+//! change several of them at once, durably. [`redb`] implements it;
+//! nothing outside this folder names the storage engine, except the
+//! backend a caller may hand in ([`Location::Backend`]).
 //!
 //! Invariants an implementation keeps:
 //! - a [`Commit`] is applied whole or not at all, and is on stable storage
 //!   when [`LogStore::commit`] returns `Ok`;
 //! - within a commit, bucket tables are dropped first, then trimmed, then
-//!   rows are written, then metadata: a bucket dropped and written in one
-//!   commit keeps the new rows;
+//!   rows are written, then summaries, then metadata: a bucket dropped and
+//!   written in one commit keeps the new rows;
+//! - a bucket's summary lives in its table, under [`SUMMARY_ROW`]: it is
+//!   deleted with the table, and never read as a row;
 //! - reads see the state of the last successful commit.
 
 pub(crate) mod redb;
@@ -27,6 +29,15 @@ pub(crate) type StoreResult<T> = std::result::Result<T, LogError>;
 /// recognised by it, and the bucket tables' names sit beside it.
 pub(crate) const META_NAME: &str = "dedupkv.meta";
 const LOG_PREFIX: &str = "log.";
+
+/// The key of a bucket's summary in its table (part of the file format,
+/// from format 5): before every row, so rows are still appended after the
+/// table's last key (redb then starts a new leaf when the last one is
+/// full; an insert before a last key splits the leaf in halves, and the
+/// left half is never filled again).
+pub(crate) const SUMMARY_ROW: u64 = 0;
+/// The first row number a commit can use (rows start at 1).
+pub(crate) const FIRST_ROW: u64 = 1;
 
 /// The name of `bucket`'s table (part of the file format).
 pub(crate) fn table_name(bucket: u64) -> String {
@@ -79,12 +90,23 @@ pub(crate) struct Commit<'a> {
     pub trims: Vec<(u64, RangeInclusive<u64>)>,
     /// Rows to write, as (bucket, row number, sealed row bytes).
     pub rows: Vec<(u64, u64, Vec<u8>)>,
+    /// Bucket summaries to write, as (bucket, encoded summary), under
+    /// [`SUMMARY_ROW`] of the bucket's table, after the rows.
+    pub summaries: Vec<(u64, Vec<u8>)>,
     /// Metadata entries to write or remove, last.
     pub meta: Vec<MetaChange>,
 }
 
 /// The rows of one bucket table in row order, each as (row number, bytes).
 pub(crate) type Rows = Box<dyn Iterator<Item = StoreResult<(u64, Vec<u8>)>> + Send>;
+
+/// One bucket table as a read sees it.
+pub(crate) struct Table {
+    /// Its summary as stored (none in a file older than format 5).
+    pub summary: Option<Vec<u8>>,
+    /// Its rows, the summary excluded.
+    pub rows: Rows,
+}
 
 /// The storage under the log. One call per commit, per row read, or per
 /// table scanned: nothing is called per record.
@@ -98,15 +120,21 @@ pub(crate) trait LogStore: Send + Sync {
     /// Checks that `bucket`'s table opens as a bucket table.
     fn check_bucket(&self, bucket: u64) -> StoreResult<()>;
 
-    /// The buckets that have a table, ascending.
-    fn buckets(&self) -> StoreResult<Vec<u64>>;
-
     /// One row of a bucket table, if it is there.
     fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>>;
 
-    /// The rows of each of `buckets`, as of one snapshot; `None` for a
-    /// bucket without a table.
-    fn rows(&self, buckets: &[u64]) -> StoreResult<Vec<Option<Rows>>>;
+    /// Every bucket table, ascending by bucket, as of one snapshot; each
+    /// row it yields is also found where a lookup of its number looks
+    /// (else [`LogError::Corrupt`] naming the table and row), so what
+    /// replay read is what later reads of single rows find.
+    fn tables(&self) -> StoreResult<Vec<(u64, Table)>>;
+
+    /// `bucket`'s table, if it has one.
+    fn table(&self, bucket: u64) -> StoreResult<Option<Table>>;
+
+    /// The rows numbered `rows` of `bucket`'s table (none if it has no
+    /// table).
+    fn row_range(&self, bucket: u64, rows: RangeInclusive<u64>) -> StoreResult<Rows>;
 
     /// Applies `commit` durably (see the module's invariants).
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()>;

@@ -7,8 +7,10 @@
 //! - table `dedupkv.meta` (`&str -> &[u8]`): the entries of
 //!   [`meta`](crate::log::meta);
 //! - one table per expiry bucket, `log.<bucket>` (`u64 -> &[u8]`): row
-//!   number to a row of records (see [`format`](mod@crate::log::format)).
-//!   Dropping a whole bucket is one `delete_table`.
+//!   number to a row of records (see [`format`](mod@crate::log::format)),
+//!   and under [`SUMMARY_ROW`] the bucket's summary (see
+//!   [`summary`](crate::log::summary)). Dropping a whole bucket, summary
+//!   included, is one `delete_table`.
 //!
 //! redb's errors become [`LogError`]s here: `Corrupted` is damage,
 //! `DatabaseAlreadyOpen` is [`LogError::AlreadyOpen`], I/O errors keep
@@ -24,8 +26,8 @@ use redb::{
 };
 
 use super::{
-    Commit, Location, LogStore, META_NAME, MetaEntries, Rows, StoreResult, parse_table_name,
-    table_name,
+    Commit, FIRST_ROW, Location, LogStore, META_NAME, MetaEntries, Rows, SUMMARY_ROW, StoreResult,
+    Table, parse_table_name, table_name,
 };
 use crate::error::StorageError;
 use crate::log::error::LogError;
@@ -42,6 +44,11 @@ impl From<redb::Error> for LogError {
     fn from(e: redb::Error) -> Self {
         match e {
             redb::Error::Corrupted(msg) => LogError::Corrupt(msg),
+            // redb reads only inside the file: a page past its end is one
+            // a damaged pointer names.
+            redb::Error::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+                LogError::Corrupt(format!("a page lies past the end of the file ({io})"))
+            }
             redb::Error::DatabaseAlreadyOpen => LogError::AlreadyOpen,
             redb::Error::Io(io) => LogError::Storage(io.into()),
             other => LogError::Storage(StorageError::engine(other)),
@@ -74,16 +81,29 @@ pub(crate) struct RedbStore {
 
 impl RedbStore {
     /// Opens (or creates) the database at `location` with a page cache of
-    /// `cache_bytes`.
-    pub(crate) fn open(location: Location, cache_bytes: usize) -> StoreResult<RedbStore> {
+    /// `cache_bytes`; with `verify_pages`, redb checks the checksum of every
+    /// page of the committed trees and rebuilds its allocator state from
+    /// them, instead of trusting a cleanly closed file.
+    pub(crate) fn open(
+        location: Location,
+        cache_bytes: usize,
+        verify_pages: bool,
+    ) -> StoreResult<RedbStore> {
         let mut builder = redb::Builder::new();
         builder.set_cache_size(cache_bytes);
+        builder.set_check_integrity_on_open(verify_pages);
         let db = match location {
             Location::Path(path) => open_path(&builder, &path, true)?,
             Location::Existing(path) => open_path(&builder, &path, false)?,
-            Location::Backend(backend) => builder
-                .create_with_backend(Boxed(backend))
-                .map_err(|e| not_a_store_or(e.into(), None))?,
+            Location::Backend(backend) => {
+                let backend: std::sync::Arc<dyn StorageBackend> = backend.into();
+                builder
+                    .create_with_backend(Shared(std::sync::Arc::clone(&backend)))
+                    .map_err(|e| {
+                        let ours = looks_like_a_store(|at, buf| read_some(&*backend, at, buf));
+                        not_a_store_or(e.into(), ours)
+                    })?
+            }
         };
         Ok(RedbStore { db })
     }
@@ -120,17 +140,10 @@ impl LogStore for RedbStore {
         Ok(())
     }
 
-    fn buckets(&self) -> StoreResult<Vec<u64>> {
-        let read = self.db.begin_read()?;
-        let mut out: Vec<u64> = read
-            .list_tables()?
-            .filter_map(|t| parse_table_name(t.name()))
-            .collect();
-        out.sort_unstable();
-        Ok(out)
-    }
-
     fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>> {
+        if row == SUMMARY_ROW {
+            return Ok(None);
+        }
         let read = self.db.begin_read()?;
         let name = table_name(bucket);
         let table = match read.open_table(log_table(&name)) {
@@ -141,27 +154,52 @@ impl LogStore for RedbStore {
         Ok(table.get(row)?.map(|v| v.value().to_vec()))
     }
 
-    fn rows(&self, buckets: &[u64]) -> StoreResult<Vec<Option<Rows>>> {
+    fn tables(&self) -> StoreResult<Vec<(u64, Table)>> {
         let read = self.db.begin_read()?;
+        let mut buckets: Vec<u64> = read
+            .list_tables()?
+            .filter_map(|t| parse_table_name(t.name()))
+            .collect();
+        buckets.sort_unstable();
         let mut out = Vec::with_capacity(buckets.len());
-        for &bucket in buckets {
+        for bucket in buckets {
             let name = table_name(bucket);
-            let table = match read.open_table(log_table(&name)) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => {
-                    out.push(None);
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            // The range keeps the read transaction alive.
-            let rows = table.range::<u64>(..)?.map(|entry| {
-                let (k, v) = entry?;
-                Ok((k.value(), v.value().to_vec()))
+            let table = read
+                .open_table(log_table(&name))
+                .map_err(|e| damaged_table(&name, e))?;
+            let summary = table.get(SUMMARY_ROW)?.map(|v| v.value().to_vec());
+            let range = table.range(FIRST_ROW..)?;
+            let rows: Rows = Box::new(Routed {
+                name,
+                table,
+                range,
+                last: None,
             });
-            out.push(Some(Box::new(rows) as Rows));
+            out.push((bucket, Table { summary, rows }));
         }
         Ok(out)
+    }
+
+    fn table(&self, bucket: u64) -> StoreResult<Option<Table>> {
+        let read = self.db.begin_read()?;
+        let name = table_name(bucket);
+        match read.open_table(log_table(&name)) {
+            Ok(t) => Ok(Some(whole(&t)?)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn row_range(&self, bucket: u64, rows: std::ops::RangeInclusive<u64>) -> StoreResult<Rows> {
+        let read = self.db.begin_read()?;
+        let name = table_name(bucket);
+        let table = match read.open_table(log_table(&name)) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Box::new(std::iter::empty())),
+            Err(e) => return Err(e.into()),
+        };
+        let (start, end) = ((*rows.start()).max(FIRST_ROW), *rows.end());
+        Ok(rows_of(table.range(start..=end)?))
     }
 
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()> {
@@ -176,10 +214,27 @@ impl LogStore for RedbStore {
             let mut table = txn.open_table(log_table(&name))?;
             table.retain_in(rows, |_, _| false)?;
         }
-        for (bucket, row, bytes) in commit.rows {
+        // Each table opened once: its rows, then its summary.
+        let mut rows = commit.rows;
+        rows.sort_by_key(|(bucket, row, _)| (*bucket, *row));
+        let mut summaries = commit.summaries;
+        summaries.sort_by_key(|(bucket, _)| *bucket);
+        let mut summaries = summaries.into_iter().peekable();
+        let mut rows = rows.into_iter().peekable();
+        while let Some(bucket) = match (rows.peek(), summaries.peek()) {
+            (Some(r), Some(s)) => Some(r.0.min(s.0)),
+            (Some(r), None) => Some(r.0),
+            (None, Some(s)) => Some(s.0),
+            (None, None) => None,
+        } {
             let name = table_name(bucket);
             let mut table = txn.open_table(log_table(&name))?;
-            table.insert(row, bytes.as_slice())?;
+            while let Some((_, row, bytes)) = rows.next_if(|r| r.0 == bucket) {
+                table.insert(row, bytes.as_slice())?;
+            }
+            if let Some((_, summary)) = summaries.next_if(|s| s.0 == bucket) {
+                table.insert(SUMMARY_ROW, summary.as_slice())?;
+            }
         }
         if !commit.meta.is_empty() {
             let mut table = txn.open_table(META)?;
@@ -210,6 +265,117 @@ impl LogStore for RedbStore {
     }
 }
 
+/// A bucket table's rows as iteration reads them, with the first and the
+/// last row of every leaf also found by a lookup of its number.
+///
+/// redb does not check a cleanly closed file's branch pages as it reads
+/// them: a damaged separator key sends lookups of the keys between its old
+/// and its new value to the wrong child, while iteration, which walks the
+/// children in order, still reads every row. The engine reads single rows
+/// by lookup, so what replay read must be found that way too. If any
+/// existing key is misrouted, so is the first key of the leftmost leaf
+/// right of the separator (a separator raised) or the last key of the
+/// rightmost leaf left of it (lowered): looking up each leaf's first and
+/// last row finds every damaged separator that matters, at two lookups a
+/// leaf instead of one a row. A leaf ends where the next value does not
+/// start where the previous one ended (a leaf stores its values back to
+/// back, and no two pages touch that way); were the values not where the
+/// page holds them, every row would be looked up.
+struct Routed {
+    name: String,
+    table: redb::ReadOnlyTable<u64, &'static [u8]>,
+    range: redb::Range<'static, u64, &'static [u8]>,
+    /// The row read last: its number, its bytes' length, checksum and end
+    /// address, and whether it was looked up.
+    last: Option<Last>,
+}
+
+struct Last {
+    row: u64,
+    len: usize,
+    tail: [u8; 8],
+    end: usize,
+    found: bool,
+}
+
+impl Routed {
+    /// Looks up `row` and checks that it is the row read (same length and
+    /// checksum, its last 8 bytes).
+    fn look_up(&self, row: u64, len: usize, tail: &[u8]) -> StoreResult<()> {
+        match self.table.get(row)? {
+            Some(v) if v.value().len() == len && v.value().ends_with(tail) => Ok(()),
+            _ => Err(LogError::Corrupt(format!(
+                "the table {:?} holds row {row}, but a lookup of it does not find it \
+                 (a damaged branch page)",
+                self.name
+            ))),
+        }
+    }
+}
+
+impl Iterator for Routed {
+    type Item = StoreResult<(u64, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let entry = match self.range.next() {
+            Some(Ok(entry)) => entry,
+            Some(Err(e)) => return Some(Err(e.into())),
+            None => {
+                // The last row of the last leaf.
+                let last = self.last.take()?;
+                if !last.found
+                    && let Err(e) = self.look_up(last.row, last.len, &last.tail)
+                {
+                    return Some(Err(e));
+                }
+                return None;
+            }
+        };
+        let (row, bytes) = (entry.0.value(), entry.1.value());
+        let start = bytes.as_ptr() as usize;
+        let tail: [u8; 8] = bytes
+            .len()
+            .checked_sub(8)
+            .and_then(|at| bytes[at..].try_into().ok())
+            .unwrap_or_default();
+        let first_of_leaf = self.last.as_ref().is_none_or(|l| l.end != start);
+        if first_of_leaf {
+            if let Some(l) = self.last.as_ref().filter(|l| !l.found)
+                && let Err(e) = self.look_up(l.row, l.len, &l.tail)
+            {
+                return Some(Err(e));
+            }
+            if let Err(e) = self.look_up(row, bytes.len(), &tail) {
+                return Some(Err(e));
+            }
+        }
+        self.last = Some(Last {
+            row,
+            len: bytes.len(),
+            tail,
+            end: start + bytes.len(),
+            found: first_of_leaf,
+        });
+        Some(Ok((row, bytes.to_vec())))
+    }
+}
+
+/// A bucket table's summary and rows; the rows' range keeps the read
+/// transaction alive.
+fn whole(table: &redb::ReadOnlyTable<u64, &'static [u8]>) -> StoreResult<Table> {
+    Ok(Table {
+        summary: table.get(SUMMARY_ROW)?.map(|v| v.value().to_vec()),
+        rows: rows_of(table.range(FIRST_ROW..)?),
+    })
+}
+
+fn rows_of(range: redb::Range<'static, u64, &'static [u8]>) -> Rows {
+    Box::new(range.map(|entry| {
+        let (k, v) = entry?;
+        Ok((k.value(), v.value().to_vec()))
+    }))
+}
+
 /// A table that exists but cannot be opened as ours is damage.
 fn damaged_table(name: &str, e: redb::TableError) -> LogError {
     match e {
@@ -218,14 +384,15 @@ fn damaged_table(name: &str, e: redb::TableError) -> LogError {
     }
 }
 
-/// Forwards every call to a boxed backend (redb takes backends by value).
+/// Forwards every call to a shared backend (redb takes backends by value;
+/// an open that fails looks at the bytes after redb gave them back).
 #[derive(Debug)]
-struct Boxed(Box<dyn StorageBackend>);
+struct Shared(std::sync::Arc<dyn StorageBackend>);
 
 type Io<T> = std::result::Result<T, std::io::Error>;
 type Lock<T> = std::result::Result<T, redb::BackendError>;
 
-impl StorageBackend for Boxed {
+impl StorageBackend for Shared {
     fn len(&self) -> Io<u64> {
         self.0.len()
     }
@@ -275,9 +442,16 @@ fn open_path(builder: &redb::Builder, path: &Path, create: bool) -> StoreResult<
                 path.display()
             )));
         }
-        Ok(_) => builder
-            .open(path)
-            .map_err(|e| not_a_store_or(e.into(), Some(path))),
+        Ok(_) => builder.open(path).map_err(|e| {
+            let ours = std::fs::File::open(path).and_then(|mut f| {
+                use std::io::{Read, Seek, SeekFrom};
+                looks_like_a_store(|at, buf| {
+                    f.seek(SeekFrom::Start(at))?;
+                    f.read(buf)
+                })
+            });
+            not_a_store_or(e.into(), ours)
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => {
             return Err(io_at(
                 path,
@@ -304,8 +478,9 @@ fn io_at(path: &Path, e: &std::io::Error) -> LogError {
 }
 
 /// A file that redb cannot parse: damaged if it starts as a redb file does
-/// or holds a dedupkv table name, otherwise not a store.
-fn not_a_store_or(e: redb::Error, path: Option<&Path>) -> LogError {
+/// or holds a dedupkv table name (`ours`, as [`looks_like_a_store`] found),
+/// otherwise not a store.
+fn not_a_store_or(e: redb::Error, ours: std::io::Result<bool>) -> LogError {
     let why = match &e {
         redb::Error::Corrupted(msg) => msg.clone(),
         redb::Error::UpgradeRequired(v) => {
@@ -314,35 +489,42 @@ fn not_a_store_or(e: redb::Error, path: Option<&Path>) -> LogError {
         redb::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => io.to_string(),
         _ => return e.into(),
     };
-    let Some(path) = path else {
-        return LogError::NotAStore(format!("not a redb file ({why})"));
-    };
-    match looks_like_a_store(path) {
+    match ours {
         Ok(true) => LogError::Corrupt(format!("redb cannot open the file: {why}")),
         Ok(false) => LogError::NotAStore(format!("not a redb file ({why})")),
-        Err(io) => io_at(path, &io),
+        Err(io) => LogError::Storage(io.into()),
     }
 }
 
-/// Whether the file starts with redb's header, or holds the name of
-/// dedupkv's metadata table anywhere (the header may be what is damaged).
-fn looks_like_a_store(path: &Path) -> std::io::Result<bool> {
-    use std::io::Read;
+/// Up to `buf.len()` bytes of `backend` from `at`; 0 past its end.
+fn read_some(backend: &dyn StorageBackend, at: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    let len = backend.len()?;
+    let n = usize::try_from(len.saturating_sub(at)).map_or(buf.len(), |left| left.min(buf.len()));
+    backend.read(at, &mut buf[..n])?;
+    Ok(n)
+}
+
+/// Whether the bytes (read by `read_at(offset, buf)`, which answers how
+/// many it read, 0 at the end) start with redb's header, or hold the name
+/// of dedupkv's metadata table anywhere (the header may be what is
+/// damaged).
+fn looks_like_a_store(
+    mut read_at: impl FnMut(u64, &mut [u8]) -> std::io::Result<usize>,
+) -> std::io::Result<bool> {
     const NEEDLE: &[u8] = META_NAME.as_bytes();
-    let mut file = std::fs::File::open(path)?;
     let mut buf = vec![0u8; 1 << 20];
     let mut kept = 0;
-    let mut first = true;
+    let mut at = 0u64;
     loop {
-        let n = file.read(&mut buf[kept..])?;
+        let n = read_at(at, &mut buf[kept..])?;
         if n == 0 {
             return Ok(false);
         }
         let filled = kept + n;
-        if first && buf[..filled].starts_with(&REDB_MAGIC) {
+        if at == 0 && buf[..filled].starts_with(&REDB_MAGIC) {
             return Ok(true);
         }
-        first = false;
+        at += n as u64;
         if buf[..filled].windows(NEEDLE.len()).any(|w| w == NEEDLE) {
             return Ok(true);
         }
