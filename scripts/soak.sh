@@ -4,7 +4,7 @@
 # it): many threads making every call on a few keys, each key's recorded
 # history checked for linearizability against the model, a hang past 20 s
 # a failure. Then the crash soak: re-runs the real-process SIGKILL test
-# (tests/crash_sigkill.rs, 20 kills per round, every acknowledged key
+# (tests/log_crash_sigkill.rs, 20 kills per round, every acknowledged key
 # checked after each kill) for SOAK_ROUNDS rounds (default 10) within
 # SOAK_SECONDS (default 600), then prints the kills survived and the
 # acknowledged keys checked. Stops by itself: at the round limit, at the
@@ -52,10 +52,10 @@ if ((lin_seconds > 0)); then
 fi
 
 echo "building the crash test (release)"
-exe=$(cargo test --release --test crash_sigkill --no-run --message-format=json \
-    | grep '"name":"crash_sigkill"' | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4 || true)
+exe=$(cargo test --release --test log_crash_sigkill --no-run --message-format=json \
+    | grep '"name":"log_crash_sigkill"' | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4 || true)
 if [[ -z $exe || ! -x $exe ]]; then
-    echo "could not find the crash_sigkill test binary" >&2
+    echo "could not find the log_crash_sigkill test binary" >&2
     exit 1
 fi
 

@@ -95,7 +95,7 @@ const SCOPES: usize = 2;
 pub const IDS: usize = 8;
 /// Keys whose scope/id splits collide if the key hash did not keep the
 /// two parts apart, NUL and quote bytes, and bytes that are not UTF-8.
-/// (Empty parts are refused; `tests/bad_input.rs` checks every call.)
+/// (Empty parts are refused; `tests/api_bad_input.rs` checks every call.)
 const ODD_KEYS: [(&[u8], &[u8]); 8] = [
     (b"a", b"bc"),
     (b"ab", b"c"),

@@ -845,15 +845,37 @@ fn json_outcomes_of_earlier_builds_still_read_back() -> Result<()> {
         Ok(())
     };
     {
+        // Not upgraded: new outcomes are JSON, which the build before reads,
+        // so a NaN is refused and the claim stays usable.
         let store = open_legacy(&path)?;
         check(&store)?;
-        // A new typed outcome next to the old ones.
         let claim = started(store.begin(&Key::new("legacy", "new"), Fingerprint::of("p"))?);
+        assert!(matches!(
+            store.complete_value(&claim, &f64::NAN),
+            Err(Error::Codec(_))
+        ));
+        store.complete_value(&claim, &0.5_f64)?;
+        assert_eq!(completed(&store, "new")?.outcome(), Some(&b"0.5"[..]));
+    }
+    {
+        // Upgraded: CBOR, NaN and all, next to the old outcomes.
+        let store = Store::builder()
+            .clock(ManualClock::new(T0 + 60_000))
+            .background_eviction(false)
+            .compact_when_free(None)
+            .upgrade(true)
+            .open(&path)?;
+        check(&store)?;
+        let claim = started(store.begin(&Key::new("legacy", "nan"), Fingerprint::of("p"))?);
         store.complete_value(&claim, &f64::NAN)?;
     }
     let store = open_legacy(&path)?;
     check(&store)?;
-    assert!(completed(&store, "new")?.outcome_as::<f64>()?.is_nan());
+    assert_eq!(
+        completed(&store, "new")?.outcome_as::<f64>()?.to_bits(),
+        0.5_f64.to_bits()
+    );
+    assert!(completed(&store, "nan")?.outcome_as::<f64>()?.is_nan());
     Ok(())
 }
 
