@@ -7,7 +7,13 @@
 # one contender is skipped with a message and everything else still runs;
 # under CI (CI=true; .ci/run sets it) it is an error instead.
 #
-# `cargo test` alone tests the library only, and never builds SQLite.
+# `cargo test` alone tests the library only, and never builds SQLite. The
+# replica (feature "replica") is tested after it, against local files:
+# its unit tests, doc tests and tests/replica_*.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec bash scripts/with-postgres.sh bash scripts/with-redis.sh cargo test --workspace --locked "$@"
+bash scripts/with-postgres.sh bash scripts/with-redis.sh cargo test --workspace --locked "$@"
+cargo test --locked --features replica --lib replica "$@"
+cargo test --locked --features replica --doc replica "$@"
+exec cargo test --locked --features replica \
+    --test replica_restore --test replica_fencing --test replica_faults --test replica_crash "$@"

@@ -134,6 +134,24 @@ pub enum Error {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
+    /// Another owner holds this store's replica (feature "replica"): it
+    /// took ownership after this store did (this one is fenced, and
+    /// acknowledges nothing from now on: every call answers this), or it
+    /// won a race to take it (the open fails). The message says which
+    /// epoch and where. Close the store: the new owner serves its keys.
+    #[error("fenced: {0}")]
+    Fenced(String),
+    /// The replica's object store failed (feature "replica"): `what` says
+    /// which object and what the store was doing; the object store's own
+    /// error is the [`source`](std::error::Error::source).
+    #[error("replica: {what}: {source}")]
+    Replica {
+        /// What the replica was doing, naming the object.
+        what: String,
+        /// The object store's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A typed payload could not be encoded or decoded.
     #[error("payload codec: {0}")]
     Codec(String),

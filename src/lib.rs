@@ -47,6 +47,8 @@ mod key;
 mod log;
 #[cfg(feature = "metrics")]
 mod metrics;
+#[cfg(feature = "replica")]
+pub mod replica;
 mod sync;
 mod types;
 

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(doc)]
+#[cfg(any(doc, feature = "replica"))]
 use crate::Error;
 use crate::clock::{Clock, SystemClock, millis};
 use crate::engine::{Config, Location};
@@ -29,6 +29,8 @@ use crate::{Durability, KeyHashing, Result, Store};
 pub struct StoreBuilder {
     cfg: Config,
     clock: Arc<dyn Clock>,
+    #[cfg(feature = "replica")]
+    replica: Option<crate::replica::Replica>,
 }
 
 impl Default for StoreBuilder {
@@ -36,6 +38,8 @@ impl Default for StoreBuilder {
         Self {
             cfg: Config::default(),
             clock: Arc::new(SystemClock),
+            #[cfg(feature = "replica")]
+            replica: None,
         }
     }
 }
@@ -592,6 +596,11 @@ impl StoreBuilder {
     /// ```
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {
         self.validate()?;
+        #[cfg(feature = "replica")]
+        if self.replica.is_some() {
+            let path = path.as_ref().to_path_buf();
+            return self.open_replicated(Location::Path(path.clone()), &path);
+        }
         Store::open_with(
             self.cfg,
             self.clock,
@@ -619,6 +628,11 @@ impl StoreBuilder {
     /// ```
     pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Store> {
         self.validate()?;
+        #[cfg(feature = "replica")]
+        if self.replica.is_some() {
+            let path = path.as_ref().to_path_buf();
+            return self.open_replicated(Location::Existing(path.clone()), &path);
+        }
         Store::open_with(
             self.cfg,
             self.clock,
@@ -639,7 +653,55 @@ impl StoreBuilder {
     /// ```
     pub fn open_with_backend(self, backend: impl redb::StorageBackend) -> Result<Store> {
         self.validate()?;
+        #[cfg(feature = "replica")]
+        if self.replica.is_some() {
+            return Err(Error::InvalidConfig(
+                "a replica needs a store opened by path (its state file lives beside it)".into(),
+            ));
+        }
         Store::open_with(self.cfg, self.clock, Location::Backend(Box::new(backend)))
+    }
+
+    /// Keeps a replica of the store in object storage (feature
+    /// "replica"): opening takes ownership of it, restores the file from
+    /// it first when the file is missing, older than the replica, or was
+    /// left by an owner fenced since, and ships every commit to it.
+    /// Default: none. Not with
+    /// [`open_with_backend`](Self::open_with_backend).
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for a synchronous
+    /// replica without [`Durability::Immediate`], with [`Error::Fenced`]
+    /// when another owner took the replica at the same moment, with
+    /// [`Error::Corrupt`] naming a replica object that is missing or
+    /// damaged, and with [`Error::Replica`] when the object store fails.
+    ///
+    /// # Examples
+    /// See [`Replica`](crate::replica::Replica).
+    #[cfg(feature = "replica")]
+    pub fn replica(mut self, replica: crate::replica::Replica) -> Self {
+        self.replica = Some(replica);
+        self
+    }
+
+    /// Opens with the replica: ownership, restore, then the engine.
+    #[cfg(feature = "replica")]
+    fn open_replicated(mut self, location: Location, path: &Path) -> Result<Store> {
+        let Some(replica) = self.replica.take() else {
+            return Err(Error::InvalidConfig("no replica".into()));
+        };
+        replica.validate(self.cfg.durability)?;
+        let prepared = crate::replica::open::prepare(path, &replica, self.cfg.cache_bytes)?;
+        self.cfg.ship = Some(prepared.ship);
+        self.cfg.token_base = prepared.token_base;
+        let uploader = prepared.uploader;
+        match Store::open_with(self.cfg, self.clock, location) {
+            Ok(store) => Ok(store.with_replica(uploader)),
+            Err(e) => {
+                uploader.abandon();
+                Err(e)
+            }
+        }
     }
 
     fn validate(&self) -> Result<()> {

@@ -34,6 +34,9 @@ pub struct Store {
     engine: Arc<Engine>,
     #[cfg(feature = "metrics")]
     metrics: Arc<crate::metrics::Bridge>,
+    /// The replica's uploader (feature "replica").
+    #[cfg(feature = "replica")]
+    replica: Option<Arc<crate::replica::uploader::Uploader>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -59,7 +62,70 @@ impl Store {
             #[cfg(feature = "metrics")]
             metrics: crate::metrics::Bridge::install(&engine),
             engine,
+            #[cfg(feature = "replica")]
+            replica: None,
         })
+    }
+
+    /// This store, with the replica it ships to.
+    #[cfg(feature = "replica")]
+    pub(crate) fn with_replica(mut self, up: Arc<crate::replica::uploader::Uploader>) -> Store {
+        self.replica = Some(up);
+        self
+    }
+
+    /// Waits until every write acknowledged so far is in the replica
+    /// (feature "replica"). A synchronous replica is always there
+    /// already; an asynchronous one ships what is left now, without
+    /// waiting for its interval. Closing the store does this too (within
+    /// [`Replica::close_timeout`](crate::replica::Replica::close_timeout)).
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when another owner took the replica over;
+    /// [`Error::InvalidConfig`] for a store without a replica; the
+    /// errors of [`flush`](Self::flush).
+    ///
+    /// # Examples
+    /// ```
+    /// # use std::sync::Arc;
+    /// use dedupkv::replica::{Replica, object_store::memory::InMemory};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let replica = Replica::new(Arc::new(InMemory::new()), "s");
+    /// let store = dedupkv::Store::builder().replica(replica).open(dir.path().join("s.redb"))?;
+    /// store.insert_if_absent(&dedupkv::Key::new("t", "a"))?;
+    /// store.sync_replica()?; // now a lost disk loses nothing of it
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    #[cfg(feature = "replica")]
+    pub fn sync_replica(&self) -> Result<()> {
+        let Some(up) = &self.replica else {
+            return Err(crate::Error::InvalidConfig(
+                "this store has no replica".into(),
+            ));
+        };
+        self.engine.flush()?;
+        up.sync()
+    }
+
+    /// What the store's replica is doing (feature "replica"); `None`
+    /// without one.
+    ///
+    /// # Examples
+    /// See [`Replica`](crate::replica::Replica).
+    #[cfg(feature = "replica")]
+    pub fn replica_status(&self) -> Option<crate::replica::ReplicaStatus> {
+        self.replica.as_ref().map(|u| u.status())
+    }
+
+    /// How long each shipped segment's oldest commit waited, for the lag
+    /// measurement (`benches/replica.rs`). Not part of the API.
+    #[cfg(feature = "replica")]
+    #[doc(hidden)]
+    pub fn replica_lag_samples(&self) -> Vec<Duration> {
+        self.replica
+            .as_ref()
+            .map(|u| u.lag_samples())
+            .unwrap_or_default()
     }
 
     /// The longest outcome (or failure payload) this store records.

@@ -45,6 +45,11 @@ pub(crate) struct Config {
     /// The `store` label of the metrics bridge's series.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub metrics_label: String,
+    /// The replica the log hands its commits to (feature "replica").
+    pub ship: Option<crate::log::ship::Ship>,
+    /// The lowest fencing token this run may issue (a replica's epoch
+    /// sets it, so a new owner's tokens exceed every earlier owner's).
+    pub token_base: u64,
     /// Upgrade an older file to the newest format at open.
     pub upgrade: bool,
     /// Check every page of the file at open (redb's integrity check).
@@ -60,6 +65,7 @@ impl Config {
             split_at: self.row_split_bytes,
             time_step: self.granularity_ms,
             upgrade: self.upgrade,
+            ship: self.ship.clone(),
         }
     }
 }
@@ -98,6 +104,8 @@ impl Default for Config {
             metrics_label: "default".into(),
             upgrade: false,
             verify_pages: true,
+            ship: None,
+            token_base: 0,
         }
     }
 }

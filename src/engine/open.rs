@@ -143,7 +143,7 @@ impl Engine {
         // Fencing tokens never repeat, even once the records that held them
         // expired: continue above the persisted floor, and reserve a block
         // (persisted by the first commit).
-        let first_token = (max_token + 1).max(meta.token_floor);
+        let first_token = (max_token + 1).max(meta.token_floor).max(cfg.token_base);
         tracing::debug!(
             records = replayed.records,
             expired_buckets = replayed.expired.len(),

@@ -28,6 +28,7 @@ use super::durable::{self, Wakers};
 use super::format::RowWriter;
 use super::meta::{self, FORMAT_VERSION, Manifest, OLDEST_KEPT_FORMAT, SUMMARIES_FORMAT};
 use super::record::RecordRef;
+use super::ship::{AckTarget, Acks, Ship, Shipped};
 use super::store::Commit;
 use super::summary::{self, Summary};
 use crate::sync::{
@@ -89,6 +90,9 @@ pub(crate) struct Batch {
     /// The latest `at` of the batch's records: the commit persists it as
     /// the time floor once it passes the persisted one by `time_step`.
     max_at: u64,
+    /// Commit even if nothing else is in the batch (a replica wants a
+    /// view of the store, which it takes in a commit).
+    touched: bool,
 }
 
 impl Batch {
@@ -111,6 +115,7 @@ impl Batch {
             token_floor: None,
             time_floor: None,
             max_at: 0,
+            touched: false,
         }
     }
 
@@ -122,6 +127,7 @@ impl Batch {
             && self.upgrade_to.is_none()
             && self.token_floor.is_none()
             && self.time_floor.is_none()
+            && !self.touched
     }
 
     /// Persists `floor` as the lowest token a reopened store may issue,
@@ -236,6 +242,16 @@ struct Shared {
     wakers: Wakers,
     /// What commits cost (see `observe.rs`).
     observed: super::observe::CommitStats,
+    /// The replica (`log::ship`), handed every durable commit; `None`
+    /// without one.
+    ship: Option<Ship>,
+    /// With a synchronous replica: the newest row in the replica, which
+    /// callers wait for instead of `durable_row` (a shipped row is one
+    /// whose commit returned `Ok`, so it is durable even before
+    /// `durable_row` says so).
+    replicated_row: AtomicU64,
+    /// The poison is the replica's fencing ([`Error::Fenced`]).
+    fenced: AtomicBool,
     /// Every bucket table's summary as of the last commit, whatever the
     /// file's format; only `write` takes it (after `manifest`).
     summaries: Mutex<BTreeMap<u64, Summary>>,
@@ -243,8 +259,53 @@ struct Shared {
     format: AtomicU32,
 }
 
+impl Shared {
+    /// The row callers are acknowledged up to: the durable row, or with a
+    /// synchronous replica the replicated one.
+    #[inline]
+    fn acked_row(&self) -> u64 {
+        match &self.ship {
+            Some(ship) if ship.synchronous => self.replicated_row.load(Ordering::Acquire),
+            _ => self.durable_row.load(Ordering::Acquire),
+        }
+    }
+}
+
+impl AckTarget for Shared {
+    fn replicated(&self, row: u64) {
+        // Only rows whose commit returned `Ok` are shipped, so `row` is on
+        // stable storage, though `durable_row` may not say so yet.
+        if self.replicated_row.fetch_max(row, Ordering::AcqRel) < row {
+            for w in &self.woke {
+                w.wake_all();
+            }
+            self.wakers.wake_through(row);
+        }
+    }
+
+    fn commit_soon(&self) {
+        self.batch.lock().touched = true;
+        let _ = self.kick.try_send(());
+    }
+
+    fn fence(&self, why: String) {
+        {
+            let mut p = self.poison.lock();
+            if p.is_none() {
+                *p = Some(why);
+            }
+        }
+        self.fenced.store(true, Ordering::Release);
+        self.poisoned.store(true, Ordering::Release);
+        for w in &self.woke {
+            w.wake_all();
+        }
+        self.wakers.wake_all();
+    }
+}
+
 /// How the log commits.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct LogSettings {
     pub durability: Durability,
     /// redb's quick repair: one more sync per commit, fast reopen.
@@ -255,6 +316,8 @@ pub(crate) struct LogSettings {
     /// a commit rewrites it (the bucket granularity: a reopened store's
     /// time then starts at most this far behind the latest record's).
     pub time_step: u64,
+    /// The replica, if any (`log::ship`).
+    pub ship: Option<Ship>,
     /// Upgrade the file to the newest format in the first commit.
     pub upgrade: bool,
 }
@@ -284,7 +347,11 @@ pub(crate) struct Log {
 
 /// A poisoned log reports why.
 fn poisoned_error(s: &Shared) -> Error {
-    Error::Poisoned(s.poison.lock().clone().unwrap_or_else(|| "unknown".into()))
+    let why = s.poison.lock().clone().unwrap_or_else(|| "unknown".into());
+    if s.fenced.load(Ordering::Acquire) {
+        return Error::Fenced(why);
+    }
+    Error::Poisoned(why)
 }
 
 impl Log {
@@ -308,6 +375,7 @@ impl Log {
             split_at,
             time_step,
             upgrade,
+            ship,
         } = settings;
         let Found {
             last_row,
@@ -316,6 +384,10 @@ impl Log {
             summaries,
             format,
         } = found;
+        let replicated = match &ship {
+            Some(s) if s.behind => 0,
+            _ => last_row,
+        };
         let (kick, kicked) = bounded(1);
         let open_row = Arc::new(AtomicU64::new(last_row + 1));
         let mut first = Batch::new(last_row + 1, split_at.min(ROW_SPLIT_BYTES), &open_row);
@@ -346,9 +418,16 @@ impl Log {
             manifest: Mutex::new(manifest),
             wakers: Wakers::default(),
             observed: super::observe::CommitStats::default(),
+            ship,
+            replicated_row: AtomicU64::new(replicated),
+            fenced: AtomicBool::new(false),
             summaries: Mutex::new(summaries),
             format: AtomicU32::new(format),
         });
+        if let Some(ship) = &shared.ship {
+            let target: crate::sync::Weak<dyn AckTarget> = Arc::downgrade(&shared) as _;
+            ship.sink.attach(Acks(target));
+        }
         let wait = match durability {
             Durability::Deferred { max_delay } => Some(max_delay),
             Durability::Immediate => None,
@@ -521,7 +600,7 @@ impl Log {
     /// and debug builds stop at the mistake.
     pub(crate) fn wait_durable(&self, row: u64) -> Result<()> {
         let s = &*self.shared;
-        if s.durable_row.load(Ordering::Acquire) >= row {
+        if s.acked_row() >= row {
             return Ok(());
         }
         let row = if row > s.open_row.load(Ordering::Acquire) {
@@ -531,7 +610,7 @@ impl Log {
         } else {
             row
         };
-        if s.durable_row.load(Ordering::Acquire) >= row {
+        if s.acked_row() >= row {
             return Ok(());
         }
         let parity = (row % 2) as usize;
@@ -543,7 +622,7 @@ impl Log {
         // so the wait returns at once instead of missing the wake-up.
         loop {
             let seen = s.woke[parity].load();
-            if s.durable_row.load(Ordering::Acquire) >= row {
+            if s.acked_row() >= row {
                 return Ok(());
             }
             if s.poisoned.load(Ordering::Acquire) {
@@ -679,7 +758,10 @@ impl Log {
         use std::task::Poll;
         let s = &*self.shared;
         let ready = || {
-            if s.durable_row.load(Ordering::Acquire) >= row {
+            // Answers rest on the acknowledged row (with a synchronous
+            // replica, the replicated one): the committer and the replica
+            // wake the waker list through it.
+            if s.acked_row() >= row {
                 return Some(Ok(()));
             }
             if s.poisoned.load(Ordering::Acquire) {
@@ -719,6 +801,9 @@ impl Drop for Log {
         let _ = self.shared.kick.try_send(());
         if let Some(h) = self.committer.take() {
             let _ = h.join();
+        }
+        if let Some(ship) = &self.shared.ship {
+            ship.sink.closed();
         }
         let Some(db) = self.shared.db.write().take() else {
             return;
@@ -847,7 +932,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
                 lead.last_callers += s.callers[other].swap(0, Ordering::Relaxed);
                 s.woke[other].wake_all();
             }
-            s.wakers.wake_through(row);
+            s.wakers.wake_through(s.acked_row());
             Committed::Row
         }
         Err(e) => {
@@ -976,14 +1061,18 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
         None if next != *manifest => vec![meta::manifest_change(&next)],
         None => Vec::new(),
     };
-    db.commit(Commit {
+    let commit = Commit {
         quick_repair: s.quick_repair,
         drop_buckets: &batch.drop_buckets,
         trims,
         rows,
         summaries: stored,
         meta,
-    })?;
+        raw_meta: Vec::new(),
+    };
+    // The replica's copy (`log::ship`): only when there is one.
+    let shipped = s.ship.as_ref().map(|_| Shipped::of(batch.row, &commit));
+    db.commit(commit)?;
     *manifest = next;
     for (b, sum) in changed {
         match sum {
@@ -993,6 +1082,9 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
     }
     if let Some(to) = upgrade {
         s.format.store(to, Ordering::Release);
+    }
+    if let (Some(ship), Some(shipped)) = (&s.ship, shipped) {
+        ship.sink.shipped(shipped, &**db);
     }
     Ok(())
 }
@@ -1031,6 +1123,7 @@ mod tests {
                 split_at: ROW_SPLIT_BYTES,
                 time_step: u64::MAX,
                 upgrade: false,
+                ship: None,
             },
         )
     }

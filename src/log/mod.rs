@@ -11,6 +11,8 @@
 //! - [`observe`]: what commits cost (totals, and an observer per commit);
 //! - [`summary`]: each bucket table's summary, which an open checks;
 //! - [`recovery`]: replay at open;
+//! - [`ship`]: the seam a replica (feature "replica") reads durable
+//!   commits through, and rebuilds a file with;
 //! - [`store`]: the storage trait and its redb implementation;
 //! - [`error`]: what the storage reports, in the log's terms.
 //!
@@ -31,6 +33,7 @@ pub(crate) mod meta;
 pub(crate) mod observe;
 pub(crate) mod record;
 pub(crate) mod recovery;
+pub(crate) mod ship;
 pub(crate) mod store;
 pub(crate) mod summary;
 

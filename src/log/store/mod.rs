@@ -95,6 +95,18 @@ pub(crate) struct Commit<'a> {
     pub summaries: Vec<(u64, Vec<u8>)>,
     /// Metadata entries to write or remove, last.
     pub meta: Vec<MetaChange>,
+    /// Metadata entries by any name, after `meta`: a restore writes the
+    /// entries its replica recorded (`log::ship`).
+    pub raw_meta: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// Everything a store holds, as of one commit: its metadata entries and
+/// each bucket table's rows (a replica's snapshot reads it while commits
+/// go on).
+#[cfg_attr(not(feature = "replica"), allow(dead_code))]
+pub(crate) struct View {
+    pub meta: MetaEntries,
+    pub tables: Vec<(u64, Rows)>,
 }
 
 /// The rows of one bucket table in row order, each as (row number, bytes).
@@ -135,6 +147,14 @@ pub(crate) trait LogStore: Send + Sync {
     /// The rows numbered `rows` of `bucket`'s table (none if it has no
     /// table).
     fn row_range(&self, bucket: u64, rows: RangeInclusive<u64>) -> StoreResult<Rows>;
+
+    /// The metadata and every bucket table's rows, as of one snapshot.
+    #[cfg_attr(not(feature = "replica"), allow(dead_code))]
+    fn view(&self) -> StoreResult<View>;
+
+    /// The newest row number in any bucket table (0 when there is none).
+    #[cfg_attr(not(feature = "replica"), allow(dead_code))]
+    fn last_row(&self) -> StoreResult<u64>;
 
     /// Applies `commit` durably (see the module's invariants).
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()>;

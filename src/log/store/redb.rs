@@ -27,7 +27,7 @@ use redb::{
 
 use super::{
     Commit, FIRST_ROW, Location, LogStore, META_NAME, MetaEntries, Rows, SUMMARY_ROW, StoreResult,
-    Table, parse_table_name, table_name,
+    Table, View, parse_table_name, table_name,
 };
 use crate::error::StorageError;
 use crate::log::error::LogError;
@@ -180,6 +180,53 @@ impl LogStore for RedbStore {
         Ok(out)
     }
 
+    fn view(&self) -> StoreResult<View> {
+        let read = self.db.begin_read()?;
+        let mut meta = Vec::new();
+        match read.open_table(META) {
+            Ok(table) => {
+                for entry in table.iter()? {
+                    let (k, v) = entry?;
+                    meta.push((k.value().to_string(), v.value().to_vec()));
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(damaged_table(META_NAME, e)),
+        }
+        let mut buckets: Vec<u64> = read
+            .list_tables()?
+            .filter_map(|t| parse_table_name(t.name()))
+            .collect();
+        buckets.sort_unstable();
+        let mut tables = Vec::with_capacity(buckets.len());
+        for bucket in buckets {
+            let name = table_name(bucket);
+            let table = read.open_table(log_table(&name))?;
+            // The range keeps the read transaction alive.
+            let rows = table.range::<u64>(..)?.map(|entry| {
+                let (k, v) = entry?;
+                Ok((k.value(), v.value().to_vec()))
+            });
+            tables.push((bucket, Box::new(rows) as Rows));
+        }
+        Ok(View { meta, tables })
+    }
+
+    fn last_row(&self) -> StoreResult<u64> {
+        let read = self.db.begin_read()?;
+        let mut last = 0;
+        for t in read.list_tables()? {
+            if parse_table_name(t.name()).is_none() {
+                continue;
+            }
+            let table = read.open_table(log_table(t.name()))?;
+            if let Some((k, _)) = table.last()? {
+                last = last.max(k.value());
+            }
+        }
+        Ok(last)
+    }
+
     fn table(&self, bucket: u64) -> StoreResult<Option<Table>> {
         let read = self.db.begin_read()?;
         let name = table_name(bucket);
@@ -236,9 +283,10 @@ impl LogStore for RedbStore {
                 table.insert(SUMMARY_ROW, summary.as_slice())?;
             }
         }
-        if !commit.meta.is_empty() {
+        if !commit.meta.is_empty() || !commit.raw_meta.is_empty() {
             let mut table = txn.open_table(META)?;
-            for (k, v) in commit.meta {
+            let raw = commit.raw_meta.iter().map(|(k, v)| (k.as_str(), v));
+            for (k, v) in commit.meta.iter().map(|(k, v)| (*k, v)).chain(raw) {
                 match v {
                     Some(v) => {
                         table.insert(k, v.as_slice())?;

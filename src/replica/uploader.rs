@@ -1,0 +1,635 @@
+//! The sink the log hands each durable commit to, and the thread that
+//! ships them: commits queue here (bounded: a commit that finds the queue
+//! over `max_lag_bytes` waits, and its writers with it), and the uploader
+//! cuts them into segments — by time and size asynchronously, whenever no
+//! upload is in flight synchronously — and creates each at the next place
+//! of the segment sequence.
+//!
+//! Invariants:
+//! - segments are created one at a time, in commit order, each at the
+//!   place after the previous one; a place found taken by another owner
+//!   fences this one: it tells the log (which then acknowledges nothing)
+//!   and ships nothing more;
+//! - a commit is reported replicated only once the segment holding it (or
+//!   the snapshot and RESET segment covering it) is in the object store;
+//! - a snapshot's view is taken in the commit it follows, so the segment
+//!   cut right after that commit ends exactly where the snapshot stands;
+//! - the local state file says "clean" only when every commit of this
+//!   run was shipped and the store is closing.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::format::{self, Local, RESET, SegmentHead};
+use super::objects::{Created, Objects, segment_name};
+use super::snapshot;
+use super::{ReplicaMode, ReplicaStatus, Restored};
+use crate::log::ship::{Acks, Shipped, Sink};
+use crate::log::store::{LogStore, View};
+use crate::{Error, Result};
+
+/// Lag samples kept for [`Uploader::lag_samples`].
+const LAG_SAMPLES: usize = 1 << 17;
+
+/// What the uploader needs to know, fixed at open.
+pub(crate) struct Settings {
+    pub mode: ReplicaMode,
+    pub interval: Duration,
+    pub segment_bytes: usize,
+    pub max_lag_bytes: usize,
+    pub snapshot_after: Option<u64>,
+    pub close_timeout: Duration,
+    pub epoch: u64,
+    /// The local state file.
+    pub local: PathBuf,
+}
+
+enum Item {
+    Commit(Shipped, Instant),
+    /// A view of the store right after the commit before it.
+    View(View),
+}
+
+#[derive(Default)]
+#[allow(clippy::struct_excessive_bools)] // independent conditions of one queue
+struct State {
+    queue: VecDeque<Item>,
+    bytes: usize,
+    /// Views in the queue.
+    views: usize,
+    /// The place of the next segment.
+    next_seq: u64,
+    /// The newest row any shipped commit wrote (see `SegmentHead::max_row`).
+    max_row: u64,
+    /// The row of the last commit handed over.
+    handed_row: u64,
+    /// The row of the last commit in the object store.
+    shipped_row: u64,
+    /// The next view starts the chain afresh (a RESET segment).
+    reset_pending: bool,
+    /// A caller waits for everything handed over (`sync_replica`).
+    flush: bool,
+    closed: bool,
+    /// Give up: close timed out.
+    stop: bool,
+    /// The thread has exited.
+    done: bool,
+    fenced: Option<String>,
+    last_segment: Option<u64>,
+    failures: u64,
+    last_error: Option<String>,
+    since_snapshot: u64,
+    last_snapshot_bytes: u64,
+    snapshotting: bool,
+    snapshots: u64,
+    lag_samples: Vec<Duration>,
+}
+
+/// The replica's sink and uploader for one open store.
+pub(crate) struct Uploader {
+    objects: Objects,
+    cfg: Settings,
+    state: Mutex<State>,
+    /// The uploader waits here for work.
+    more: Condvar,
+    /// Writers wait here for room, `sync_replica` and close for progress.
+    progress: Condvar,
+    /// The next commit takes a view for a snapshot.
+    want_view: AtomicBool,
+    acks: OnceLock<Acks>,
+    restored: Option<Restored>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    snapshot_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop_snapshot: Arc<AtomicBool>,
+}
+
+impl Uploader {
+    /// An uploader whose next segment goes to `next_seq`. With `reset`,
+    /// the first commit's view becomes a snapshot and a RESET segment
+    /// before anything else is shipped (the chain does not hold what the
+    /// file holds).
+    pub(crate) fn start(
+        objects: Objects,
+        cfg: Settings,
+        next_seq: u64,
+        max_row: u64,
+        reset: bool,
+        restored: Option<Restored>,
+    ) -> Result<Arc<Uploader>> {
+        let up = Arc::new(Uploader {
+            objects,
+            cfg,
+            state: Mutex::new(State {
+                next_seq,
+                max_row,
+                reset_pending: reset,
+                ..State::default()
+            }),
+            more: Condvar::new(),
+            progress: Condvar::new(),
+            want_view: AtomicBool::new(reset),
+            acks: OnceLock::new(),
+            restored,
+            thread: Mutex::new(None),
+            snapshot_thread: Mutex::new(None),
+            stop_snapshot: Arc::new(AtomicBool::new(false)),
+        });
+        let me = Arc::clone(&up);
+        let h = std::thread::Builder::new()
+            .name("dedupkv-replica".into())
+            .spawn(move || me.run())
+            .map_err(|source| Error::Io {
+                what: "starting the replica's uploader thread",
+                source,
+            })?;
+        *up.thread.lock() = Some(h);
+        Ok(up)
+    }
+
+    fn synchronous(&self) -> bool {
+        self.cfg.mode == ReplicaMode::Synchronous
+    }
+
+    /// Waits until every commit handed over so far is in the object store.
+    pub(crate) fn sync(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        let target = st.handed_row;
+        st.flush = true;
+        self.more.notify_all();
+        loop {
+            if let Some(why) = &st.fenced {
+                return Err(Error::Fenced(why.clone()));
+            }
+            if st.shipped_row >= target && !st.reset_pending {
+                st.flush = false;
+                return Ok(());
+            }
+            if st.done {
+                return Err(Error::Closed);
+            }
+            self.progress.wait(&mut st);
+        }
+    }
+
+    /// Stops the uploader of a store whose open failed (the log never
+    /// started, so nothing will close it).
+    pub(crate) fn abandon(&self) {
+        let mut st = self.state.lock();
+        st.stop = true;
+        self.more.notify_all();
+        drop(st);
+        if let Some(h) = self.thread.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    /// What the replica is doing.
+    pub(crate) fn status(&self) -> ReplicaStatus {
+        let st = self.state.lock();
+        let lag = st.queue.iter().find_map(|i| match i {
+            Item::Commit(_, at) => Some(at.elapsed()),
+            Item::View(_) => None,
+        });
+        ReplicaStatus {
+            epoch: self.cfg.epoch,
+            restored: self.restored.clone(),
+            last_segment: st.last_segment,
+            lag_bytes: st.bytes as u64,
+            lag: lag.unwrap_or_default(),
+            upload_failures: st.failures,
+            last_error: st.last_error.clone(),
+            snapshots: st.snapshots,
+            fenced: st.fenced.is_some(),
+        }
+    }
+
+    /// How long each shipped segment's oldest commit waited (the latest
+    /// samples), for the lag measurement.
+    pub(crate) fn lag_samples(&self) -> Vec<Duration> {
+        self.state.lock().lag_samples.clone()
+    }
+
+    /// The thread: cut and ship segments until closed and drained.
+    fn run(self: &Arc<Self>) {
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let mut st = self.state.lock();
+            // Wait for a segment's worth, its time, a view, or the end.
+            loop {
+                if st.stop || st.fenced.is_some() {
+                    return self.exit(st, false);
+                }
+                if st.queue.is_empty() {
+                    if st.closed {
+                        return self.exit(st, true);
+                    }
+                    self.more.wait(&mut st);
+                    continue;
+                }
+                let age = match st.queue.front() {
+                    Some(Item::Commit(_, at)) => at.elapsed(),
+                    _ => Duration::MAX,
+                };
+                let due = st.closed
+                    || st.flush
+                    || st.reset_pending
+                    || self.synchronous()
+                    || st.bytes >= self.cfg.segment_bytes
+                    || age >= self.cfg.interval
+                    || st.views > 0;
+                if due {
+                    break;
+                }
+                let left = self.cfg.interval.saturating_sub(age);
+                self.more.wait_for(&mut st, left);
+            }
+            let shipped = if st.reset_pending {
+                self.ship_reset(st)
+            } else {
+                self.ship_segment(st)
+            };
+            match shipped {
+                Ok(true) => backoff = Duration::from_millis(10),
+                Ok(false) => {}
+                Err(e) => {
+                    {
+                        let mut st = self.state.lock();
+                        st.failures += 1;
+                        st.last_error = Some(e.to_string());
+                    }
+                    tracing::warn!(error = %e, "dedupkv replica upload failed; retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Ships the commits at the front of the queue as one segment (up to
+    /// `segment_bytes`, and never past a view), then starts the snapshot
+    /// of a view right after them. Returns whether it shipped.
+    fn ship_segment(self: &Arc<Self>, mut st: parking_lot::MutexGuard<'_, State>) -> Result<bool> {
+        let mut commits = Vec::new();
+        let mut bytes = 0;
+        let mut oldest = None;
+        let mut max_row = st.max_row;
+        for item in &st.queue {
+            let Item::Commit(c, at) = item else { break };
+            if !commits.is_empty() && bytes + c.bytes() > self.cfg.segment_bytes {
+                break;
+            }
+            bytes += c.bytes();
+            oldest.get_or_insert(*at);
+            max_row = c.rows.iter().map(|r| r.1).fold(max_row, u64::max);
+            commits.push(c.clone());
+        }
+        if commits.is_empty() {
+            // A view with nothing before it: its commit was shipped.
+            self.take_view(&mut st);
+            return Ok(false);
+        }
+        let head = SegmentHead {
+            flags: 0,
+            epoch: self.cfg.epoch,
+            seq: st.next_seq,
+            max_row,
+            commits: commits.len() as u32,
+        };
+        drop(st);
+        let body = format::segment(head, &commits);
+        let len = body.len() as u64;
+        self.create_segment(head.seq, &body)?;
+        let mut st = self.state.lock();
+        let row = commits.last().map_or(0, |c| c.row);
+        for _ in 0..commits.len() {
+            st.queue.pop_front();
+        }
+        st.bytes -= bytes;
+        st.next_seq += 1;
+        st.max_row = max_row;
+        st.shipped_row = st.shipped_row.max(row);
+        st.last_segment = Some(head.seq);
+        st.since_snapshot += len;
+        if let Some(at) = oldest {
+            if st.lag_samples.len() >= LAG_SAMPLES {
+                st.lag_samples.clear();
+            }
+            st.lag_samples.push(at.elapsed());
+        }
+        self.take_view(&mut st);
+        let threshold = self
+            .cfg
+            .snapshot_after
+            .unwrap_or_else(|| st.last_snapshot_bytes.max(64 << 20));
+        if st.since_snapshot >= threshold && !st.snapshotting {
+            self.want_view.store(true, Ordering::Release);
+        }
+        self.progress.notify_all();
+        drop(st);
+        if let Some(a) = self.acks.get() {
+            a.replicated(row);
+        }
+        Ok(true)
+    }
+
+    /// A view at the front of the queue becomes a snapshot of the last
+    /// segment shipped (on a thread of its own); a second one while a
+    /// snapshot is being written is dropped.
+    fn take_view(self: &Arc<Self>, st: &mut State) {
+        if !matches!(st.queue.front(), Some(Item::View(_))) {
+            return;
+        }
+        let Some(Item::View(view)) = st.queue.pop_front() else {
+            return;
+        };
+        st.views -= 1;
+        let (Some(seq), false) = (st.last_segment, st.snapshotting) else {
+            return;
+        };
+        st.snapshotting = true;
+        let me = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("dedupkv-snapshot".into())
+            .spawn(move || me.snapshot(view, seq));
+        match spawned {
+            Ok(h) => {
+                if let Some(old) = self.snapshot_thread.lock().replace(h) {
+                    let _ = old.join();
+                }
+            }
+            Err(e) => {
+                st.snapshotting = false;
+                tracing::warn!(error = %e, "dedupkv replica could not start a snapshot");
+            }
+        }
+    }
+
+    /// Writes the snapshot of `seq` from `view`, then prunes what it
+    /// supersedes.
+    fn snapshot(&self, view: View, seq: u64) {
+        let written = snapshot::write(
+            &self.objects,
+            view,
+            seq,
+            self.cfg.epoch,
+            &self.stop_snapshot,
+        );
+        let mut st = self.state.lock();
+        st.snapshotting = false;
+        match written {
+            Ok(ix) => {
+                st.snapshots += 1;
+                st.last_snapshot_bytes = ix.bytes;
+                st.since_snapshot = 0;
+                drop(st);
+                if let Err(e) = snapshot::prune(&self.objects, seq) {
+                    tracing::warn!(error = %e, "dedupkv replica could not prune");
+                }
+            }
+            Err(e) => {
+                st.last_error = Some(e.to_string());
+                tracing::warn!(error = %e, "dedupkv replica snapshot failed; the next one retries");
+            }
+        }
+    }
+
+    /// Starts the chain afresh from the store as it is: the commits before
+    /// the first view are in it, so they are dropped; the view becomes the
+    /// snapshot of the next place, then a RESET segment there says so.
+    fn ship_reset(self: &Arc<Self>, mut st: parking_lot::MutexGuard<'_, State>) -> Result<bool> {
+        let mut row = 0;
+        let mut view = None;
+        while let Some(item) = st.queue.pop_front() {
+            match item {
+                Item::Commit(c, _) => {
+                    st.bytes -= c.bytes();
+                    row = row.max(c.row);
+                    st.handed_row = st.handed_row.max(c.row);
+                }
+                Item::View(v) => {
+                    st.views -= 1;
+                    view = Some(v);
+                    break;
+                }
+            }
+        }
+        // Commits dropped here are in the coming view; what it covers.
+        st.shipped_row = st.shipped_row.max(row);
+        let Some(view) = view else {
+            // The view is still to come: with the commit being handed
+            // over, or with one the log makes for it.
+            self.want_view.store(true, Ordering::Release);
+            drop(st);
+            if let Some(a) = self.acks.get() {
+                a.commit_soon();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            return Ok(false);
+        };
+        let seq = st.next_seq;
+        drop(st);
+        let ix = match snapshot::write(
+            &self.objects,
+            view,
+            seq,
+            self.cfg.epoch,
+            &self.stop_snapshot,
+        ) {
+            Ok(ix) => ix,
+            Err(e) => {
+                // The view is spent: the next commit brings another.
+                self.want_view.store(true, Ordering::Release);
+                if let Some(a) = self.acks.get() {
+                    a.commit_soon();
+                }
+                return Err(e);
+            }
+        };
+        let head = SegmentHead {
+            flags: RESET,
+            epoch: self.cfg.epoch,
+            seq,
+            max_row: ix.max_row,
+            commits: 0,
+        };
+        self.create_segment(seq, &format::segment(head, &[]))?;
+        let mut st = self.state.lock();
+        st.reset_pending = false;
+        st.next_seq = seq + 1;
+        st.max_row = ix.max_row;
+        st.last_segment = Some(seq);
+        st.snapshots += 1;
+        st.last_snapshot_bytes = ix.bytes;
+        st.since_snapshot = 0;
+        let row = st.shipped_row;
+        self.progress.notify_all();
+        drop(st);
+        if let Err(e) = snapshot::prune(&self.objects, seq) {
+            tracing::warn!(error = %e, "dedupkv replica could not prune");
+        }
+        if let Some(a) = self.acks.get() {
+            a.replicated(row);
+        }
+        Ok(true)
+    }
+
+    /// Creates segment `seq`; a place taken by another owner fences this
+    /// one (an error that is never retried: the thread stops).
+    fn create_segment(&self, seq: u64, body: &[u8]) -> Result<()> {
+        let name = segment_name(seq);
+        match self.objects.create(&name, body.to_vec())? {
+            Created::Created => Ok(()),
+            Created::Exists => {
+                // Ours, if an earlier attempt went through unseen.
+                let there = self.objects.get(&name)?;
+                if there.as_deref() == Some(body) {
+                    return Ok(());
+                }
+                let theirs = there
+                    .as_deref()
+                    .and_then(|b| format::segment_head(b, &name).ok())
+                    .map_or_else(
+                        || "another owner".to_string(),
+                        |h| format!("epoch {}", h.epoch),
+                    );
+                let why = format!(
+                    "{theirs} took over the replica at {} (segment {seq} is its); this owner \
+                     (epoch {}) acknowledges nothing more: close this store",
+                    self.objects.path(""),
+                    self.cfg.epoch
+                );
+                tracing::error!(%why, "dedupkv replica fenced");
+                // The log is poisoned under the state lock: whoever hears
+                // of the fencing here finds the store refusing every call.
+                let mut st = self.state.lock();
+                st.fenced = Some(why.clone());
+                if let Some(a) = self.acks.get() {
+                    a.fence(why.clone());
+                }
+                self.progress.notify_all();
+                drop(st);
+                Err(Error::Fenced(why))
+            }
+        }
+    }
+
+    /// The thread ends: with `drained`, the file holds exactly the chain,
+    /// which the local state file then says.
+    fn exit(&self, mut st: parking_lot::MutexGuard<'_, State>, drained: bool) {
+        if drained && !st.reset_pending {
+            let local = Local {
+                epoch: self.cfg.epoch,
+                seq: st.next_seq.saturating_sub(1),
+                clean: true,
+            };
+            if let Err(e) = write_local(&self.cfg.local, local) {
+                tracing::warn!(error = %e, "dedupkv replica could not record its clean close");
+            }
+        }
+        st.done = true;
+        self.progress.notify_all();
+    }
+}
+
+impl Sink for Uploader {
+    fn attach(&self, acks: Acks) {
+        let _ = self.acks.set(acks);
+    }
+
+    fn shipped(&self, commit: Shipped, store: &dyn LogStore) {
+        let view = if self.want_view.swap(false, Ordering::AcqRel) {
+            match store.view() {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    tracing::warn!(error = %e, "dedupkv replica could not read a snapshot view");
+                    self.want_view.store(true, Ordering::Release);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut st = self.state.lock();
+        st.handed_row = st.handed_row.max(commit.row);
+        while st.bytes >= self.cfg.max_lag_bytes && st.fenced.is_none() && !st.done {
+            self.progress.wait(&mut st);
+        }
+        if st.fenced.is_some() || st.done {
+            return;
+        }
+        // The uploader needs waking only when this changes what it waits
+        // for: a first commit (its interval starts), a full segment, a
+        // view, or any commit of a synchronous replica.
+        let was_empty = st.queue.is_empty();
+        let was_short = st.bytes < self.cfg.segment_bytes;
+        st.bytes += commit.bytes();
+        st.queue.push_back(Item::Commit(commit, Instant::now()));
+        let wake = self.synchronous()
+            || was_empty
+            || st.flush
+            || view.is_some()
+            || (was_short && st.bytes >= self.cfg.segment_bytes);
+        if let Some(v) = view {
+            st.queue.push_back(Item::View(v));
+            st.views += 1;
+        }
+        if wake {
+            self.more.notify_one();
+        }
+    }
+
+    fn closed(&self) {
+        let mut st = self.state.lock();
+        st.closed = true;
+        self.more.notify_all();
+        let deadline = Instant::now() + self.cfg.close_timeout;
+        while !st.done {
+            if self.progress.wait_until(&mut st, deadline).timed_out() && !st.done {
+                tracing::error!(
+                    "dedupkv replica: the uploader did not finish within the close timeout; \
+                     the unshipped tail stays in the local file until its next open"
+                );
+                st.stop = true;
+                self.more.notify_all();
+                break;
+            }
+        }
+        let done = st.done;
+        drop(st);
+        self.stop_snapshot.store(true, Ordering::Release);
+        if let Some(h) = self.snapshot_thread.lock().take() {
+            let _ = h.join();
+        }
+        if done && let Some(h) = self.thread.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Writes the local state file, durably (a temporary file renamed over it).
+pub(crate) fn write_local(path: &std::path::Path, local: Local) -> Result<()> {
+    use std::io::Write;
+    let io = |e: std::io::Error| Error::Storage(crate::log::io_at(path, &e));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    f.write_all(&format::local(local)).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    Ok(())
+}
+
+/// Reads the local state file; `None` when there is none.
+pub(crate) fn read_local(path: &std::path::Path) -> Result<Option<Local>> {
+    match std::fs::read(path) {
+        Ok(b) => format::read_local(&b, &path.display().to_string()).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::Storage(crate::log::io_at(path, &e))),
+    }
+}

@@ -1,0 +1,235 @@
+//! What the replica tests share: where the replica lives (local files in a
+//! temporary directory, or an S3 API when `scripts/with-s3.sh` sets
+//! `DEDUPKV_S3_ENDPOINT`), and an object store that fails or slows down on
+//! demand.
+#![allow(dead_code)]
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedupkv::replica::object_store::path::Path;
+use dedupkv::replica::object_store::{
+    self, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use futures_util::stream::BoxStream;
+
+/// A place for replicas: a directory (or a prefix of the S3 bucket) of
+/// its own, removed when dropped.
+pub struct Bucket {
+    pub objects: Arc<dyn ObjectStore>,
+    /// The local directory, when the replica is in local files.
+    pub dir: Option<tempfile::TempDir>,
+    /// A prefix unique to this test run.
+    pub prefix: String,
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+impl Bucket {
+    pub fn new() -> Bucket {
+        let prefix = format!(
+            "t{}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        if let Some(b) = s3() {
+            return Bucket {
+                objects: b,
+                dir: None,
+                prefix,
+            };
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let objects = Arc::new(
+            object_store::local::LocalFileSystem::new_with_prefix(dir.path()).expect("local"),
+        );
+        Bucket {
+            objects,
+            dir: Some(dir),
+            prefix,
+        }
+    }
+
+    /// The local path of object `name` under `store`'s prefix (local
+    /// files only).
+    pub fn file(&self, store: &str, name: &str) -> Option<std::path::PathBuf> {
+        self.dir
+            .as_ref()
+            .map(|d| d.path().join(&self.prefix).join(store).join(name))
+    }
+
+    /// A store prefix inside this bucket.
+    pub fn at(&self, store: &str) -> String {
+        format!("{}/{store}", self.prefix)
+    }
+}
+
+/// The S3 API's store, when the tests run under `scripts/with-s3.sh`.
+#[cfg(feature = "replica-s3")]
+fn s3() -> Option<Arc<dyn ObjectStore>> {
+    use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+    let endpoint = std::env::var("DEDUPKV_S3_ENDPOINT").ok()?;
+    let bucket = std::env::var("DEDUPKV_S3_BUCKET").unwrap_or_else(|_| "dedupkv-test".into());
+    let s3 = AmazonS3Builder::new()
+        .with_endpoint(endpoint)
+        .with_allow_http(true)
+        .with_bucket_name(bucket)
+        .with_region("us-east-1")
+        .with_access_key_id("test")
+        .with_secret_access_key("test")
+        .with_conditional_put(S3ConditionalPut::ETagMatch)
+        .build()
+        .expect("the S3 store");
+    Some(Arc::new(s3))
+}
+
+/// Without the S3 client, an endpoint set is a mistake, not a skip.
+#[cfg(not(feature = "replica-s3"))]
+fn s3() -> Option<Arc<dyn ObjectStore>> {
+    assert!(
+        std::env::var_os("DEDUPKV_S3_ENDPOINT").is_none(),
+        "DEDUPKV_S3_ENDPOINT is set but the tests were built without --features replica-s3"
+    );
+    None
+}
+
+/// Whether these tests run against the S3 API.
+pub fn on_s3() -> bool {
+    std::env::var_os("DEDUPKV_S3_ENDPOINT").is_some()
+}
+
+/// An object store that forwards to another, failing the next
+/// `fail_puts` writes, delaying writes by `delay_ms`, and, while
+/// `hold_puts` is set, failing every write (an outage).
+#[derive(Debug)]
+pub struct Faulty {
+    pub inner: Arc<dyn ObjectStore>,
+    pub fail_puts: AtomicU32,
+    pub hold_puts: AtomicBool,
+    pub delay_ms: AtomicU64,
+    pub puts: AtomicU64,
+    pub failed: AtomicU64,
+    /// The next owner object created is taken by a rival an instant
+    /// before (a lost race for the epoch).
+    pub rival_owner: AtomicBool,
+}
+
+impl Faulty {
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Arc<Faulty> {
+        Arc::new(Faulty {
+            inner,
+            fail_puts: AtomicU32::new(0),
+            hold_puts: AtomicBool::new(false),
+            delay_ms: AtomicU64::new(0),
+            puts: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            rival_owner: AtomicBool::new(false),
+        })
+    }
+
+    fn refuse(&self, location: &Path) -> object_store::Result<()> {
+        let fail = self.hold_puts.load(Ordering::SeqCst)
+            || self
+                .fail_puts
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if fail {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(object_store::Error::Generic {
+                store: "Faulty",
+                source: format!("injected failure writing {location}").into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Faulty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Faulty({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for Faulty {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        self.refuse(location)?;
+        self.puts.fetch_add(1, Ordering::SeqCst);
+        if location.as_ref().contains("/owner/") && self.rival_owner.swap(false, Ordering::SeqCst) {
+            self.inner
+                .put(location, PutPayload::from_static(b"a rival's owner object"))
+                .await?;
+        }
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.refuse(location)?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// What a replica test returns.
+pub type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// The objects of a bucket made by [`Bucket::new`] in another process:
+/// local files under `dir`, or the S3 API.
+pub fn objects_at(dir: Option<&std::path::Path>) -> Arc<dyn ObjectStore> {
+    if let Some(b) = s3() {
+        return b;
+    }
+    let dir = dir.expect("a bucket directory");
+    Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir).expect("local"))
+}
