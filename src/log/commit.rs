@@ -1031,31 +1031,7 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
             next.buckets.insert(bucket);
         }
     }
-    let new_format = upgrade.unwrap_or(format);
-    let stored = if new_format < SUMMARIES_FORMAT {
-        Vec::new()
-    } else if upgrade.is_some() && format < SUMMARIES_FORMAT {
-        // Every table gets its summary with the upgrade.
-        next.buckets
-            .iter()
-            .map(|b| {
-                debug_assert!(
-                    changed.contains_key(b) || summaries.contains_key(b),
-                    "bucket {b} has a table but no summary"
-                );
-                let sum = match changed.get(b) {
-                    Some(c) => c.unwrap_or_default(),
-                    None => summaries.get(b).copied().unwrap_or_default(),
-                };
-                (*b, sum.encode(*b))
-            })
-            .collect()
-    } else {
-        changed
-            .iter()
-            .filter_map(|(b, sum)| sum.map(|sum| (*b, sum.encode(*b))))
-            .collect()
-    };
+    let stored = summaries_to_store(format, upgrade, &next.buckets, &changed, &summaries);
     let meta = match upgrade {
         Some(to) => meta::upgrade_changes(&**db, &next, to)?,
         None if next != *manifest => vec![meta::manifest_change(&next)],
@@ -1087,6 +1063,41 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
         ship.sink.shipped(shipped, &**db);
     }
     Ok(())
+}
+
+/// The summaries a commit writes: those of the tables it changes, or with
+/// an upgrade to the summaries' format, every table's; none below it.
+fn summaries_to_store(
+    format: u32,
+    upgrade: Option<u32>,
+    buckets: &BTreeSet<u64>,
+    changed: &BTreeMap<u64, Option<Summary>>,
+    summaries: &BTreeMap<u64, Summary>,
+) -> Vec<(u64, Vec<u8>)> {
+    if upgrade.unwrap_or(format) < SUMMARIES_FORMAT {
+        Vec::new()
+    } else if upgrade.is_some() && format < SUMMARIES_FORMAT {
+        // Every table gets its summary with the upgrade.
+        buckets
+            .iter()
+            .map(|b| {
+                debug_assert!(
+                    changed.contains_key(b) || summaries.contains_key(b),
+                    "bucket {b} has a table but no summary"
+                );
+                let sum = match changed.get(b) {
+                    Some(c) => c.unwrap_or_default(),
+                    None => summaries.get(b).copied().unwrap_or_default(),
+                };
+                (*b, sum.encode(*b))
+            })
+            .collect()
+    } else {
+        changed
+            .iter()
+            .filter_map(|(b, sum)| sum.map(|sum| (*b, sum.encode(*b))))
+            .collect()
+    }
 }
 
 #[cfg(test)]
