@@ -16,4 +16,4 @@ bash scripts/with-postgres.sh bash scripts/with-redis.sh cargo test --workspace 
 cargo test --locked --features replica --lib replica "$@"
 cargo test --locked --features replica --doc replica "$@"
 exec cargo test --locked --features replica \
-    --test replica_restore --test replica_fencing --test replica_faults --test replica_crash "$@"
+    --test replica_restore --test replica_fencing --test replica_faults --test replica_crash --test replica_async "$@"
