@@ -53,7 +53,9 @@ fn async_answers_over_a_synchronous_replica_survive_a_lost_disk() -> TestResult 
     // (the store forgotten without a close) and another, with no file,
     // restores every key.
     std::mem::forget(store);
-    let other = Store::builder().replica(r).open(dir.path().join("b.redb"))?;
+    let other = Store::builder()
+        .replica(r)
+        .open(dir.path().join("b.redb"))?;
     assert!(other.replica_status().and_then(|s| s.restored).is_some());
     for i in 0..16 {
         let id = format!("evt-{i}");
@@ -101,7 +103,7 @@ fn a_future_waiting_on_a_fenced_upload_resolves_fenced() -> TestResult {
     match answer {
         Ok(Err(Error::Fenced(m))) => assert!(m.contains("epoch 2"), "{m}"),
         Ok(other) => panic!("the fenced owner answered {other:?}"),
-        Err(_) => panic!("the future waiting on the fenced upload never resolved"),
+        Err(elapsed) => panic!("the future waiting on the fenced upload never resolved: {elapsed}"),
     }
     assert!(matches!(
         rt.block_on(zombie.insert_if_absent(&Key::new("t", "later"))),
