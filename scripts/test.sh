@@ -2,7 +2,8 @@
 # The project's test command: the whole workspace's suite (the library's
 # unit, integration and doc tests, the fixture command's tests, and the
 # comparison harness's smoke test), with a throwaway PostgreSQL on loopback
-# for that smoke test. Without PostgreSQL (and no way to install it) that
+# for that smoke test and a throwaway Redis for the Redis Streams run
+# (crates/redis-streams; scripts/with-redis.sh installs and starts it). Without PostgreSQL (and no way to install it) that
 # one contender is skipped with a message and everything else still runs;
 # under CI (CI=true; .ci/run sets it) it is an error instead.
 #
@@ -17,11 +18,11 @@
 # set (tests/partitions_*.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/with-postgres.sh cargo test --workspace --exclude dedupkv-kafka --locked "$@"
+bash scripts/with-postgres.sh bash scripts/with-redis.sh cargo test --workspace --exclude dedupkv-kafka --locked "$@"
 cargo test -p dedupkv-kafka --locked "$@"
 cargo test --locked --features replica --lib replica "$@"
 cargo test --locked --features replica --doc replica "$@"
 cargo test --locked --features replica --doc partitions "$@"
 exec cargo test --locked --features replica \
     --test replica_restore --test replica_fencing --test replica_faults --test replica_crash \
-    --test partitions_handover "$@"
+    --test replica_async --test partitions_handover "$@"

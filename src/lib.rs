@@ -45,6 +45,8 @@ mod error;
 mod index;
 mod key;
 mod log;
+#[cfg(feature = "metrics")]
+mod metrics;
 #[cfg(feature = "replica")]
 pub mod partitions;
 #[cfg(feature = "replica")]
@@ -52,6 +54,8 @@ pub mod replica;
 mod sync;
 mod types;
 
+#[cfg(feature = "async")]
+pub use api::AsyncStore;
 pub use api::{Begin, Claim, Store, StoreBuilder};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use durability::Durability;

@@ -556,6 +556,24 @@ impl StoreBuilder {
         self
     }
 
+    /// The value of the `store` label on every series this store
+    /// publishes through the `metrics` facade (feature `metrics`): name
+    /// each store of a process apart. Default: `"default"`.
+    ///
+    /// # Examples
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = dedupkv::Store::builder()
+    ///     .metrics_label("orders")
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    #[cfg(feature = "metrics")]
+    pub fn metrics_label(mut self, label: impl Into<String>) -> Self {
+        self.cfg.metrics_label = label.into();
+        self
+    }
+
     /// Opens the store at `path`, creating it if it does not exist, and
     /// rebuilds the index from its log. (Use
     /// [`open_existing`](Self::open_existing) where a missing file must be

@@ -447,6 +447,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Vec<Result<Begin>>> {
+        self.count_batch("begin_batch", items.len());
         Ok(Engine::begin_batch(self.engine(), items)?
             .into_iter()
             .map(|r| r.map(Begin::from))
@@ -469,6 +470,7 @@ impl Store {
     /// # Examples
     /// See [`begin_batch`](Self::begin_batch).
     pub fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
+        self.count_batch("complete_batch", items.len());
         let tickets: Vec<_> = items.iter().map(|(c, o)| (c.ticket(), *o)).collect();
         self.engine().complete_batch(&tickets)
     }

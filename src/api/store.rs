@@ -32,6 +32,8 @@ pub struct Store {
     // engine.
     _threads: Threads,
     engine: Arc<Engine>,
+    #[cfg(feature = "metrics")]
+    metrics: Arc<crate::metrics::Bridge>,
     /// The replica's uploader (feature "replica").
     #[cfg(feature = "replica")]
     replica: Option<Arc<crate::replica::uploader::Uploader>>,
@@ -57,6 +59,8 @@ impl Store {
         let (engine, threads) = Engine::open(cfg, clock, location)?;
         Ok(Store {
             _threads: threads,
+            #[cfg(feature = "metrics")]
+            metrics: crate::metrics::Bridge::install(&engine),
             engine,
             #[cfg(feature = "replica")]
             replica: None,
@@ -127,6 +131,21 @@ impl Store {
     /// The longest outcome (or failure payload) this store records.
     pub(crate) fn max_outcome_len(&self) -> usize {
         self.engine.config().max_outcome
+    }
+
+    /// The metrics bridge.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn metrics(&self) -> &crate::metrics::Bridge {
+        &self.metrics
+    }
+
+    /// Counts a batch call (in `Stats`, and the metrics bridge's histogram).
+    pub(crate) fn count_batch(&self, call: &'static str, items: usize) {
+        self.engine.count_batch(items);
+        #[cfg(feature = "metrics")]
+        self.metrics.batch(call, items);
+        #[cfg(not(feature = "metrics"))]
+        let _ = call;
     }
 
     /// The engine, for the face's other rooms.
@@ -249,6 +268,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
+        self.count_batch("insert_batch", keys.len());
         self.engine.insert_batch(keys)
     }
 
@@ -335,7 +355,9 @@ impl Store {
     /// time (a [`ManualClock`](crate::ManualClock)) or turned the background
     /// evictor off.
     ///
-    /// Expired keys are never answered as present, evicted or not.
+    /// Expired keys are never answered as present, evicted or not. It also
+    /// wakes callers of [`begin_or_wait`](Self::begin_or_wait) whose
+    /// awaited lease has lapsed by the store's time, so they take over.
     ///
     /// # Errors
     /// [`Error::Poisoned`] or [`Error::Storage`] if the deletion commit fails.
@@ -343,7 +365,11 @@ impl Store {
     /// # Examples
     /// See [`Eviction`].
     pub fn evict_expired(&self) -> Result<Eviction> {
-        self.engine.evict()
+        // Its waits happen in order, even inside `AsyncStore::call`.
+        let evicted = crate::engine::durable::blocking(|| self.engine.evict());
+        // Time moved: callers waiting on a lapsed lease take over now.
+        self.engine.wake_lapsed();
+        evicted
     }
 
     /// Compacts the store file now, giving the space freed by eviction back

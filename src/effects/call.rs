@@ -99,6 +99,44 @@ impl<'a, L, S, C> Effect<'a, L, S, C> {
     }
 }
 
+#[cfg(feature = "async")]
+impl<'a, L, S, C> Effect<'a, L, S, C> {
+    /// [`new`](Self::new) with an async `lookup` and `send`, for
+    /// [`RetryPolicy::call_async`]. Each gets the claim and returns the
+    /// future of the provider's answer; the future cannot borrow the
+    /// claim, so take its [`provider_key`](Claim::provider_key) first.
+    ///
+    /// # Examples
+    /// See [`RetryPolicy::call_async`].
+    pub fn new_async<E, LF, SF>(intent: Intent<'a>, lookup: L, send: S, classify: C) -> Self
+    where
+        L: FnOnce(&Claim) -> LF,
+        LF: std::future::Future<Output = std::result::Result<Option<Vec<u8>>, E>>,
+        S: FnOnce(&Claim) -> SF,
+        SF: std::future::Future<Output = std::result::Result<Vec<u8>, E>>,
+        C: FnOnce(&E) -> ErrorClass,
+    {
+        Effect {
+            intent,
+            lookup,
+            send,
+            classify,
+            amount: 0,
+        }
+    }
+
+    /// The effect's parts, for the async runner.
+    pub(super) fn into_parts(self) -> (Intent<'a>, L, S, C, i64) {
+        (
+            self.intent,
+            self.lookup,
+            self.send,
+            self.classify,
+            self.amount,
+        )
+    }
+}
+
 impl<L, S, C> fmt::Debug for Effect<'_, L, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Effect")

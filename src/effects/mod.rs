@@ -9,13 +9,17 @@
 //! - `call`: the runner of an external call with a provider that
 //!   deduplicates and can be asked ([`RetryPolicy::call`], [`Effect`]):
 //!   intent, provider key, ask first after an interruption, the answer
-//!   recorded, then complete, fail or dead-letter.
+//!   recorded, then complete, fail or dead-letter;
+//! - `run_async` (feature `async`): both runners with async work, driving
+//!   the same steps through the `AsyncStore`.
 
 mod call;
 mod limits;
 mod retry;
 mod rng;
 mod run;
+#[cfg(feature = "async")]
+mod run_async;
 
 pub use call::Effect;
 pub use retry::{Decision, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder};

@@ -83,6 +83,8 @@ impl Evictor {
                         }
                     })
                     .and_then(|()| inner.maybe_compact());
+                inner.wake_lapsed();
+                inner.ticked();
                 if let Err(e) = pass {
                     tracing::warn!(error = %e, "dedupkv background eviction failed");
                     if matches!(e, crate::Error::Poisoned(_)) {

@@ -260,7 +260,7 @@ impl Engine {
                     // its lease lapsed, or its claim was dropped.
                     let interrupted = s.state() == SlotState::Claimed || p.abandoned;
                     if interrupted {
-                        w.shard().counters.takeovers += 1;
+                        took_over(&mut w, key, s.state(), &p, now);
                     }
                     let mut round = p.round.next(interrupted);
                     if s.state() == SlotState::Claimed {
@@ -571,7 +571,22 @@ impl Engine {
             _ => shard.counters.released += 1,
         }
         claim.finished.store(true, Ordering::Release);
+        self.finished(claim, kind);
         Ok(row)
+    }
+
+    /// After a claim's finish is appended (the caller still holds the
+    /// shard lock): its key's waiters are woken (see `waiters.rs`), and a
+    /// dead letter is logged (its key, never its payload).
+    fn finished(&self, claim: &Ticket, kind: Kind) {
+        self.notify_waiters(claim.hash);
+        if kind == Kind::DeadLetter {
+            tracing::warn!(
+                key = %claim.key,
+                attempt = claim.attempt,
+                "dedupkv: operation moved to the dead-letter area"
+            );
+        }
     }
 
     /// The body of a dead letter of `round` from the one `fail` encoded:
@@ -655,6 +670,23 @@ impl Engine {
         self.counters.replays.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Begun::Completed(rec)))
     }
+}
+
+/// Counts and logs a claim started over an attempt that never answered
+/// (a lapsed or orphaned claim, or a dropped one) on the key `w` writes.
+fn took_over(w: &mut Write<'_>, key: &Key<'_>, state: SlotState, p: &Pending, now: u64) {
+    let counters = &mut w.shard().counters;
+    counters.interrupted += 1;
+    if state == SlotState::Claimed {
+        counters.takeovers += 1;
+    }
+    tracing::info!(
+        key = %key,
+        attempt = p.attempt.saturating_add(1),
+        interrupted = true,
+        lapsed = state == SlotState::Claimed && now >= p.lease_until,
+        "dedupkv: an attempt that never answered is taken over"
+    );
 }
 
 /// The record kind a key's slot in `state` points at (for the states a

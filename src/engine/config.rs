@@ -42,6 +42,9 @@ pub(crate) struct Config {
     pub tally_keys: Vec<Vec<u8>>,
     /// Where the log closes a row and opens the next (tests lower it).
     pub row_split_bytes: usize,
+    /// The `store` label of the metrics bridge's series.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub metrics_label: String,
     /// The replica the log hands its commits to (feature "replica").
     pub ship: Option<crate::log::ship::Ship>,
     /// The lowest fencing token this run may issue (a replica's epoch
@@ -98,6 +101,7 @@ impl Default for Config {
             tally_retention_ms: 7 * 86_400_000,
             tally_keys: Vec::new(),
             row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
+            metrics_label: "default".into(),
             upgrade: false,
             verify_pages: true,
             ship: None,

@@ -15,9 +15,71 @@ pub(crate) struct StoreCounters {
     pub clock_behind: AtomicU64,
     /// `begin` calls answered from a finished key's record.
     pub replays: AtomicU64,
+    /// Batch calls, and the items in them.
+    pub batch_calls: AtomicU64,
+    pub batch_items: AtomicU64,
+    /// Stranded claims at the last count (a warning marks each rise from 0).
+    pub stranded: AtomicU64,
 }
 
+/// Called with the engine on every tick of the background evictor.
+pub(crate) type TickHook = Box<dyn Fn(&Engine) + Send + Sync>;
+
 impl Engine {
+    /// Sets the hook called on every eviction tick (once: a second is
+    /// ignored).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn on_tick(&self, hook: TickHook) {
+        let _ = self.tick_hook.set(hook);
+    }
+
+    /// Runs the tick hook, if one is set.
+    pub(crate) fn ticked(&self) {
+        if let Some(hook) = self.tick_hook.get() {
+            hook(self);
+        }
+    }
+
+    /// Sets the observer told of every durable commit.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn observe_commits(&self, observer: crate::log::observe::CommitObserver) {
+        self.log.observed().observe(observer);
+    }
+
+    /// Counts a batch call of `items` items.
+    pub(crate) fn count_batch(&self, items: usize) {
+        self.counters.batch_calls.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .batch_items
+            .fetch_add(items as u64, Ordering::Relaxed);
+    }
+
+    /// Claims whose lease lapsed by `now` (or whose process is gone) that
+    /// nobody finished or took over.
+    fn stranded_count(&self, now: u64) -> u64 {
+        let mut n = 0;
+        for i in 0..self.cfg.shards {
+            let shard = self.index.lock_shard(i);
+            n += shard
+                .pending_entries()
+                .filter(|(p, state)| {
+                    *state == Some(crate::index::SlotState::Claimed)
+                        && (p.lease_until <= now || self.orphaned(p.token))
+                })
+                .count() as u64;
+        }
+        if n > 0 && self.counters.stranded.swap(n, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                stranded = n,
+                "dedupkv: claims are stranded: their lease lapsed and nobody came back to \
+                 finish them (Store::stranded_claims lists them)"
+            );
+        } else if n == 0 {
+            self.counters.stranded.store(0, Ordering::Relaxed);
+        }
+        n
+    }
+
     /// Counters and sizes, shard by shard.
     pub(crate) fn stats(&self) -> Stats {
         let (keys, bytes, counters) = self.index.usage();
@@ -25,6 +87,8 @@ impl Engine {
             keys: keys as u64,
             index_bytes: bytes as u64,
             commits: self.log.commits(),
+            commit_time: self.log.observed().time(),
+            records_committed: self.log.observed().records(),
             format: self.log.format(),
             ..Stats::default()
         };
@@ -51,6 +115,10 @@ impl Engine {
         s.clock_behind = self.counters.clock_behind.load(Ordering::Relaxed);
         s.replays = self.counters.replays.load(Ordering::Relaxed);
         s.intents_pending = self.pending_intent_count();
+        s.waiting = self.waiting();
+        s.stranded_claims = self.stranded_count(now);
+        s.batch_calls = self.counters.batch_calls.load(Ordering::Relaxed);
+        s.batch_items = self.counters.batch_items.load(Ordering::Relaxed);
         let (dead, oldest) = self.dead_letter_usage();
         s.dead_letters_now = dead;
         s.oldest_dead_letter = oldest.map(|at| Duration::from_millis(now.saturating_sub(at)));

@@ -51,6 +51,7 @@ impl Engine {
     pub(crate) fn evict(&self) -> Result<Eviction> {
         self.log.check()?;
         let _one_at_a_time = self.evicting.lock();
+        let _span = tracing::debug_span!("dedupkv.evict").entered();
         let now = self.now();
         let g = self.cfg.granularity_ms;
         let nb = now / g;
@@ -132,6 +133,11 @@ impl Engine {
         if !victims.is_empty() {
             self.compact_due.store(true, crate::sync::Ordering::Release);
         }
+        tracing::debug!(
+            keys = out.keys,
+            buckets = out.buckets,
+            "dedupkv eviction pass"
+        );
         Ok(out)
     }
 

@@ -28,7 +28,10 @@
 //!   stranded claims), oldest first, paged;
 //! - [`evict`]: retention, bucket by bucket; [`background`]: the threads;
 //! - [`counters`]: store-wide counters and the [`Stats`](crate::Stats)
-//!   snapshot.
+//!   snapshot;
+//! - [`waiters`]: callers waiting for an in-flight result, per key;
+//! - [`durable`]: a call run with its durability waits deferred, and the
+//!   wait as a poll (the async front's side of the engine).
 //!
 //! Invariants:
 //! - a caller is told "new", "started" or "done" only after its record is
@@ -50,6 +53,7 @@ pub(crate) mod config;
 pub(crate) mod counters;
 pub(crate) mod dead_letter;
 pub(crate) mod dedup;
+pub(crate) mod durable;
 pub(crate) mod evict;
 pub(crate) mod input;
 pub(crate) mod intents;
@@ -62,6 +66,7 @@ pub(crate) mod reconcile_keys;
 pub(crate) mod rounds;
 pub(crate) mod time;
 pub(crate) mod tokens;
+pub(crate) mod waiters;
 pub(crate) mod write;
 
 use crate::clock::Clock;
@@ -109,6 +114,10 @@ pub(crate) struct Engine {
     /// which walks every page under the write lock.
     compact_due: AtomicBool,
     counters: counters::StoreCounters,
+    /// Callers waiting for an in-flight result, per key (see [`waiters`]).
+    waiters: waiters::KeyWaiters,
+    /// Called on every tick of the background evictor (a metrics bridge).
+    tick_hook: std::sync::OnceLock<counters::TickHook>,
     /// The file, for a store opened by path (compaction checks its size).
     path: Option<std::path::PathBuf>,
     /// The store's time when this run opened it: claims of earlier
@@ -139,7 +148,7 @@ impl Engine {
     #[inline]
     pub(crate) fn settle_seen(&self, row: u64) -> crate::Result<()> {
         match self.cfg.durability {
-            crate::Durability::Immediate => self.log.wait_durable(row),
+            crate::Durability::Immediate => self.log.wait_answer(row),
             crate::Durability::Deferred { .. } => Ok(()),
         }
     }

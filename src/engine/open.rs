@@ -52,6 +52,7 @@ impl Engine {
         let place = location
             .path()
             .map_or_else(|| "the store".into(), |p| p.display().to_string());
+        let _span = tracing::info_span!("dedupkv.recovery", place = %place).entered();
         // redb 4.6 can panic (rather than fail) on some damaged files; a
         // damaged file must be an error for the caller, not a crash.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -75,6 +76,9 @@ impl Engine {
         })
     }
 
+    // The open's steps in the order they must happen; the engine's fields
+    // are set in one place.
+    #[allow(clippy::too_many_lines)]
     fn open_unguarded(
         mut cfg: Config,
         clock: Arc<dyn Clock>,
@@ -180,6 +184,8 @@ impl Engine {
             evicting: Mutex::new(()),
             compact_due: AtomicBool::new(true),
             counters: StoreCounters::default(),
+            waiters: super::waiters::KeyWaiters::default(),
+            tick_hook: std::sync::OnceLock::new(),
             path,
             opened_at: opened_at.max(time_floor),
         });

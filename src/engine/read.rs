@@ -121,7 +121,7 @@ impl Engine {
         show: &dyn Fn() -> String,
         f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
     ) -> Result<Found<T>> {
-        self.log.wait_durable(row)?;
+        self.log.wait_readable(row)?;
         let Some(bytes) = self.log.read_row(bucket, row)? else {
             return Ok(Found::Evicted);
         };

@@ -92,7 +92,8 @@ impl Engine {
                 .load(Ordering::Relaxed)
                 .saturating_add(FORCE_EVICT_SPAN)
         {
-            self.evict()?;
+            // Its waits happen in order, even inside an async call.
+            crate::log::durable::blocking(|| self.evict())?;
         }
         Ok((now, nb))
     }

@@ -31,6 +31,7 @@ counters!(
     duplicates,
     started,
     takeovers,
+    interrupted,
     in_progress,
     completed,
     failed,

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use super::Storage;
 use super::decode::{RowReader, read_row};
+use super::durable::{self, Wakers};
 use super::format::RowWriter;
 use super::meta::{self, FORMAT_VERSION, Manifest, OLDEST_KEPT_FORMAT, SUMMARIES_FORMAT};
 use super::record::RecordRef;
@@ -237,6 +238,10 @@ struct Shared {
     /// The manifest as of the last commit (every bucket table, expired
     /// ones included, and the floors); only `write` takes it.
     manifest: Mutex<Manifest>,
+    /// Async callers awaiting a row (see `durable.rs`).
+    wakers: Wakers,
+    /// What commits cost (see `observe.rs`).
+    observed: super::observe::CommitStats,
     /// The replica (`log::ship`), handed every durable commit; `None`
     /// without one.
     ship: Option<Ship>,
@@ -274,6 +279,7 @@ impl AckTarget for Shared {
             for w in &self.woke {
                 w.wake_all();
             }
+            self.wakers.wake_through(row);
         }
     }
 
@@ -294,6 +300,7 @@ impl AckTarget for Shared {
         for w in &self.woke {
             w.wake_all();
         }
+        self.wakers.wake_all();
     }
 }
 
@@ -409,6 +416,8 @@ impl Log {
             time_step,
             buckets: Mutex::new(buckets),
             manifest: Mutex::new(manifest),
+            wakers: Wakers::default(),
+            observed: super::observe::CommitStats::default(),
             ship,
             replicated_row: AtomicU64::new(replicated),
             fenced: AtomicBool::new(false),
@@ -535,6 +544,7 @@ impl Log {
     /// anything was compacted.
     pub(crate) fn compact(&self) -> Result<bool> {
         self.check()?;
+        let _span = tracing::debug_span!("dedupkv.compact").entered();
         let mut db = self.shared.db.write();
         let db = db.as_mut().ok_or(Error::Closed)?;
         Ok(db.compact()?)
@@ -543,6 +553,7 @@ impl Log {
     /// The batch to append to. Fails if the log is poisoned.
     pub(crate) fn batch(&self) -> Result<MutexGuard<'_, Batch>> {
         self.check()?;
+        durable::note_append();
         Ok(self.shared.batch.lock())
     }
 
@@ -570,7 +581,7 @@ impl Log {
     /// committer when enough is buffered.
     pub(crate) fn settle(&self, row: u64) -> Result<()> {
         match self.durability {
-            Durability::Immediate => self.wait_durable(row),
+            Durability::Immediate => self.wait_answer(row),
             Durability::Deferred { .. } => {
                 if self.shared.batch.lock().bytes >= DEFERRED_FLUSH_BYTES {
                     let _ = self.shared.kick.try_send(());
@@ -647,11 +658,13 @@ impl Log {
 
     /// Commits everything appended so far and waits for it.
     pub(crate) fn flush(&self) -> Result<()> {
-        let row = {
-            let b = self.shared.batch.lock();
-            if b.is_empty() { b.row - 1 } else { b.row }
-        };
-        self.wait_durable(row)
+        self.wait_durable(self.last_row())
+    }
+
+    /// The row that holds the newest record appended so far.
+    pub(crate) fn last_row(&self) -> u64 {
+        let b = self.shared.batch.lock();
+        if b.is_empty() { b.row - 1 } else { b.row }
     }
 
     /// Deletes the tables of `buckets` in the next commit and waits for it.
@@ -700,6 +713,85 @@ impl Log {
     /// Durable commits made since open.
     pub(crate) fn commits(&self) -> u64 {
         self.shared.commits.load(Ordering::Relaxed)
+    }
+}
+
+// Awaitable durability (see `durable.rs`): the deferring scope's hooks
+// and the async wait. Blocking callers never reach past a thread-local read.
+impl Log {
+    /// Waits until `row` is durable, as an answer resting on it requires;
+    /// inside a deferring scope, notes it for the caller to await instead.
+    pub(crate) fn wait_answer(&self, row: u64) -> Result<()> {
+        if durable::defer_answer(row) {
+            return Ok(());
+        }
+        self.wait_durable(row)
+    }
+
+    /// Waits until `row` is durable, so it can be read. Inside a deferring
+    /// scope that may run its call again and has recorded nothing, fails
+    /// with `WouldBlock` instead, the row noted for the caller to await.
+    pub(crate) fn wait_readable(&self, row: u64) -> Result<()> {
+        if self.shared.durable_row.load(Ordering::Acquire) >= row {
+            return Ok(());
+        }
+        if durable::defer_read(row) {
+            return Err(Error::Io {
+                what: "reading a log row before its commit",
+                source: std::io::ErrorKind::WouldBlock.into(),
+            });
+        }
+        self.wait_durable(row)
+    }
+
+    #[cfg(feature = "async")]
+    /// Polls for `row` to be durable without blocking: registers the
+    /// task's waker in `slot` (kept by the caller's future, and passed to
+    /// [`Log::stop_waiting`] when it is dropped) and wakes the committer.
+    /// The committer, not this thread, commits: a commit syncs the disk.
+    pub(crate) fn poll_durable(
+        &self,
+        row: u64,
+        slot: &mut Option<Arc<durable::Waiting>>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<()>> {
+        use std::task::Poll;
+        let s = &*self.shared;
+        let ready = || {
+            // Answers rest on the acknowledged row (with a synchronous
+            // replica, the replicated one): the committer and the replica
+            // wake the waker list through it.
+            if s.acked_row() >= row {
+                return Some(Ok(()));
+            }
+            if s.poisoned.load(Ordering::Acquire) {
+                return Some(Err(poisoned_error(s)));
+            }
+            None
+        };
+        if let Some(r) = ready() {
+            return Poll::Ready(r);
+        }
+        let first = slot.is_none();
+        s.wakers.register(slot, row, cx.waker());
+        if first {
+            self.kick();
+        }
+        match ready() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+
+    /// What commits cost since open (totals, and the per-commit observer).
+    pub(crate) fn observed(&self) -> &super::observe::CommitStats {
+        &self.shared.observed
+    }
+
+    /// Forgets the waker of a future that stopped waiting.
+    #[cfg(feature = "async")]
+    pub(crate) fn stop_waiting(&self, slot: &Arc<durable::Waiting>) {
+        self.shared.wakers.remove(slot);
     }
 }
 
@@ -792,6 +884,14 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
     };
     let (first_row, row) = (batch.first_row, batch.row);
     lead.last_records = batch.own_records();
+    let span = tracing::trace_span!(
+        "dedupkv.commit",
+        row,
+        records = batch.own_records(),
+        bytes = batch.bytes
+    );
+    let _entered = span.enter();
+    let started = std::time::Instant::now();
     let dropped = batch.drop_buckets.clone();
     let written: Vec<u64> = batch
         .closed
@@ -819,6 +919,8 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
                 set.extend(written);
             }
             s.commits.fetch_add(1, Ordering::Relaxed);
+            s.observed
+                .committed(started.elapsed(), u64::from(lead.last_records));
             s.durable_row.store(row, Ordering::Release);
             let parity = (row % 2) as usize;
             lead.last_callers = s.callers[parity].swap(0, Ordering::Relaxed);
@@ -830,6 +932,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
                 lead.last_callers += s.callers[other].swap(0, Ordering::Relaxed);
                 s.woke[other].wake_all();
             }
+            s.wakers.wake_through(s.acked_row());
             Committed::Row
         }
         Err(e) => {
@@ -839,6 +942,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
             for w in &s.woke {
                 w.wake_all();
             }
+            s.wakers.wake_all();
             Committed::Failed(e)
         }
     }
@@ -927,31 +1031,7 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
             next.buckets.insert(bucket);
         }
     }
-    let new_format = upgrade.unwrap_or(format);
-    let stored = if new_format < SUMMARIES_FORMAT {
-        Vec::new()
-    } else if upgrade.is_some() && format < SUMMARIES_FORMAT {
-        // Every table gets its summary with the upgrade.
-        next.buckets
-            .iter()
-            .map(|b| {
-                debug_assert!(
-                    changed.contains_key(b) || summaries.contains_key(b),
-                    "bucket {b} has a table but no summary"
-                );
-                let sum = match changed.get(b) {
-                    Some(c) => c.unwrap_or_default(),
-                    None => summaries.get(b).copied().unwrap_or_default(),
-                };
-                (*b, sum.encode(*b))
-            })
-            .collect()
-    } else {
-        changed
-            .iter()
-            .filter_map(|(b, sum)| sum.map(|sum| (*b, sum.encode(*b))))
-            .collect()
-    };
+    let stored = summaries_to_store(format, upgrade, &next.buckets, &changed, &summaries);
     let meta = match upgrade {
         Some(to) => meta::upgrade_changes(&**db, &next, to)?,
         None if next != *manifest => vec![meta::manifest_change(&next)],
@@ -983,6 +1063,41 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
         ship.sink.shipped(shipped, &**db);
     }
     Ok(())
+}
+
+/// The summaries a commit writes: those of the tables it changes, or with
+/// an upgrade to the summaries' format, every table's; none below it.
+fn summaries_to_store(
+    format: u32,
+    upgrade: Option<u32>,
+    buckets: &BTreeSet<u64>,
+    changed: &BTreeMap<u64, Option<Summary>>,
+    summaries: &BTreeMap<u64, Summary>,
+) -> Vec<(u64, Vec<u8>)> {
+    if upgrade.unwrap_or(format) < SUMMARIES_FORMAT {
+        Vec::new()
+    } else if upgrade.is_some() && format < SUMMARIES_FORMAT {
+        // Every table gets its summary with the upgrade.
+        buckets
+            .iter()
+            .map(|b| {
+                debug_assert!(
+                    changed.contains_key(b) || summaries.contains_key(b),
+                    "bucket {b} has a table but no summary"
+                );
+                let sum = match changed.get(b) {
+                    Some(c) => c.unwrap_or_default(),
+                    None => summaries.get(b).copied().unwrap_or_default(),
+                };
+                (*b, sum.encode(*b))
+            })
+            .collect()
+    } else {
+        changed
+            .iter()
+            .filter_map(|(b, sum)| sum.map(|sum| (*b, sum.encode(*b))))
+            .collect()
+    }
 }
 
 #[cfg(test)]

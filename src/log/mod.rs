@@ -5,7 +5,10 @@
 //! - [`record`]: what a record says, with a constructor per kind;
 //! - [`format`](mod@format) and [`decode`]: a row's bytes, written and read;
 //! - [`commit`]: group commit, the log's one write path;
+//! - [`durable`]: durability awaited by async callers (a waker list beside
+//!   the commit futex, and the deferring scope);
 //! - [`meta`]: the settings fixed at creation and the manifest;
+//! - [`observe`]: what commits cost (totals, and an observer per commit);
 //! - [`summary`]: each bucket table's summary, which an open checks;
 //! - [`recovery`]: replay at open;
 //! - [`ship`]: the seam a replica (feature "replica") reads durable
@@ -23,9 +26,11 @@
 pub(crate) mod body;
 pub(crate) mod commit;
 pub(crate) mod decode;
+pub(crate) mod durable;
 pub(crate) mod error;
 pub(crate) mod format;
 pub(crate) mod meta;
+pub(crate) mod observe;
 pub(crate) mod record;
 pub(crate) mod recovery;
 pub(crate) mod ship;

@@ -149,6 +149,7 @@ pub(crate) fn restore(
     upto: u64,
     reason: RestoreReason,
 ) -> Result<Restored> {
+    let _span = tracing::info_span!("dedupkv.replica.restore", upto, reason = ?reason).entered();
     let t0 = Instant::now();
     let mut segments: Vec<u64> = objects
         .list("seg")?

@@ -372,6 +372,7 @@ impl Uploader {
     /// Writes the snapshot of `seq` from `view`, then prunes what it
     /// supersedes.
     fn snapshot(&self, view: View, seq: u64) {
+        let _span = tracing::info_span!("dedupkv.replica.snapshot", seq).entered();
         let written = snapshot::write(
             &self.objects,
             view,
@@ -481,6 +482,8 @@ impl Uploader {
     /// Creates segment `seq`; a place taken by another owner fences this
     /// one (an error that is never retried: the thread stops).
     fn create_segment(&self, seq: u64, body: &[u8]) -> Result<()> {
+        let _span =
+            tracing::debug_span!("dedupkv.replica.upload", seq, bytes = body.len()).entered();
         let name = segment_name(seq);
         match self.objects.create(&name, body.to_vec())? {
             Created::Created => Ok(()),

@@ -2,7 +2,10 @@
 
 /// A snapshot of a store's counters and sizes, taken shard by shard.
 ///
-/// Counters start at zero when the store is opened.
+/// Counters start at zero when the store is opened; the gauges (`keys`,
+/// `dead_letters_now`, `intents_pending`, `stranded_claims`, the
+/// sequencer's `_now` counts) are rebuilt from the log at open, so they
+/// read the same across a restart.
 ///
 /// # Examples
 /// ```
@@ -27,14 +30,29 @@ pub struct Stats {
     pub index_bytes: u64,
     /// Durable commits since open.
     pub commits: u64,
+    /// Time spent in durable commits since open (divided by `commits`:
+    /// the mean commit latency).
+    pub commit_time: std::time::Duration,
+    /// Callers' records made durable since open (divided by `commits`:
+    /// the mean records per commit).
+    pub records_committed: u64,
+    /// Batch calls (`insert_batch`, `begin_batch`, `complete_batch`) since
+    /// open.
+    pub batch_calls: u64,
+    /// Items in those calls (divided by `batch_calls`: the mean batch size).
+    pub batch_items: u64,
     /// Keys recorded as new (`insert_if_absent`, `insert_batch`).
     pub new_keys: u64,
     /// Inserts answered "already seen".
     pub duplicates: u64,
     /// Claims started by `begin` (first attempts, retries and takeovers).
     pub started: u64,
-    /// Of those, takeovers of a claim whose lease had lapsed.
+    /// Of those, takeovers of a claim that never answered: its lease had
+    /// lapsed, or its process was gone.
     pub takeovers: u64,
+    /// Claims started [`interrupted`](crate::Claim::interrupted): the
+    /// takeovers, and the retries of a claim dropped without an answer.
+    pub interrupted: u64,
     /// `begin` calls answered `InProgress`.
     pub in_progress: u64,
     /// `begin` calls answered `Completed` (replays).
@@ -94,6 +112,14 @@ pub struct Stats {
     /// Intents recorded before an external call that nobody marked
     /// answered: calls that may or may not have happened.
     pub intents_pending: u64,
+    /// Claims whose lease lapsed (or whose process is gone) with nobody
+    /// back to finish them: [`Store::stranded_claims`](crate::Store::stranded_claims)
+    /// lists them.
+    pub stranded_claims: u64,
+    /// Callers asleep now in
+    /// [`Store::begin_or_wait`](crate::Store::begin_or_wait) (or its async
+    /// twin), waiting for an in-flight attempt's finish or lapse.
+    pub waiting: u64,
     /// Keys of completed operations the reconciliation windows hold in
     /// memory (scopes named by `StoreBuilder::reconcile_keys_of`).
     pub reconcile_keys: u64,

@@ -1,0 +1,679 @@
+//! The async front (feature `async`): one wrapper over the same core.
+//!
+//! Each call runs the synchronous operation inline — validate, decide and
+//! append under the key's shard lock, a few microseconds — with its
+//! durability waits deferred, then awaits the group commit that makes its
+//! answer durable: the future is woken by that commit, never by polling,
+//! and no executor thread sleeps on it. No runtime is assumed: the wake-up
+//! comes from the store's own commit thread, and the timed waits of
+//! [`AsyncStore::begin_or_wait`] from one timer thread of its own.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::timer::Sleep;
+use crate::engine::Engine;
+use crate::engine::durable::{Scope, deferring};
+use crate::engine::waiters::KeyWaiter;
+use crate::log::durable::Waiting;
+use crate::sync::Arc;
+use crate::types::{
+    Advance, BeginOptions, Delivered, Forget, Intent, Record, Resolution, SequenceOptions,
+    Sequenced, Update,
+};
+use crate::{Answer, Begin, Claim, Failure, Fingerprint, Key, Result, Store};
+#[cfg(doc)]
+use crate::{Durability, Error};
+
+/// The async face of a [`Store`]: the write calls as futures that resolve
+/// once their answer is durable (under [`Durability::Immediate`]; at once
+/// under `Deferred`), without blocking the executor thread and without
+/// tying the store to one runtime.
+///
+/// Cheap to clone; it shares the store it wraps ([`store`](Self::store)
+/// gives the blocking API back, for the reads and the operator's calls).
+///
+/// # Cancellation
+/// A future does nothing until first polled. On its first poll the call
+/// is decided and its records appended (the in-memory part, run inline);
+/// after that, dropping the future only stops the wait: what was decided
+/// stands and becomes durable with the next commit, exactly as if the
+/// caller had not been told (a crash before that commit loses it whole,
+/// as for a caller who had not been answered yet). No key is ever half
+/// recorded. What that means per call:
+///
+/// | call | dropped after its first poll |
+/// |---|---|
+/// | `insert_if_absent*`, `insert_batch` | the keys are recorded; a repeat answers "seen" |
+/// | `begin*`, `begin_batch` | the claims were made, and drop with the future: each is released as a dropped claim, and the next attempt is [`interrupted`](Claim::interrupted), as for a dropped [`Claim`] |
+/// | `complete*`, `fail` | recorded; the claim is finished |
+/// | `mark_sent`, `mark_answered` | the answer is recorded |
+/// | `renew*` | the lease was moved |
+/// | `forget`, `requeue`, `resolve` | done |
+/// | `advance`, `apply_event`, `sequence*`, `ack`, `release_held` | applied; events handed back by a dropped `sequence` or `release_held` are not acknowledged, so they are handed back again, as for a consumer that died before handling them |
+/// | `begin_or_wait*` | while waiting: nothing is left behind (the waiter leaves its key); a claim it had started drops as above |
+/// | `flush`, `get` | nothing changes |
+///
+/// # Examples
+/// ```
+/// use dedupkv::{AsyncStore, Begin, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+/// # rt.block_on(async {
+/// let store = AsyncStore::new(Store::open(dir.path().join("s.redb"))?);
+/// let key = Key::new("shop-42", "charge-7");
+/// match store.begin(&key, Fingerprint::of("100 EUR")).await? {
+///     Begin::Started(claim) => store.complete(&claim, b"ch_1").await?,
+///     Begin::Completed(rec) => println!("replay: {:?}", rec.outcome()),
+///     Begin::InProgress(_) | Begin::DeadLettered(_) => {}
+/// }
+/// assert!(store.insert_if_absent(&Key::new("shop-42", "evt_1")).await?);
+/// # Ok::<(), dedupkv::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct AsyncStore {
+    store: Store,
+}
+
+impl From<Store> for AsyncStore {
+    fn from(store: Store) -> AsyncStore {
+        AsyncStore::new(store)
+    }
+}
+
+/// Waits for a log row to be durable; woken by the commit that covers it.
+struct Durable<'a> {
+    engine: &'a Engine,
+    row: u64,
+    slot: Option<Arc<Waiting>>,
+}
+
+impl Future for Durable<'_> {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = &mut *self;
+        this.engine.poll_durable(this.row, &mut this.slot, cx)
+    }
+}
+
+impl Drop for Durable<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.engine.stop_waiting(&slot);
+        }
+    }
+}
+
+/// Ready when a waited key changed (its claim finished) or `sleep` ends.
+struct Changed<'w, 'e> {
+    waiter: &'w mut KeyWaiter<'e>,
+    seen: u64,
+    sleep: Sleep,
+}
+
+impl Future for Changed<'_, '_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        if this.waiter.poll_changed(this.seen, cx).is_ready() {
+            return Poll::Ready(());
+        }
+        Pin::new(&mut this.sleep).poll(cx)
+    }
+}
+
+impl AsyncStore {
+    /// The async face of `store`.
+    ///
+    /// # Examples
+    /// See [`AsyncStore`].
+    pub fn new(store: Store) -> AsyncStore {
+        AsyncStore { store }
+    }
+
+    /// The blocking store underneath: for reads, listings, `stats` and the
+    /// operator's calls (`evict_expired`, `compact`), which an async caller
+    /// runs where blocking is fine (`spawn_blocking`).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{AsyncStore, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = AsyncStore::new(Store::open(dir.path().join("s.redb"))?);
+    /// assert_eq!(store.store().stats().keys, 0);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn engine(&self) -> &Engine {
+        self.store.engine()
+    }
+
+    fn durable(&self, row: u64) -> Durable<'_> {
+        Durable {
+            engine: self.engine(),
+            row,
+            slot: None,
+        }
+    }
+
+    /// Runs `op` — one or more write calls of the blocking [`Store`] API —
+    /// inline, with their durability waits deferred, and resolves once
+    /// every answer they gave is durable. The named methods of this type
+    /// are this, around one call each; use it for a sequence that should
+    /// share one wait (each call's records still go in call order).
+    ///
+    /// `op` may run more than once: when a call must read a record whose
+    /// commit is still in flight (a `begin` replaying an outcome completed
+    /// a moment ago) and nothing was recorded yet, the future awaits that
+    /// commit and runs `op` again. Once something was recorded, such a
+    /// read waits inline (for one commit) instead.
+    ///
+    /// Only the write calls listed on this type, and `get`, defer their
+    /// waits; anything else in `op` (`evict_expired`, `compact`, a
+    /// listing) blocks as it does outside.
+    ///
+    /// # Errors
+    /// What `op` returns, and [`Error::Poisoned`] if the commit that was
+    /// to make the answer durable failed (then nothing it answered was
+    /// acknowledged).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{AsyncStore, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// # rt.block_on(async {
+    /// let store = AsyncStore::new(Store::open(dir.path().join("s.redb"))?);
+    /// let (a, b) = (Key::new("t", "a"), Key::new("t", "b"));
+    /// // Two inserts, one wait.
+    /// let both = store.call(|s| Ok((s.insert_if_absent(&a)?, s.insert_if_absent(&b)?))).await?;
+    /// assert_eq!(both, (true, true));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn call<T>(&self, mut op: impl FnMut(&Store) -> Result<T>) -> Result<T> {
+        loop {
+            let (out, noted) = deferring(Scope::Retry, || op(&self.store));
+            if let Some(row) = noted.unreadable {
+                drop(out);
+                self.durable(row).await?;
+                continue;
+            }
+            let value = out?;
+            if noted.row > 0 {
+                self.durable(noted.row).await?;
+            }
+            return Ok(value);
+        }
+    }
+
+    /// [`call`](Self::call) for an `op` that runs once (it takes what it
+    /// is given): a read of a row still in flight waits inline instead.
+    pub(crate) async fn call_once<T>(&self, op: impl FnOnce(&Store) -> Result<T>) -> Result<T> {
+        let (out, noted) = deferring(Scope::Once, || op(&self.store));
+        let value = out?;
+        if noted.row > 0 {
+            self.durable(noted.row).await?;
+        }
+        Ok(value)
+    }
+
+    /// [`Store::insert_if_absent`], resolved once durable.
+    ///
+    /// # Cancellation
+    /// See [`AsyncStore`]: the key is recorded once first polled.
+    ///
+    /// # Errors
+    /// As [`Store::insert_if_absent`].
+    ///
+    /// # Examples
+    /// See [`AsyncStore`].
+    pub async fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
+        self.call(|s| s.insert_if_absent(key)).await
+    }
+
+    /// [`Store::insert_if_absent_for`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::insert_if_absent_for`].
+    ///
+    /// # Examples
+    /// See [`Store::insert_if_absent_for`].
+    pub async fn insert_if_absent_for(&self, key: &Key<'_>, retention: Duration) -> Result<bool> {
+        self.call(|s| s.insert_if_absent_for(key, retention)).await
+    }
+
+    /// [`Store::insert_batch`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::insert_batch`].
+    ///
+    /// # Examples
+    /// See [`Store::insert_batch`].
+    pub async fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
+        self.call(|s| s.insert_batch(keys)).await
+    }
+
+    /// [`Store::get`]; a record whose commit is in flight is awaited, not
+    /// waited for.
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    ///
+    /// # Examples
+    /// See [`Store::get`].
+    pub async fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
+        self.call(|s| s.get(key)).await
+    }
+
+    /// [`Store::forget`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::forget`].
+    ///
+    /// # Examples
+    /// See [`Store::forget`].
+    pub async fn forget(&self, key: &Key<'_>) -> Result<Forget> {
+        self.call(|s| s.forget(key)).await
+    }
+
+    /// [`Store::flush`]: resolves once everything acknowledged so far is
+    /// durable.
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`] if a commit failed.
+    ///
+    /// # Examples
+    /// See [`Store::flush`].
+    pub async fn flush(&self) -> Result<()> {
+        self.store.engine().check_readable()?;
+        let row = self.engine().last_row();
+        self.durable(row).await
+    }
+
+    /// [`Store::begin`], resolved once durable.
+    ///
+    /// # Cancellation
+    /// A claim started by the call drops with the future, released as a
+    /// dropped claim: the next attempt is interrupted.
+    ///
+    /// # Errors
+    /// As [`Store::begin`].
+    ///
+    /// # Examples
+    /// See [`AsyncStore`].
+    pub async fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
+        self.call(|s| s.begin(key, fingerprint)).await
+    }
+
+    /// [`Store::begin_with`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::begin_with`].
+    ///
+    /// # Examples
+    /// See [`Store::begin_with`].
+    pub async fn begin_with(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+    ) -> Result<Begin> {
+        self.call(|s| s.begin_with(key, fingerprint, options)).await
+    }
+
+    /// [`Store::begin_with_intent`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::begin_with_intent`].
+    ///
+    /// # Examples
+    /// See [`Store::begin_with_intent`].
+    pub async fn begin_with_intent(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        intent: Intent<'_>,
+    ) -> Result<Begin> {
+        self.call(|s| s.begin_with_intent(key, fingerprint, options, intent))
+            .await
+    }
+
+    /// [`Store::begin_batch`], resolved once durable.
+    ///
+    /// # Cancellation
+    /// The claims started drop with the future, each released as a
+    /// dropped claim.
+    ///
+    /// # Errors
+    /// As [`Store::begin_batch`].
+    ///
+    /// # Examples
+    /// See [`Store::begin_batch`].
+    pub async fn begin_batch(
+        &self,
+        items: &[(Key<'_>, Fingerprint)],
+    ) -> Result<Vec<Result<Begin>>> {
+        self.call(|s| s.begin_batch(items)).await
+    }
+
+    /// [`Store::begin_or_wait`], without blocking: while another attempt
+    /// holds the key, the future waits (at most `timeout`) for that
+    /// attempt's finish or lease end, woken by the finish or by the
+    /// store's timer thread, then begins again.
+    ///
+    /// # Cancellation
+    /// Dropped while waiting, it leaves nothing behind.
+    ///
+    /// # Errors
+    /// As [`Store::begin`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{AsyncStore, Begin, Fingerprint, Key, Store};
+    /// use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// # rt.block_on(async {
+    /// let store = AsyncStore::new(Store::open(dir.path().join("s.redb"))?);
+    /// let key = Key::new("shop-42", "charge-7");
+    /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE).await? else { unreachable!() };
+    /// let (waited, done) = tokio::join!(
+    ///     store.begin_or_wait(&key, Fingerprint::NONE, Duration::from_secs(60)),
+    ///     store.complete(&claim, b"ch_1"),
+    /// );
+    /// done?;
+    /// let Begin::Completed(rec) = waited? else { unreachable!() };
+    /// assert_eq!(rec.outcome(), Some(&b"ch_1"[..]));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn begin_or_wait(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<Begin> {
+        self.begin_or_wait_with(key, fingerprint, &BeginOptions::new(), timeout)
+            .await
+    }
+
+    /// [`begin_or_wait`](Self::begin_or_wait) with this operation's own
+    /// lease and retention.
+    ///
+    /// # Errors
+    /// As [`Store::begin_with`].
+    ///
+    /// # Examples
+    /// See [`begin_or_wait`](Self::begin_or_wait).
+    pub async fn begin_or_wait_with(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        timeout: Duration,
+    ) -> Result<Begin> {
+        let deadline = Instant::now().checked_add(timeout);
+        let first = self.begin_with(key, fingerprint, options).await?;
+        if !matches!(first, Begin::InProgress(_)) {
+            return Ok(first);
+        }
+        let mut waiter = self.engine().wait_on(key)?;
+        loop {
+            let seen = waiter.generation();
+            let answer = self.begin_with(key, fingerprint, options).await?;
+            let Begin::InProgress(info) = &answer else {
+                return Ok(answer);
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(answer);
+            }
+            let lapse = now.checked_add(waiter.until_lapse(info.lease_until));
+            let wake_at = match (deadline, lapse) {
+                (Some(d), Some(l)) => Some(d.min(l)),
+                (d, l) => d.or(l),
+            };
+            Changed {
+                waiter: &mut waiter,
+                seen,
+                sleep: Sleep::until(wake_at),
+            }
+            .await;
+        }
+    }
+
+    /// [`Store::complete`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::complete`].
+    ///
+    /// # Examples
+    /// See [`AsyncStore`].
+    pub async fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
+        self.call(|s| s.complete(claim, outcome)).await
+    }
+
+    /// [`Store::complete_for`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::complete_for`].
+    ///
+    /// # Examples
+    /// See [`Store::complete_for`].
+    pub async fn complete_for(
+        &self,
+        claim: &Claim,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<()> {
+        self.call(|s| s.complete_for(claim, outcome, retention))
+            .await
+    }
+
+    /// [`Store::complete_value`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::complete_value`].
+    ///
+    /// # Examples
+    /// See [`Store::complete_value`].
+    pub async fn complete_value<T>(&self, claim: &Claim, outcome: &T) -> Result<()>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + Sync,
+    {
+        self.call(|s| s.complete_value(claim, outcome)).await
+    }
+
+    /// [`Store::complete_with_amount`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::complete_with_amount`].
+    ///
+    /// # Examples
+    /// See [`Store::complete_with_amount`].
+    pub async fn complete_with_amount(
+        &self,
+        claim: &Claim,
+        outcome: &[u8],
+        amount: i64,
+    ) -> Result<()> {
+        self.call(|s| s.complete_with_amount(claim, outcome, amount))
+            .await
+    }
+
+    /// [`Store::complete_batch`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::complete_batch`].
+    ///
+    /// # Examples
+    /// See [`Store::begin_batch`].
+    pub async fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
+        self.call(|s| s.complete_batch(items)).await
+    }
+
+    /// [`Store::fail`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::fail`].
+    ///
+    /// # Examples
+    /// See [`Failure`].
+    pub async fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
+        self.call(|s| s.fail(claim, failure)).await
+    }
+
+    /// [`Store::renew`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::renew`].
+    ///
+    /// # Examples
+    /// See [`Store::renew`].
+    pub async fn renew(&self, claim: &Claim) -> Result<SystemTime> {
+        self.call(|s| s.renew(claim)).await
+    }
+
+    /// [`Store::renew_for`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::renew_for`].
+    ///
+    /// # Examples
+    /// See [`Store::renew_for`].
+    pub async fn renew_for(&self, claim: &Claim, by: Duration) -> Result<SystemTime> {
+        self.call(|s| s.renew_for(claim, by)).await
+    }
+
+    /// [`Store::mark_sent`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::mark_sent`].
+    ///
+    /// # Examples
+    /// See [`Intent`].
+    pub async fn mark_sent(&self, claim: &Claim, reference: &[u8]) -> Result<()> {
+        self.call(|s| s.mark_sent(claim, reference)).await
+    }
+
+    /// [`Store::mark_answered`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::mark_answered`].
+    ///
+    /// # Examples
+    /// See [`Store::mark_answered`].
+    pub async fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<()> {
+        self.call(|s| s.mark_answered(claim, answer)).await
+    }
+
+    /// [`Store::requeue`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::requeue`].
+    ///
+    /// # Examples
+    /// See [`Store::requeue`].
+    pub async fn requeue(&self, key: &Key<'_>) -> Result<bool> {
+        self.call(|s| s.requeue(key)).await
+    }
+
+    /// [`Store::resolve`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::resolve`].
+    ///
+    /// # Examples
+    /// See [`Store::resolve`].
+    pub async fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<bool> {
+        self.call(|s| s.resolve(key, resolution)).await
+    }
+
+    /// [`Store::advance`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::advance`].
+    ///
+    /// # Examples
+    /// See [`Store::advance`].
+    pub async fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
+        self.call(|s| s.advance(entity, version)).await
+    }
+
+    /// [`Store::apply_event`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::apply_event`].
+    ///
+    /// # Examples
+    /// See [`Store::apply_event`].
+    pub async fn apply_event(
+        &self,
+        event: &Key<'_>,
+        entity: &Key<'_>,
+        version: u64,
+    ) -> Result<Update> {
+        self.call(|s| s.apply_event(event, entity, version)).await
+    }
+
+    /// [`Store::sequence`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::sequence`].
+    ///
+    /// # Examples
+    /// See [`Store::sequence`].
+    pub async fn sequence(&self, entity: &Key<'_>, seq: u64, payload: &[u8]) -> Result<Sequenced> {
+        self.call(|s| s.sequence(entity, seq, payload)).await
+    }
+
+    /// [`Store::sequence_with`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::sequence_with`].
+    ///
+    /// # Examples
+    /// See [`Store::sequence_with`].
+    pub async fn sequence_with(
+        &self,
+        entity: &Key<'_>,
+        seq: u64,
+        payload: &[u8],
+        options: &SequenceOptions,
+    ) -> Result<Sequenced> {
+        self.call(|s| s.sequence_with(entity, seq, payload, options))
+            .await
+    }
+
+    /// [`Store::release_held`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::release_held`].
+    ///
+    /// # Examples
+    /// See [`Store::release_held`].
+    pub async fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
+        self.call(|s| s.release_held(entity)).await
+    }
+
+    /// [`Store::ack`], resolved once durable.
+    ///
+    /// # Errors
+    /// As [`Store::ack`].
+    ///
+    /// # Examples
+    /// See [`Store::ack`].
+    pub async fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<usize> {
+        self.call(|s| s.ack(entity, upto)).await
+    }
+}
