@@ -271,6 +271,7 @@ struct Report {
     messages: i64,
     caught_across: usize,
     caught_same: usize,
+    commits_refused: usize,
     reconciled: usize,
     missed: usize,
     lag_at_kill: String,
@@ -466,6 +467,7 @@ fn check(
         messages: counts.values().sum(),
         caught_across: 0,
         caught_same: 0,
+        commits_refused: lines.iter().filter(|(_, l)| is(l, "commit_failed")).count(),
         reconciled: 0,
         missed: 0,
         lag_at_kill: lag_at_kill.to_string(),
@@ -629,7 +631,8 @@ pub fn run() -> ExitCode {
                     let r = scenario(sc, mode);
                     println!(
                         "group_run {} {}: ok in {:.1} s: {} unique events in {} messages; caught \
-                         across rebalances {}, within an assignment {}; reconciled {}; missed {}{}",
+                         across rebalances {}, within an assignment {}; offset commits refused {}; reconciled {}; \
+                         missed {}{}",
                         sc.name(),
                         mode,
                         t.elapsed().as_secs_f64(),
@@ -637,6 +640,7 @@ pub fn run() -> ExitCode {
                         r.messages,
                         r.caught_across,
                         r.caught_same,
+                        r.commits_refused,
                         r.reconciled,
                         r.missed,
                         if r.lag_at_kill.is_empty() {
