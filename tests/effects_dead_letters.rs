@@ -7,18 +7,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use dedupkv::{
     Begin, DeadLetter, ErrorClass, Failure, Fingerprint, Forget, Key, Listing, ManualClock,
-    Resolution, Result, RetryPolicy, Run, State, Store, StoreBuilder,
+    Resolution, Result, RetryPolicy, Run, State, Store,
 };
-use dedupkv_testkit::{T0, started, tempdir};
-
-const MIN: Duration = Duration::from_secs(60);
-const HOUR: Duration = Duration::from_secs(3600);
-
-fn builder(clock: &ManualClock) -> StoreBuilder {
-    dedupkv_testkit::builder(clock)
-        .retention(HOUR)
-        .bucket_granularity(MIN)
-}
+use dedupkv_testkit::{HOUR, MIN, T0, hour_window as builder, started, tempdir};
 
 /// Begins `key` and dead-letters its attempt with `reason`.
 fn dead_letter(store: &Store, key: &Key<'_>, reason: &str, payload: Option<&[u8]>) -> Result<()> {

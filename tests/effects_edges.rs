@@ -5,18 +5,9 @@ use std::time::Duration;
 
 use dedupkv::{
     Begin, BeginOptions, DeadLetter, Durability, Error, Failure, Fingerprint, Intent, Key, Listing,
-    ManualClock, Result, State, Store, StoreBuilder,
+    ManualClock, Result, State, Store,
 };
-use dedupkv_testkit::{T0, started, tempdir};
-
-const MIN: Duration = Duration::from_secs(60);
-const HOUR: Duration = Duration::from_secs(3600);
-
-fn builder(clock: &ManualClock) -> StoreBuilder {
-    dedupkv_testkit::builder(clock)
-        .retention(HOUR)
-        .bucket_granularity(MIN)
-}
+use dedupkv_testkit::{HOUR, MIN, T0, hour_window as builder, started, tempdir};
 
 fn dead(b: Begin) -> DeadLetter {
     match b {

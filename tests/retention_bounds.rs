@@ -8,18 +8,9 @@ use std::time::Duration;
 
 use dedupkv::{
     Begin, BeginOptions, Error, Failure, Fingerprint, Intent, Key, Listing, ManualClock, Result,
-    Store, StoreBuilder,
+    Store,
 };
-use dedupkv_testkit::{T0, started, tempdir};
-
-const MIN: Duration = Duration::from_secs(60);
-const HOUR: Duration = Duration::from_secs(3600);
-
-fn builder(clock: &ManualClock) -> StoreBuilder {
-    dedupkv_testkit::builder(clock)
-        .retention(HOUR)
-        .bucket_granularity(MIN)
-}
+use dedupkv_testkit::{HOUR, MIN, T0, hour_window as builder, started, tempdir};
 
 /// 150 dead letters, over a `max_keys` of 100 by themselves, and a few
 /// live keys a minute: the live keys stay well under the bound, so no pass

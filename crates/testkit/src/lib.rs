@@ -70,6 +70,34 @@ pub fn builder(clock: &ManualClock) -> StoreBuilder {
         .background_eviction(false)
 }
 
+/// A minute, the bucket granularity of [`hour_window`].
+pub const MIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// An hour, the retention of [`hour_window`].
+pub const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// [`builder`] with an hour's retention in minute buckets: the window the
+/// eviction and dead-letter tests move their clock across.
+///
+/// # Examples
+///
+/// ```
+/// use dedupkv::{Key, ManualClock};
+/// use dedupkv_testkit::{HOUR, T0, hour_window, tempdir};
+///
+/// let clock = ManualClock::new(T0);
+/// let dir = tempdir();
+/// let store = hour_window(&clock).open(dir.path().join("s.redb"))?;
+/// assert!(store.insert_if_absent(&Key::new("t", "a"))?);
+/// clock.advance(2 * HOUR);
+/// store.evict_expired()?;
+/// assert!(store.insert_if_absent(&Key::new("t", "a"))?); // past the window
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub fn hour_window(clock: &ManualClock) -> StoreBuilder {
+    builder(clock).retention(HOUR).bucket_granularity(MIN)
+}
+
 /// The claim of a `begin` that started the operation.
 ///
 /// # Panics
