@@ -545,7 +545,17 @@ fn check(
         "{} {mode}: duplicates caught across rebalances",
         sc.name()
     );
-    // Hand-over: each revoke to the next first answer on the partition.
+    handover_times(&lines, killed, &mut report);
+    report
+}
+
+/// Each revoke to the next first answer on its partition, the revokes'
+/// and assigns' own times, and a kill to each partition's next first answer.
+fn handover_times(
+    lines: &[(String, Vec<String>)],
+    killed: Option<&(String, u64)>,
+    report: &mut Report,
+) {
     let mut firsts: Vec<(i32, u64)> = lines
         .iter()
         .filter(|(_, l)| is(l, "first"))
@@ -560,7 +570,7 @@ fn check(
             .min()
     };
     let mut started: HashMap<(&str, i32), u64> = HashMap::new();
-    for (who, l) in &lines {
+    for (who, l) in lines {
         if is(l, "revoke_start") {
             started.insert((who.as_str(), field(l, 1)), field(l, 2));
         }
@@ -586,7 +596,30 @@ fn check(
             }
         }
     }
-    report
+}
+
+/// One scenario's line of the run's output.
+fn print_scenario(sc: Scenario, mode: &str, elapsed: Duration, r: &Report) {
+    println!(
+        "group_run {} {}: ok in {:.1} s: {} unique events in {} messages; caught \
+         across rebalances {}, within an assignment {}; offset commits refused {}; reconciled {}; \
+         missed {}{}",
+        sc.name(),
+        mode,
+        elapsed.as_secs_f64(),
+        r.unique,
+        r.messages,
+        r.caught_across,
+        r.caught_same,
+        r.commits_refused,
+        r.reconciled,
+        r.missed,
+        if r.lag_at_kill.is_empty() {
+            String::new()
+        } else {
+            format!(" (at the kill: {})", r.lag_at_kill)
+        }
+    );
 }
 
 pub fn run() -> ExitCode {
@@ -629,26 +662,7 @@ pub fn run() -> ExitCode {
                 for sc in scenarios {
                     let t = Instant::now();
                     let r = scenario(sc, mode);
-                    println!(
-                        "group_run {} {}: ok in {:.1} s: {} unique events in {} messages; caught \
-                         across rebalances {}, within an assignment {}; offset commits refused {}; reconciled {}; \
-                         missed {}{}",
-                        sc.name(),
-                        mode,
-                        t.elapsed().as_secs_f64(),
-                        r.unique,
-                        r.messages,
-                        r.caught_across,
-                        r.caught_same,
-                        r.commits_refused,
-                        r.reconciled,
-                        r.missed,
-                        if r.lag_at_kill.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (at the kill: {})", r.lag_at_kill)
-                        }
-                    );
+                    print_scenario(sc, mode, t.elapsed(), &r);
                     reports.push(r);
                 }
                 reports
