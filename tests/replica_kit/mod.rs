@@ -107,7 +107,11 @@ pub fn on_s3() -> bool {
 
 /// An object store that forwards to another, failing the next
 /// `fail_puts` writes, delaying writes by `delay_ms`, and, while
-/// `hold_puts` is set, failing every write (an outage).
+/// `hold_puts` is set, failing every write (an outage). `lose_responses`
+/// writes are performed and then answered with an error (a timeout after
+/// the write landed); `fail_lists` listings fail; `stall_ms` delays every
+/// call (reads, listings and writes) while set. `writes` names every
+/// object written or deleted through it, in order.
 #[derive(Debug)]
 pub struct Faulty {
     pub inner: Arc<dyn ObjectStore>,
@@ -116,6 +120,14 @@ pub struct Faulty {
     pub delay_ms: AtomicU64,
     pub puts: AtomicU64,
     pub failed: AtomicU64,
+    /// Writes that land and are then answered with an error.
+    pub lose_responses: AtomicU32,
+    /// Listings that fail.
+    pub fail_lists: AtomicU32,
+    /// Every call waits this long first.
+    pub stall_ms: AtomicU64,
+    /// The objects written or deleted through this store, in order.
+    pub writes: std::sync::Mutex<Vec<String>>,
     /// The next owner object created is taken by a rival an instant
     /// before (a lost race for the epoch).
     pub rival_owner: AtomicBool,
@@ -130,8 +142,38 @@ impl Faulty {
             delay_ms: AtomicU64::new(0),
             puts: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            lose_responses: AtomicU32::new(0),
+            fail_lists: AtomicU32::new(0),
+            stall_ms: AtomicU64::new(0),
+            writes: std::sync::Mutex::new(Vec::new()),
             rival_owner: AtomicBool::new(false),
         })
+    }
+
+    /// Takes one from `counter` if it is above zero.
+    fn take(counter: &AtomicU32) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    async fn stall(&self) {
+        let stall = self.stall_ms.load(Ordering::SeqCst);
+        if stall > 0 {
+            tokio::time::sleep(Duration::from_millis(stall)).await;
+        }
+    }
+
+    fn wrote(&self, location: &Path) {
+        self.writes
+            .lock()
+            .expect("writes")
+            .push(location.as_ref().to_string());
+    }
+
+    /// How many objects were written or deleted through this store.
+    pub fn written(&self) -> usize {
+        self.writes.lock().expect("writes").len()
     }
 
     fn refuse(&self, location: &Path) -> object_store::Result<()> {
@@ -169,6 +211,7 @@ impl ObjectStore for Faulty {
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
+        self.stall().await;
         self.refuse(location)?;
         self.puts.fetch_add(1, Ordering::SeqCst);
         if location.as_ref().contains("/owner/") && self.rival_owner.swap(false, Ordering::SeqCst) {
@@ -176,7 +219,16 @@ impl ObjectStore for Faulty {
                 .put(location, PutPayload::from_static(b"a rival's owner object"))
                 .await?;
         }
-        self.inner.put_opts(location, payload, opts).await
+        self.wrote(location);
+        let done = self.inner.put_opts(location, payload, opts).await?;
+        if Self::take(&self.lose_responses) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(object_store::Error::Generic {
+                store: "Faulty",
+                source: format!("injected lost response after writing {location}").into(),
+            });
+        }
+        Ok(done)
     }
 
     async fn put_multipart_opts(
@@ -184,7 +236,9 @@ impl ObjectStore for Faulty {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.stall().await;
         self.refuse(location)?;
+        self.wrote(location);
         self.inner.put_multipart_opts(location, opts).await
     }
 
@@ -193,6 +247,7 @@ impl ObjectStore for Faulty {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
+        self.stall().await;
         self.inner.get_opts(location, options).await
     }
 
@@ -200,11 +255,36 @@ impl ObjectStore for Faulty {
         &self,
         locations: BoxStream<'static, object_store::Result<Path>>,
     ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.writes
+            .lock()
+            .expect("writes")
+            .push("(a delete)".to_string());
         self.inner.delete_stream(locations)
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
+        use futures_util::StreamExt;
+        if Self::take(&self.fail_lists) {
+            let at = prefix.map(|p| p.as_ref().to_string()).unwrap_or_default();
+            return futures_util::stream::once(async move {
+                Err(object_store::Error::Generic {
+                    store: "Faulty",
+                    source: format!("injected failure listing {at}").into(),
+                })
+            })
+            .boxed();
+        }
+        let stall = self.stall_ms.load(Ordering::SeqCst);
+        let inner = self.inner.list(prefix);
+        if stall == 0 {
+            return inner;
+        }
+        futures_util::stream::once(async move {
+            tokio::time::sleep(Duration::from_millis(stall)).await;
+        })
+        .flat_map(move |()| futures_util::stream::empty())
+        .chain(inner)
+        .boxed()
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
