@@ -18,6 +18,9 @@
 //!             | n:var (len:var name len:var value){n} | checksum:u64
 //! owner    := "DKVOWN01" | epoch:u64 | at_ms:u64 | len:var label | checksum:u64
 //! local    := "DKVLOC01" | epoch:u64 | seq:u64 | clean:u8 | checksum:u64
+//!           | "DKVLOC02" | epoch:u64 | seq:u64 | clean:u8 | claiming:u64 | checksum:u64
+//!             (written only while an open takes an epoch, so a build that
+//!             reads only DKVLOC01 reads every file a finished open left)
 //! ```
 //!
 //! Integers are little-endian; `var` is an unsigned LEB128 varint of at
@@ -31,6 +34,8 @@ const PART: &[u8; 8] = b"DKVPRT01";
 const INDEX: &[u8; 8] = b"DKVSIX01";
 const OWNER: &[u8; 8] = b"DKVOWN01";
 const LOCAL: &[u8; 8] = b"DKVLOC01";
+/// The local state of an open that was taking an epoch (it has `claiming`).
+const LOCAL_CLAIMING: &[u8; 8] = b"DKVLOC02";
 
 /// A segment's first segment of its epoch (the fence).
 pub(crate) const FENCE: u8 = 1;
@@ -423,33 +428,51 @@ pub(crate) fn read_owner(bytes: &[u8], what: &str) -> Result<Owner> {
 }
 
 /// The replica's own state beside the store file: the epoch that last
-/// wrote the file, and, after a clean close, the last segment it shipped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// wrote the file (0: none yet), after a clean close the last segment it
+/// shipped, and while an open takes a new epoch, that epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Local {
     pub epoch: u64,
     pub seq: u64,
     /// The file holds exactly the chain up to `seq` (a clean close).
     pub clean: bool,
+    /// An open from this disk was taking this epoch (0: none): written
+    /// before it creates the owner object, so a later open knows a fence
+    /// of this epoch (or a lower one above `epoch`) is its own, not
+    /// another owner's.
+    pub claiming: u64,
 }
 
 /// Encodes the local state.
 pub(crate) fn local(l: Local) -> Vec<u8> {
-    let mut out = Vec::with_capacity(33);
-    out.extend_from_slice(LOCAL);
+    let mut out = Vec::with_capacity(41);
+    out.extend_from_slice(if l.claiming == 0 {
+        LOCAL
+    } else {
+        LOCAL_CLAIMING
+    });
     out.extend_from_slice(&l.epoch.to_le_bytes());
     out.extend_from_slice(&l.seq.to_le_bytes());
     out.push(u8::from(l.clean));
+    if l.claiming != 0 {
+        out.extend_from_slice(&l.claiming.to_le_bytes());
+    }
     seal(out)
 }
 
 /// Decodes the local state.
 pub(crate) fn read_local(bytes: &[u8], what: &str) -> Result<Local> {
-    let mut r = Reader::open(bytes, *LOCAL, what)?;
-    let l = Local {
+    let claiming = bytes.get(..8) == Some(LOCAL_CLAIMING.as_slice());
+    let mut r = Reader::open(bytes, if claiming { *LOCAL_CLAIMING } else { *LOCAL }, what)?;
+    let mut l = Local {
         epoch: r.u64()?,
         seq: r.u64()?,
         clean: r.u8()? == 1,
+        claiming: 0,
     };
+    if claiming {
+        l.claiming = r.u64()?;
+    }
     r.done()?;
     Ok(l)
 }
@@ -521,8 +544,21 @@ mod tests {
             epoch: 5,
             seq: 8,
             clean: true,
+            claiming: 0,
         };
         assert_eq!(read_local(&local(l), "l")?, l);
+        assert_eq!(
+            &local(l)[..8],
+            LOCAL,
+            "a finished open's state reads in older builds"
+        );
+        let c = Local { claiming: 7, ..l };
+        assert_eq!(read_local(&local(c), "l")?, c);
+        for i in 0..local(c).len() {
+            let mut bad = local(c);
+            bad[i] ^= 0x04;
+            assert!(read_local(&bad, "l").is_err(), "byte {i}");
+        }
         Ok(())
     }
 }

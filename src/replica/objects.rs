@@ -78,7 +78,7 @@ impl Objects {
     /// The full name of `name` (for messages and calls).
     pub(crate) fn path(&self, name: &str) -> Path {
         let mut p = self.prefix.clone();
-        for part in name.split('/') {
+        for part in name.split('/').filter(|part| !part.is_empty()) {
             p = p.clone().join(part);
         }
         p
@@ -190,6 +190,74 @@ impl Objects {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(failed(format!("deleting {}", self.path(name)), e)),
         }
+    }
+}
+
+/// Every object under a replica's prefix, by kind (one listing).
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    /// Epochs of the owner objects, ascending.
+    pub owners: Vec<u64>,
+    /// Places of the segments, ascending.
+    pub segments: Vec<u64>,
+    /// Seqs of the snapshots with an index, ascending.
+    pub indexes: Vec<u64>,
+    /// Seqs of the snapshots with at least one part, ascending.
+    pub parts: Vec<u64>,
+}
+
+impl Objects {
+    /// Lists everything under the prefix and sorts it by kind. A name
+    /// that is no replica object of this build (another store's prefix
+    /// nested inside this one, a stray upload) is an error naming it: a
+    /// replica whose contents cannot all be read is never taken as a
+    /// smaller or empty one.
+    pub(crate) fn listing(&self) -> Result<Listing> {
+        let mut out = Listing::default();
+        for name in self.list("")? {
+            let part = name
+                .strip_prefix("snap/")
+                .and_then(|r| r.split_once('/'))
+                .is_some_and(|(seq, p)| {
+                    seq.len() == 20
+                        && p.strip_prefix("part-")
+                            .is_some_and(|d| d.len() == 6 && d.bytes().all(|b| b.is_ascii_digit()))
+                });
+            let plain =
+                |dir: &str| number_in(&name, dir).filter(|_| name.len() == dir.len() + 1 + 20);
+            if let Some(e) = plain("owner") {
+                out.owners.push(e);
+            } else if let Some(s) = plain("seg") {
+                out.segments.push(s);
+            } else if let Some(s) = number_in(&name, "snap").filter(|_| {
+                name.ends_with("/index") && name.len() == "snap/".len() + 20 + "/index".len()
+            }) {
+                out.indexes.push(s);
+            } else if let Some(s) = number_in(&name, "snap").filter(|_| part) {
+                if out.parts.last() != Some(&s) {
+                    out.parts.push(s);
+                }
+            } else {
+                return Err(Error::Corrupt(format!(
+                    "the replica at {} holds {}, which is no object of a dedupkv replica \
+                     (another store's prefix inside this one, or something else wrote \
+                     there); the replica is not used while it is there: give every store a \
+                     prefix of its own",
+                    self.path(""),
+                    self.path(&name)
+                )));
+            }
+        }
+        for v in [
+            &mut out.owners,
+            &mut out.segments,
+            &mut out.indexes,
+            &mut out.parts,
+        ] {
+            v.sort_unstable();
+            v.dedup();
+        }
+        Ok(out)
     }
 }
 

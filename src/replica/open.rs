@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::format::{self, FENCE, Local, Owner, SEGMENT_HEAD, SegmentHead};
-use super::objects::{Created, Objects, number_in, owner_name, segment_name};
+use super::objects::{Created, Listing, Objects, owner_name, segment_name};
 use super::uploader::{Settings, Uploader, read_local, write_local};
 use super::{Replica, ReplicaMode, RestoreReason};
 use crate::log::ship::{self, Ship};
@@ -69,14 +69,17 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Step 1: the epoch after the newest, taken create-only.
-fn claim(objects: &Objects, label: &str) -> Result<u64> {
-    let owners: Vec<u64> = objects
-        .list("owner")?
-        .iter()
-        .filter_map(|n| number_in(n, "owner"))
-        .collect();
-    let epoch = owners.iter().copied().max().unwrap_or(0) + 1;
+/// The newest epoch the replica shows: its owner objects' and its newest
+/// segment's (owner objects can be deleted by a lifecycle rule or a
+/// cleanup; the newest segment never is, as pruning keeps it). `newest`
+/// is the head of the newest segment.
+fn newest_epoch(listing: &Listing, newest: Option<SegmentHead>) -> u64 {
+    let owners = listing.owners.last().copied().unwrap_or(0);
+    owners.max(newest.map_or(0, |h| h.epoch))
+}
+
+/// Step 1: epoch `epoch`, taken create-only.
+fn claim(objects: &Objects, listing: &Listing, epoch: u64, label: &str) -> Result<()> {
     if epoch >= 1 << (64 - EPOCH_SHIFT) {
         return Err(Error::InvalidConfig(format!(
             "the replica at {} has used every epoch",
@@ -100,25 +103,23 @@ fn claim(objects: &Objects, label: &str) -> Result<u64> {
             objects.path("")
         )));
     }
-    for old in owners.iter().filter(|e| **e + OWNERS_KEPT < epoch) {
+    for old in listing.owners.iter().filter(|e| **e + OWNERS_KEPT < epoch) {
         let _ = objects.delete(&owner_name(*old));
     }
-    Ok(epoch)
+    Ok(())
 }
 
-/// Step 2: this epoch's first segment at the first free place. Returns
-/// its place and the head of the segment before it (where the earlier
-/// epoch ended), if any.
-fn fence(objects: &Objects, epoch: u64) -> Result<(u64, Option<SegmentHead>)> {
-    let last = objects
-        .list("seg")?
-        .iter()
-        .filter_map(|n| number_in(n, "seg"))
-        .max();
-    let mut before = match last {
-        Some(s) => head_of(objects, s)?,
-        None => None,
-    };
+/// Step 2: this epoch's first segment at the first free place after
+/// `last` (the newest listed segment, whose head is `newest`). Returns its
+/// place and the head of the segment before it (where the earlier epoch
+/// ended), if any.
+fn fence(
+    objects: &Objects,
+    epoch: u64,
+    last: Option<u64>,
+    newest: Option<SegmentHead>,
+) -> Result<(u64, Option<SegmentHead>)> {
+    let mut before = newest;
     let first = last.map_or(0, |s| s + 1);
     for place in first..first.saturating_add(FENCE_TRIES) {
         let head = SegmentHead {
@@ -128,12 +129,18 @@ fn fence(objects: &Objects, epoch: u64) -> Result<(u64, Option<SegmentHead>)> {
             max_row: before.map_or(0, |h| h.max_row),
             commits: 0,
         };
-        if objects.create(&segment_name(place), format::segment(head, &[]))? == Created::Created {
-            return Ok((place, before));
+        let body = format::segment(head, &[]);
+        match objects.create(&segment_name(place), body.clone())? {
+            Created::Created => return Ok((place, before)),
+            // Ours: an earlier try went through unseen (a lost response).
+            Created::Exists if objects.get(&segment_name(place))?.as_deref() == Some(&body[..]) => {
+                return Ok((place, before));
+            }
+            Created::Exists => {}
         }
         let taken = head_of(objects, place)?;
         if let Some(h) = taken
-            && h.epoch > epoch
+            && h.epoch >= epoch
         {
             return Err(Error::Fenced(format!(
                 "epoch {} took the replica at {} while epoch {epoch} was taking it",
@@ -149,12 +156,38 @@ fn fence(objects: &Objects, epoch: u64) -> Result<(u64, Option<SegmentHead>)> {
     })
 }
 
+/// The segment an earlier owner ended at, looking past the fences that
+/// opens from this disk left when they died between taking their epoch
+/// and recording it (epochs above `local.epoch` up to `local.claiming`,
+/// each a lone fence with no commit): those fences change nothing, and
+/// taking them for another owner's would throw away the file's tail.
+fn before_own_fences(
+    objects: &Objects,
+    mut before: Option<SegmentHead>,
+    local: Option<Local>,
+) -> Result<Option<SegmentHead>> {
+    let Some(l) = local else { return Ok(before) };
+    while let Some(h) = before {
+        let own = h.flags == FENCE && h.commits == 0 && h.epoch > l.epoch && h.epoch <= l.claiming;
+        if !own {
+            break;
+        }
+        before = match h.seq.checked_sub(1) {
+            Some(s) => head_of(objects, s)?,
+            None => None,
+        };
+    }
+    Ok(before)
+}
+
 /// Step 3: why the local file must be restored, if it must.
 fn choose(
     file: Option<&ship::LocalFile>,
     local: Option<Local>,
     before: Option<SegmentHead>,
 ) -> Option<RestoreReason> {
+    // A state file with no epoch yet belongs to no replica.
+    let local = local.filter(|l| l.epoch != 0);
     match (file, local, before) {
         (_, _, None) => None,
         (None, _, Some(_)) => Some(RestoreReason::Missing),
@@ -166,25 +199,36 @@ fn choose(
     }
 }
 
-/// Restores the file at `path` from the chain up to `upto`, moving the
-/// local file (if any) aside first.
+/// `path` with `suffix` appended to its name.
+fn beside(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// Restores the file at `path` from the chain up to `upto`. The local
+/// file (if any) is moved aside to `path.replaced-<epoch>` only once the
+/// restored file is whole, under a name no other open uses, so neither a
+/// failed restore nor a later one loses it.
 fn restore_aside(
     objects: &Objects,
     path: &Path,
     cache_bytes: usize,
-    upto: u64,
+    (upto, epoch): (u64, u64),
     reason: RestoreReason,
 ) -> Result<super::Restored> {
+    let io = |at: &Path, e: &std::io::Error| Error::Storage(crate::log::io_at(at, e));
+    let fresh = beside(path, ".restored");
+    let mut r = super::restore::restore(objects, &fresh, cache_bytes, upto, reason)?;
     let replaced = if path.exists() {
-        let mut aside = path.as_os_str().to_owned();
-        aside.push(".replaced");
-        let aside = PathBuf::from(aside);
-        std::fs::rename(path, &aside).map_err(|e| Error::Storage(crate::log::io_at(path, &e)))?;
+        let aside = beside(path, &format!(".replaced-{epoch}"));
+        std::fs::rename(path, &aside).map_err(|e| io(path, &e))?;
         Some(aside)
     } else {
         None
     };
-    let mut r = super::restore::restore(objects, path, cache_bytes, upto, reason)?;
+    std::fs::rename(&fresh, path).map_err(|e| io(path, &e))?;
+    sync_dir_of(path)?;
     r.replaced = replaced;
     tracing::info!(
         records = r.records,
@@ -196,23 +240,146 @@ fn restore_aside(
     Ok(r)
 }
 
+/// Makes the renames in `path`'s directory durable.
+fn sync_dir_of(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::Storage(crate::log::io_at(dir, &e)))
+}
+
+/// What the store file at `path` holds, read before anything is taken:
+/// a damaged file is an error naming it (the storage engine can panic
+/// on some damage rather than fail), never a panic, and never after an
+/// epoch was taken for it.
+fn inspect(path: &Path) -> Result<Option<ship::LocalFile>> {
+    let damaged = |why: String| {
+        Error::Corrupt(format!(
+            "{} is damaged ({why}); move it aside to restore the store from its replica",
+            path.display()
+        ))
+    };
+    std::panic::catch_unwind(|| ship::inspect(path))
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(damaged(format!("the storage engine panicked reading it: {what}")))
+        })
+        .map_err(|e| match e {
+            Error::Corrupt(why) if !why.contains(&*path.to_string_lossy()) => damaged(why),
+            e @ (Error::NotAStore(_) | Error::UnsupportedVersion { .. }) => damaged(e.to_string()),
+            e => e,
+        })
+}
+
+/// Whether the chain up to `upto` provably holds nothing yet: no snapshot,
+/// every place from 0 there (nothing was pruned, which only a snapshot
+/// does), and each a lone fence (owners that never shipped a commit).
+/// Anything else that is not a restorable chain is an error, never an
+/// empty store.
+fn provably_empty(objects: &Objects, listing: &Listing, upto: u64) -> Result<bool> {
+    let upto_len = upto.saturating_add(1);
+    let places = listing.segments.iter().filter(|s| **s <= upto).count() as u64;
+    if listing.indexes.iter().any(|s| *s <= upto) || places != upto_len {
+        return Ok(false);
+    }
+    super::restore::is_empty(objects, upto)
+}
+
+/// How long an owner object with no fence after it is taken for an open
+/// still under way (its fence is moments away) rather than a damaged
+/// replica.
+const OPENING_MS: u64 = 60_000;
+
+/// The error for a replica with owner objects (up to `epoch`) but no
+/// segment: an open taking it right now (the caller lost a race), opens
+/// that died between taking an epoch and fencing, or segments deleted
+/// by someone else. Only the first is told apart (by the owner object's
+/// time); the others are never taken for an empty replica.
+fn owners_without_segments(objects: &Objects, listing: &Listing, epoch: u64) -> Error {
+    let name = owner_name(epoch);
+    let owner = match objects.get(&name) {
+        Ok(Some(b)) => format::read_owner(&b, objects.path(&name).as_ref()).ok(),
+        _ => None,
+    };
+    if let Some(o) = owner
+        && now_ms().abs_diff(o.at_ms) < OPENING_MS
+    {
+        return Error::Fenced(format!(
+            "{:?} is taking the replica at {} (epoch {epoch}) right now; this one opened nothing",
+            o.label,
+            objects.path("")
+        ));
+    }
+    Error::Corrupt(format!(
+        "the replica at {} has owner objects (epochs {} to {epoch}) but no segment: opens \
+         that died between taking an epoch and fencing, or segments deleted by someone else; \
+         it is not taken for an empty replica (if no store ever wrote there, delete its owner \
+         objects)",
+        objects.path(""),
+        listing.owners.first().copied().unwrap_or(0),
+    ))
+}
+
 /// Takes ownership of `replica` for the store at `path`, restoring the
 /// file first when it must.
 pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Result<Prepared> {
     let objects = Objects::new(Arc::clone(&replica.objects), replica.prefix.clone());
-    let epoch = claim(&objects, &replica.label)?;
-    let (place, mut before) = fence(&objects, epoch)?;
-    if before.is_some() && super::restore::is_empty(&objects, place.saturating_sub(1))? {
+    let local_file = local_path(path);
+    let local = read_local(&local_file)?;
+    let file = inspect(path)?;
+    let listing = objects.listing()?;
+    let last = listing.segments.last().copied();
+    let newest = last.map(|s| head_of(&objects, s)).transpose()?.flatten();
+    if last.is_some() && newest.is_none() {
+        return Err(Error::Corrupt(format!(
+            "the replica segment {} was listed but cannot be read; the replica is not used \
+             while its newest segment is missing",
+            objects.path(&segment_name(last.unwrap_or(0)))
+        )));
+    }
+    // Owner objects but no segment: owners that never fenced (opens that
+    // died between the two steps, from this disk or another) or a replica
+    // whose segments were deleted. Only the first can be proved, and only
+    // for epochs this disk was taking.
+    if last.is_none() && !listing.indexes.is_empty() {
+        return Err(Error::Corrupt(format!(
+            "the replica at {} has snapshots but no segment; it is not used as it is",
+            objects.path("")
+        )));
+    }
+    let mine = local.map_or(0, |l| l.epoch.max(l.claiming));
+    if last.is_none()
+        && let Some(newest_owner) = listing.owners.last().copied().filter(|e| *e > mine)
+    {
+        return Err(owners_without_segments(&objects, &listing, newest_owner));
+    }
+    let epoch = newest_epoch(&listing, newest).max(mine) + 1;
+    // Step 0: say which epoch this disk is taking before it is taken.
+    write_local(
+        &local_file,
+        Local {
+            claiming: epoch,
+            ..local.unwrap_or_default()
+        },
+    )?;
+    claim(&objects, &listing, epoch, &replica.label)?;
+    let (place, before) = fence(&objects, epoch, last, newest)?;
+    let mut before = before_own_fences(&objects, before, local)?;
+    if before.is_some() && provably_empty(&objects, &listing, place.saturating_sub(1))? {
         // Only fences so far: as good as a new replica.
         before = None;
     }
-    let local_file = local_path(path);
-    let local = read_local(&local_file)?;
-    let file = ship::inspect(path)?;
     let (restored, reset, max_row) = if let Some(reason) = choose(file.as_ref(), local, before) {
         let upto = place.saturating_sub(1);
-        let r = restore_aside(&objects, path, cache_bytes, upto, reason)?;
-        let max_row = ship::inspect(path)?.map_or(0, |f| f.last_row);
+        let r = restore_aside(&objects, path, cache_bytes, (upto, epoch), reason)?;
+        let max_row = inspect(path)?.map_or(0, |f| f.last_row);
         (Some(r), false, max_row)
     } else {
         // The file is the chain's (or the chain holds nothing): it goes on
@@ -228,6 +395,7 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
             epoch,
             seq: place,
             clean: false,
+            claiming: 0,
         },
     )?;
     let synchronous = replica.mode == ReplicaMode::Synchronous;

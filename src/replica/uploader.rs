@@ -529,6 +529,7 @@ impl Uploader {
                 epoch: self.cfg.epoch,
                 seq: st.next_seq.saturating_sub(1),
                 clean: true,
+                claiming: 0,
             };
             if let Err(e) = write_local(&self.cfg.local, local) {
                 tracing::warn!(error = %e, "dedupkv replica could not record its clean close");

@@ -128,6 +128,15 @@ pub struct Faulty {
     pub stall_ms: AtomicU64,
     /// The objects written or deleted through this store, in order.
     pub writes: std::sync::Mutex<Vec<String>>,
+    /// Calls of any kind (writes, reads, heads, listings) so far.
+    pub calls: AtomicU64,
+    /// The call with this number (1 for the first, 0: none) fails; a
+    /// write fails after it landed when `fail_call_after_write` is set.
+    pub fail_call: AtomicU64,
+    pub fail_call_after_write: AtomicBool,
+    /// A lost response starts an outage (`hold_puts`), so what happens
+    /// before the retry is up to the test.
+    pub hold_after_lost: AtomicBool,
     /// The next owner object created is taken by a rival an instant
     /// before (a lost race for the epoch).
     pub rival_owner: AtomicBool,
@@ -146,6 +155,10 @@ impl Faulty {
             fail_lists: AtomicU32::new(0),
             stall_ms: AtomicU64::new(0),
             writes: std::sync::Mutex::new(Vec::new()),
+            calls: AtomicU64::new(0),
+            fail_call: AtomicU64::new(0),
+            fail_call_after_write: AtomicBool::new(false),
+            hold_after_lost: AtomicBool::new(false),
             rival_owner: AtomicBool::new(false),
         })
     }
@@ -155,6 +168,19 @@ impl Faulty {
         counter
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
+    }
+
+    /// Counts a call; whether it is the one to fail.
+    fn counted(&self) -> bool {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        n == self.fail_call.load(Ordering::SeqCst)
+    }
+
+    fn injected(what: &str, location: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "Faulty",
+            source: format!("injected failure {what} {location}").into(),
+        }
     }
 
     async fn stall(&self) {
@@ -212,6 +238,11 @@ impl ObjectStore for Faulty {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         self.stall().await;
+        let fail_this = self.counted();
+        let after = self.fail_call_after_write.load(Ordering::SeqCst);
+        if fail_this && !after {
+            return Err(Self::injected("writing", location.as_ref()));
+        }
         self.refuse(location)?;
         self.puts.fetch_add(1, Ordering::SeqCst);
         if location.as_ref().contains("/owner/") && self.rival_owner.swap(false, Ordering::SeqCst) {
@@ -221,7 +252,10 @@ impl ObjectStore for Faulty {
         }
         self.wrote(location);
         let done = self.inner.put_opts(location, payload, opts).await?;
-        if Self::take(&self.lose_responses) {
+        if fail_this || Self::take(&self.lose_responses) {
+            if self.hold_after_lost.load(Ordering::SeqCst) {
+                self.hold_puts.store(true, Ordering::SeqCst);
+            }
             self.failed.fetch_add(1, Ordering::SeqCst);
             return Err(object_store::Error::Generic {
                 store: "Faulty",
@@ -248,6 +282,9 @@ impl ObjectStore for Faulty {
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
         self.stall().await;
+        if self.counted() {
+            return Err(Self::injected("reading", location.as_ref()));
+        }
         self.inner.get_opts(location, options).await
     }
 
@@ -264,7 +301,7 @@ impl ObjectStore for Faulty {
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         use futures_util::StreamExt;
-        if Self::take(&self.fail_lists) {
+        if self.counted() || Self::take(&self.fail_lists) {
             let at = prefix.map(|p| p.as_ref().to_string()).unwrap_or_default();
             return futures_util::stream::once(async move {
                 Err(object_store::Error::Generic {
