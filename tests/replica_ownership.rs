@@ -200,6 +200,37 @@ fn a_lost_response_to_a_landed_upload_does_not_fence_its_owner() -> TestResult {
     Ok(())
 }
 
+#[test]
+fn a_lost_response_to_a_landed_reset_segment_does_not_fence_its_owner() -> TestResult {
+    for mode in [ReplicaMode::Asynchronous, ReplicaMode::Synchronous] {
+        let b = Bucket::new();
+        let dir = tempfile::tempdir()?;
+        let faulty = Faulty::new(Arc::clone(&b.objects));
+        // The fence is segment 0; the first commit's snapshot is 1, and
+        // its RESET segment lands with its answer lost.
+        *faulty.lose_response_to.lock().expect("lock") = Some("seg/00000000000000000001".into());
+        let store = Store::builder()
+            .replica(Replica::new(faulty.clone(), &b.at("s")).mode(mode))
+            .open(dir.path().join("a.redb"))?;
+        for i in 0..20 {
+            store.insert_if_absent(&key(i))?;
+        }
+        store.sync_replica()?;
+        assert_eq!(
+            faulty.failed.load(Ordering::SeqCst),
+            1,
+            "{mode:?}: the answer was lost"
+        );
+        assert!(!store.replica_status().expect("status").fenced, "{mode:?}");
+        drop(store);
+        let other = Store::builder()
+            .replica(Replica::new(Arc::clone(&b.objects), &b.at("s")))
+            .open(dir.path().join("b.redb"))?;
+        assert_eq!(missing(&other, 20)?, 0, "{mode:?}");
+    }
+    Ok(())
+}
+
 fn delete_owners(b: &Bucket, only_newest: bool) -> TestResult {
     let mut owners = objects_under(b, "owner")?;
     owners.sort_by(|x, y| x.as_ref().cmp(y.as_ref()));

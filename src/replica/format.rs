@@ -181,7 +181,15 @@ pub(crate) fn damaged(what: &str, why: &str) -> Error {
 
 /// Encodes a segment.
 pub(crate) fn segment(head: SegmentHead, commits: &[Shipped]) -> Vec<u8> {
-    let size: usize = commits.iter().map(Shipped::bytes).sum();
+    segment_of(head, commits.iter())
+}
+
+/// Encodes a segment of the commits `commits` yields.
+pub(crate) fn segment_of<'a>(
+    head: SegmentHead,
+    commits: impl ExactSizeIterator<Item = &'a Shipped> + Clone,
+) -> Vec<u8> {
+    let size: usize = commits.clone().map(Shipped::bytes).sum();
     let mut out = Vec::with_capacity(SEGMENT_HEAD + size + 64 * commits.len() + 8);
     out.extend_from_slice(SEGMENT);
     out.push(head.flags);

@@ -269,7 +269,9 @@ fn inspect(path: &Path) -> Result<Option<ship::LocalFile>> {
                 .map(|s| (*s).to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            Err(damaged(format!("the storage engine panicked reading it: {what}")))
+            Err(damaged(format!(
+                "the storage engine panicked reading it: {what}"
+            )))
         })
         .map_err(|e| match e {
             Error::Corrupt(why) if !why.contains(&*path.to_string_lossy()) => damaged(why),

@@ -88,6 +88,36 @@ struct State {
     snapshotting: bool,
     snapshots: u64,
     lag_samples: Vec<Duration>,
+    /// The segment being uploaded, kept whole until it is in the object
+    /// store: a retry sends the same bytes (see `Cut`).
+    cut: Option<Cut>,
+    /// A RESET segment whose snapshot is written, kept until it is in the
+    /// object store: a retry creates only it, the same bytes again.
+    reset_cut: Option<ResetCut>,
+}
+
+/// A segment cut from the front of the queue. An upload whose response
+/// was lost may have landed: its retry must send exactly these bytes, so
+/// that finding its place taken by an identical object means "ours"
+/// (rebuilt from a queue that has grown since, it would differ, and be
+/// taken for another owner's).
+struct Cut {
+    seq: u64,
+    body: Vec<u8>,
+    /// Commits at the front of the queue it holds, and their bytes.
+    commits: usize,
+    bytes: usize,
+    row: u64,
+    max_row: u64,
+    oldest: Option<Instant>,
+}
+
+/// A RESET segment waiting to be created (its snapshot is whole).
+struct ResetCut {
+    seq: u64,
+    body: Vec<u8>,
+    max_row: u64,
+    snapshot_bytes: u64,
 }
 
 /// The replica's sink and uploader for one open store.
@@ -274,46 +304,41 @@ impl Uploader {
     /// `segment_bytes`, and never past a view), then starts the snapshot
     /// of a view right after them. Returns whether it shipped.
     fn ship_segment(self: &Arc<Self>, mut st: parking_lot::MutexGuard<'_, State>) -> Result<bool> {
-        let mut commits = Vec::new();
-        let mut bytes = 0;
-        let mut oldest = None;
-        let mut max_row = st.max_row;
-        for item in &st.queue {
-            let Item::Commit(c, at) = item else { break };
-            if !commits.is_empty() && bytes + c.bytes() > self.cfg.segment_bytes {
-                break;
-            }
-            bytes += c.bytes();
-            oldest.get_or_insert(*at);
-            max_row = c.rows.iter().map(|r| r.1).fold(max_row, u64::max);
-            commits.push(c.clone());
+        if st.cut.is_none() {
+            let Some(cut) = self.cut(&st) else {
+                // A view with nothing before it: its commit was shipped.
+                self.take_view(&mut st);
+                return Ok(false);
+            };
+            st.cut = Some(cut);
         }
-        if commits.is_empty() {
-            // A view with nothing before it: its commit was shipped.
-            self.take_view(&mut st);
-            return Ok(false);
-        }
-        let head = SegmentHead {
-            flags: 0,
-            epoch: self.cfg.epoch,
-            seq: st.next_seq,
-            max_row,
-            commits: commits.len() as u32,
+        let (seq, body) = match &st.cut {
+            Some(c) => (c.seq, c.body.clone()),
+            None => return Ok(false),
         };
         drop(st);
-        let body = format::segment(head, &commits);
         let len = body.len() as u64;
-        self.create_segment(head.seq, &body)?;
+        self.create_segment(seq, &body)?;
         let mut st = self.state.lock();
-        let row = commits.last().map_or(0, |c| c.row);
-        for _ in 0..commits.len() {
+        let Some(Cut {
+            commits,
+            bytes,
+            row,
+            max_row,
+            oldest,
+            ..
+        }) = st.cut.take()
+        else {
+            return Ok(false);
+        };
+        for _ in 0..commits {
             st.queue.pop_front();
         }
         st.bytes -= bytes;
         st.next_seq += 1;
         st.max_row = max_row;
         st.shipped_row = st.shipped_row.max(row);
-        st.last_segment = Some(head.seq);
+        st.last_segment = Some(seq);
         st.since_snapshot += len;
         if let Some(at) = oldest {
             if st.lag_samples.len() >= LAG_SAMPLES {
@@ -335,6 +360,43 @@ impl Uploader {
             a.replicated(row);
         }
         Ok(true)
+    }
+
+    /// Cuts the commits at the front of the queue (up to `segment_bytes`,
+    /// and never past a view) into the next segment; `None` when a view
+    /// is at the front.
+    fn cut(&self, st: &State) -> Option<Cut> {
+        let mut commits = Vec::new();
+        let mut bytes = 0;
+        let mut oldest = None;
+        let mut max_row = st.max_row;
+        for item in &st.queue {
+            let Item::Commit(c, at) = item else { break };
+            if !commits.is_empty() && bytes + c.bytes() > self.cfg.segment_bytes {
+                break;
+            }
+            bytes += c.bytes();
+            oldest.get_or_insert(*at);
+            max_row = c.rows.iter().map(|r| r.1).fold(max_row, u64::max);
+            commits.push(c);
+        }
+        let row = commits.last()?.row;
+        let head = SegmentHead {
+            flags: 0,
+            epoch: self.cfg.epoch,
+            seq: st.next_seq,
+            max_row,
+            commits: commits.len() as u32,
+        };
+        Some(Cut {
+            seq: head.seq,
+            body: format::segment_of(head, commits.iter().copied()),
+            commits: commits.len(),
+            bytes,
+            row,
+            max_row,
+            oldest,
+        })
     }
 
     /// A view at the front of the queue becomes a snapshot of the last
@@ -403,6 +465,12 @@ impl Uploader {
     /// the first view are in it, so they are dropped; the view becomes the
     /// snapshot of the next place, then a RESET segment there says so.
     fn ship_reset(self: &Arc<Self>, mut st: parking_lot::MutexGuard<'_, State>) -> Result<bool> {
+        if let Some(cut) = st.reset_cut.take() {
+            // The snapshot is whole; only its RESET segment is left to
+            // create (again, the same bytes: it may have landed).
+            drop(st);
+            return self.create_reset(cut);
+        }
         let mut row = 0;
         let mut view = None;
         while let Some(item) = st.queue.pop_front() {
@@ -458,14 +526,29 @@ impl Uploader {
             max_row: ix.max_row,
             commits: 0,
         };
-        self.create_segment(seq, &format::segment(head, &[]))?;
+        self.create_reset(ResetCut {
+            seq,
+            body: format::segment(head, &[]),
+            max_row: ix.max_row,
+            snapshot_bytes: ix.bytes,
+        })
+    }
+
+    /// Creates the RESET segment of a whole snapshot; kept for the retry
+    /// when that fails.
+    fn create_reset(&self, cut: ResetCut) -> Result<bool> {
+        if let Err(e) = self.create_segment(cut.seq, &cut.body) {
+            self.state.lock().reset_cut = Some(cut);
+            return Err(e);
+        }
+        let seq = cut.seq;
         let mut st = self.state.lock();
         st.reset_pending = false;
         st.next_seq = seq + 1;
-        st.max_row = ix.max_row;
+        st.max_row = cut.max_row;
         st.last_segment = Some(seq);
         st.snapshots += 1;
-        st.last_snapshot_bytes = ix.bytes;
+        st.last_snapshot_bytes = cut.snapshot_bytes;
         st.since_snapshot = 0;
         let row = st.shipped_row;
         self.progress.notify_all();

@@ -137,6 +137,9 @@ pub struct Faulty {
     /// A lost response starts an outage (`hold_puts`), so what happens
     /// before the retry is up to the test.
     pub hold_after_lost: AtomicBool,
+    /// The next write to an object whose name ends with this lands, then
+    /// is answered with an error.
+    pub lose_response_to: std::sync::Mutex<Option<String>>,
     /// The next owner object created is taken by a rival an instant
     /// before (a lost race for the epoch).
     pub rival_owner: AtomicBool,
@@ -159,6 +162,7 @@ impl Faulty {
             fail_call: AtomicU64::new(0),
             fail_call_after_write: AtomicBool::new(false),
             hold_after_lost: AtomicBool::new(false),
+            lose_response_to: std::sync::Mutex::new(None),
             rival_owner: AtomicBool::new(false),
         })
     }
@@ -252,7 +256,17 @@ impl ObjectStore for Faulty {
         }
         self.wrote(location);
         let done = self.inner.put_opts(location, payload, opts).await?;
-        if fail_this || Self::take(&self.lose_responses) {
+        let named = {
+            let mut to = self.lose_response_to.lock().expect("lose_response_to");
+            let hit = to
+                .as_ref()
+                .is_some_and(|n| location.as_ref().ends_with(n.as_str()));
+            if hit {
+                *to = None;
+            }
+            hit
+        };
+        if fail_this || named || Self::take(&self.lose_responses) {
             if self.hold_after_lost.load(Ordering::SeqCst) {
                 self.hold_puts.store(true, Ordering::SeqCst);
             }
