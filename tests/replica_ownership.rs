@@ -231,6 +231,38 @@ fn a_lost_response_to_a_landed_reset_segment_does_not_fence_its_owner() -> TestR
     Ok(())
 }
 
+#[test]
+fn lone_synchronous_commits_are_snapshotted_by_count_so_a_restore_reads_few_objects() -> TestResult
+{
+    const N: usize = 1_200;
+    let b = Bucket::new();
+    let dir = tempfile::tempdir()?;
+    let replica =
+        || Replica::new(Arc::clone(&b.objects), &b.at("s")).mode(ReplicaMode::Synchronous);
+    let store = Store::builder()
+        .replica(replica())
+        .open(dir.path().join("a.redb"))?;
+    for i in 0..N {
+        // One commit, one segment each.
+        store.insert_if_absent(&key(i))?;
+    }
+    let snapshots = store.replica_status().expect("status").snapshots;
+    drop(store);
+    let other = Store::builder()
+        .replica(replica())
+        .open(dir.path().join("b.redb"))?;
+    let restored = other
+        .replica_status()
+        .and_then(|s| s.restored)
+        .expect("restored");
+    assert!(snapshots >= 3, "a snapshot every 256 segments: {snapshots}");
+    // At most the segments of two snapshot periods (one may still be
+    // written while the next segments ship).
+    assert!(restored.segments <= 512, "{restored:?}");
+    assert_eq!(missing(&other, N)?, 0);
+    Ok(())
+}
+
 fn delete_owners(b: &Bucket, only_newest: bool) -> TestResult {
     let mut owners = objects_under(b, "owner")?;
     owners.sort_by(|x, y| x.as_ref().cmp(y.as_ref()));

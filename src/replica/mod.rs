@@ -89,6 +89,8 @@ pub struct Replica {
     pub(crate) segment_bytes: usize,
     pub(crate) max_lag_bytes: usize,
     pub(crate) snapshot_after_bytes: Option<u64>,
+    pub(crate) snapshot_after_segments: Option<u64>,
+    pub(crate) snapshot_interval: Duration,
     pub(crate) label: String,
     pub(crate) close_timeout: Duration,
 }
@@ -133,6 +135,8 @@ impl Replica {
             segment_bytes: 8 << 20,
             max_lag_bytes: 64 << 20,
             snapshot_after_bytes: None,
+            snapshot_after_segments: None,
+            snapshot_interval: Duration::from_secs(24 * 3600),
             label: format!("{host}:{}", std::process::id()),
             close_timeout: Duration::from_secs(60),
         }
@@ -196,9 +200,13 @@ impl Replica {
     /// A new snapshot is written once this many bytes of segments were
     /// shipped since the last one (then the segments and snapshots before
     /// it are deleted). Default: the size of the last snapshot, at least
-    /// 64 MiB — so the replica holds at most about two copies of the
-    /// store, and a restore reads at most one snapshot and about as much
-    /// in segments.
+    /// 64 MiB, with every segment counted as 256 KiB besides its bytes —
+    /// so the replica holds at most about two copies of the store, and a
+    /// restore reads at most one snapshot and about as much in segments,
+    /// in bytes and in requests (see also
+    /// [`snapshot_after_segments`](Self::snapshot_after_segments) and
+    /// [`snapshot_interval`](Self::snapshot_interval)). Setting it
+    /// replaces the default rule by this many bytes.
     ///
     /// # Examples
     /// ```
@@ -208,6 +216,41 @@ impl Replica {
     /// ```
     pub fn snapshot_after_bytes(mut self, n: u64) -> Self {
         self.snapshot_after_bytes = Some(n);
+        self
+    }
+
+    /// A new snapshot is also written once this many segments were
+    /// shipped since the last one, whatever their size. Default: none
+    /// beyond the default byte rule, which already counts every segment
+    /// as 256 KiB besides its bytes (a restore pays one request per
+    /// object), so a replica of lone synchronous commits takes a snapshot
+    /// every 256 segments while the store is under 64 MiB. At least 1.
+    ///
+    /// # Examples
+    /// ```
+    /// # use std::sync::Arc;
+    /// # let objects = Arc::new(dedupkv::replica::object_store::memory::InMemory::new());
+    /// let r = dedupkv::replica::Replica::new(objects, "s").snapshot_after_segments(1_000);
+    /// ```
+    pub fn snapshot_after_segments(mut self, n: u64) -> Self {
+        self.snapshot_after_segments = Some(n);
+        self
+    }
+
+    /// A new snapshot is also written once the last one is this old and
+    /// anything was shipped since, so records that expired leave the
+    /// replica (they leave the file at once, the replica with its next
+    /// snapshot). Default: 24 hours; at least 1 ms.
+    ///
+    /// # Examples
+    /// ```
+    /// # use std::sync::Arc;
+    /// # let objects = Arc::new(dedupkv::replica::object_store::memory::InMemory::new());
+    /// let r = dedupkv::replica::Replica::new(objects, "s")
+    ///     .snapshot_interval(std::time::Duration::from_secs(6 * 3600));
+    /// ```
+    pub fn snapshot_interval(mut self, d: Duration) -> Self {
+        self.snapshot_interval = d;
         self
     }
 
@@ -245,6 +288,12 @@ impl Replica {
         let bad = |m: &str| Err(crate::Error::InvalidConfig(m.into()));
         if self.segment_interval.is_zero() {
             return bad("the replica's segment interval must be at least 1 ms");
+        }
+        if self.snapshot_after_segments == Some(0) {
+            return bad("the replica's snapshot_after_segments must be at least 1");
+        }
+        if self.snapshot_interval.is_zero() {
+            return bad("the replica's snapshot interval must be at least 1 ms");
         }
         if self.segment_bytes == 0 || self.max_lag_bytes == 0 {
             return bad("the replica's segment bytes and max lag bytes must be at least 1");

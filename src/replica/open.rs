@@ -409,6 +409,8 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
             segment_bytes: replica.segment_bytes,
             max_lag_bytes: replica.max_lag_bytes,
             snapshot_after: replica.snapshot_after_bytes,
+            snapshot_after_segments: replica.snapshot_after_segments,
+            snapshot_interval: replica.snapshot_interval,
             close_timeout: replica.close_timeout,
             epoch,
             local: local_file,

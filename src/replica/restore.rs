@@ -110,6 +110,40 @@ fn base(objects: &Objects, segments: &[u64], upto: u64) -> Result<Option<Index>>
     Ok(None)
 }
 
+/// The error for a chain with no whole snapshot to start from, naming
+/// the snapshot it needs: the one at the oldest segment kept (pruning
+/// deletes only what a whole snapshot there covers), or, in a chain never
+/// pruned, the one its newest RESET segment starts from.
+fn no_snapshot(objects: &Objects, segments: &[u64]) -> Result<Error> {
+    let mut needed = segments.first().copied().filter(|s| *s > 0);
+    if needed.is_none() {
+        for seq in segments.iter().rev() {
+            let name = segment_name(*seq);
+            let head = objects
+                .head_bytes(&name, SEGMENT_HEAD as u64)?
+                .map(|b| format::segment_head(&b, objects.path(&name).as_ref()))
+                .transpose()?;
+            if head.is_some_and(|h| h.flags & RESET != 0) {
+                needed = Some(*seq);
+                break;
+            }
+        }
+    }
+    Ok(Error::Corrupt(match needed {
+        Some(seq) => format!(
+            "the replica snapshot {} is missing or was not written whole (its segment {} is \
+             there); the replica cannot be restored without it",
+            objects.path(&index_name(seq)),
+            objects.path(&segment_name(seq))
+        ),
+        None => format!(
+            "the replica at {} has segments but no snapshot, and none of its segments says \
+             which one it needs; the replica cannot be restored",
+            objects.path("")
+        ),
+    }))
+}
+
 /// Whether the chain up to `upto` holds nothing yet: no snapshot, and no
 /// segment with a commit (an owner ships nothing before its first
 /// snapshot, so such a chain is fences of owners that never got that far).
@@ -159,10 +193,7 @@ pub(crate) fn restore(
         .collect();
     segments.sort_unstable();
     let Some(ix) = base(objects, &segments, upto)? else {
-        return Err(Error::Corrupt(format!(
-            "the replica at {} has segments but no whole snapshot to start a restore from",
-            objects.path("")
-        )));
+        return Err(no_snapshot(objects, &segments)?);
     };
     let out = Restorer::create(path, cache_bytes)?;
     let mut report = Restored {

@@ -33,6 +33,11 @@ use crate::log::ship::{Acks, Shipped, Sink};
 use crate::log::store::{LogStore, View};
 use crate::{Error, Result};
 
+/// What a restore pays for reading one more object, in bytes of reading
+/// (one request's latency at an object store's throughput): the snapshot
+/// policy counts each segment as this many bytes as well as its own.
+const OBJECT_COST: u64 = 256 << 10;
+
 /// Lag samples kept for [`Uploader::lag_samples`].
 const LAG_SAMPLES: usize = 1 << 17;
 
@@ -43,6 +48,8 @@ pub(crate) struct Settings {
     pub segment_bytes: usize,
     pub max_lag_bytes: usize,
     pub snapshot_after: Option<u64>,
+    pub snapshot_after_segments: Option<u64>,
+    pub snapshot_interval: Duration,
     pub close_timeout: Duration,
     pub epoch: u64,
     /// The local state file.
@@ -84,6 +91,10 @@ struct State {
     failures: u64,
     last_error: Option<String>,
     since_snapshot: u64,
+    /// Segments shipped since the last snapshot.
+    since_segments: u64,
+    /// When the last snapshot was whole (or the uploader started).
+    last_snapshot_at: Option<Instant>,
     last_snapshot_bytes: u64,
     snapshotting: bool,
     snapshots: u64,
@@ -157,6 +168,7 @@ impl Uploader {
             state: Mutex::new(State {
                 next_seq,
                 max_row,
+                last_snapshot_at: Some(Instant::now()),
                 reset_pending: reset,
                 ..State::default()
             }),
@@ -340,6 +352,7 @@ impl Uploader {
         st.shipped_row = st.shipped_row.max(row);
         st.last_segment = Some(seq);
         st.since_snapshot += len;
+        st.since_segments += 1;
         if let Some(at) = oldest {
             if st.lag_samples.len() >= LAG_SAMPLES {
                 st.lag_samples.clear();
@@ -347,11 +360,7 @@ impl Uploader {
             st.lag_samples.push(at.elapsed());
         }
         self.take_view(&mut st);
-        let threshold = self
-            .cfg
-            .snapshot_after
-            .unwrap_or_else(|| st.last_snapshot_bytes.max(64 << 20));
-        if st.since_snapshot >= threshold && !st.snapshotting {
+        if self.snapshot_due(&st) && !st.snapshotting {
             self.want_view.store(true, Ordering::Release);
         }
         self.progress.notify_all();
@@ -360,6 +369,34 @@ impl Uploader {
             a.replicated(row);
         }
         Ok(true)
+    }
+
+    /// Whether the segments shipped since the last snapshot call for a new
+    /// one. By default: once restoring them would cost about as much as
+    /// restoring the snapshot (at least 64 MiB), counting each segment as
+    /// [`OBJECT_COST`] bytes as well as its own — a restore pays a
+    /// request per object, so many small segments (lone synchronous
+    /// commits) are as slow to read as a few large ones. Also once the
+    /// last snapshot is older than the snapshot interval, so expired
+    /// records leave the replica too.
+    fn snapshot_due(&self, st: &State) -> bool {
+        let by_bytes = if let Some(n) = self.cfg.snapshot_after {
+            st.since_snapshot >= n
+        } else {
+            let cost = st
+                .since_snapshot
+                .saturating_add(st.since_segments.saturating_mul(OBJECT_COST));
+            cost >= st.last_snapshot_bytes.max(64 << 20)
+        };
+        let by_count = self
+            .cfg
+            .snapshot_after_segments
+            .is_some_and(|n| st.since_segments >= n);
+        let by_age = st.since_segments > 0
+            && st
+                .last_snapshot_at
+                .is_some_and(|at| at.elapsed() >= self.cfg.snapshot_interval);
+        by_bytes || by_count || by_age
     }
 
     /// Cuts the commits at the front of the queue (up to `segment_bytes`,
@@ -449,6 +486,8 @@ impl Uploader {
                 st.snapshots += 1;
                 st.last_snapshot_bytes = ix.bytes;
                 st.since_snapshot = 0;
+                st.since_segments = 0;
+                st.last_snapshot_at = Some(Instant::now());
                 drop(st);
                 if let Err(e) = snapshot::prune(&self.objects, seq) {
                     tracing::warn!(error = %e, "dedupkv replica could not prune");
@@ -550,6 +589,8 @@ impl Uploader {
         st.snapshots += 1;
         st.last_snapshot_bytes = cut.snapshot_bytes;
         st.since_snapshot = 0;
+        st.since_segments = 0;
+        st.last_snapshot_at = Some(Instant::now());
         let row = st.shipped_row;
         self.progress.notify_all();
         drop(st);
