@@ -669,6 +669,13 @@ impl StoreBuilder {
     /// Default: none. Not with
     /// [`open_with_backend`](Self::open_with_backend).
     ///
+    /// **The open takes the replica over**: it fences the current owner,
+    /// wherever it runs, whose next write then fails with
+    /// [`Error::Fenced`]. Never open with a replica just to look at it:
+    /// [`ReplicaReader`](crate::replica::ReplicaReader) reads a replica
+    /// (a summary, or a copy of the store in a new file) without writing
+    /// to the object store.
+    ///
     /// # Errors
     /// `open` fails with [`Error::InvalidConfig`] for a synchronous
     /// replica without [`Durability::Immediate`], with [`Error::Fenced`]

@@ -12,7 +12,9 @@
 //!   local file and a restore;
 //! - `restore`: a snapshot and the segments after it, back into a file;
 //! - `uploader`: the sink the log hands its commits to, and the thread
-//!   that ships them; `snapshot`: writing and pruning snapshots.
+//!   that ships them; `snapshot`: writing and pruning snapshots;
+//! - `reader`: reading a replica without owning it (a summary, and a
+//!   copy of the store in a new file).
 //!
 //! Invariants:
 //! - one owner per store at a time: taking ownership creates the owner
@@ -39,6 +41,7 @@
 pub(crate) mod format;
 pub(crate) mod objects;
 pub(crate) mod open;
+mod reader;
 pub(crate) mod restore;
 pub(crate) mod snapshot;
 pub(crate) mod uploader;
@@ -47,6 +50,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use reader::{ReplicaCopy, ReplicaReader, ReplicaSummary};
+
 /// The `object_store` crate this build uses: name its stores through this
 /// path so the versions agree.
 pub use object_store;
@@ -54,10 +59,18 @@ pub use object_store;
 /// Where and how a store's replica is kept; give it to
 /// [`StoreBuilder::replica`](crate::StoreBuilder::replica).
 ///
-/// Opening the store then takes ownership of the replica (fencing any
-/// earlier owner), restores the file from it when the file is missing,
-/// older than the replica or was left by a fenced owner, and ships every
-/// commit to it from then on.
+/// Opening the store then takes ownership of the replica, restores the
+/// file from it when the file is missing, older than the replica or was
+/// left by a fenced owner, and ships every commit to it from then on.
+///
+/// **Opening with a replica takes it over.** The open fences the current
+/// owner, wherever it runs: that owner's next write fails with
+/// [`Error::Fenced`](crate::Error::Fenced) and it serves nothing more
+/// until it is opened again (taking the replica back, fencing this one).
+/// Open with a replica only where this process is to serve the store. To
+/// look at a replica — its keys, its newest segment's age — without
+/// disturbing its owner, use a [`ReplicaReader`] ([`Replica::reader`]),
+/// which never writes to the object store.
 ///
 /// # Examples
 /// ```

@@ -183,6 +183,35 @@ impl Objects {
         Ok(names)
     }
 
+    /// When `name` was last written (a HEAD), or `None` when it does not
+    /// exist.
+    pub(crate) fn modified(&self, name: &str) -> Result<Option<std::time::SystemTime>> {
+        let (store, path) = (Arc::clone(&self.store), self.path(name));
+        match block(async move { store.head(&path).await })? {
+            Ok(m) => Ok(Some(m.last_modified.into())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(failed(
+                format!("reading the head of {}", self.path(name)),
+                e,
+            )),
+        }
+    }
+
+    /// How many objects are under the prefix, whatever their names.
+    pub(crate) fn count(&self) -> Result<u64> {
+        let (store, path) = (Arc::clone(&self.store), self.prefix.clone());
+        let out = block(async move {
+            let mut n = 0u64;
+            let mut s = store.list(Some(&path));
+            while let Some(m) = s.next().await {
+                m?;
+                n += 1;
+            }
+            Ok::<_, object_store::Error>(n)
+        })?;
+        out.map_err(|e| failed(format!("listing {}", self.prefix), e))
+    }
+
     /// Deletes `name` (nothing if it is gone already).
     pub(crate) fn delete(&self, name: &str) -> Result<()> {
         let (store, path) = (Arc::clone(&self.store), self.path(name));

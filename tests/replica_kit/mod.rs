@@ -111,7 +111,8 @@ pub fn on_s3() -> bool {
 /// writes are performed and then answered with an error (a timeout after
 /// the write landed); `fail_lists` listings fail; `stall_ms` delays every
 /// call (reads, listings and writes) while set. `writes` names every
-/// object written or deleted through it, in order.
+/// object written or deleted through it, in order. A `gate` holds the
+/// next read of a matching object until the test opens it.
 #[derive(Debug)]
 pub struct Faulty {
     pub inner: Arc<dyn ObjectStore>,
@@ -143,6 +144,39 @@ pub struct Faulty {
     /// The next owner object created is taken by a rival an instant
     /// before (a lost race for the epoch).
     pub rival_owner: AtomicBool,
+    /// The next read of an object whose name contains the gate's pattern
+    /// waits, once, until the gate is opened (see [`Gate`]).
+    pub gate: std::sync::Mutex<Option<Gate>>,
+}
+
+/// Holds one read back: the read names its object on `reached`, then
+/// waits for `open` before it goes on to the store beneath.
+#[derive(Debug)]
+pub struct Gate {
+    pub pattern: String,
+    pub reached: std::sync::mpsc::Sender<String>,
+    pub open: Arc<tokio::sync::Notify>,
+}
+
+impl Gate {
+    /// A gate for reads of names containing `pattern`: the receiver hears
+    /// the name held, and `notify_one` on the `Notify` lets it go.
+    pub fn new(
+        pattern: &str,
+    ) -> (
+        Gate,
+        std::sync::mpsc::Receiver<String>,
+        Arc<tokio::sync::Notify>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let open = Arc::new(tokio::sync::Notify::new());
+        let gate = Gate {
+            pattern: pattern.to_string(),
+            reached: tx,
+            open: Arc::clone(&open),
+        };
+        (gate, rx, open)
+    }
 }
 
 impl Faulty {
@@ -164,6 +198,7 @@ impl Faulty {
             hold_after_lost: AtomicBool::new(false),
             lose_response_to: std::sync::Mutex::new(None),
             rival_owner: AtomicBool::new(false),
+            gate: std::sync::Mutex::new(None),
         })
     }
 
@@ -298,6 +333,15 @@ impl ObjectStore for Faulty {
         self.stall().await;
         if self.counted() {
             return Err(Self::injected("reading", location.as_ref()));
+        }
+        let gate = self
+            .gate
+            .lock()
+            .expect("gate")
+            .take_if(|g| location.as_ref().contains(g.pattern.as_str()));
+        if let Some(g) = gate {
+            let _ = g.reached.send(location.as_ref().to_string());
+            g.open.notified().await;
         }
         self.inner.get_opts(location, options).await
     }
