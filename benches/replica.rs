@@ -4,7 +4,12 @@
 //!   in local files (and in an S3 API under `scripts/with-s3.sh`);
 //! - the asynchronous lag under the 16-caller load, p50/p99;
 //! - restore of `DEDUPKV_BENCH_KEYS` keys (default 1M): seconds, bytes read,
-//!   bytes shipped per key beside the file's.
+//!   bytes shipped per key beside the file's;
+//! - `DEDUPKV_BENCH_ONLY=assign`: a partition written by
+//!   `DEDUPKV_BENCH_COMMITS` (default 100,000) lone synchronous commits
+//!   (one caller, one key each: one segment each), then
+//!   `PartitionSet::assign` of it on another member, which restores it
+//!   (`DEDUPKV_BENCH_RUNS` assigns, median and max).
 //!
 //! `cargo bench --bench replica --features replica` (add `replica-s3` and
 //! run under `scripts/with-s3.sh` for moto's column). Without the feature
@@ -167,7 +172,8 @@ fn main() {
         cfg!(feature = "replica")
     );
     let only_restore = std::env::var("DEDUPKV_BENCH_ONLY").is_ok_and(|v| v == "restore");
-    let loads: &[(&str, usize, usize)] = if only_restore {
+    let only_assign = std::env::var("DEDUPKV_BENCH_ONLY").is_ok_and(|v| v == "assign");
+    let loads: &[(&str, usize, usize)] = if only_restore || only_assign {
         &[]
     } else {
         &[
@@ -211,6 +217,11 @@ fn main() {
             }
             println!("{line}");
         }
+    }
+    #[cfg(feature = "replica")]
+    if std::env::var("DEDUPKV_BENCH_ONLY").is_ok_and(|v| v == "assign") {
+        assign(env_or("DEDUPKV_BENCH_COMMITS", 100_000), runs);
+        return;
     }
     #[cfg(feature = "replica")]
     if std::env::var("DEDUPKV_BENCH_ONLY").is_err() || only_restore {
@@ -292,5 +303,68 @@ fn restore(keys: usize) {
         shipped as f64 / keys as f64,
         file_bytes,
         file_bytes as f64 / keys as f64
+    );
+}
+
+#[cfg(feature = "replica")]
+fn assign(commits: usize, runs: usize) {
+    use dedupkv::partitions::PartitionSet;
+    let p = place("assign");
+    let (objects, prefix) = (Arc::clone(&p.objects), p.prefix.clone());
+    let stores = move |part: i32| {
+        Ok(Store::builder().replica(
+            dedupkv::replica::Replica::new(Arc::clone(&objects), &format!("{prefix}/{part}"))
+                .mode(dedupkv::replica::ReplicaMode::Synchronous),
+        ))
+    };
+    let t0 = Instant::now();
+    let first = PartitionSet::new(p.bucket.join("../member-0"), stores.clone());
+    first.assign(0).unwrap();
+    let mut seed = 11;
+    for _ in 0..commits {
+        let id = splitmix(&mut seed).to_le_bytes();
+        first
+            .work(0)
+            .unwrap()
+            .insert_if_absent(&Key::new("bench", &id))
+            .unwrap();
+    }
+    let status = first
+        .work(0)
+        .unwrap()
+        .with(|s| Ok(s.replica_status()))
+        .unwrap()
+        .unwrap();
+    first.revoke(0, Duration::from_secs(60)).unwrap();
+    println!(
+        "{commits} lone synchronous commits in {:.1} s ({} snapshots)",
+        t0.elapsed().as_secs_f64(),
+        status.snapshots
+    );
+    let mut took = Vec::new();
+    for r in 0..runs.max(1) {
+        let member = PartitionSet::new(
+            p.bucket.join(format!("../member-{}", r + 1)),
+            stores.clone(),
+        );
+        let t = Instant::now();
+        let a = member.assign(0).unwrap();
+        took.push(t.elapsed().as_secs_f64());
+        let restored = a.restored.expect("a new member restores");
+        println!(
+            "assign {}: {:.3} s (restore {:.3} s: a snapshot and {} segments, {} bytes)",
+            r + 1,
+            took[r],
+            restored.duration.as_secs_f64(),
+            restored.segments,
+            restored.bytes
+        );
+        member.revoke(0, Duration::from_secs(60)).unwrap();
+    }
+    let max = took.iter().copied().fold(0.0, f64::max);
+    println!(
+        "assign after {commits} lone synchronous commits: median {:.3} s, max {max:.3} s ({} runs)",
+        median(took.clone()),
+        took.len()
     );
 }
