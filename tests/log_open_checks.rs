@@ -504,3 +504,22 @@ fn a_panic_in_the_first_commit_fails_the_open_as_damage() -> Result<()> {
     drop(open(backend.healthy())?);
     Ok(())
 }
+
+/// A store file holds the key secret and every key: a file the store
+/// creates is its owner's alone (whatever the umask lets others read).
+#[cfg(unix)]
+#[test]
+fn a_new_store_file_is_readable_by_its_owner_only() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir();
+    let path = dir.path().join("s.redb");
+    let store = Store::open(&path)?;
+    store.insert_if_absent(&Key::new("t", "k"))?;
+    drop(store);
+    let mode = std::fs::metadata(&path)
+        .expect("metadata")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    Ok(())
+}

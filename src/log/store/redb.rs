@@ -509,7 +509,10 @@ fn open_path(builder: &redb::Builder, path: &Path, create: bool) -> StoreResult<
                 ),
             ));
         }
-        Err(_) => builder.create(path).map_err(LogError::from),
+        Err(_) => builder
+            .create(path)
+            .map_err(LogError::from)
+            .and_then(|db| owner_only(path).map(|()| db)),
     };
     res.map_err(|e| match e {
         LogError::Storage(s) => match s.as_io() {
@@ -518,6 +521,21 @@ fn open_path(builder: &redb::Builder, path: &Path, create: bool) -> StoreResult<
         },
         e => e,
     })
+}
+
+/// Makes a file this process just created readable and writable by its
+/// owner only (on Unix): it will hold the store's key secret and every
+/// key. Done before the first commit writes either.
+fn owner_only(path: &Path) -> StoreResult<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| io_at(path, &e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 /// An I/O error with the path in its message.
