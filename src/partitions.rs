@@ -56,6 +56,13 @@ type MakeBuilder = dyn Fn(i32) -> Result<StoreBuilder> + Send + Sync;
 /// when it takes one away. Handlers reach a partition's store through
 /// [`work`](Self::work).
 ///
+/// A revoke keeps its deadline, also with the object store down (a tail
+/// not shipped by then stays in the local file: see
+/// [`Revoked::tail_shipped`]). A partition whose store answered
+/// [`Error::Fenced`] here is another member's: `assign` refuses it until
+/// [`assign_after_fence`](Self::assign_after_fence), so never re-assign in
+/// answer to `Fenced`; re-assign when the group hands the partition back.
+///
 /// Cheap to clone (an `Arc`); share it between the rebalance callback and
 /// the handlers.
 ///
