@@ -318,7 +318,7 @@ impl PartitionSet {
                  member owns it now"
             )));
         }
-        self.take(partition)
+        self.take(partition, false)
     }
 
     /// [`assign`](Self::assign) of a partition this set saw fenced: the
@@ -366,8 +366,7 @@ impl PartitionSet {
     /// ```
     pub fn assign_after_fence(&self, partition: i32) -> Result<Assigned> {
         check(partition)?;
-        self.inner.fences.0.lock().remove(&partition);
-        self.take(partition)
+        self.take(partition, true)
     }
 
     /// The partitions this set saw fenced, in order: their stores answered
@@ -384,8 +383,10 @@ impl PartitionSet {
         v
     }
 
-    /// The assign itself.
-    fn take(&self, partition: i32) -> Result<Assigned> {
+    /// The assign itself; with `after_fence`, a successful open takes the
+    /// partition off the fenced list (before any [`Work`] handle can see
+    /// the store, so a fence of the new store is not forgotten).
+    fn take(&self, partition: i32, after_fence: bool) -> Result<Assigned> {
         let start = Instant::now();
         let slot = {
             let mut slots = self.inner.slots.lock();
@@ -419,6 +420,9 @@ impl PartitionSet {
         let opened = self.open(partition);
         self.inner.fences.note(partition, &opened);
         let (store, epoch, restored) = opened?;
+        if after_fence {
+            self.inner.fences.0.lock().remove(&partition);
+        }
         leaving.armed = false;
         *slot.store.write() = Some(store);
         slot.state.lock().phase = Phase::Open;

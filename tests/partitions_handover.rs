@@ -581,6 +581,13 @@ fn a_fenced_partition_is_not_taken_back_by_a_plain_assign() -> TestResult {
         assert!(matches!(&late, Err(Error::Fenced(_))), "{mode:?}: {late:?}");
         drop(work);
         assert_eq!(a.fenced(), vec![5]);
+        // The explicit call fails while the fenced store is still in the
+        // set, and the partition stays fenced.
+        assert!(matches!(
+            a.assign_after_fence(5),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert_eq!(a.fenced(), vec![5]);
         // A naive loop revokes and assigns again on `Fenced`: the revoke
         // says the partition was fenced, and the assign is refused rather
         // than fencing b in turn.
