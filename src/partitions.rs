@@ -7,8 +7,17 @@
 //! [`PartitionSet::assign`] takes ownership of the replica (fencing an
 //! earlier owner), restores the file when it must and opens it;
 //! [`PartitionSet::revoke`] refuses new work for the partition, waits for
-//! the work in flight (up to a deadline), ships the tail and closes, so
-//! the next owner restores everything this one acknowledged.
+//! the work in flight, ships the tail and closes, all by a deadline, so
+//! the next owner restores everything this one acknowledged (or, past the
+//! deadline, is told the tail stayed behind).
+//!
+//! A partition whose store answered [`Error::Fenced`] on this member (a
+//! call through [`Work`], its assign, its revoke) is remembered: another
+//! member took it over, so a plain [`PartitionSet::assign`] of it is
+//! refused, and only [`PartitionSet::assign_after_fence`], the caller's
+//! word that the group gave it back to this member, takes it again. Two
+//! members whose loops re-assign on `Fenced` would otherwise fence each
+//! other back and forth, each charging what the other had begun.
 //!
 //! Invariants:
 //! - a partition's store is reached only through a [`Work`] handle, and
@@ -23,7 +32,9 @@
 //!   partition;
 //! - a partition is in the set from the start of its assign until its
 //!   store is closed: assigning it again meanwhile is refused, and the
-//!   same file is never open twice.
+//!   same file is never open twice;
+//! - a partition seen fenced stays in the set's fenced list (past its
+//!   revoke) until `assign_after_fence` takes it again.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +55,13 @@ type MakeBuilder = dyn Fn(i32) -> Result<StoreBuilder> + Send + Sync;
 /// when the group hands this member a partition, [`revoke`](Self::revoke)
 /// when it takes one away. Handlers reach a partition's store through
 /// [`work`](Self::work).
+///
+/// A revoke keeps its deadline, also with the object store down (a tail
+/// not shipped by then stays in the local file: see
+/// [`Revoked::tail_shipped`]). A partition whose store answered
+/// [`Error::Fenced`] here is another member's: `assign` refuses it until
+/// [`assign_after_fence`](Self::assign_after_fence), so never re-assign in
+/// answer to `Fenced`; re-assign when the group hands the partition back.
 ///
 /// Cheap to clone (an `Arc`); share it between the rebalance callback and
 /// the handlers.
@@ -88,11 +106,36 @@ struct Inner {
     base: PathBuf,
     make: Box<MakeBuilder>,
     slots: Mutex<HashMap<i32, Arc<Slot>>>,
+    fences: Arc<Fences>,
+}
+
+/// The partitions whose store answered [`Error::Fenced`] on this member,
+/// each with why.
+#[derive(Default)]
+struct Fences(Mutex<HashMap<i32, String>>);
+
+impl Fences {
+    /// Notes `partition` as fenced if `result` says so.
+    fn note<T>(&self, partition: i32, result: &Result<T>) {
+        if let Err(Error::Fenced(why)) = result {
+            self.0
+                .lock()
+                .entry(partition)
+                .or_insert_with(|| why.clone());
+        }
+    }
+
+    fn why(&self, partition: i32) -> Option<String> {
+        self.0.lock().get(&partition).cloned()
+    }
 }
 
 /// One partition of the set.
 struct Slot {
     partition: i32,
+    /// The set's fenced partitions (a call of a [`Work`] handle adds to
+    /// them).
+    fences: Arc<Fences>,
     state: Mutex<SlotState>,
     changed: Condvar,
     /// `None` while opening and once revoked.
@@ -153,6 +196,13 @@ pub struct Revoked {
     pub abandoned: usize,
     /// The last segment shipped before the store closed.
     pub last_segment: Option<u64>,
+    /// Every write acknowledged here is in the replica. `false` when the
+    /// deadline passed first (the object store slow or down): the tail
+    /// stays in the local file only, and the next owner, restoring from
+    /// the replica, does not see it (its keys are new there; its claims
+    /// are not taken over as interrupted). Reassigned here later, the
+    /// local file ships it.
+    pub tail_shipped: bool,
     /// How long the whole revoke took.
     pub took: Duration,
 }
@@ -171,6 +221,10 @@ fn not_assigned(partition: i32, reason: &'static str) -> Error {
     Error::NotAssigned { partition, reason }
 }
 
+/// A revoke's tail gets at least this long (or the whole deadline, if
+/// shorter), even when the work in flight used the deadline up.
+const TAIL_AT_LEAST: Duration = Duration::from_millis(100);
+
 impl PartitionSet {
     /// A set with no partition yet, keeping its stores under `base`;
     /// `stores` makes the builder of partition `p`'s store, with the
@@ -188,6 +242,7 @@ impl PartitionSet {
                 base: base.into(),
                 make: Box::new(stores),
                 slots: Mutex::new(HashMap::new()),
+                fences: Arc::default(),
             }),
         }
     }
@@ -229,6 +284,12 @@ impl PartitionSet {
     /// [`Error::Fenced`]), restores the file when it is missing, older
     /// than the replica or left by a fenced owner, and opens it.
     ///
+    /// A partition this set saw fenced (see [`fenced`](Self::fenced)) is
+    /// refused: another member owns it now, and taking it back would
+    /// fence that member in turn. Call
+    /// [`assign_after_fence`](Self::assign_after_fence) once the group
+    /// says this member owns it again.
+    ///
     /// # Concurrent calls on the same partition
     /// A second assign while the first runs, or once it is open, is
     /// refused. A [`revoke`](Self::revoke) meanwhile waits for the open to
@@ -236,16 +297,96 @@ impl PartitionSet {
     /// [`Error::NotAssigned`] until the open is done.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a negative partition or one already
-    /// assigned to this set; [`Error::InvalidConfig`] when the builder has
-    /// no replica; the errors of [`StoreBuilder::open`] (among them
-    /// [`Error::Fenced`] when another member took the same replica at the
-    /// same moment). After an error the partition is not assigned.
+    /// [`Error::Fenced`] for a partition this set saw fenced, naming
+    /// `assign_after_fence`; [`Error::InvalidArgument`] for a negative
+    /// partition or one already assigned to this set;
+    /// [`Error::InvalidConfig`] when the builder has no replica; the
+    /// errors of [`StoreBuilder::open`] (among them [`Error::Fenced`] when
+    /// another member took the same replica at the same moment, after
+    /// which the partition counts as fenced here). After an error the
+    /// partition is not assigned.
     ///
     /// # Examples
     /// See [`PartitionSet`].
     pub fn assign(&self, partition: i32) -> Result<Assigned> {
         check(partition)?;
+        if let Some(why) = self.inner.fences.why(partition) {
+            return Err(Error::Fenced(format!(
+                "partition {partition} was fenced on this member ({why}); assign refuses it, \
+                 so two members do not take it from each other in turn: call \
+                 PartitionSet::assign_after_fence({partition}) once the group says this \
+                 member owns it now"
+            )));
+        }
+        self.take(partition, false)
+    }
+
+    /// [`assign`](Self::assign) of a partition this set saw fenced: the
+    /// caller says this member owns it now (the group handed it back, its
+    /// assignment generation is the current one), so the set forgets the
+    /// fencing and takes the partition over, fencing whoever holds its
+    /// replica. Call it from a rebalance callback's assignment, never in
+    /// answer to a [`Error::Fenced`]: the member that fenced this one
+    /// is the partition's owner until the group says otherwise. For a
+    /// partition never fenced here it is `assign`.
+    ///
+    /// # Errors
+    /// As [`assign`](Self::assign), except the refusal of a fenced
+    /// partition.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::partitions::PartitionSet;
+    /// use dedupkv::replica::{Replica, object_store::memory::InMemory};
+    /// use dedupkv::{Error, Key, Store};
+    /// use std::{sync::Arc, time::Duration};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let objects = Arc::new(InMemory::new());
+    /// let stores = move |p: i32| {
+    ///     Ok(Store::builder().replica(Replica::new(objects.clone(), &format!("orders/{p}"))))
+    /// };
+    /// let (a, b) = (
+    ///     PartitionSet::new(dir.path().join("a"), stores.clone()),
+    ///     PartitionSet::new(dir.path().join("b"), stores),
+    /// );
+    /// a.assign(0)?;
+    /// b.assign(0)?; // the group moved partition 0 without a's revoke
+    /// let late = a.work(0)?.with(|s| {
+    ///     s.insert_if_absent(&Key::new("t", "late"))?;
+    ///     s.sync_replica()
+    /// });
+    /// assert!(matches!(late, Err(Error::Fenced(_))));
+    /// assert_eq!(a.fenced(), vec![0]);
+    /// assert!(matches!(a.revoke(0, Duration::from_secs(5)), Err(Error::Fenced(_))));
+    /// assert!(matches!(a.assign(0), Err(Error::Fenced(_)))); // refused: b owns it
+    /// b.revoke(0, Duration::from_secs(5))?; // the group hands it back to a
+    /// a.assign_after_fence(0)?;
+    /// assert!(a.fenced().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn assign_after_fence(&self, partition: i32) -> Result<Assigned> {
+        check(partition)?;
+        self.take(partition, true)
+    }
+
+    /// The partitions this set saw fenced, in order: their stores answered
+    /// [`Error::Fenced`] (a call through [`Work`], an assign, a revoke),
+    /// because another member took them over. [`assign`](Self::assign)
+    /// refuses them; [`assign_after_fence`](Self::assign_after_fence)
+    /// takes one again and takes it off this list.
+    ///
+    /// # Examples
+    /// See [`assign_after_fence`](Self::assign_after_fence).
+    pub fn fenced(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.inner.fences.0.lock().keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The assign itself; with `after_fence`, a successful open takes the
+    /// partition off the fenced list (before any [`Work`] handle can see
+    /// the store, so a fence of the new store is not forgotten).
+    fn take(&self, partition: i32, after_fence: bool) -> Result<Assigned> {
         let start = Instant::now();
         let slot = {
             let mut slots = self.inner.slots.lock();
@@ -257,6 +398,7 @@ impl PartitionSet {
             }
             let slot = Arc::new(Slot {
                 partition,
+                fences: Arc::clone(&self.inner.fences),
                 state: Mutex::new(SlotState {
                     phase: Phase::Opening,
                     in_flight: 0,
@@ -275,7 +417,12 @@ impl PartitionSet {
             slot: &slot,
             armed: true,
         };
-        let (store, epoch, restored) = self.open(partition)?;
+        let opened = self.open(partition);
+        self.inner.fences.note(partition, &opened);
+        let (store, epoch, restored) = opened?;
+        if after_fence {
+            self.inner.fences.0.lock().remove(&partition);
+        }
         leaving.armed = false;
         *slot.store.write() = Some(store);
         slot.state.lock().phase = Phase::Open;
@@ -352,12 +499,21 @@ impl PartitionSet {
         Ok(Work { slot })
     }
 
-    /// Hands `partition` over: new [`work`](Self::work) for it is refused
-    /// at once, the live [`Work`] handles are waited for up to `deadline`
-    /// (past it their further calls are refused; the next owner takes
-    /// their claims over as interrupted), then the tail is shipped
+    /// Hands `partition` over, by `deadline`: new [`work`](Self::work)
+    /// for it is refused at once, the live [`Work`] handles are waited for
+    /// (past the deadline their further calls are refused; the next owner
+    /// takes their claims over as interrupted), then the tail is shipped
     /// ([`Store::sync_replica`]) and the store closed, so the next owner
     /// restores everything acknowledged here.
+    ///
+    /// The deadline bounds the whole revoke, also while the object store
+    /// is slow or down: should the work in flight use it up, the tail
+    /// still gets 100 ms (or the deadline, if shorter), and a tail not
+    /// shipped by then stays in the local file, which
+    /// [`Revoked::tail_shipped`] says. `Duration::MAX` waits without a
+    /// limit. (A call of a [`Work`] handle that is running, not just
+    /// alive, is waited for: with a synchronous replica and the object
+    /// store down, that is until its upload goes through.)
     ///
     /// # Concurrent calls on the same partition
     /// A revoke during the partition's assign waits for the open first. A
@@ -368,17 +524,20 @@ impl PartitionSet {
     /// # Errors
     /// [`Error::NotAssigned`] when the partition is not assigned to this
     /// set (or another revoke of it runs); [`Error::InvalidArgument`] for
-    /// a negative partition; the errors of [`Store::sync_replica`] (such
-    /// as [`Error::Fenced`] when another member took the partition over
-    /// already). In every case but the first two the partition has left
-    /// the set and its store is closed.
+    /// a negative partition; [`Error::Fenced`] when another member took
+    /// the partition over already (this set saw it fenced, or sees it
+    /// now): nothing was handed over, and the partition stays on the
+    /// [`fenced`](Self::fenced) list; the other errors of
+    /// [`Store::sync_replica`]. In every case but the first two the
+    /// partition has left the set and its store is closed.
     ///
     /// # Examples
     /// See [`PartitionSet`].
     pub fn revoke(&self, partition: i32, deadline: Duration) -> Result<Revoked> {
         check(partition)?;
         let start = Instant::now();
-        let until = start + deadline;
+        // `None`: a deadline too far to add to now is no limit.
+        let until = start.checked_add(deadline);
         let Some(slot) = self.inner.slots.lock().get(&partition).cloned() else {
             return Err(not_assigned(partition, "is not assigned to this member"));
         };
@@ -394,14 +553,31 @@ impl PartitionSet {
                     return Err(not_assigned(partition, "is not assigned to this member"));
                 }
             }
-            while st.in_flight > 0 && !slot.changed.wait_until(&mut st, until).timed_out() {}
+            while st.in_flight > 0 {
+                match until {
+                    Some(u) => {
+                        if slot.changed.wait_until(&mut st, u).timed_out() {
+                            break;
+                        }
+                    }
+                    None => slot.changed.wait(&mut st),
+                }
+            }
             st.in_flight
         };
         let waited = start.elapsed();
         // Under the write lock no call of a handle runs; once the store is
         // out, none can start.
         let store = slot.store.write().take();
-        let shipped = store.as_ref().map_or(Ok(()), Store::sync_replica);
+        let tail_until = until.map(|u| {
+            Instant::now()
+                .checked_add(TAIL_AT_LEAST.min(deadline))
+                .map_or(u, |t| u.max(t))
+        });
+        let shipped = store
+            .as_ref()
+            .map_or(Ok(true), |s| s.sync_replica_until(tail_until));
+        self.inner.fences.note(partition, &shipped);
         let last_segment = store
             .as_ref()
             .and_then(Store::replica_status)
@@ -410,12 +586,27 @@ impl PartitionSet {
         slot.state.lock().phase = Phase::Gone;
         self.remove(&slot);
         slot.changed.notify_all();
-        shipped?;
+        if let Some(why) = self.inner.fences.why(partition) {
+            return Err(Error::Fenced(format!(
+                "partition {partition} was fenced on this member ({why}): its revoke handed \
+                 nothing over, since another member took it over already and serves it from \
+                 the replica as that member found it"
+            )));
+        }
+        let tail_shipped = shipped?;
+        if !tail_shipped {
+            tracing::warn!(
+                partition,
+                "dedupkv revoke: the deadline passed before the tail was shipped; it stays \
+                 in the local file"
+            );
+        }
         Ok(Revoked {
             partition,
             waited,
             abandoned,
             last_segment,
+            tail_shipped,
             took: start.elapsed(),
         })
     }
@@ -511,6 +702,9 @@ impl Work {
     /// (a revoke's hand-over waits for it). Do not keep a clone of the
     /// store beyond `f`: calls through it are not fenced by the revoke.
     ///
+    /// An [`Error::Fenced`] from `f` puts the partition on the set's
+    /// [`fenced`](PartitionSet::fenced) list.
+    ///
     /// # Errors
     /// [`Error::NotAssigned`] once the partition was revoked; `f`'s own.
     ///
@@ -529,7 +723,11 @@ impl Work {
     pub fn with<R>(&self, f: impl FnOnce(&Store) -> Result<R>) -> Result<R> {
         let guard = self.slot.store.read();
         match guard.as_ref() {
-            Some(store) => f(store),
+            Some(store) => {
+                let out = f(store);
+                self.slot.fences.note(self.slot.partition, &out);
+                out
+            }
             None => Err(not_assigned(
                 self.slot.partition,
                 "was revoked from this member while this work was in flight; its next \

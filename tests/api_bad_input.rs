@@ -375,3 +375,73 @@ fn a_format_2_file_opens_whole_and_is_rewritten_as_the_newest_format() -> Result
     assert!(!store.insert_if_absent(&dedupkv::Key::new("shop", "evt-1"))?);
     Ok(())
 }
+
+/// A duration setting at its extremes opens, or is refused with a clear
+/// error: never a panic.
+fn opens_or_is_refused(what: &str, got: Result<Store>) {
+    match got {
+        Ok(_) | Err(Error::InvalidConfig(_)) => {}
+        Err(e) => panic!("{what}: neither opened nor refused as a setting: {e}"),
+    }
+}
+
+#[test]
+fn extreme_durations_saturate_or_are_refused_never_panic() -> Result<()> {
+    type Setter = fn(dedupkv::StoreBuilder, Duration) -> dedupkv::StoreBuilder;
+    let setters: [(&str, Setter); 9] = [
+        ("lease", |b, d| b.lease(d)),
+        ("retention", |b, d| b.retention(d)),
+        ("bucket_granularity", |b, d| b.bucket_granularity(d)),
+        ("max_retry_window", |b, d| b.max_retry_window(d)),
+        ("entity_retention", |b, d| b.entity_retention(d)),
+        ("max_hold", |b, d| b.max_hold(d)),
+        ("handback_lease", |b, d| b.handback_lease(d)),
+        ("reconcile_window", |b, d| b.reconcile_window(d)),
+        ("reconcile_retention", |b, d| b.reconcile_retention(d)),
+    ];
+    for (what, set) in setters {
+        for d in [Duration::MAX, Duration::ZERO] {
+            let dir = tempdir();
+            opens_or_is_refused(
+                what,
+                set(Store::builder(), d).open(dir.path().join("s.redb")),
+            );
+        }
+    }
+    let dir = tempdir();
+    let store = Store::open(dir.path().join("s.redb"))?;
+    for (i, d) in [Duration::MAX, Duration::ZERO].into_iter().enumerate() {
+        let ok_or_refused = |r: Result<()>| match r {
+            Ok(()) | Err(Error::InvalidArgument { .. } | Error::InvalidConfig(_)) => {}
+            Err(e) => panic!("{d:?}: {e}"),
+        };
+        let id = format!("k{i}");
+        ok_or_refused(store.insert_if_absent_for(&Key::new("s", &id), d).map(drop));
+        let opts = dedupkv::BeginOptions::new().lease(d).retention(d);
+        ok_or_refused(
+            store
+                .begin_with(&Key::new("s", &id), Fingerprint::NONE, &opts)
+                .map(drop),
+        );
+        ok_or_refused(
+            store
+                .begin_or_wait(&Key::new("w", &id), Fingerprint::NONE, d)
+                .map(drop),
+        );
+        if let Begin::Started(c) = store.begin(&Key::new("c", &id), Fingerprint::NONE)? {
+            ok_or_refused(store.renew_for(&c, d).map(drop));
+            ok_or_refused(store.complete_for(&c, b"ok", d));
+        }
+        ok_or_refused(
+            store
+                .dead_letters(&dedupkv::Listing::new().older_than(d))
+                .map(drop),
+        );
+        ok_or_refused(
+            store
+                .stranded_claims(&dedupkv::Listing::new().older_than(d))
+                .map(drop),
+        );
+    }
+    Ok(())
+}

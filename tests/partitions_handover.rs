@@ -4,7 +4,10 @@
 //! duplicate; work in flight past the revoke's deadline is refused and its
 //! claim taken over as interrupted; a begin racing a revoke is either in
 //! the shipped tail or refused; an assign elsewhere fences the old owner;
-//! a lost disk restores; partition ids are checked at their range.
+//! a lost disk restores; partition ids are checked at their range; a
+//! revoke keeps its deadline while the object store is down, its tail
+//! left in the local file; a partition fenced on a member is not taken
+//! back by a plain assign; extreme deadlines do not panic.
 
 mod replica_kit;
 
@@ -15,7 +18,7 @@ use std::time::Duration;
 use dedupkv::partitions::PartitionSet;
 use dedupkv::replica::{Replica, ReplicaMode, RestoreReason};
 use dedupkv::{Begin, Durability, Error, Fingerprint, Key, Store};
-use replica_kit::{Bucket, TestResult};
+use replica_kit::{Bucket, Faulty, TestResult};
 
 const MODES: [ReplicaMode; 2] = [ReplicaMode::Asynchronous, ReplicaMode::Synchronous];
 /// Generous: the tests wait on conditions, and a revoke returns as soon as
@@ -120,6 +123,9 @@ fn work_in_flight_past_the_deadline_is_refused_and_its_claim_taken_over() -> Tes
         let Begin::Started(old) = work.begin(&key, fp("slow"))? else {
             panic!("new")
         };
+        // The claim is in the replica whatever the revoke's short deadline
+        // leaves the tail.
+        work.with(Store::sync_replica)?;
         // The handle is alive: the revoke waits for it until its deadline.
         let r = a.revoke(7, Duration::from_millis(50))?;
         assert_eq!(r.abandoned, 1);
@@ -469,5 +475,159 @@ fn a_panicking_builder_leaves_the_partition_unassigned() -> TestResult {
     ));
     a.assign(1)?;
     assert_eq!(a.assigned(), vec![1]);
+    Ok(())
+}
+
+/// A member whose replicas go through `faulty`, closing without a limit
+/// of their own: only a revoke's deadline ends a close.
+fn faulty_member(faulty: &Arc<Faulty>, b: &Bucket, base: &std::path::Path) -> PartitionSet {
+    let objects: Arc<dyn dedupkv::replica::object_store::ObjectStore> = faulty.clone();
+    let prefix = b.prefix.clone();
+    PartitionSet::new(base, move |p| {
+        let replica = Replica::new(Arc::clone(&objects), &format!("{prefix}/orders/{p}"))
+            .close_timeout(Duration::MAX);
+        Ok(Store::builder()
+            .durability(Durability::Immediate)
+            .replica(replica))
+    })
+}
+
+#[test]
+fn a_revoke_keeps_its_deadline_while_the_object_store_is_down() -> TestResult {
+    for outage in ["refuses every write", "stalls every call"] {
+        let b = Bucket::new();
+        let dir = tempfile::tempdir()?;
+        let faulty = Faulty::new(Arc::clone(&b.objects));
+        let a = faulty_member(&faulty, &b, &dir.path().join("a"));
+        a.assign(2)?;
+        complete_all(&a, 2, &ids(2, 5))?;
+        a.work(2)?.with(Store::sync_replica)?;
+        if outage == "refuses every write" {
+            faulty.hold_puts.store(true, Ordering::SeqCst);
+        } else {
+            faulty.stall_ms.store(3_600_000, Ordering::SeqCst);
+        }
+        // Acknowledged from the local file; its upload cannot go through.
+        let tail = vec!["p2-tail".to_string()];
+        complete_all(&a, 2, &tail)?;
+        let (tx, answer) = std::sync::mpsc::channel();
+        let set = a.clone();
+        std::thread::spawn(move || tx.send(set.revoke(2, Duration::from_millis(100))));
+        let revoked = answer.recv_timeout(DEADLINE).unwrap_or_else(|_| {
+            panic!("the object store {outage}: the revoke ignored its deadline")
+        })?;
+        assert!(!revoked.tail_shipped, "{outage}: {revoked:?}");
+        assert!(a.assigned().is_empty());
+        // The tail stayed in the local file: the object store back, the
+        // same member takes the partition again, and ships it.
+        faulty.hold_puts.store(false, Ordering::SeqCst);
+        faulty.stall_ms.store(0, Ordering::SeqCst);
+        a.assign(2)?;
+        let r = a.revoke(2, DEADLINE)?;
+        assert!(r.tail_shipped, "{outage}");
+        let bm = member(&b, &dir.path().join("b"), ReplicaMode::Asynchronous);
+        bm.assign(2)?;
+        let work = bm.work(2)?;
+        for id in ids(2, 5).iter().chain(&tail) {
+            assert!(
+                matches!(
+                    work.begin(&Key::new("orders", id), fp(id))?,
+                    Begin::Completed(_)
+                ),
+                "{outage}: {id} reached the next member"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn extreme_deadlines_and_close_timeouts_do_not_panic() -> TestResult {
+    let b = Bucket::new();
+    let dir = tempfile::tempdir()?;
+    let faulty = Faulty::new(Arc::clone(&b.objects));
+    let a = faulty_member(&faulty, &b, &dir.path().join("a"));
+    for deadline in [Duration::MAX, Duration::ZERO] {
+        a.assign(1)?;
+        complete_all(&a, 1, &[format!("evt-{deadline:?}")])?;
+        let r = a.revoke(1, deadline)?;
+        if deadline == Duration::MAX {
+            assert!(r.tail_shipped, "no deadline: the tail is shipped");
+        }
+    }
+    a.assign(1)?;
+    let all = a.revoke_all(Duration::MAX);
+    assert!(matches!(all.as_slice(), [(1, Ok(_))]), "{all:?}");
+    Ok(())
+}
+
+#[test]
+fn a_fenced_partition_is_not_taken_back_by_a_plain_assign() -> TestResult {
+    for mode in MODES {
+        let b = Bucket::new();
+        let dir = tempfile::tempdir()?;
+        let a = member(&b, &dir.path().join("a"), mode);
+        let bm = member(&b, &dir.path().join("b"), mode);
+        a.assign(5)?;
+        complete_all(&a, 5, &ids(5, 3))?;
+        a.work(5)?.with(Store::sync_replica)?;
+        // The group moved partition 5 to b without a's revoke.
+        bm.assign(5)?;
+        let work = a.work(5)?;
+        let late = work.with(|s| {
+            s.insert_if_absent(&Key::new("orders", "late"))?;
+            s.sync_replica()
+        });
+        assert!(matches!(&late, Err(Error::Fenced(_))), "{mode:?}: {late:?}");
+        drop(work);
+        assert_eq!(a.fenced(), vec![5]);
+        // The explicit call fails while the fenced store is still in the
+        // set, and the partition stays fenced.
+        assert!(matches!(
+            a.assign_after_fence(5),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert_eq!(a.fenced(), vec![5]);
+        // A naive loop revokes and assigns again on `Fenced`: the revoke
+        // says the partition was fenced, and the assign is refused rather
+        // than fencing b in turn.
+        let err = a.revoke(5, DEADLINE).unwrap_err();
+        assert!(
+            matches!(&err, Error::Fenced(m) if m.contains("partition 5") && m.contains("handed nothing over")),
+            "{err}"
+        );
+        let err = a.assign(5).unwrap_err();
+        assert!(
+            matches!(&err, Error::Fenced(m) if m.contains("assign_after_fence(5)")),
+            "{mode:?}: {err}"
+        );
+        assert!(a.assigned().is_empty());
+        assert_eq!(a.fenced(), vec![5], "still fenced after the refusal");
+        // b was not fenced back: it serves the partition, and ships.
+        assert!(bm.work(5)?.insert_if_absent(&Key::new("orders", "on-b"))?);
+        bm.work(5)?.with(Store::sync_replica)?;
+        // The group hands the partition back: the explicit call takes it.
+        bm.revoke(5, DEADLINE)?;
+        a.assign_after_fence(5)?;
+        assert!(a.fenced().is_empty());
+        assert!(!a.work(5)?.insert_if_absent(&Key::new("orders", "on-b"))?);
+        a.revoke(5, DEADLINE)?;
+        a.assign(5)?; // a plain assign again, once it was not fenced since
+    }
+    Ok(())
+}
+
+#[test]
+fn an_assign_that_loses_the_race_for_the_epoch_counts_as_fenced() -> TestResult {
+    let b = Bucket::new();
+    let dir = tempfile::tempdir()?;
+    let faulty = Faulty::new(Arc::clone(&b.objects));
+    let a = faulty_member(&faulty, &b, &dir.path().join("a"));
+    faulty.rival_owner.store(true, Ordering::SeqCst);
+    assert!(matches!(a.assign(6), Err(Error::Fenced(_))));
+    assert_eq!(a.fenced(), vec![6]);
+    assert!(matches!(a.assign(6), Err(Error::Fenced(m)) if m.contains("assign_after_fence(6)")));
+    a.assign_after_fence(6)?;
+    assert_eq!(a.assigned(), vec![6]);
     Ok(())
 }

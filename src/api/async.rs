@@ -369,13 +369,15 @@ impl AsyncStore {
     /// [`Store::begin_or_wait`], without blocking: while another attempt
     /// holds the key, the future waits (at most `timeout`) for that
     /// attempt's finish or lease end, woken by the finish or by the
-    /// store's timer thread, then begins again.
+    /// store's timer thread, then begins again. A store poisoned or fenced
+    /// meanwhile wakes it at once, with the error.
     ///
     /// # Cancellation
     /// Dropped while waiting, it leaves nothing behind.
     ///
     /// # Errors
-    /// As [`Store::begin`].
+    /// As [`Store::begin`], also when the store is poisoned or fenced
+    /// while the future waits.
     ///
     /// # Examples
     /// ```

@@ -107,6 +107,25 @@ impl Store {
         up.sync()
     }
 
+    /// [`sync_replica`](Self::sync_replica), for a hand-over that must
+    /// end by `until` (`None`: no limit): `Ok(false)` when `until` passed
+    /// before the tail was shipped (it stays in the local file). Closing
+    /// the store then waits for the uploader until `until` at the latest
+    /// too.
+    #[cfg(feature = "replica")]
+    pub(crate) fn sync_replica_until(&self, until: Option<std::time::Instant>) -> Result<bool> {
+        let Some(up) = &self.replica else {
+            return Err(crate::Error::InvalidConfig(
+                "this store has no replica".into(),
+            ));
+        };
+        if let Some(at) = until {
+            up.close_by(at);
+        }
+        self.engine.flush()?;
+        up.sync_until(until)
+    }
+
     /// What the store's replica is doing (feature "replica"); `None`
     /// without one.
     ///

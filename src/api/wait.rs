@@ -29,14 +29,18 @@ impl Store {
     /// was told (a renewed lease is waited for again); a store driven by a
     /// [`ManualClock`](crate::ManualClock) wakes its waiters in
     /// [`evict_expired`](Self::evict_expired), called after moving the
-    /// clock. A key nobody waits on costs nothing.
+    /// clock. A key nobody waits on costs nothing. A store that is
+    /// poisoned meanwhile (a failed commit, or its replica fenced by
+    /// another owner) wakes every waiter at once, which answers the
+    /// error ([`Error::Fenced`](crate::Error::Fenced), [`Error::Poisoned`](crate::Error::Poisoned)).
     ///
     /// # Concurrent calls on the same key
     /// As `begin`: of the waiters woken by a release or a lapse, exactly
     /// one gets `Started`; the others see its claim and wait again.
     ///
     /// # Errors
-    /// As [`begin`](Self::begin).
+    /// As [`begin`](Self::begin), also when the store is poisoned or
+    /// fenced while this call waits.
     ///
     /// # Examples
     /// ```

@@ -115,7 +115,8 @@ pub(crate) struct Engine {
     compact_due: AtomicBool,
     counters: counters::StoreCounters,
     /// Callers waiting for an in-flight result, per key (see [`waiters`]).
-    waiters: waiters::KeyWaiters,
+    /// Shared with the log's poison hook, which wakes them all.
+    waiters: Arc<waiters::KeyWaiters>,
     /// Called on every tick of the background evictor (a metrics bridge).
     tick_hook: std::sync::OnceLock<counters::TickHook>,
     /// The file, for a store opened by path (compaction checks its size).

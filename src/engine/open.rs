@@ -184,11 +184,16 @@ impl Engine {
             evicting: Mutex::new(()),
             compact_due: AtomicBool::new(true),
             counters: StoreCounters::default(),
-            waiters: super::waiters::KeyWaiters::default(),
+            waiters: Arc::default(),
             tick_hook: std::sync::OnceLock::new(),
             path,
             opened_at: opened_at.max(time_floor),
         });
+        // A poisoned log (a failed commit, the replica's fence) wakes every
+        // `begin_or_wait` at once, to answer the poison. A poison before
+        // this is seen by their first `begin`: nobody could wait yet.
+        let waiters = Arc::clone(&engine.waiters);
+        engine.log.on_poison(Box::new(move || waiters.wake_all()));
         // The expired tables go once the entities that still have events
         // are carried out of them: the carried records are committed in the
         // deletion's commit or before it.

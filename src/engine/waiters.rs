@@ -19,7 +19,12 @@
 //!   waiter sleeps at most until the lease end it was told, and a pass of
 //!   [`Engine::wake_lapsed`] (every eviction tick, and every
 //!   `Store::evict_expired`, which a caller driving a manual clock calls)
-//!   wakes the waiters of keys whose lease has lapsed by then.
+//!   wakes the waiters of keys whose lease has lapsed by then;
+//! - a poisoned log (a failed commit, or the replica's fence) wakes every
+//!   waiter of every key at once ([`KeyWaiters::wake_all`], the log's
+//!   poison hook): the poison is set before the wake, and a waiter's
+//!   `begin` checks it, so each waiter answers the poison (such as
+//!   `Fenced`) instead of sleeping out the lease.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -93,6 +98,15 @@ impl KeyWaiters {
         }
         let waited = self.map.lock().get(&h).cloned();
         if let Some(w) = waited {
+            w.bump();
+        }
+    }
+
+    /// Wakes the waiters of every key: the log is poisoned, so each
+    /// waiter's next `begin` answers why.
+    pub(crate) fn wake_all(&self) {
+        let all: Vec<_> = self.map.lock().values().cloned().collect();
+        for w in all {
             w.bump();
         }
     }

@@ -257,7 +257,15 @@ struct Shared {
     summaries: Mutex<BTreeMap<u64, Summary>>,
     /// The file's store format as of the last commit.
     format: AtomicU32,
+    /// Told once the log is poisoned (a failed commit, or the replica's
+    /// fence), after `poisoned` is set: the engine wakes every caller
+    /// waiting for a key's in-flight result, whose next `begin` then
+    /// answers the poison.
+    on_poison: std::sync::OnceLock<PoisonHook>,
 }
+
+/// See [`Log::on_poison`].
+pub(crate) type PoisonHook = Box<dyn Fn() + Send + Sync>;
 
 impl Shared {
     /// The row callers are acknowledged up to: the durable row, or with a
@@ -297,10 +305,21 @@ impl AckTarget for Shared {
         }
         self.fenced.store(true, Ordering::Release);
         self.poisoned.store(true, Ordering::Release);
+        self.poisoned_now();
+    }
+}
+
+impl Shared {
+    /// Wakes everyone waiting on the log (the log was just poisoned), and
+    /// tells the hook.
+    fn poisoned_now(&self) {
         for w in &self.woke {
             w.wake_all();
         }
         self.wakers.wake_all();
+        if let Some(hook) = self.on_poison.get() {
+            hook();
+        }
     }
 }
 
@@ -423,6 +442,7 @@ impl Log {
             fenced: AtomicBool::new(false),
             summaries: Mutex::new(summaries),
             format: AtomicU32::new(format),
+            on_poison: std::sync::OnceLock::new(),
         });
         if let Some(ship) = &shared.ship {
             let target: crate::sync::Weak<dyn AckTarget> = Arc::downgrade(&shared) as _;
@@ -555,6 +575,13 @@ impl Log {
         self.check()?;
         durable::note_append();
         Ok(self.shared.batch.lock())
+    }
+
+    /// Sets what the log tells once it is poisoned (once; a second hook
+    /// is ignored). A poison before the hook is set is not told: whoever
+    /// sets it checks the log afterwards.
+    pub(crate) fn on_poison(&self, hook: PoisonHook) {
+        let _ = self.shared.on_poison.set(hook);
     }
 
     /// Fails if an earlier commit failed.
@@ -939,10 +966,7 @@ fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
             tracing::error!(row, error = %e, "dedupkv commit failed; store poisoned");
             *s.poison.lock() = Some(format!("commit of log row {row} failed: {e}"));
             s.poisoned.store(true, Ordering::Release);
-            for w in &s.woke {
-                w.wake_all();
-            }
-            s.wakers.wake_all();
+            s.poisoned_now();
             Committed::Failed(e)
         }
     }

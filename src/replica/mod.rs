@@ -137,7 +137,10 @@ pub enum ReplicaMode {
 
 impl Replica {
     /// A replica in `objects` under `prefix` (one prefix per store, such
-    /// as `"stores/orders-3"`), with the defaults below.
+    /// as `"stores/orders-3"`), with the defaults below. An empty prefix
+    /// (or one of slashes only) would put the store's objects at the
+    /// bucket's root, beside other stores' objects: opening the store
+    /// refuses it.
     pub fn new(objects: Arc<dyn object_store::ObjectStore>, prefix: &str) -> Replica {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".into());
         Replica {
@@ -284,6 +287,8 @@ impl Replica {
     /// How long closing the store waits for the uploader to ship what is
     /// left. Default: 60 s. Past it the store closes anyway, leaving the
     /// tail in the local file only (its next open ships it).
+    /// `Duration::ZERO` does not wait; `Duration::MAX` waits without a
+    /// limit.
     ///
     /// # Examples
     /// ```
@@ -299,6 +304,13 @@ impl Replica {
     /// Checks the settings.
     pub(crate) fn validate(&self, durability: crate::Durability) -> crate::Result<()> {
         let bad = |m: &str| Err(crate::Error::InvalidConfig(m.into()));
+        if self.prefix.as_ref().is_empty() {
+            return bad(
+                "the replica's prefix is empty (or only slashes): the store's objects would \
+                 sit at the bucket's root, beside other stores' objects; give each store a \
+                 prefix of its own, such as \"stores/orders-3\"",
+            );
+        }
         if self.segment_interval.is_zero() {
             return bad("the replica's segment interval must be at least 1 ms");
         }

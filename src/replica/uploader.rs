@@ -84,6 +84,9 @@ struct State {
     closed: bool,
     /// Give up: close timed out.
     stop: bool,
+    /// Closing waits for the uploader until then at the latest (see
+    /// [`Uploader::close_by`]).
+    close_by: Option<Instant>,
     /// The thread has exited.
     done: bool,
     fenced: Option<String>,
@@ -199,6 +202,13 @@ impl Uploader {
 
     /// Waits until every commit handed over so far is in the object store.
     pub(crate) fn sync(&self) -> Result<()> {
+        self.sync_until(None).map(drop)
+    }
+
+    /// [`sync`](Self::sync), giving up at `deadline` (`None`: never):
+    /// `Ok(false)` when the deadline passed first (the rest stays queued,
+    /// and in the local file).
+    pub(crate) fn sync_until(&self, deadline: Option<Instant>) -> Result<bool> {
         let mut st = self.state.lock();
         let target = st.handed_row;
         st.flush = true;
@@ -209,13 +219,27 @@ impl Uploader {
             }
             if st.shipped_row >= target && !st.reset_pending {
                 st.flush = false;
-                return Ok(());
+                return Ok(true);
             }
             if st.done {
                 return Err(Error::Closed);
             }
-            self.progress.wait(&mut st);
+            match deadline {
+                None => self.progress.wait(&mut st),
+                Some(d) => {
+                    if self.progress.wait_until(&mut st, d).timed_out() {
+                        return Ok(false);
+                    }
+                }
+            }
         }
+    }
+
+    /// Closing the store waits for the uploader until `at` at the latest
+    /// (or the close timeout, if that ends sooner).
+    pub(crate) fn close_by(&self, at: Instant) {
+        let mut st = self.state.lock();
+        st.close_by = Some(st.close_by.map_or(at, |c| c.min(at)));
     }
 
     /// Stops the uploader of a store whose open failed (the log never
@@ -715,9 +739,22 @@ impl Sink for Uploader {
         let mut st = self.state.lock();
         st.closed = true;
         self.more.notify_all();
-        let deadline = Instant::now() + self.cfg.close_timeout;
+        // A close timeout too long to add to now is no limit.
+        let deadline = match (
+            Instant::now().checked_add(self.cfg.close_timeout),
+            st.close_by,
+        ) {
+            (Some(t), Some(c)) => Some(t.min(c)),
+            (t, c) => t.or(c),
+        };
         while !st.done {
-            if self.progress.wait_until(&mut st, deadline).timed_out() && !st.done {
+            let timed_out = if let Some(d) = deadline {
+                self.progress.wait_until(&mut st, d).timed_out()
+            } else {
+                self.progress.wait(&mut st);
+                false
+            };
+            if timed_out && !st.done {
                 tracing::error!(
                     "dedupkv replica: the uploader did not finish within the close timeout; \
                      the unshipped tail stays in the local file until its next open"

@@ -166,7 +166,10 @@ impl GroupContext {
 
     fn assign(&self, tpl: &TopicPartitionList) {
         for partition in self.partitions(tpl) {
-            let mut result = self.set.assign(partition);
+            // The group's assignment is its word that this member owns the
+            // partition now, so a partition fenced here before is taken
+            // again (`assign` would refuse it).
+            let mut result = self.set.assign_after_fence(partition);
             // Another member taking the same epoch at the same moment (a
             // rebalance racing a slow revoke elsewhere) loses cleanly:
             // try again, the next epoch is free.
@@ -174,7 +177,7 @@ impl GroupContext {
                 if !matches!(result, Err(dedupkv::Error::Fenced(_))) {
                     break;
                 }
-                result = self.set.assign(partition);
+                result = self.set.assign_after_fence(partition);
             }
             if let Err(e) = &result {
                 tracing::warn!(partition, error = %e, "dedupkv assign failed");
