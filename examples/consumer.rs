@@ -186,9 +186,14 @@ fn handle(store: &Store, ev: Event, env: &Env<'_>, tally: &Tally) -> bool {
             }
             let outcome = if ev.payment {
                 // The provider deduplicates on this key: the same on every
-                // attempt of the payment, even in another process.
+                // attempt of the payment, even in another process. No key
+                // (the store was closed or fenced): no charge; the claim
+                // drops, released, and the event is redelivered.
+                let Ok(provider_key) = claim.provider_key() else {
+                    return false;
+                };
                 (env.emit)(Effect::Charge {
-                    provider_key: claim.provider_key(),
+                    provider_key,
                     id: ev.id,
                 });
                 std::thread::sleep(Duration::from_millis(1)); // the provider's answer

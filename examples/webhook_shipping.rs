@@ -277,7 +277,7 @@ impl Handler<'_> {
         loop {
             let effect = Effect::new(
                 intent,
-                |claim: &Claim| Ok(self.lookup(claim, d.order)),
+                |claim: &Claim| self.lookup(claim, d.order),
                 |claim: &Claim| self.ship(claim, d),
                 // The carrier's refusal may pass (an address fixed at its
                 // end): retried, then dead-lettered with its reason.
@@ -319,8 +319,10 @@ impl Handler<'_> {
     /// key (after an interrupted attempt, or one whose answer is unknown).
     /// (This carrier always answers its lookups; one that can fail to
     /// answer would return `Err`, and the runner would retry later.)
-    fn lookup(&self, claim: &Claim, order: u64) -> Option<Vec<u8>> {
-        let found = self.carrier.lookup(&claim.provider_key());
+    fn lookup(&self, claim: &Claim, order: u64) -> Result<Option<Vec<u8>>, String> {
+        // The runner took the key before calling: this answers at once.
+        let provider_key = claim.provider_key().map_err(|e| e.to_string())?;
+        let found = self.carrier.lookup(&provider_key);
         if claim.interrupted() {
             let what = if found.is_some() {
                 "accepted"
@@ -329,12 +331,13 @@ impl Handler<'_> {
             };
             (self.say)(format!("RECONCILED {order} {what}"));
         }
-        found.map(String::into_bytes)
+        Ok(found.map(String::into_bytes))
     }
 
     /// Calls the carrier with the claim's provider key.
     fn ship(&self, claim: &Claim, d: Delivery) -> Result<Vec<u8>, String> {
-        let (label, fresh) = self.carrier.create(&claim.provider_key(), d.order)?;
+        let provider_key = claim.provider_key().map_err(|e| e.to_string())?;
+        let (label, fresh) = self.carrier.create(&provider_key, d.order)?;
         if fresh {
             (self.say)(format!("ACCEPTED {}", d.order));
             if d.hold {

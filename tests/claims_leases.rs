@@ -448,7 +448,7 @@ fn the_provider_key_is_the_same_on_every_attempt_of_an_operation() -> Result<()>
     {
         let store = open(&dir, &clock)?;
         let a1 = started(store.begin(&key, fp)?);
-        first = a1.provider_key();
+        first = a1.provider_key()?;
         assert_eq!(first.len(), 32, "{first}");
         assert!(first.bytes().all(|b| b.is_ascii_hexdigit()), "{first}");
         assert_eq!(recorded_provider_key(&store, &key)?, first);
@@ -457,15 +457,15 @@ fn the_provider_key_is_the_same_on_every_attempt_of_an_operation() -> Result<()>
         let a2 = started(store.begin(&key, fp)?);
         assert_eq!(a2.attempt(), 2);
         assert_ne!(a2.token(), a1.token());
-        assert_eq!(a2.provider_key(), first, "takeover");
+        assert_eq!(a2.provider_key()?, first, "takeover");
 
         store.fail(&a2, Failure::Retryable)?;
         assert_eq!(recorded_provider_key(&store, &key)?, first, "released");
         let a3 = started(store.begin(&key, fp)?);
-        assert_eq!(a3.provider_key(), first, "retry");
+        assert_eq!(a3.provider_key()?, first, "retry");
         drop(a3);
         let a4 = started(store.begin(&key, fp)?);
-        assert_eq!(a4.provider_key(), first, "after a dropped claim");
+        assert_eq!(a4.provider_key()?, first, "after a dropped claim");
         std::mem::forget(a4); // the process dies holding it
     }
     let store = open(&dir, &clock)?;
@@ -473,7 +473,7 @@ fn the_provider_key_is_the_same_on_every_attempt_of_an_operation() -> Result<()>
     clock.advance(Duration::from_secs(31));
     let a5 = started(store.begin(&key, fp)?);
     assert_eq!(a5.attempt(), 5);
-    assert_eq!(a5.provider_key(), first, "takeover after reopen");
+    assert_eq!(a5.provider_key()?, first, "takeover after reopen");
     store.complete(&a5, b"label L-1")?;
     let Begin::Completed(rec) = store.begin(&key, fp)? else {
         panic!("expected Completed")
@@ -493,9 +493,9 @@ fn provider_keys_differ_across_scopes_stores_and_operations() -> Result<()> {
     let a = started(s1.begin(&Key::new("shop-1", "order-9"), Fingerprint::NONE)?);
     let b = started(s1.begin(&Key::new("shop-2", "order-9"), Fingerprint::NONE)?);
     let c = started(s2.begin(&Key::new("shop-1", "order-9"), Fingerprint::NONE)?);
-    assert_ne!(a.provider_key(), b.provider_key(), "scopes");
-    assert_ne!(a.provider_key(), c.provider_key(), "stores");
-    let old = a.provider_key();
+    assert_ne!(a.provider_key()?, b.provider_key()?, "scopes");
+    assert_ne!(a.provider_key()?, c.provider_key()?, "stores");
+    let old = a.provider_key()?;
     s1.complete(&a, b"done")?;
 
     // Past the retention (24 h by default) the key starts a new operation.
@@ -503,7 +503,7 @@ fn provider_keys_differ_across_scopes_stores_and_operations() -> Result<()> {
     s1.evict_expired()?;
     let again = started(s1.begin(&Key::new("shop-1", "order-9"), Fingerprint::NONE)?);
     assert_eq!(again.attempt(), 1);
-    assert_ne!(again.provider_key(), old, "a new operation");
+    assert_ne!(again.provider_key()?, old, "a new operation");
 
     // An inserted key is no operation: it has no provider key.
     s1.insert_if_absent(&Key::new("shop-1", "evt-1"))?;

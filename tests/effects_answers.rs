@@ -212,7 +212,7 @@ impl Run {
     /// One attempt of a claim: ask first when told to (unless this worker
     /// is naive), call, record the answer, finish.
     fn attempt(&mut self, claim: Claim) -> Result<()> {
-        let pk = claim.provider_key();
+        let pk = claim.provider_key()?;
         let told = claim.interrupted() || claim.unanswered_intent();
         let naive = self.rng.pct(self.naive);
         if told && !naive {
@@ -414,11 +414,11 @@ fn call_once(
             }
             Ok(carrier
                 .borrow()
-                .lookup(&c.provider_key())
+                .lookup(&c.provider_key().map_err(|e| e.to_string())?)
                 .map(String::into_bytes))
         },
         |c: &Claim| -> std::result::Result<Vec<u8>, String> {
-            let pk = c.provider_key();
+            let pk = c.provider_key().map_err(|e| e.to_string())?;
             match fate {
                 0..12 => Err("503 Service Unavailable".into()),
                 12..20 => {

@@ -54,7 +54,7 @@ impl Carrier {
         }
         let shipments = self.shipments.borrow();
         Ok(shipments
-            .get(&claim.provider_key())
+            .get(&claim.provider_key().map_err(|e| e.to_string())?)
             .map(|l| l.clone().into_bytes()))
     }
 
@@ -67,7 +67,7 @@ impl Carrier {
         let mut shipments = self.shipments.borrow_mut();
         let n = shipments.len();
         let label = shipments
-            .entry(claim.provider_key())
+            .entry(claim.provider_key().map_err(|e| e.to_string())?)
             .or_insert_with(|| format!("1Z{:03}", n + 1))
             .clone();
         match next {

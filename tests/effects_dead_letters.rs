@@ -65,7 +65,7 @@ fn an_exhausted_operation_lands_in_the_area_with_its_reason_and_payload() -> Res
         dl.failed_at(),
         UNIX_EPOCH + Duration::from_millis(T0 + 10_000)
     );
-    assert_eq!(dl.record().provider_key(), Some(claim.provider_key()));
+    assert_eq!(dl.record().provider_key(), Some(claim.provider_key()?));
     let rec = store.get(&key)?.expect("recorded");
     assert_eq!(rec.state(), State::DeadLettered);
     assert_eq!(rec.outcome(), Some(&b"carrier down after 2 attempts"[..]));

@@ -58,7 +58,7 @@ fn an_intent_rides_in_the_claims_commit_and_mark_sent_adds_one() -> Result<()> {
         (e.target(), e.request(), e.is_sent()),
         ("carrier", Some(SHIP.request), false)
     );
-    assert_eq!(e.provider_key(), claim.provider_key());
+    assert_eq!(e.provider_key(), claim.provider_key()?);
     assert_eq!((e.attempt(), store.stats().intents_pending), (1, 1));
     store.mark_sent(&claim, b"1Z999")?;
     assert_eq!(store.stats().commits, before + 2);
@@ -101,7 +101,7 @@ fn an_unanswered_intent_survives_a_crash_and_the_next_attempt_is_told() -> Resul
     let e = store.intent(&key)?.expect("pending");
     assert_eq!(
         e.provider_key(),
-        claim.provider_key(),
+        claim.provider_key()?,
         "the same key to ask with"
     );
     assert_eq!(

@@ -25,7 +25,7 @@ fn builder(clock: &ManualClock) -> StoreBuilder {
 /// Ships `id`: begin + complete; returns its provider key.
 fn ship(store: &Store, id: &str) -> Result<String> {
     let c = started(store.begin(&Key::new("shipments", id), Fingerprint::NONE)?);
-    let pk = c.provider_key();
+    let pk = c.provider_key()?;
     store.complete(&c, b"label")?;
     Ok(pk)
 }

@@ -161,7 +161,7 @@ fn a_fenced_owners_claim_is_taken_over_at_once_as_interrupted() -> TestResult {
     };
     assert!(new.interrupted());
     assert_eq!(new.attempt(), old.attempt() + 1);
-    assert_eq!(new.provider_key(), old.provider_key());
+    assert_eq!(new.provider_key()?, old.provider_key()?);
     assert!(new.token() > old.token());
     // The zombie cannot finish what it no longer owns.
     assert!(matches!(

@@ -77,7 +77,7 @@ fn outcomes_claims_and_the_provider_key_travel_with_the_replica() -> TestResult 
         let Begin::Started(c) = s.begin(&open_key, fp)? else {
             panic!("new")
         };
-        let pk = c.provider_key();
+        let pk = c.provider_key()?;
         let token = c.token();
         std::mem::forget(c); // the owner dies with the claim in progress
         (pk, token)
@@ -95,7 +95,7 @@ fn outcomes_claims_and_the_provider_key_travel_with_the_replica() -> TestResult 
         "the fenced owner's claim is taken over as interrupted"
     );
     assert_eq!(
-        c.provider_key(),
+        c.provider_key()?,
         provider_key,
         "the same provider key on the new owner"
     );

@@ -35,6 +35,10 @@ use crate::{Durability, Error};
 /// Cheap to clone; it shares the store it wraps ([`store`](Self::store)
 /// gives the blocking API back, for the reads and the operator's calls).
 ///
+/// A claim's provider key, which with an asynchronous replica waits for
+/// the claim's upload, is awaited with
+/// [`Claim::provider_key_async`] (a future that owns what it needs).
+///
 /// # Cancellation
 /// A future does nothing until first polled. On its first poll the call
 /// is decided and its records appended (the in-memory part, run inline);

@@ -169,16 +169,46 @@ impl Claim {
     /// shipping provider's `Idempotency-Key`) for this operation: 32
     /// lowercase hex digits.
     ///
-    /// It is the same on every attempt of one operation — after a takeover
-    /// of a lapsed lease, a [`Failure::Retryable`] or a dropped claim, and
-    /// after the store is reopened — so a provider that deduplicates on it
-    /// acts once however often the work is retried. It differs between
-    /// scopes, between keys, between stores (it is keyed with the store's
-    /// persisted secret), and between two operations on one key (after the
-    /// first one's record expired). [`Record::provider_key`] reports it too.
+    /// It is the same on every attempt of one operation, on every owner
+    /// of the store: after a takeover of a lapsed lease, a
+    /// [`Failure::Retryable`] or a dropped claim, after the store is
+    /// reopened, and with a replica after the store (or its partition)
+    /// moves to another owner, even one restored from the replica after
+    /// a lost disk. So a provider that deduplicates on it acts once
+    /// however often, and wherever, the work is retried. It differs
+    /// between scopes, between keys, between stores (it is keyed with the
+    /// store's persisted secret, which a replica carries), and between two
+    /// operations on one key (after [`forget`](Store::forget), or after
+    /// the first one's record expired). [`Record::provider_key`] reports
+    /// it too.
+    ///
+    /// The key hashes the operation's first claim record (its time and
+    /// fingerprint), so it is given out only once that record is where
+    /// the store's next owner will read it:
+    ///
+    /// | store | this call |
+    /// |---|---|
+    /// | no replica | answers once the claim is durable: at once under [`Durability::Immediate`] (`begin` waited for it); under `Deferred` it commits now |
+    /// | synchronous replica | answers once the claim is in the replica: at once under `Immediate` (`begin` waited for it) |
+    /// | asynchronous replica | asks the uploader to ship the claim's segment now, without waiting for its interval, and waits for that upload (none if it already went) |
+    ///
+    /// A claim whose record never reached the replica was never given a
+    /// key, so the fresh first attempt the next owner then makes (with a
+    /// key of its own) cannot repeat a call. Once it answered, it answers
+    /// at once. A caller that never asks pays nothing.
     ///
     /// Use it as THE key for external calls; keep [`token`](Self::token)
-    /// for fencing.
+    /// for fencing. It blocks: in async code await
+    /// [`provider_key_async`](Self::provider_key_async) instead.
+    ///
+    /// # Errors
+    /// Never a key that a later owner would not derive again. Instead:
+    /// [`Error::Fenced`] if another owner took the replica over before the
+    /// claim was shipped (do not call the provider: the claim is that
+    /// owner's to take over); [`Error::Poisoned`] if a commit failed;
+    /// [`Error::Closed`] if the store was closed before the key could be
+    /// kept. While the object store refuses uploads the call waits, as the
+    /// uploader retries.
     ///
     /// # Examples
     /// ```
@@ -187,16 +217,60 @@ impl Claim {
     /// # let store = Store::open(dir.path().join("s.redb"))?;
     /// let key = Key::new("shop-42", "ship-order-7");
     /// let Begin::Started(first) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
-    /// let idempotency_key = first.provider_key();
+    /// let idempotency_key = first.provider_key()?;
     /// store.fail(&first, Failure::Retryable)?; // the provider timed out
     /// let Begin::Started(retry) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
     /// assert_ne!(retry.token(), first.token());
-    /// assert_eq!(retry.provider_key(), idempotency_key); // the provider sees one request
+    /// assert_eq!(retry.provider_key()?, idempotency_key); // the provider sees one request
     /// # store.complete(&retry, b"")?;
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
-    pub fn provider_key(&self) -> String {
-        format!("{:032x}", self.ticket.provider_key)
+    pub fn provider_key(&self) -> Result<String> {
+        self.ticket.provider_key().map(hex)
+    }
+
+    /// [`provider_key`](Self::provider_key) as a future (feature
+    /// `async`): woken by the upload that keeps the claim, never blocking
+    /// the executor. It owns what it needs (it does not borrow the claim),
+    /// so it can move into an `async move` block.
+    ///
+    /// # Cancellation
+    /// Dropping it only stops the wait; a segment it asked for is still
+    /// shipped.
+    ///
+    /// # Errors
+    /// As [`provider_key`](Self::provider_key).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::{AsyncStore, Begin, Fingerprint, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// # rt.block_on(async {
+    /// let store = AsyncStore::new(Store::open(dir.path().join("s.redb"))?);
+    /// let Begin::Started(claim) = store.begin(&Key::new("t", "charge-1"), Fingerprint::NONE).await? else { unreachable!() };
+    /// let idempotency_key = claim.provider_key_async();
+    /// let sent = async move {
+    ///     let idempotency_key = idempotency_key.await?;
+    ///     // an HTTP call with `Idempotency-Key: {idempotency_key}`
+    ///     Ok::<_, dedupkv::Error>(idempotency_key)
+    /// };
+    /// assert_eq!(sent.await?, claim.provider_key()?);
+    /// # store.complete(&claim, b"").await?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[cfg(feature = "async")]
+    pub fn provider_key_async(
+        &self,
+    ) -> impl std::future::Future<Output = Result<String>> + Send + 'static + use<> {
+        let (engine, row, key) = self.ticket.provider_key_parts();
+        KeptKey {
+            engine,
+            row,
+            key,
+            slot: None,
+        }
     }
 
     /// When the operation's first attempt was claimed (the same on every
@@ -329,13 +403,65 @@ impl Claim {
     }
 }
 
+/// 32 lowercase hex digits.
+fn hex(key: u128) -> String {
+    format!("{key:032x}")
+}
+
+/// The future of [`Claim::provider_key_async`]: ready once the claim's
+/// row is kept (`row` 0: it already was).
+#[cfg(feature = "async")]
+struct KeptKey {
+    engine: crate::sync::Weak<Engine>,
+    row: u64,
+    key: u128,
+    slot: Option<crate::sync::Arc<crate::log::durable::Waiting>>,
+}
+
+#[cfg(feature = "async")]
+impl std::future::Future for KeptKey {
+    type Output = Result<String>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<String>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.row > 0 {
+            let Some(engine) = this.engine.upgrade() else {
+                return Poll::Ready(Err(crate::Error::Closed));
+            };
+            match engine.poll_kept(this.row, &mut this.slot, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => {
+                    // The slot, if any, leaves its list when this drops.
+                    this.row = 0;
+                    r?;
+                }
+            }
+        }
+        Poll::Ready(Ok(hex(this.key)))
+    }
+}
+
+#[cfg(feature = "async")]
+impl Drop for KeptKey {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take()
+            && let Some(engine) = self.engine.upgrade()
+        {
+            engine.stop_waiting_kept(&slot);
+        }
+    }
+}
+
 impl fmt::Debug for Claim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Claim")
             .field("key", &self.ticket.key)
             .field("attempt", &self.ticket.attempt)
             .field("token", &self.ticket.token)
-            .field("provider_key", &self.provider_key())
             .field("lease_until", &self.ticket.lease_until())
             .finish_non_exhaustive()
     }

@@ -14,8 +14,9 @@ impl Store {
     /// [`begin_with`](Self::begin_with), recording `intent` — what this
     /// attempt is about to call, and with what — in the claim's own commit,
     /// before the call. Send [`Claim::provider_key`] with the call: the
-    /// same on every attempt, so the provider's own deduplication carries
-    /// the guarantee past the network. Then [`mark_sent`](Self::mark_sent)
+    /// same on every attempt and on every owner of the store, so the
+    /// provider's own deduplication carries the guarantee past the
+    /// network. Then [`mark_sent`](Self::mark_sent)
     /// when it answers, and `complete`.
     ///
     /// Until it is marked sent (or the operation completes or fails for

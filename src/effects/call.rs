@@ -55,6 +55,12 @@ use crate::{Failure, Listing};
 ///
 /// The reference is what the operation completes with.
 ///
+/// The runner takes the claim's provider key before it runs `lookup` or
+/// `send` (with an asynchronous replica, once the claim is uploaded; see
+/// [`Claim::provider_key`]), so in them `claim.provider_key()` answers at
+/// once and without error; a claim whose key cannot be kept (a fenced
+/// owner's) calls neither, and the runner returns that error.
+///
 /// # Examples
 /// See [`RetryPolicy::call`].
 #[must_use = "an Effect does nothing until RetryPolicy::call runs it"]
@@ -226,8 +232,11 @@ impl RetryPolicy {
     /// the key over; [`Error::InvalidInput`](crate::Error::InvalidInput)
     /// for an intent, or a provider's reference, over the store's
     /// `max_outcome_len`. The claim is then released when it drops (the
-    /// next attempt is interrupted, and asks the provider first). The
-    /// closures' own errors come back in `RetryAfter` and `GaveUp`.
+    /// next attempt is interrupted, and asks the provider first). What
+    /// [`Claim::provider_key`] returns ([`Error::Fenced`](crate::Error::Fenced)
+    /// for an owner whose replica was taken over before the claim was
+    /// uploaded), before either closure runs. The closures' own errors
+    /// come back in `RetryAfter` and `GaveUp`.
     ///
     /// # Examples
     /// ```
@@ -244,11 +253,15 @@ impl RetryPolicy {
     /// let ship = || {
     ///     Effect::new(
     ///         Intent { target: "carrier", request },
-    ///         |claim| Ok(shipments.borrow().get(&claim.provider_key()).map(|l| l.clone().into_bytes())),
     ///         |claim| {
+    ///             let idempotency_key = claim.provider_key().map_err(|e| e.to_string())?;
+    ///             Ok(shipments.borrow().get(&idempotency_key).map(|l| l.clone().into_bytes()))
+    ///         },
+    ///         |claim| {
+    ///             let idempotency_key = claim.provider_key().map_err(|e| e.to_string())?;
     ///             let mut s = shipments.borrow_mut();
     ///             let label = format!("1Z{:03}", s.len() + 1);
-    ///             Ok(s.entry(claim.provider_key()).or_insert(label).clone().into_bytes())
+    ///             Ok(s.entry(idempotency_key).or_insert(label).clone().into_bytes())
     ///         },
     ///         |_: &String| ErrorClass::Unanswered,
     ///     )
@@ -284,8 +297,12 @@ impl RetryPolicy {
         } = effect;
         let claim = match self.begun(store, key, fingerprint, intent)? {
             Step::Answer(run) => return Ok(run),
-            Step::Send(claim) => claim,
+            Step::Send(claim) => {
+                claim.provider_key()?;
+                claim
+            }
             Step::Ask(claim, limit) => {
+                claim.provider_key()?;
                 let found = lookup(&claim);
                 match self.asked(store, claim, intent, found, amount, limit)? {
                     ControlFlow::Continue(claim) => claim,

@@ -201,7 +201,8 @@ impl RetryPolicy {
     ///         if calls == 1 {
     ///             return Err("timeout".to_string());
     ///         }
-    ///         Ok(format!("label for {}", claim.provider_key()).into_bytes())
+    ///         let idempotency_key = claim.provider_key().map_err(|e| e.to_string())?;
+    ///         Ok(format!("label for {idempotency_key}").into_bytes())
     ///     })?;
     ///     match run {
     ///         Run::Done(label) | Run::Replayed(label) => break label,

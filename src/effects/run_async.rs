@@ -22,8 +22,8 @@ impl RetryPolicy {
     ///
     /// `work` gets the claim and returns the future of the effect; that
     /// future cannot borrow the claim, so take what it needs (its
-    /// [`provider_key`](Claim::provider_key), its attempt) before the
-    /// `async move` block.
+    /// [`provider_key_async`](Claim::provider_key_async) future, its
+    /// attempt) before the `async move` block.
     ///
     /// # Cancellation
     /// Dropped while `work` runs (or while a step's commit is awaited),
@@ -46,8 +46,9 @@ impl RetryPolicy {
     /// let key = Key::new("shop-42", "ship-order-7");
     /// let run = policy
     ///     .run_async(&store, &key, Fingerprint::of("order 7"), |_: &String| ErrorClass::Retryable, |claim| {
-    ///         let idempotency_key = claim.provider_key();
+    ///         let idempotency_key = claim.provider_key_async();
     ///         async move {
+    ///             let idempotency_key = idempotency_key.await.map_err(|e| e.to_string())?;
     ///             // an HTTP call to the carrier, with `idempotency_key`
     ///             Ok(format!("label for {idempotency_key}").into_bytes())
     ///         }
@@ -107,7 +108,9 @@ impl RetryPolicy {
     /// sequence (claim and intent in one commit, limits, ask first after
     /// an interruption, the answer recorded, then complete, fail or dead
     /// letter), each step awaited instead of waited for. Build the effect
-    /// with [`Effect::new_async`].
+    /// with [`Effect::new_async`]. The runner awaits the claim's
+    /// [`provider_key_async`](Claim::provider_key_async) before the lookup
+    /// or the call, so in them `claim.provider_key()` answers at once.
     ///
     /// # Cancellation
     /// Dropped while the lookup or the call runs, the claim drops with the
@@ -130,8 +133,9 @@ impl RetryPolicy {
     ///     Intent { target: "carrier", request },
     ///     |_claim| async { Ok::<_, String>(None) },          // the carrier has no such shipment
     ///     |claim| {
-    ///         let idempotency_key = claim.provider_key();
-    ///         async move { Ok(format!("1Z for {idempotency_key}").into_bytes()) }
+    ///         // Taken by the runner before `send`: at once, without error.
+    ///         let idempotency_key = claim.provider_key().map_err(|e| e.to_string());
+    ///         async move { Ok(format!("1Z for {}", idempotency_key?).into_bytes()) }
     ///     },
     ///     |_: &String| ErrorClass::Unanswered,
     /// );
@@ -163,8 +167,12 @@ impl RetryPolicy {
             .await?;
         let claim = match step {
             Step::Answer(run) => return Ok(run),
-            Step::Send(claim) => claim,
+            Step::Send(claim) => {
+                claim.provider_key_async().await?;
+                claim
+            }
             Step::Ask(claim, limit) => {
+                claim.provider_key_async().await?;
                 let found = lookup(&claim).await;
                 let asked = store
                     .call_once(|s| self.asked(s, claim, intent, found, amount, limit))

@@ -39,7 +39,13 @@ pub(crate) struct Ticket {
     pub(crate) hash: KeyHash,
     pub(crate) attempt: u32,
     pub(crate) token: u64,
-    pub(crate) provider_key: u128,
+    /// Given out only once `row` is kept (see [`Ticket::provider_key`]).
+    provider_key: u128,
+    /// The log row of this attempt's claim record, which carries the
+    /// `first_at` and fingerprint the provider key hashes.
+    row: u64,
+    /// `row` was seen kept: the key is given out without asking the log.
+    kept: AtomicBool,
     pub(crate) first_at: u64,
     lease_until: AtomicU64,
     finished: AtomicBool,
@@ -54,6 +60,31 @@ impl Ticket {
     /// The lease expiry, in ms since the epoch.
     pub(crate) fn lease_until(&self) -> u64 {
         self.lease_until.load(Ordering::Acquire)
+    }
+
+    /// The provider key, once the claim record it derives from is where
+    /// the store's next owner reads (`Log::wait_kept`): every later owner
+    /// then restores that record and derives the same key. Never a key
+    /// that record could still be lost with.
+    pub(crate) fn provider_key(&self) -> Result<u128> {
+        if !self.kept.load(Ordering::Acquire) {
+            let engine = self.engine.upgrade().ok_or(Error::Closed)?;
+            engine.log.wait_kept(self.row)?;
+            self.kept.store(true, Ordering::Release);
+        }
+        Ok(self.provider_key)
+    }
+
+    /// The provider key's parts for an awaited [`Ticket::provider_key`]:
+    /// the store, the row to await (0 once kept), the key.
+    #[cfg(feature = "async")]
+    pub(crate) fn provider_key_parts(&self) -> (Weak<Engine>, u64, u128) {
+        let row = if self.kept.load(Ordering::Acquire) {
+            0
+        } else {
+            self.row
+        };
+        (self.engine.clone(), row, self.provider_key)
     }
 }
 
@@ -316,16 +347,16 @@ impl Engine {
         waits.new = waits.new.max(row);
         Ok(Some(Begun::Started(Self::ticket(
             this,
-            key,
+            (key, row),
             &p,
             (interrupted, unanswered),
         ))))
     }
 
-    /// The handle of claim `p` just recorded on `key`.
+    /// The handle of claim `p` just recorded on `key`, in log row `row`.
     fn ticket(
         this: &Arc<Engine>,
-        key: &Key<'_>,
+        (key, row): (&Key<'_>, u64),
         p: &Pending,
         (interrupted, unanswered_intent): (bool, bool),
     ) -> Ticket {
@@ -342,6 +373,8 @@ impl Engine {
                 p.first_at,
                 p.params,
             ),
+            row,
+            kept: AtomicBool::new(false),
             first_at: p.first_at,
             lease_until: AtomicU64::new(p.lease_until),
             finished: AtomicBool::new(false),

@@ -40,4 +40,22 @@ impl Engine {
     pub(crate) fn stop_waiting(&self, slot: &Arc<Waiting>) {
         self.log.stop_waiting(slot);
     }
+
+    #[cfg(feature = "async")]
+    /// Polls for `row` to be kept for the store's next owner (see
+    /// `Log::poll_kept`).
+    pub(crate) fn poll_kept(
+        &self,
+        row: u64,
+        slot: &mut Option<Arc<Waiting>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        self.log.poll_kept(row, slot, cx)
+    }
+
+    /// Forgets the waker of a `poll_kept` future that stopped waiting.
+    #[cfg(feature = "async")]
+    pub(crate) fn stop_waiting_kept(&self, slot: &Arc<Waiting>) {
+        self.log.stop_waiting_kept(slot);
+    }
 }

@@ -240,6 +240,9 @@ struct Shared {
     manifest: Mutex<Manifest>,
     /// Async callers awaiting a row (see `durable.rs`).
     wakers: Wakers,
+    /// Async callers awaiting a row's upload to an asynchronous replica
+    /// ([`Log::poll_kept`]); woken by [`AckTarget::replicated`].
+    kept_wakers: Wakers,
     /// What commits cost (see `observe.rs`).
     observed: super::observe::CommitStats,
     /// The replica (`log::ship`), handed every durable commit; `None`
@@ -288,6 +291,7 @@ impl AckTarget for Shared {
                 w.wake_all();
             }
             self.wakers.wake_through(row);
+            self.kept_wakers.wake_through(row);
         }
     }
 
@@ -317,6 +321,7 @@ impl Shared {
             w.wake_all();
         }
         self.wakers.wake_all();
+        self.kept_wakers.wake_all();
         if let Some(hook) = self.on_poison.get() {
             hook();
         }
@@ -436,6 +441,7 @@ impl Log {
             buckets: Mutex::new(buckets),
             manifest: Mutex::new(manifest),
             wakers: Wakers::default(),
+            kept_wakers: Wakers::default(),
             observed: super::observe::CommitStats::default(),
             ship,
             replicated_row: AtomicU64::new(replicated),
@@ -819,6 +825,109 @@ impl Log {
     #[cfg(feature = "async")]
     pub(crate) fn stop_waiting(&self, slot: &Arc<durable::Waiting>) {
         self.shared.wakers.remove(slot);
+    }
+}
+
+// Rows kept for the store's next owner (see `Claim::provider_key`): the
+// replica's copy with one, the durable file without.
+impl Log {
+    /// An asynchronous replica, if the log ships to one.
+    fn async_ship(&self) -> Option<&Ship> {
+        self.shared.ship.as_ref().filter(|s| !s.synchronous)
+    }
+
+    /// Whether `row` is where the store's next owner reads: in the
+    /// replica (either mode), or without one, durable.
+    pub(crate) fn is_kept(&self, row: u64) -> bool {
+        let s = &*self.shared;
+        let kept = if s.ship.is_some() {
+            &s.replicated_row
+        } else {
+            &s.durable_row
+        };
+        kept.load(Ordering::Acquire) >= row
+    }
+
+    /// Returns once `row` [is kept](Self::is_kept). An asynchronous
+    /// replica is asked to ship it now instead of at its segment interval;
+    /// while its uploads fail this waits (the uploader retries). Fails
+    /// once the log is poisoned or fenced, unless the row was kept first.
+    pub(crate) fn wait_kept(&self, row: u64) -> Result<()> {
+        let s = &*self.shared;
+        let Some(ship) = self.async_ship() else {
+            // Acknowledged is kept: the durable row, or with a
+            // synchronous replica the replicated one.
+            return self.wait_durable(row);
+        };
+        if self.is_kept(row) {
+            return Ok(());
+        }
+        self.check()?;
+        // Committed (at once under `Deferred`), then shipped at once.
+        self.kick();
+        ship.sink.hurry(row);
+        // `replicated` and a poisoning change both words before they wake.
+        let parity = (row % 2) as usize;
+        loop {
+            let seen = s.woke[parity].load();
+            if self.is_kept(row) {
+                return Ok(());
+            }
+            if s.poisoned.load(Ordering::Acquire) {
+                return Err(poisoned_error(s));
+            }
+            s.woke[parity].wait(seen);
+        }
+    }
+
+    #[cfg(feature = "async")]
+    /// [`wait_kept`](Self::wait_kept) as a poll, its waker kept in `slot`
+    /// as [`Log::poll_durable`] does (passed to [`Log::stop_waiting_kept`]
+    /// when the caller's future is dropped).
+    pub(crate) fn poll_kept(
+        &self,
+        row: u64,
+        slot: &mut Option<Arc<durable::Waiting>>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<()>> {
+        use std::task::Poll;
+        let s = &*self.shared;
+        let Some(ship) = self.async_ship() else {
+            return self.poll_durable(row, slot, cx);
+        };
+        let ready = || {
+            if self.is_kept(row) {
+                return Some(Ok(()));
+            }
+            if s.poisoned.load(Ordering::Acquire) {
+                return Some(Err(poisoned_error(s)));
+            }
+            None
+        };
+        if let Some(r) = ready() {
+            return Poll::Ready(r);
+        }
+        let first = slot.is_none();
+        s.kept_wakers.register(slot, row, cx.waker());
+        if first {
+            self.kick();
+            ship.sink.hurry(row);
+        }
+        match ready() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Forgets the waker of a [`poll_kept`](Self::poll_kept) future that
+    /// stopped waiting.
+    #[cfg(feature = "async")]
+    pub(crate) fn stop_waiting_kept(&self, slot: &Arc<durable::Waiting>) {
+        if self.async_ship().is_some() {
+            self.shared.kept_wakers.remove(slot);
+        } else {
+            self.shared.wakers.remove(slot);
+        }
     }
 }
 

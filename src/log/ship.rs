@@ -113,6 +113,11 @@ pub(crate) trait Sink: Send + Sync {
     /// commits (how a replica that falls behind slows writers).
     fn shipped(&self, commit: Shipped, store: &dyn LogStore);
 
+    /// A caller waits for row `row` to be in the replica: ship it as soon
+    /// as its commit is handed over, without waiting for a full segment or
+    /// the segment interval. Must not block.
+    fn hurry(&self, row: u64);
+
     /// The log is closing; called after its last commit.
     fn closed(&self);
 }

@@ -12,6 +12,9 @@
 //!   and ships nothing more;
 //! - a commit is reported replicated only once the segment holding it (or
 //!   the snapshot and RESET segment covering it) is in the object store;
+//! - a row a caller waits for (`Sink::hurry`, a claim's provider key) is
+//!   cut into a segment as soon as its commit is handed over, whatever the
+//!   interval;
 //! - a snapshot's view is taken in the commit it follows, so the segment
 //!   cut right after that commit ends exactly where the snapshot stands;
 //! - the local state file says "clean" only when every commit of this
@@ -81,6 +84,9 @@ struct State {
     reset_pending: bool,
     /// A caller waits for everything handed over (`sync_replica`).
     flush: bool,
+    /// A caller waits for this row (`Sink::hurry`): ship without waiting
+    /// for a full segment or the interval until it is shipped.
+    wanted: u64,
     closed: bool,
     /// Give up: close timed out.
     stop: bool,
@@ -303,6 +309,7 @@ impl Uploader {
                 };
                 let due = st.closed
                     || st.flush
+                    || st.wanted > st.shipped_row
                     || st.reset_pending
                     || self.synchronous()
                     || st.bytes >= self.cfg.segment_bytes
@@ -724,6 +731,7 @@ impl Sink for Uploader {
         let wake = self.synchronous()
             || was_empty
             || st.flush
+            || st.wanted > st.shipped_row
             || view.is_some()
             || (was_short && st.bytes >= self.cfg.segment_bytes);
         if let Some(v) = view {
@@ -732,6 +740,14 @@ impl Sink for Uploader {
         }
         if wake {
             self.more.notify_one();
+        }
+    }
+
+    fn hurry(&self, row: u64) {
+        let mut st = self.state.lock();
+        if row > st.wanted {
+            st.wanted = row;
+            self.more.notify_all();
         }
     }
 

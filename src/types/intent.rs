@@ -20,7 +20,8 @@ use crate::key::Key;
 /// let key = Key::new("shop-42", "ship-order-7");
 /// let intent = Intent { target: "carrier", request: b"{\"order\":7}" };
 /// let Begin::Started(claim) = store.begin_with_intent(&key, Fingerprint::NONE, &BeginOptions::new(), intent)? else { unreachable!() };
-/// // call the carrier with Idempotency-Key: claim.provider_key() ...
+/// let idempotency_key = claim.provider_key()?;
+/// // call the carrier with `Idempotency-Key: {idempotency_key}` ...
 /// store.mark_sent(&claim, b"tracking 1Z999")?; // it accepted: Answer::Accepted
 /// store.complete(&claim, b"1Z999")?;
 /// # Ok::<(), dedupkv::Error>(())
@@ -142,7 +143,7 @@ pub enum Duplicate {
 /// let pending = store.pending_intents(&Listing::new())?;
 /// let e = &pending.items[0];
 /// assert_eq!((e.key(), e.target(), e.request(), e.is_sent()), (&key, "payments", Some(&b"100 EUR"[..]), false));
-/// assert_eq!(e.provider_key(), claim.provider_key()); // what to ask the provider about
+/// assert_eq!(e.provider_key(), claim.provider_key()?); // what to ask the provider about
 /// # store.complete(&claim, b"")?;
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
@@ -262,8 +263,11 @@ impl IntentEntry {
         self.duplicate
     }
 
-    /// The operation's provider idempotency key: the same on every attempt
-    /// (see [`Claim::provider_key`](crate::Claim::provider_key)).
+    /// The operation's provider idempotency key, to ask the provider
+    /// about: the one [`Claim::provider_key`](crate::Claim::provider_key)
+    /// gives every attempt of the operation, on every owner (a call was
+    /// only ever made with a key that method gave, so with a key every
+    /// later owner derives as well).
     ///
     /// # Examples
     /// See [`IntentEntry`].

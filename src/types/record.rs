@@ -133,10 +133,16 @@ impl Record {
         self.token
     }
 
-    /// The provider key of the key's operation: the one
-    /// [`Claim::provider_key`](crate::Claim::provider_key) gave every
-    /// attempt of it. `None` for a key recorded by `insert_if_absent`,
-    /// which is no operation.
+    /// The provider key of the key's operation, derived from this record:
+    /// the one [`Claim::provider_key`](crate::Claim::provider_key) gives
+    /// every attempt of it. `None` for a key recorded by
+    /// `insert_if_absent`, which is no operation.
+    ///
+    /// It reports, for reconciling with a provider; it does not hand out.
+    /// With an asynchronous replica a record read here may still be in the
+    /// replica's lag, where a lost disk would take the operation (and so
+    /// this key) with it: send a provider only what `Claim::provider_key`
+    /// gave, which waits for the upload.
     ///
     /// # Examples
     /// ```
@@ -147,7 +153,7 @@ impl Record {
     /// let Begin::Started(claim) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
     /// store.complete(&claim, b"ok")?;
     /// let rec = store.get(&key)?.expect("recorded");
-    /// assert_eq!(rec.provider_key(), Some(claim.provider_key()));
+    /// assert_eq!(rec.provider_key(), Some(claim.provider_key()?));
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn provider_key(&self) -> Option<String> {

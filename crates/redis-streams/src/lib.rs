@@ -328,9 +328,13 @@ impl Consumer {
                     target: "payments-provider",
                     request: request.as_bytes(),
                 },
+                // `call_async` took the claim's provider key (its claim
+                // uploaded, with an asynchronous replica) before either
+                // closure runs: `provider_key` answers at once here.
                 move |claim| {
-                    let (pk, mut con) = (claim.provider_key(), lookup_ops);
+                    let (pk, mut con) = (no_key_is_io(claim.provider_key()), lookup_ops);
                     async move {
+                        let pk = pk?;
                         redis::cmd("HGET")
                             .arg("charges")
                             .arg(pk)
@@ -339,8 +343,9 @@ impl Consumer {
                     }
                 },
                 move |claim| {
-                    let (pk, mut con) = (claim.provider_key(), ops);
+                    let (pk, mut con) = (no_key_is_io(claim.provider_key()), ops);
                     async move {
+                        let pk = pk?;
                         let charged = redis::cmd("EVAL")
                             .arg(CHARGE)
                             .arg(4)
@@ -690,4 +695,10 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A provider key the store could not give (its replica fenced, the store
+/// closed) as an error of the provider's calls, which are then not made.
+fn no_key_is_io(key: dedupkv::Result<String>) -> Result<String, redis::RedisError> {
+    key.map_err(|e| std::io::Error::other(format!("no provider key: {e}")).into())
 }

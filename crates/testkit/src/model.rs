@@ -794,7 +794,9 @@ impl Harness {
             k,
             (started.first_at, req.fp),
             &started,
-            claim.provider_key(),
+            claim
+                .provider_key()
+                .map_err(|e| TestCaseError::fail(format!("provider key of key {k}: {e}")))?,
         )?;
         self.held.push(Held {
             key: k,
@@ -1256,7 +1258,10 @@ impl Harness {
         let now = self.now();
         let got = self.store().mark_sent(&self.held[i].claim, &reference(r));
         let (k, token, s) = (self.held[i].key, self.token_of(i), self.model.s);
-        let pk = self.held[i].claim.provider_key();
+        let pk = self.held[i]
+            .claim
+            .provider_key()
+            .map_err(|e| TestCaseError::fail(format!("provider key of key {k}: {e}")))?;
         if self.model.key_mut(k).mark_sent(
             &s,
             (k, now, token),

@@ -293,11 +293,10 @@ pub fn run() {
                     // Half the effects done, none completed.
                     pause(&log, &set, &work);
                 }
-                // The event's own id is the provider's idempotency key, not
-                // `provider_key()`: that one is derived from the store's
-                // secret, which an asynchronous replica that lost the
-                // store's first commits does not hold either (the next
-                // owner starts a new store with a new secret).
+                // The event's own id is the provider's idempotency key: an
+                // id of the caller's own needs no upload, where
+                // `provider_key()` with an asynchronous replica waits for
+                // the claim's (the key is the next owner's only then).
                 let applied = provide(&ledger, &format!("events/{id}"), id);
                 log.line(&format!(
                     "effect {id} {} attempt={} interrupted={} {p} {}",

@@ -612,7 +612,10 @@ impl<'a> Worker<'a> {
     fn mark_sent(&mut self, i: usize, reference: Vec<u8>) {
         let store = &self.w.store;
         let (k, claim) = &self.held[i];
-        let (k, token, provider) = (*k, claim.token(), claim.provider_key());
+        let provider = claim
+            .provider_key()
+            .unwrap_or_else(|e| format!("(no provider key: {e})"));
+        let (k, token) = (*k, claim.token());
         let Some((got, span)) = self.w.rec.call(
             self.slot,
             || format!("{}: mark_sent of key {}", self.name, key(k)),

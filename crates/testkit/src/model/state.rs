@@ -188,7 +188,10 @@ impl ClaimInfo {
             token: c.token(),
             lease_until: c.lease_expires_at(),
             first_seen: c.first_seen_at(),
-            provider_key: c.provider_key(),
+            // Kept already (begin waited for it): a failure shows as a mismatch.
+            provider_key: c
+                .provider_key()
+                .unwrap_or_else(|e| format!("(no provider key: {e})")),
             unanswered_intent: c.unanswered_intent(),
         }
     }
