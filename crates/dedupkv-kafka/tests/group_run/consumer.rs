@@ -293,11 +293,22 @@ pub fn run() {
                     // Half the effects done, none completed.
                     pause(&log, &set, &work);
                 }
-                // The event's own id is the provider's idempotency key: an
-                // id of the caller's own needs no upload, where
-                // `provider_key()` with an asynchronous replica waits for
-                // the claim's (the key is the next owner's only then).
-                let applied = provide(&ledger, &format!("events/{id}"), id);
+                // The claim's provider key is the provider's idempotency
+                // key, as the README's quick start says: with an
+                // asynchronous replica it is handed out only once the claim
+                // is in the replica, so every later owner derives it again.
+                // No key (the partition was fenced or revoked meanwhile):
+                // no call; the next owner takes the claim over.
+                let key = match c.provider_key() {
+                    Ok(k) => k,
+                    Err(e @ (Error::NotAssigned { .. } | Error::Fenced(_) | Error::Closed)) => {
+                        log.line(&format!("skip {p} no_key {e}"));
+                        refused = true;
+                        break;
+                    }
+                    Err(e) => panic!("{id} on {p}: provider key: {e}"),
+                };
+                let applied = provide(&ledger, &key, id);
                 log.line(&format!(
                     "effect {id} {} attempt={} interrupted={} {p} {}",
                     if applied { "applied" } else { "dup" },
@@ -305,6 +316,9 @@ pub fn run() {
                     c.interrupted(),
                     now_us()
                 ));
+            }
+            if refused {
+                continue;
             }
             // 3. The outcomes.
             let outcomes: Vec<(&dedupkv::Claim, &[u8])> =
