@@ -302,6 +302,15 @@ pub(crate) fn show_key(scope: &[u8], id: &[u8]) -> String {
     format!("{}/{}", Quoted(scope), Quoted(id))
 }
 
+/// What a caught panic said (its `&str` or `String` payload).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,11 +59,7 @@ impl Engine {
             Self::open_unguarded(cfg, clock, location)
         }))
         .unwrap_or_else(|panic| {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let what = crate::error::panic_message(&*panic);
             Err(Error::Corrupt(format!(
                 "the storage engine panicked while opening the file: {what}"
             )))

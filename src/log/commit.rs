@@ -788,13 +788,32 @@ impl Log {
         slot: &mut Option<Arc<durable::Waiting>>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<()>> {
+        let s = &*self.shared;
+        // Answers rest on the acknowledged row (with a synchronous
+        // replica, the replicated one): the committer and the replica wake
+        // the waker list through it.
+        self.poll_row((row, slot, cx), &s.wakers, || s.acked_row() >= row, || {})
+    }
+
+    #[cfg(feature = "async")]
+    /// The body of the polls: `Ready` once `reached()` (or the log is
+    /// poisoned), else the task's waker registered in `list` under `row`
+    /// (the first time also kicking the committer and `on_first`).
+    fn poll_row(
+        &self,
+        (row, slot, cx): (
+            u64,
+            &mut Option<Arc<durable::Waiting>>,
+            &mut std::task::Context<'_>,
+        ),
+        list: &Wakers,
+        reached: impl Fn() -> bool,
+        on_first: impl FnOnce(),
+    ) -> std::task::Poll<Result<()>> {
         use std::task::Poll;
         let s = &*self.shared;
         let ready = || {
-            // Answers rest on the acknowledged row (with a synchronous
-            // replica, the replicated one): the committer and the replica
-            // wake the waker list through it.
-            if s.acked_row() >= row {
+            if reached() {
                 return Some(Ok(()));
             }
             if s.poisoned.load(Ordering::Acquire) {
@@ -806,9 +825,10 @@ impl Log {
             return Poll::Ready(r);
         }
         let first = slot.is_none();
-        s.wakers.register(slot, row, cx.waker());
+        list.register(slot, row, cx.waker());
         if first {
             self.kick();
+            on_first();
         }
         match ready() {
             Some(r) => Poll::Ready(r),
@@ -890,33 +910,15 @@ impl Log {
         slot: &mut Option<Arc<durable::Waiting>>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<()>> {
-        use std::task::Poll;
-        let s = &*self.shared;
         let Some(ship) = self.async_ship() else {
             return self.poll_durable(row, slot, cx);
         };
-        let ready = || {
-            if self.is_kept(row) {
-                return Some(Ok(()));
-            }
-            if s.poisoned.load(Ordering::Acquire) {
-                return Some(Err(poisoned_error(s)));
-            }
-            None
-        };
-        if let Some(r) = ready() {
-            return Poll::Ready(r);
-        }
-        let first = slot.is_none();
-        s.kept_wakers.register(slot, row, cx.waker());
-        if first {
-            self.kick();
-            ship.sink.hurry(row);
-        }
-        match ready() {
-            Some(r) => Poll::Ready(r),
-            None => Poll::Pending,
-        }
+        self.poll_row(
+            (row, slot, cx),
+            &self.shared.kept_wakers,
+            || self.is_kept(row),
+            || ship.sink.hurry(row),
+        )
     }
 
     /// Forgets the waker of a [`poll_kept`](Self::poll_kept) future that

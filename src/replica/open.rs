@@ -264,11 +264,7 @@ fn inspect(path: &Path) -> Result<Option<ship::LocalFile>> {
     };
     std::panic::catch_unwind(|| ship::inspect(path))
         .unwrap_or_else(|panic| {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let what = crate::error::panic_message(&*panic);
             Err(damaged(format!(
                 "the storage engine panicked reading it: {what}"
             )))

@@ -209,6 +209,9 @@ struct Durable {
 struct Faults {
     armed: Mutex<Option<Armed>>,
     tripped: AtomicBool,
+    /// Syncs wait while this is set (a disk as slow as the test says).
+    held: Mutex<bool>,
+    released: parking_lot::Condvar,
 }
 
 #[derive(Debug)]
@@ -302,6 +305,37 @@ impl FaultBackend {
     /// ```
     pub fn disarm(&self) {
         *self.faults.armed.lock() = None;
+    }
+
+    /// Makes every sync of this handle (and its clones) wait until
+    /// [`release_syncs`](Self::release_syncs): a disk exactly as slow as
+    /// the test needs, so a commit is in flight for as long as it likes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedupkv_testkit::FaultBackend;
+    /// use redb::StorageBackend;
+    ///
+    /// let backend = FaultBackend::new();
+    /// backend.hold_syncs();
+    /// let other = backend.clone();
+    /// let sync = std::thread::spawn(move || other.sync_data());
+    /// backend.release_syncs();
+    /// sync.join().unwrap()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn hold_syncs(&self) {
+        *self.faults.held.lock() = true;
+    }
+
+    /// Lets held syncs (and later ones) go on.
+    ///
+    /// # Examples
+    /// See [`hold_syncs`](Self::hold_syncs).
+    pub fn release_syncs(&self) {
+        *self.faults.held.lock() = false;
+        self.faults.released.notify_all();
     }
 
     /// Whether a plan of this handle (or its clones) has fired, ever.
@@ -429,6 +463,12 @@ impl StorageBackend for FaultBackend {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        {
+            let mut held = self.faults.held.lock();
+            while *held {
+                self.faults.released.wait(&mut held);
+            }
+        }
         self.check(Op::Sync)?;
         let mut guard = self.disk.durable.lock();
         let durable = &mut *guard;
