@@ -290,7 +290,9 @@ impl AckTarget for Shared {
             for w in &self.woke {
                 w.wake_all();
             }
-            self.wakers.wake_through(row);
+            // Async callers wait for the acknowledged row (the durable
+            // one, without a synchronous replica), kept ones for this.
+            self.wakers.wake_through(self.acked_row());
             self.kept_wakers.wake_through(row);
         }
     }

@@ -147,6 +147,10 @@ pub(crate) fn defer_read(row: u64) -> bool {
 pub(crate) struct Waiting {
     row: u64,
     waker: Mutex<Option<Waker>>,
+    /// In its list (changed under the list's lock): a caller woken and
+    /// taken off the list that finds its row still not there registers
+    /// again, and must be listed again to be woken again.
+    listed: std::sync::atomic::AtomicBool,
 }
 
 /// The wakers of async callers waiting for rows to become durable.
@@ -169,14 +173,27 @@ impl Wakers {
     /// the caller then checks the durable row again.
     pub(crate) fn register(&self, slot: &mut Option<Arc<Waiting>>, row: u64, waker: &Waker) {
         if let Some(w) = slot {
-            let mut held = w.waker.lock();
-            if !held.as_ref().is_some_and(|h| h.will_wake(waker)) {
-                *held = Some(waker.clone());
+            {
+                let mut held = w.waker.lock();
+                if !held.as_ref().is_some_and(|h| h.will_wake(waker)) {
+                    *held = Some(waker.clone());
+                }
+            }
+            // Woken (and so taken off the list) by a row below its own —
+            // a replica's acknowledgement ahead of the durable row — it
+            // goes back on, or nothing would wake it again.
+            if !w.listed.load(Ordering::Acquire) {
+                let mut list = self.list.lock();
+                if !w.listed.swap(true, Ordering::AcqRel) {
+                    list.push(Arc::clone(w));
+                    self.len.store(list.len(), Ordering::Relaxed);
+                }
             }
         } else {
             let w = Arc::new(Waiting {
                 row,
                 waker: Mutex::new(Some(waker.clone())),
+                listed: std::sync::atomic::AtomicBool::new(true),
             });
             let mut list = self.list.lock();
             list.push(Arc::clone(&w));
@@ -191,6 +208,7 @@ impl Wakers {
     pub(crate) fn remove(&self, w: &Arc<Waiting>) {
         let mut list = self.list.lock();
         list.retain(|x| !Arc::ptr_eq(x, w));
+        w.listed.store(false, Ordering::Release);
         self.len.store(list.len(), Ordering::Relaxed);
     }
 
@@ -206,6 +224,7 @@ impl Wakers {
             let mut list = self.list.lock();
             list.retain(|w| {
                 if w.row <= durable {
+                    w.listed.store(false, Ordering::Release);
                     woken.push(Arc::clone(w));
                     false
                 } else {
@@ -222,6 +241,9 @@ impl Wakers {
         let woken = {
             let mut list = self.list.lock();
             self.len.store(0, Ordering::Relaxed);
+            for w in list.iter() {
+                w.listed.store(false, Ordering::Release);
+            }
             std::mem::take(&mut *list)
         };
         wake(woken);
@@ -240,6 +262,42 @@ fn wake(woken: Vec<Arc<Waiting>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_caller_woken_early_that_registers_again_is_woken_again() {
+        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&count));
+        let wakers = Wakers::default();
+        let mut slot = None;
+        wakers.register(&mut slot, 5, &waker);
+        // A replica's acknowledgement wakes it before the durable row
+        // says 5: its future finds itself not ready and registers again.
+        wakers.wake_through(5);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        wakers.register(&mut slot, 5, &waker);
+        wakers.wake_through(5);
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            2,
+            "the second wake is not lost"
+        );
+        // Removed when its future drops, it stays off the list.
+        wakers.register(&mut slot, 5, &waker);
+        if let Some(w) = &slot {
+            wakers.remove(w);
+        }
+        wakers.wake_through(5);
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert_eq!(wakers.len.load(Ordering::SeqCst), 0);
+    }
 
     #[test]
     fn a_scope_notes_the_newest_row_and_restores_the_outer_one() {
