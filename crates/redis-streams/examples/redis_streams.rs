@@ -4,7 +4,7 @@
 //! ship to a shared replica, charge each order through a provider that
 //! deduplicates by the claim's provider key and acknowledge after the
 //! store's record; the parent assigns and moves the streams. Scenarios,
-//! in both replica modes: a member SIGKILLed mid-charge, a rolling deploy,
+//! in both replica modes: a member killed (`SIGKILL`) mid-charge, a rolling deploy,
 //! a lost disk; in each, one ack is dropped and reclaimed with XAUTOCLAIM.
 //! The crate's docs (`src/lib.rs`) say how.
 //!

@@ -526,6 +526,23 @@ fn steps(run: &mut Run, sc: Scenario) -> Result<Steps, BoxError> {
     Ok((unique, entries, killed, paused))
 }
 
+/// How many completions a store lacks against the ledger, from a tally
+/// line's windows (`store=C/A_ledger=C/A,...`): `None` unless the store
+/// is behind in every window that differs (never ahead).
+fn tally_gap(windows: &str) -> Option<u64> {
+    let mut gap = 0;
+    for w in windows.split(',') {
+        let (store, ledger) = w.strip_prefix("store=")?.split_once("_ledger=")?;
+        let count = |s: &str| s.split_once('/').and_then(|(c, _)| c.parse::<u64>().ok());
+        let (ours, theirs) = (count(store)?, count(ledger)?);
+        if ours >= theirs {
+            return None;
+        }
+        gap += theirs - ours;
+    }
+    Some(gap)
+}
+
 /// The `q`-th percentile of `v` (µs), in ms.
 fn pct(v: &[u64], q: usize) -> String {
     let mut s = v.to_vec();
@@ -585,15 +602,22 @@ fn check(
         runs.iter()
             .any(|l| l[4] == *id && l[5] == "replayed" && l[7] == "reclaimed=1")
     }) && !dropped.is_empty();
-    let mut clean: HashSet<i32> = HashSet::new();
-    let mut dirty = Vec::new();
+    // Each stream's store against the ledger: equal, or behind it by the
+    // completions its replica lost (acknowledged, not shipped when their
+    // member died), or wrong.
+    let (mut clean, mut behind, mut dirty) = (0, 0, Vec::new());
+    let mut tallied = HashSet::new();
     for (w, l) in &lines {
         if is(l, "tally") {
             let p: i32 = field(l, 1)?;
-            if l[3] == "clean" {
-                clean.insert(p);
-            } else {
-                dirty.push(format!("{w} partition {p}: {}", l[3..].join(" ")));
+            tallied.insert(p);
+            match l[3].as_str() {
+                "clean" => clean += 1,
+                "dirty" => match tally_gap(l.get(4).map_or("", String::as_str)) {
+                    Some(gap) => behind += gap,
+                    None => dirty.push(format!("{w} partition {p}: {}", l[4..].join(" "))),
+                },
+                _ => dirty.push(format!("{w} partition {p}: {}", l[3..].join(" "))),
             }
         }
     }
@@ -632,7 +656,9 @@ fn check(
         replayed: kind("replayed"),
         replayed_across,
         dropped_ack_redelivered: redelivered,
-        tallies_clean: clean.len(),
+        tallied: tallied.len(),
+        tallies_clean: clean,
+        completions_lost: behind,
         tallies_dirty: dirty,
         restored_missing,
         lag_at_kill: paused
