@@ -526,6 +526,24 @@ fn steps(run: &mut Run, sc: Scenario) -> Result<Steps, BoxError> {
     Ok((unique, entries, killed, paused))
 }
 
+/// The order the killed member stopped inside (its pause line `l`), and
+/// how its next owner answered it: copies of the order may follow, and
+/// the one that took the claim over answers "reconciled", the others
+/// replay it.
+fn paused_answer(l: &[String], runs: &[&Vec<String>]) -> (String, String) {
+    let order = l.get(3).cloned().unwrap_or_default();
+    let t = at(l);
+    let after: Vec<&&Vec<String>> = runs.iter().filter(|r| r[3] == order && at(r) > t).collect();
+    let answer = if after.iter().any(|r| r[5] == "reconciled") {
+        "reconciled".to_string()
+    } else {
+        after
+            .first()
+            .map_or_else(|| "none".to_string(), |r| r[5].clone())
+    };
+    (order, answer)
+}
+
 /// How many completions a store lacks against the ledger, from a tally
 /// line's windows (`store=C/A_ledger=C/A,...`): `None` unless the store
 /// is behind in every window that differs (never ahead).
@@ -631,16 +649,7 @@ fn check(
                 && l.iter().any(|f| f == "restored=Missing")
         })
         .count();
-    // The paused order, and how its next owner answered it.
-    let paused_answer = paused.map(|l| {
-        let order = l.get(3).cloned().unwrap_or_default();
-        let t = at(l);
-        let answer = runs
-            .iter()
-            .find(|r| r[3] == order && at(r) > t)
-            .map_or_else(|| "none".to_string(), |r| r[5].clone());
-        (order, answer)
-    });
+    let paused_answer = paused.map(|l| paused_answer(l, &runs));
     let mut report = Report {
         scenario: sc,
         mode,

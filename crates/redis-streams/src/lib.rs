@@ -15,7 +15,7 @@
 //!   members share, in [`ReplicaMode::Synchronous`] or
 //!   [`ReplicaMode::Asynchronous`]. A member reads its streams with
 //!   `XREADGROUP`, runs each order's charge through
-//!   [`RetryPolicy::call_async`] (claim and intent in one commit, ask the
+//!   [`RetryPolicy::call_async`](dedupkv::RetryPolicy::call_async) (claim and intent in one commit, ask the
 //!   provider after an interrupted attempt, the answer recorded, then
 //!   complete) and acknowledges with `XACK` only after the store's record.
 //!   The module `member` says why that order is safe at each crash point.

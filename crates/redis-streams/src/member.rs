@@ -25,11 +25,11 @@
 //!
 //! Invariants:
 //! - one thread does everything (commands, reads, charges, acks), so a
-//!   revoke never overlaps a charge: when `revoke` runs, no [`Work`]
+//!   revoke never overlaps a charge: when `revoke` runs, no [`Work`](dedupkv::partitions::Work)
 //!   handle is alive and every handled entry but a deliberately dropped
 //!   one is acknowledged;
 //! - the [`AsyncStore`] a charge runs on wraps the partition's store only
-//!   while the charge's [`Work`] handle is alive (the partition set has
+//!   while the charge's [`Work`](dedupkv::partitions::Work) handle is alive (the partition set has
 //!   no async face; by the first invariant no revoke can run meanwhile);
 //! - a partition whose store answers [`Error::Fenced`] or
 //!   [`Error::NotAssigned`] is no longer worked here: its entries stay
