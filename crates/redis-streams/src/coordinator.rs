@@ -428,7 +428,16 @@ pub(crate) fn scenario(
         start,
     );
     match report {
-        Ok(r) if r.check().is_ok() && std::env::var_os("DEDUPKV_REDIS_KEEP").is_none() => Ok(r),
+        Ok(r) if r.check().is_ok() && std::env::var_os("DEDUPKV_REDIS_KEEP").is_none() => {
+            // The scenario's keys go with it (the server may be shared).
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{ns}:*"))
+                .query(&mut run.con)?;
+            if !keys.is_empty() {
+                let _: u64 = redis::cmd("DEL").arg(&keys).query(&mut run.con)?;
+            }
+            Ok(r)
+        }
         Ok(r) => {
             dump(&mut run);
             Ok(r)
