@@ -134,19 +134,31 @@ impl Run {
 
     /// Assigns partition `p` to `name` and waits for its answer.
     fn assign(&mut self, name: &str, p: i32) -> Result<(), BoxError> {
+        self.assign_all(name, &[p])
+    }
+
+    /// Assigns partitions `ps` to `name` at once and waits for its answers.
+    fn assign_all(&mut self, name: &str, ps: &[i32]) -> Result<(), BoxError> {
         let t = now_us();
-        self.send(name, &format!("assign {p}"))?;
-        self.wait_for(&format!("{name} assigning {p}"), |ls| {
-            ls.iter()
-                .any(|(w, l)| w == name && is(l, "assign") && l[1] == p.to_string() && at(l) >= t)
+        for p in ps {
+            self.send(name, &format!("assign {p}"))?;
+        }
+        let answered = |ls: &[Line], p: i32, ok: bool| {
+            ls.iter().any(|(w, l)| {
+                w == name
+                    && is(l, "assign")
+                    && l[1] == p.to_string()
+                    && at(l) >= t
+                    && (!ok || l[3] == "ok")
+            })
+        };
+        self.wait_for(&format!("{name} assigning {ps:?}"), |ls| {
+            ps.iter().all(|p| answered(ls, *p, false))
         })?;
-        let ok = self.snapshot().iter().any(|(w, l)| {
-            w == name && is(l, "assign") && l[1] == p.to_string() && at(l) >= t && l[3] == "ok"
-        });
-        if ok {
-            Ok(())
-        } else {
-            Err(format!("{name} could not take partition {p}").into())
+        let lines = self.snapshot();
+        match ps.iter().find(|p| !answered(&lines, **p, true)) {
+            None => Ok(()),
+            Some(p) => Err(format!("{name} could not take partition {p}").into()),
         }
     }
 
@@ -484,9 +496,7 @@ fn steps(run: &mut Run, sc: Scenario) -> Result<Steps, BoxError> {
             killed = Some(at);
             // Its partitions to b at once: the assign fences the dead
             // owner; b reclaims its pending entries.
-            for p in &evens {
-                run.assign("b", *p)?;
-            }
+            run.assign_all("b", &evens)?;
             if sc == Scenario::LostDisk {
                 std::fs::remove_dir_all(run.disk("a"))?;
                 run.spawn("a", false)?;
