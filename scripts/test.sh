@@ -2,23 +2,26 @@
 # The project's test command: the whole workspace's suite (the library's
 # unit, integration and doc tests, the fixture command's tests, and the
 # comparison harness's smoke test), with a throwaway PostgreSQL on loopback
-# for that smoke test and a throwaway Redis for the Redis Streams run
-# (crates/redis-streams; scripts/with-redis.sh installs and starts it). Without PostgreSQL (and no way to install it) that
+# for that smoke test. Without PostgreSQL (and no way to install it) that
 # one contender is skipped with a message and everything else still runs;
 # under CI (CI=true; .ci/run sets it) it is an error instead.
 #
 # `cargo test` alone tests the library only, and never builds SQLite or
-# librdkafka. crates/dedupkv-kafka is tested on its own, after the rest of
-# the workspace (it turns the library's "replica" feature on, which would
-# otherwise reach every member's build): its consumer-group run
-# (tests/group_run/, ~1 min) against librdkafka's in-process mock cluster,
-# every scenario in both replica modes; it needs no service, so it is never
+# librdkafka. Two consumer-group runs are tested on their own, after the
+# rest of the workspace (each turns the library's "replica" feature on,
+# which would otherwise reach every member's build), every scenario in
+# both replica modes: crates/redis-streams (tests/redis_streams.rs, ~2 min)
+# against a throwaway Redis (scripts/with-redis.sh installs and starts it;
+# without one the run is skipped with a message, under CI an error), and
+# crates/dedupkv-kafka (tests/group_run/, ~1 min) against librdkafka's
+# in-process mock cluster, which needs no service, so it is never
 # skipped. The replica (feature "replica") is tested last, against local
 # files: its unit tests, doc tests, tests/replica_*.rs and the partition
 # set (tests/partitions_*.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/with-postgres.sh bash scripts/with-redis.sh cargo test --workspace --exclude dedupkv-kafka --locked "$@"
+bash scripts/with-postgres.sh cargo test --workspace --exclude dedupkv-kafka --exclude dedupkv-redis-streams --locked "$@"
+bash scripts/with-redis.sh cargo test -p dedupkv-redis-streams --locked "$@"
 cargo test -p dedupkv-kafka --locked "$@"
 cargo test --locked --features replica --lib replica "$@"
 cargo test --locked --features replica --doc replica "$@"

@@ -1,12 +1,14 @@
-//! The Redis Streams run (`examples/redis_streams.rs`) as a test: consumer
-//! processes of one group, one killed (`SIGKILL`) mid-batch and reclaimed with
-//! XAUTOCLAIM, a dropped ack redelivered; ledger rows = unique orders,
-//! zero duplicate effects, every entry acknowledged, the stores' tallies
-//! reconciled. Built without the harness: the run re-executes this binary
-//! as its consumer processes.
+//! The Redis Streams group run (`examples/redis_streams.rs`) as a test,
+//! one test per replica mode: member processes of one consumer group,
+//! each with a partition set whose stores ship to a shared replica; the
+//! scenarios SIGKILL mid-charge, rolling deploy and lost disk, each with
+//! a dropped ack reclaimed with XAUTOCLAIM. Zero double charges, zero
+//! lost orders, every entry acknowledged, the stores' tallies reconciled
+//! with the provider's ledger. Built without the harness: the run
+//! re-executes this binary as its members.
 //!
 //! Needs `DEDUPKV_REDIS_URL` (`scripts/with-redis.sh` starts a server and
-//! sets it; `scripts/test.sh` runs the suite under it). Without it the
+//! sets it; `scripts/test.sh` runs the test under it). Without it the
 //! test says so and is skipped — except under CI, where it fails.
 
 use std::process::ExitCode;
@@ -14,9 +16,9 @@ use std::process::ExitCode;
 #[path = "../../../tests/child/mod.rs"]
 mod child;
 
-fn run() -> dedupkv::Result<()> {
+fn run(mode: &str) -> dedupkv::Result<()> {
     let io = |e: String| dedupkv::Error::Io {
-        what: "the Redis Streams run",
+        what: "the Redis Streams group run",
         source: std::io::Error::other(e),
     };
     let Ok(url) = std::env::var("DEDUPKV_REDIS_URL") else {
@@ -32,9 +34,20 @@ fn run() -> dedupkv::Result<()> {
         return Ok(());
     };
     let exe = std::env::current_exe().map_err(|e| io(e.to_string()))?;
-    let report = dedupkv_redis_streams::orchestrate(&exe, &url).map_err(|e| io(e.to_string()))?;
-    eprintln!("{report:#?}");
-    report.check().map_err(io)
+    let reports =
+        dedupkv_redis_streams::run_mode(&exe, &url, mode).map_err(|e| io(e.to_string()))?;
+    let mut wrong = Vec::new();
+    for r in &reports {
+        eprintln!("{r}");
+        if let Err(e) = r.check() {
+            wrong.push(e);
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(io(wrong.join("; ")))
+    }
 }
 
 fn main() -> ExitCode {
@@ -45,6 +58,9 @@ fn main() -> ExitCode {
                 std::process::exit(1);
             }
         },
-        &[("redis_streams_consumer_group_survives_a_sigkill", run)],
+        &[
+            ("redis_streams_group_run_mode_sync", || run("sync")),
+            ("redis_streams_group_run_mode_async", || run("async")),
+        ],
     )
 }
