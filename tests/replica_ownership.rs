@@ -263,6 +263,54 @@ fn lone_synchronous_commits_are_snapshotted_by_count_so_a_restore_reads_few_obje
     Ok(())
 }
 
+#[test]
+fn an_open_that_lists_a_segment_a_live_owner_prunes_meanwhile_lists_again() -> TestResult {
+    let b = Bucket::new();
+    let dir = tempfile::tempdir()?;
+    let live = Store::builder()
+        .replica(
+            Replica::new(Arc::clone(&b.objects), &b.at("s"))
+                .mode(ReplicaMode::Synchronous)
+                .snapshot_after_bytes(1),
+        )
+        .open(dir.path().join("a.redb"))?;
+    for i in 0..5 {
+        live.insert_if_absent(&key(i))?;
+    }
+    // The new owner lists the prefix, then is held at the read of the
+    // newest segment it listed until the live owner has pruned it (a
+    // snapshot after every segment prunes the ones before it).
+    let watch = Faulty::new(Arc::clone(&b.objects));
+    let (gate, reached, open) = replica_kit::Gate::new("/seg/");
+    *watch.gate.lock().expect("gate") = Some(gate);
+    let opening = {
+        let r = Replica::new(watch.clone(), &b.at("s")).mode(ReplicaMode::Synchronous);
+        let path = dir.path().join("b.redb");
+        std::thread::spawn(move || Store::builder().replica(r).open(path))
+    };
+    let held = reached.recv_timeout(Duration::from_secs(60))?;
+    let held = ObjPath::from(held);
+    let mut n = 5;
+    let t0 = std::time::Instant::now();
+    while run(b.objects.head(&held))?.is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{held} was never pruned"
+        );
+        live.insert_if_absent(&key(n))?;
+        n += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    open.notify_one();
+    let new_owner = opening.join().expect("opening")?;
+    assert_eq!(missing(&new_owner, n)?, 0);
+    assert!(matches!(
+        live.insert_if_absent(&key(n)),
+        Err(Error::Fenced(_))
+    ));
+    Ok(())
+}
+
 fn delete_owners(b: &Bucket, only_newest: bool) -> TestResult {
     let mut owners = objects_under(b, "owner")?;
     owners.sort_by(|x, y| x.as_ref().cmp(y.as_ref()));

@@ -290,6 +290,35 @@ fn provably_empty(objects: &Objects, listing: &Listing, upto: u64) -> Result<boo
     super::restore::is_empty(objects, upto)
 }
 
+/// Listings tried while the newest segment listed is gone when read.
+const LIST_TRIES: usize = 8;
+
+/// The prefix's listing, its newest segment's place and that segment's
+/// head. A live owner prunes the segments before a new snapshot as soon
+/// as the snapshot's own segment is there, so the newest segment of a
+/// listing can be gone a moment later (a newer one then exists): the
+/// prefix is listed again. Still gone after that, it is an error.
+fn newest_listed(objects: &Objects) -> Result<(Listing, Option<u64>, Option<SegmentHead>)> {
+    let mut tries = 0;
+    loop {
+        let listing = objects.listing()?;
+        let last = listing.segments.last().copied();
+        let newest = last.map(|s| head_of(objects, s)).transpose()?.flatten();
+        if last.is_none() || newest.is_some() {
+            return Ok((listing, last, newest));
+        }
+        tries += 1;
+        if tries >= LIST_TRIES {
+            return Err(Error::Corrupt(format!(
+                "the replica segment {} was listed but cannot be read; the replica is not \
+                 used while its newest segment is missing",
+                objects.path(&segment_name(last.unwrap_or(0)))
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10 << tries.min(5)));
+    }
+}
+
 /// How long an owner object with no fence after it is taken for an open
 /// still under way (its fence is moments away) rather than a damaged
 /// replica.
@@ -332,16 +361,7 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
     let local_file = local_path(path);
     let local = read_local(&local_file)?;
     let file = inspect(path)?;
-    let listing = objects.listing()?;
-    let last = listing.segments.last().copied();
-    let newest = last.map(|s| head_of(&objects, s)).transpose()?.flatten();
-    if last.is_some() && newest.is_none() {
-        return Err(Error::Corrupt(format!(
-            "the replica segment {} was listed but cannot be read; the replica is not used \
-             while its newest segment is missing",
-            objects.path(&segment_name(last.unwrap_or(0)))
-        )));
-    }
+    let (listing, last, newest) = newest_listed(&objects)?;
     // Owner objects but no segment: owners that never fenced (opens that
     // died between the two steps, from this disk or another) or a replica
     // whose segments were deleted. Only the first can be proved, and only
