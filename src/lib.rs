@@ -27,7 +27,8 @@
 //! # Ok::<(), dedupkv::Error>(())
 //! ```
 //!
-//! See the README for guarantees per [`Durability`] mode and
+//! See `docs/guarantees.md` for the guarantees per [`Durability`] mode (the
+//! README has them in short), `docs/features.md` for the feature flags and
 //! `docs/design.md` for the file format and invariants.
 
 #![deny(unsafe_code)]
@@ -75,6 +76,21 @@ pub use types::{
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 mod readme {}
+
+/// The code of `docs/guarantees.md`, run as doc tests like the README's.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guarantees.md")]
+mod guarantees_md {}
+
+/// The consumer-group recipe in `docs/consumer-groups.md`, run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/consumer-groups.md")]
+mod consumer_groups_md {}
+
+/// `docs/features.md`: any code it shows is run as a doc test too.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/features.md")]
+mod features_md {}
 
 /// Entry points for the fuzz targets in `fuzz/`. Not part of the API: no
 /// stability promise.
