@@ -33,6 +33,7 @@
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod api;
 mod canon;
@@ -49,13 +50,16 @@ mod log;
 #[cfg(feature = "metrics")]
 mod metrics;
 #[cfg(feature = "replica")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
 pub mod partitions;
 #[cfg(feature = "replica")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
 pub mod replica;
 mod sync;
 mod types;
 
 #[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub use api::AsyncStore;
 pub use api::{Begin, Claim, Store, StoreBuilder};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -258,6 +258,7 @@ impl Bridge {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 impl Store {
     /// Publishes the store's counters and gauges to the `metrics` recorder
     /// now (feature `metrics`). The background evictor does this on every
