@@ -27,11 +27,13 @@
 //! # Ok::<(), dedupkv::Error>(())
 //! ```
 //!
-//! See the README for guarantees per [`Durability`] mode and
+//! See `docs/guarantees.md` for the guarantees per [`Durability`] mode (the
+//! README has them in short), `docs/features.md` for the feature flags and
 //! `docs/design.md` for the file format and invariants.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod api;
 mod canon;
@@ -48,13 +50,16 @@ mod log;
 #[cfg(feature = "metrics")]
 mod metrics;
 #[cfg(feature = "replica")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
 pub mod partitions;
 #[cfg(feature = "replica")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
 pub mod replica;
 mod sync;
 mod types;
 
 #[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub use api::AsyncStore;
 pub use api::{Begin, Claim, Store, StoreBuilder};
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -75,6 +80,21 @@ pub use types::{
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 mod readme {}
+
+/// The code of `docs/guarantees.md`, run as doc tests like the README's.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guarantees.md")]
+mod guarantees_md {}
+
+/// The consumer-group recipe in `docs/consumer-groups.md`, run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/consumer-groups.md")]
+mod consumer_groups_md {}
+
+/// `docs/features.md`: any code it shows is run as a doc test too.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/features.md")]
+mod features_md {}
 
 /// Entry points for the fuzz targets in `fuzz/`. Not part of the API: no
 /// stability promise.

@@ -2,7 +2,7 @@
 //! counters and gauges of the `metrics` facade, and histograms of what
 //! each commit and batch call carried. Every series has the label
 //! `store` (the builder's `metrics_label`). The names, units and what a
-//! restart does to each are in the README.
+//! restart does to each are in `docs/features.md`.
 //!
 //! Counters and gauges are published from `Stats` on every tick of the
 //! background evictor and on [`Store::publish_metrics`]: counters as the
@@ -258,6 +258,7 @@ impl Bridge {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 impl Store {
     /// Publishes the store's counters and gauges to the `metrics` recorder
     /// now (feature `metrics`). The background evictor does this on every

@@ -1,13 +1,13 @@
-//! Runs the main job, `examples/consumer.rs`, as a test: its first life is
+//! Runs the main job, `crates/consumer/src/main.rs`, as a test: its first life is
 //! a child process killed (SIGKILL) mid-stream, its second life reopens the store,
 //! and it fails (panics) if any effect did not happen exactly once. Built
-//! without the test harness, so the example can re-execute this binary as
+//! without the test harness, so the job can re-execute this binary as
 //! its child; libtest's arguments are read as the other such tests read
 //! them (`tests/child/mod.rs`).
 
 use std::process::ExitCode;
 
-#[path = "../examples/consumer.rs"]
+#[path = "../crates/consumer/src/main.rs"]
 mod consumer;
 
 #[path = "child/mod.rs"]

@@ -27,10 +27,10 @@ use crate::{Answer, Begin, Claim, Failure, Fingerprint, Key, Result, Store};
 #[cfg(doc)]
 use crate::{Durability, Error};
 
-/// The async face of a [`Store`]: the write calls as futures that resolve
-/// once their answer is durable (under [`Durability::Immediate`]; at once
-/// under `Deferred`), without blocking the executor thread and without
-/// tying the store to one runtime.
+/// The async face of a [`Store`] (feature `async`): the write calls as
+/// futures that resolve once their answer is durable (under
+/// [`Durability::Immediate`]; at once under `Deferred`), without blocking
+/// the executor thread and without tying the store to one runtime.
 ///
 /// Cheap to clone; it shares the store it wraps ([`store`](Self::store)
 /// gives the blocking API back, for the reads and the operator's calls).
@@ -77,6 +77,7 @@ use crate::{Durability, Error};
 /// # Ok::<(), dedupkv::Error>(())
 /// # }).unwrap();
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 #[derive(Clone, Debug)]
 pub struct AsyncStore {
     store: Store,

@@ -569,6 +569,7 @@ impl StoreBuilder {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics_label(mut self, label: impl Into<String>) -> Self {
         self.cfg.metrics_label = label.into();
         self
@@ -686,6 +687,7 @@ impl StoreBuilder {
     /// # Examples
     /// See [`Replica`](crate::replica::Replica).
     #[cfg(feature = "replica")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
     pub fn replica(mut self, replica: crate::replica::Replica) -> Self {
         self.replica = Some(replica);
         self

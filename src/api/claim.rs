@@ -261,6 +261,7 @@ impl Claim {
     /// # }).unwrap();
     /// ```
     #[cfg(feature = "async")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
     pub fn provider_key_async(
         &self,
     ) -> impl std::future::Future<Output = Result<String>> + Send + 'static + use<> {

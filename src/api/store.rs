@@ -97,6 +97,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     #[cfg(feature = "replica")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
     pub fn sync_replica(&self) -> Result<()> {
         let Some(up) = &self.replica else {
             return Err(crate::Error::InvalidConfig(
@@ -132,6 +133,7 @@ impl Store {
     /// # Examples
     /// See [`Replica`](crate::replica::Replica).
     #[cfg(feature = "replica")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
     pub fn replica_status(&self) -> Option<crate::replica::ReplicaStatus> {
         self.replica.as_ref().map(|u| u.status())
     }

@@ -106,11 +106,13 @@ impl<'a, L, S, C> Effect<'a, L, S, C> {
 }
 
 #[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 impl<'a, L, S, C> Effect<'a, L, S, C> {
-    /// [`new`](Self::new) with an async `lookup` and `send`, for
-    /// [`RetryPolicy::call_async`]. Each gets the claim and returns the
-    /// future of the provider's answer; the future cannot borrow the
-    /// claim, so take its [`provider_key`](Claim::provider_key) first.
+    /// [`new`](Self::new) with an async `lookup` and `send` (feature
+    /// `async`), for [`RetryPolicy::call_async`]. Each gets the claim and
+    /// returns the future of the provider's answer; the future cannot
+    /// borrow the claim, so take its [`provider_key`](Claim::provider_key)
+    /// first.
     ///
     /// # Examples
     /// See [`RetryPolicy::call_async`].

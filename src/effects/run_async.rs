@@ -15,10 +15,12 @@ use super::retry::{ErrorClass, RetryPolicy};
 use super::run::{Outcome, Raw, Run};
 use crate::{AsyncStore, Claim, Fingerprint, Key, Result};
 
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 impl RetryPolicy {
-    /// [`run`](Self::run) with async work: one attempt of the operation on
-    /// `key` under a claim, the same order (record, limits, effect,
-    /// outcome) and the same answers, without blocking the executor.
+    /// [`run`](Self::run) with async work (feature `async`): one attempt
+    /// of the operation on `key` under a claim, the same order (record,
+    /// limits, effect, outcome) and the same answers, without blocking the
+    /// executor.
     ///
     /// `work` gets the claim and returns the future of the effect; that
     /// future cannot borrow the claim, so take what it needs (its
@@ -104,13 +106,14 @@ impl RetryPolicy {
         }
     }
 
-    /// [`call`](Self::call) with an async lookup and send: the same safe
-    /// sequence (claim and intent in one commit, limits, ask first after
-    /// an interruption, the answer recorded, then complete, fail or dead
-    /// letter), each step awaited instead of waited for. Build the effect
-    /// with [`Effect::new_async`]. The runner awaits the claim's
-    /// [`provider_key_async`](Claim::provider_key_async) before the lookup
-    /// or the call, so in them `claim.provider_key()` answers at once.
+    /// [`call`](Self::call) with an async lookup and send (feature
+    /// `async`): the same safe sequence (claim and intent in one commit,
+    /// limits, ask first after an interruption, the answer recorded, then
+    /// complete, fail or dead letter), each step awaited instead of waited
+    /// for. Build the effect with [`Effect::new_async`]. The runner awaits
+    /// the claim's [`provider_key_async`](Claim::provider_key_async) before
+    /// the lookup or the call, so in them `claim.provider_key()` answers at
+    /// once.
     ///
     /// # Cancellation
     /// Dropped while the lookup or the call runs, the claim drops with the

@@ -7,9 +7,9 @@
 //! flight, shipping the tail, closing) before librdkafka gives them up,
 //! and assigns the ones it hands over (taking their replica over, fencing
 //! the earlier owner, restoring when needed) before librdkafka fetches
-//! from them. The handler then follows the order of the README's
-//! consumer-group pattern: poll, `begin_batch`, the effect, `complete_batch`,
-//! commit the offsets.
+//! from them. The handler then follows the order of the consumer-group
+//! pattern in `docs/consumer-groups.md`: poll, `begin_batch`, the effect,
+//! `complete_batch`, commit the offsets.
 //!
 //! `tests/group_run/` runs it end to end against `librdkafka`'s mock
 //! cluster: consumer processes killed (SIGKILL) mid-batch, a rolling deploy and a

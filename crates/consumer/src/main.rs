@@ -24,8 +24,11 @@
 //! already counted the event (reconciliation against the system of record).
 //!
 //! ```text
-//! cargo run --release --example consumer
+//! cargo run --release -p dedupkv-consumer
 //! ```
+//!
+//! It needs nothing but the library (no features): `tests/consumer_example.rs`
+//! runs this same file as a test, where the library's test dependencies are.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -316,11 +319,37 @@ fn first_life(path: &std::path::Path, downstream: &Mutex<Downstream>) -> usize {
     seen
 }
 
+/// A directory of this run's own, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> std::io::Result<TempDir> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let name = format!("dedupkv-consumer-{}-{nanos}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir(&dir)?; // fails rather than reuse a store
+        Ok(TempDir(dir))
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 pub fn main() -> dedupkv::Result<()> {
     if let Some(path) = std::env::var_os(CHILD_ENV) {
         return child(path.as_ref());
     }
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = TempDir::new().expect("temp dir");
     let path = std::env::var_os("DEDUPKV_PATH")
         .map_or_else(|| dir.path().join("consumer.redb"), Into::into);
     let start = std::time::Instant::now();
