@@ -39,15 +39,26 @@ pub(crate) struct Replayed {
     pub summaries: BTreeMap<u64, Summary>,
 }
 
-/// Calls `apply(bucket, row, record, expired)` in log order for every
-/// record of every bucket table; `expired` says the bucket is before
-/// `now_bucket`. With `checked` (a format-5 file), each table's rows must
-/// match its stored summary.
+/// One record handed over by [`replay`].
+pub(crate) struct Replay<'a> {
+    /// The bucket whose table holds it.
+    pub bucket: u64,
+    /// Whether that bucket is expired (before `now_bucket`).
+    pub expired: bool,
+    pub rec: RecordRef<'a>,
+}
+
+/// Calls `apply(row, records)` in log order for every row number, with
+/// the records of that row in every bucket table, in log order; a
+/// record's `expired` says its bucket is before `now_bucket`. A whole row
+/// at a time lets the caller read ahead in it (the engine reads the index
+/// slots of a row's keys before it applies their records). With `checked`
+/// (a format-5 file), each table's rows must match its stored summary.
 pub(crate) fn replay(
     db: &Storage,
     now_bucket: u64,
     checked: bool,
-    mut apply: impl FnMut(u64, u64, &RecordRef<'_>, bool) -> Result<()>,
+    mut apply: impl FnMut(u64, &[Replay<'_>]) -> Result<()>,
 ) -> Result<Replayed> {
     let tables = db.tables()?;
     let all: Vec<u64> = tables.iter().map(|(b, _)| *b).collect();
@@ -71,11 +82,6 @@ pub(crate) fn replay(
         records: 0,
         live: all.iter().copied().filter(|b| *b >= now_bucket).collect(),
         summaries: BTreeMap::new(),
-    };
-    let mut apply = |bucket: u64, row: u64, rec: &RecordRef<'_>| -> Result<()> {
-        apply(bucket, row, rec, bucket < now_bucket)?;
-        out.records += 1;
-        Ok(())
     };
     let mut last_row = 0;
     let mut group: Vec<(usize, Vec<u8>)> = Vec::new();
@@ -103,23 +109,22 @@ pub(crate) fn replay(
             }
         }
         last_row = last_row.max(row);
-        if group.len() == 1 {
-            let (i, bytes) = &group[0];
+        let mut recs = Vec::new();
+        for (i, bytes) in &group {
+            let (bucket, expired) = (all[*i], all[*i] < now_bucket);
             for rec in read_row(bytes)? {
-                apply(all[*i], row, &rec?)?;
-            }
-        } else {
-            let mut recs = Vec::new();
-            for (i, bytes) in &group {
-                for rec in read_row(bytes)? {
-                    recs.push((all[*i], rec?));
-                }
-            }
-            recs.sort_by_key(|(_, r)| r.idx);
-            for (bucket, rec) in &recs {
-                apply(*bucket, row, rec)?;
+                recs.push(Replay {
+                    bucket,
+                    expired,
+                    rec: rec?,
+                });
             }
         }
+        if group.len() > 1 {
+            recs.sort_by_key(|r| r.rec.idx);
+        }
+        apply(row, &recs)?;
+        out.records += recs.len() as u64;
     }
     out.last_row = last_row;
     for (i, &bucket) in all.iter().enumerate() {
