@@ -310,7 +310,7 @@ impl Replaying<'_, '_> {
         &mut self.shards[i]
     }
 
-    /// Applies a replayed row's records in log order, [`WARM`] at a time,
+    /// Applies replayed records of row `row` in log order, [`WARM`] at a time,
     /// in three passes: the hash of each live event key, then a read of
     /// each one's slot ([`Shard::touch`], which changes nothing), then the
     /// records. Replay is bound by the index's cache and TLB misses, about

@@ -48,12 +48,15 @@ pub(crate) struct Replay<'a> {
     pub rec: RecordRef<'a>,
 }
 
-/// Calls `apply(row, records)` in log order for every row number, with
-/// the records of that row in every bucket table, in log order; a
-/// record's `expired` says its bucket is before `now_bucket`. A whole row
-/// at a time lets the caller read ahead in it (the engine reads the index
-/// slots of a row's keys before it applies their records). With `checked`
-/// (a format-5 file), each table's rows must match its stored summary.
+/// Records handed to `replay`'s caller at a time.
+const CHUNK: usize = 256;
+
+/// Calls `apply(row, records)` for every record of every bucket table, in
+/// log order, up to [`CHUNK`] consecutive records of one row number at a
+/// time; a record's `expired` says its bucket is before `now_bucket`.
+/// Many records at a time let the caller read ahead (the engine reads the
+/// index slots of their keys before it applies them). With `checked` (a
+/// format-5 file), each table's rows must match its stored summary.
 pub(crate) fn replay(
     db: &Storage,
     now_bucket: u64,
@@ -109,22 +112,40 @@ pub(crate) fn replay(
             }
         }
         last_row = last_row.max(row);
-        let mut recs = Vec::new();
-        for (i, bytes) in &group {
-            let (bucket, expired) = (all[*i], all[*i] < now_bucket);
+        let replay_of = |i: usize, rec| Replay {
+            bucket: all[i],
+            expired: all[i] < now_bucket,
+            rec,
+        };
+        if group.len() == 1 {
+            // Decoded as it is applied: a row can hold millions of records.
+            let (i, bytes) = &group[0];
+            let mut recs = Vec::with_capacity(CHUNK);
             for rec in read_row(bytes)? {
-                recs.push(Replay {
-                    bucket,
-                    expired,
-                    rec: rec?,
-                });
+                recs.push(replay_of(*i, rec?));
+                if recs.len() == CHUNK {
+                    apply(row, &recs)?;
+                    out.records += CHUNK as u64;
+                    recs.clear();
+                }
             }
-        }
-        if group.len() > 1 {
+            if !recs.is_empty() {
+                apply(row, &recs)?;
+                out.records += recs.len() as u64;
+            }
+        } else {
+            let mut recs = Vec::new();
+            for (i, bytes) in &group {
+                for rec in read_row(bytes)? {
+                    recs.push(replay_of(*i, rec?));
+                }
+            }
             recs.sort_by_key(|r| r.rec.idx);
+            for chunk in recs.chunks(CHUNK) {
+                apply(row, chunk)?;
+            }
+            out.records += recs.len() as u64;
         }
-        apply(row, &recs)?;
-        out.records += recs.len() as u64;
     }
     out.last_row = last_row;
     for (i, &bucket) in all.iter().enumerate() {
