@@ -37,8 +37,9 @@ use crate::log::meta::SUMMARIES_FORMAT;
 use crate::log::record::{
     INTENT_PENDING, INTENT_SETTLED, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
 };
+use crate::log::recovery::Replay;
 use crate::log::{FileMeta, Location, Log, open_database};
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard};
 use crate::{Error, Result};
 
 impl Engine {
@@ -111,27 +112,36 @@ impl Engine {
         let now_bucket = opened_at / cfg.granularity_ms;
         let mut max_token = 0;
         let mut time_floor = time_floor;
-        let mut expired_dead = ExpiredDeadLetters::new();
-        let mut expired_intents = ExpiredIntents::new();
         let checked = meta.format >= SUMMARIES_FORMAT;
         if !checked && !cfg.upgrade {
             note_unchecked(meta.format);
         }
-        let mut tallies = Recovered::new(&cfg, meta.hasher.secret(), now_bucket);
-        let replayed =
-            crate::log::recovery::replay(&db, now_bucket, checked, |bucket, row, rec, expired| {
-                time_floor = time_floor.max(rec.at);
-                if !expired && rec.kind.is_claim_body() {
-                    max_token = max_token.max(rec.claim_fields().token);
+        // The shards stay locked until the block ends.
+        let (replayed, expired_dead, expired_intents, tallies) = {
+            let mut state = Replaying {
+                index: &index,
+                shards: index.lock_all(),
+                hasher: &meta.hasher,
+                expired_dead: ExpiredDeadLetters::new(),
+                expired_intents: ExpiredIntents::new(),
+                tallies: Recovered::new(&cfg, meta.hasher.secret(), now_bucket),
+            };
+            let replayed = crate::log::recovery::replay(&db, now_bucket, checked, |row, recs| {
+                for r in recs {
+                    time_floor = time_floor.max(r.rec.at);
+                    if !r.expired && r.rec.kind.is_claim_body() {
+                        max_token = max_token.max(r.rec.claim_fields().token);
+                    }
                 }
-                apply(
-                    &index,
-                    &meta.hasher,
-                    (&mut expired_dead, &mut expired_intents, &mut tallies),
-                    (bucket, row, expired),
-                    rec,
-                )
+                state.apply_row(row, recs)
             })?;
+            (
+                replayed,
+                state.expired_dead,
+                state.expired_intents,
+                state.tallies,
+            )
+        };
         for i in 0..cfg.shards {
             index.lock_shard(i).settle_entities(now_bucket);
         }
@@ -280,102 +290,150 @@ fn note_unchecked(format: u32) {
     );
 }
 
-/// Applies one replayed record: an entity's to the entity (entities with
-/// events outlive their tables' expiry); a live event key's to its slot;
-/// an expired one's only if it is a dead letter (kept in `expired_dead`
-/// until a later record of its key supersedes it).
-fn apply(
-    index: &ShardedIndex,
-    hasher: &KeyHasher,
-    (expired_dead, expired_intents, tallies): (
-        &mut ExpiredDeadLetters,
-        &mut ExpiredIntents,
-        &mut Recovered<'_>,
-    ),
-    (bucket, row, expired): (u64, u64, bool),
-    rec: &RecordRef<'_>,
-) -> Result<()> {
-    if rec.kind.is_tally() || rec.kind == Kind::Complete {
-        tallies.apply(rec, expired)?;
-        if rec.kind.is_tally() {
-            return Ok(());
-        }
-    }
-    if rec.kind.is_entity() {
-        let h = hasher.hash_entity(rec.scope, rec.id);
-        return apply_entity_record(&mut index.lock(h), h, bucket, row, rec);
-    }
-    if rec.kind == Kind::Intent {
-        return apply_intent_record(index, hasher, expired_intents, (bucket, row, expired), rec);
-    }
-    if !expired {
-        let h = hasher.hash(rec.scope, rec.id);
-        return apply_record(&mut index.lock(h), h, bucket, row, rec);
-    }
-    if rec.kind == Kind::DeadLetter {
-        let body = rec.dead_letter_body()?;
-        expired_dead.insert(
-            hasher.hash(rec.scope, rec.id),
-            ExpiredDeadLetter {
-                scope: rec.scope.to_vec(),
-                id: rec.id.to_vec(),
-                claim: rec.claim_fields(),
-                failed_at: body.failed_at,
-                body: rec.outcome.to_vec(),
-            },
-        );
-    } else if !expired_dead.is_empty() {
-        expired_dead.remove(&hasher.hash(rec.scope, rec.id));
-    }
-    Ok(())
+/// Records of a row whose slots are warmed before they are applied.
+const WARM: usize = 32;
+
+/// What replay builds: the index, every shard of it locked for the whole
+/// replay (nothing else can reach the index before the open returns), so
+/// no record takes a lock; and what is kept of expired tables.
+struct Replaying<'a, 'c> {
+    index: &'a ShardedIndex,
+    shards: Vec<MutexGuard<'a, Shard>>,
+    hasher: &'a KeyHasher,
+    expired_dead: ExpiredDeadLetters,
+    expired_intents: ExpiredIntents,
+    tallies: Recovered<'c>,
 }
 
-/// Applies a replayed `Intent` record: the latest of a key wins; an
-/// expired pending one is kept in `expired` until a later one supersedes
-/// it.
-fn apply_intent_record(
-    index: &ShardedIndex,
-    hasher: &KeyHasher,
-    expired_intents: &mut ExpiredIntents,
-    (bucket, row, expired): (u64, u64, bool),
-    rec: &RecordRef<'_>,
-) -> Result<()> {
-    let h = hasher.hash(rec.scope, rec.id);
-    let body = rec.intent_body()?;
-    expired_intents.remove(&h);
-    if expired {
-        if rec.outcome_tag == INTENT_PENDING {
-            expired_intents.insert(
-                h,
-                ExpiredIntent {
+impl Replaying<'_, '_> {
+    fn shard(&mut self, h: KeyHash) -> &mut Shard {
+        let i = self.index.shard_of(h);
+        &mut self.shards[i]
+    }
+
+    /// Applies replayed records of row `row` in log order, [`WARM`] at a time,
+    /// in three passes: the hash of each live event key, then a read of
+    /// each one's slot ([`Shard::touch`], which changes nothing), then the
+    /// records. Replay is bound by the index's cache and TLB misses, about
+    /// one per key; the middle pass is a short loop of independent reads,
+    /// so the processor waits for the misses of the whole chunk together,
+    /// as a batch insert does (docs/performance.md). Nothing in it may
+    /// wait for a read: no hashing between the reads (its instructions
+    /// fill the processor's window while one read waits, so the next does
+    /// not start) and no lock (a locked instruction waits for every read
+    /// before it).
+    fn apply_row(&mut self, row: u64, recs: &[Replay<'_>]) -> Result<()> {
+        let mut hashes = [None; WARM];
+        for chunk in recs.chunks(WARM) {
+            let hashes = &mut hashes[..chunk.len()];
+            for (r, h) in chunk.iter().zip(hashes.iter_mut()) {
+                *h = (!r.expired && r.rec.kind.is_key_state())
+                    .then(|| self.hasher.hash(r.rec.scope, r.rec.id));
+            }
+            let mut warm = 0;
+            for h in hashes.iter().flatten() {
+                warm ^= self.shard(*h).touch(*h);
+            }
+            std::hint::black_box(warm);
+            for (r, h) in chunk.iter().zip(hashes.iter()) {
+                self.apply((r.bucket, row, r.expired), &r.rec, *h)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one replayed record: an entity's to the entity (entities
+    /// with events outlive their tables' expiry); a live event key's to
+    /// its slot (`slot`: its key's hash, if the caller computed it
+    /// already); an expired one's only if it is a dead letter (kept in
+    /// `expired_dead` until a later record of its key supersedes it).
+    fn apply(
+        &mut self,
+        (bucket, row, expired): (u64, u64, bool),
+        rec: &RecordRef<'_>,
+        slot: Option<KeyHash>,
+    ) -> Result<()> {
+        if rec.kind.is_tally() || rec.kind == Kind::Complete {
+            self.tallies.apply(rec, expired)?;
+            if rec.kind.is_tally() {
+                return Ok(());
+            }
+        }
+        if rec.kind.is_entity() {
+            let h = self.hasher.hash_entity(rec.scope, rec.id);
+            return apply_entity_record(self.shard(h), h, bucket, row, rec);
+        }
+        if rec.kind == Kind::Intent {
+            return self.apply_intent_record((bucket, row, expired), rec);
+        }
+        if !expired {
+            let h = slot.unwrap_or_else(|| self.hasher.hash(rec.scope, rec.id));
+            return apply_record(self.shard(h), h, bucket, row, rec);
+        }
+        if rec.kind == Kind::DeadLetter {
+            let body = rec.dead_letter_body()?;
+            self.expired_dead.insert(
+                self.hasher.hash(rec.scope, rec.id),
+                ExpiredDeadLetter {
                     scope: rec.scope.to_vec(),
                     id: rec.id.to_vec(),
                     claim: rec.claim_fields(),
+                    failed_at: body.failed_at,
                     body: rec.outcome.to_vec(),
                 },
             );
+        } else if !self.expired_dead.is_empty() {
+            self.expired_dead
+                .remove(&self.hasher.hash(rec.scope, rec.id));
         }
-        return Ok(());
+        Ok(())
     }
-    let mut shard = index.lock(h);
-    let state = match rec.outcome_tag {
-        INTENT_PENDING => IntentState::Pending,
-        INTENT_SETTLED => IntentState::Settled,
-        _ => {
-            shard.remove_intent(h);
+
+    /// Applies a replayed `Intent` record: the latest of a key wins; an
+    /// expired pending one is kept in `expired_intents` until a later one
+    /// supersedes it.
+    fn apply_intent_record(
+        &mut self,
+        (bucket, row, expired): (u64, u64, bool),
+        rec: &RecordRef<'_>,
+    ) -> Result<()> {
+        let h = self.hasher.hash(rec.scope, rec.id);
+        let body = rec.intent_body()?;
+        self.expired_intents.remove(&h);
+        if expired {
+            if rec.outcome_tag == INTENT_PENDING {
+                self.expired_intents.insert(
+                    h,
+                    ExpiredIntent {
+                        scope: rec.scope.to_vec(),
+                        id: rec.id.to_vec(),
+                        claim: rec.claim_fields(),
+                        body: rec.outcome.to_vec(),
+                    },
+                );
+            }
             return Ok(());
         }
-    };
-    shard.set_intent(IntentSlot {
-        hash: h,
-        bucket,
-        row,
-        recorded_at: body.recorded_at,
-        attempt: rec.claim_fields().attempt,
-        state,
-        calls: body.calls,
-    });
-    Ok(())
+        let shard = self.shard(h);
+        let state = match rec.outcome_tag {
+            INTENT_PENDING => IntentState::Pending,
+            INTENT_SETTLED => IntentState::Settled,
+            _ => {
+                shard.remove_intent(h);
+                return Ok(());
+            }
+        };
+        shard.set_intent(IntentSlot {
+            hash: h,
+            bucket,
+            row,
+            recorded_at: body.recorded_at,
+            attempt: rec.claim_fields().attempt,
+            state,
+            calls: body.calls,
+        });
+        Ok(())
+    }
 }
 
 /// Sets a key's slot (and pending details) from a replayed record.

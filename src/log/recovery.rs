@@ -39,15 +39,29 @@ pub(crate) struct Replayed {
     pub summaries: BTreeMap<u64, Summary>,
 }
 
-/// Calls `apply(bucket, row, record, expired)` in log order for every
-/// record of every bucket table; `expired` says the bucket is before
-/// `now_bucket`. With `checked` (a format-5 file), each table's rows must
-/// match its stored summary.
+/// One record handed over by [`replay`].
+pub(crate) struct Replay<'a> {
+    /// The bucket whose table holds it.
+    pub bucket: u64,
+    /// Whether that bucket is expired (before `now_bucket`).
+    pub expired: bool,
+    pub rec: RecordRef<'a>,
+}
+
+/// Records handed to `replay`'s caller at a time.
+const CHUNK: usize = 256;
+
+/// Calls `apply(row, records)` for every record of every bucket table, in
+/// log order, up to [`CHUNK`] consecutive records of one row number at a
+/// time; a record's `expired` says its bucket is before `now_bucket`.
+/// Many records at a time let the caller read ahead (the engine reads the
+/// index slots of their keys before it applies them). With `checked` (a
+/// format-5 file), each table's rows must match its stored summary.
 pub(crate) fn replay(
     db: &Storage,
     now_bucket: u64,
     checked: bool,
-    mut apply: impl FnMut(u64, u64, &RecordRef<'_>, bool) -> Result<()>,
+    mut apply: impl FnMut(u64, &[Replay<'_>]) -> Result<()>,
 ) -> Result<Replayed> {
     let tables = db.tables()?;
     let all: Vec<u64> = tables.iter().map(|(b, _)| *b).collect();
@@ -71,11 +85,6 @@ pub(crate) fn replay(
         records: 0,
         live: all.iter().copied().filter(|b| *b >= now_bucket).collect(),
         summaries: BTreeMap::new(),
-    };
-    let mut apply = |bucket: u64, row: u64, rec: &RecordRef<'_>| -> Result<()> {
-        apply(bucket, row, rec, bucket < now_bucket)?;
-        out.records += 1;
-        Ok(())
     };
     let mut last_row = 0;
     let mut group: Vec<(usize, Vec<u8>)> = Vec::new();
@@ -103,22 +112,39 @@ pub(crate) fn replay(
             }
         }
         last_row = last_row.max(row);
+        let replay_of = |i: usize, rec| Replay {
+            bucket: all[i],
+            expired: all[i] < now_bucket,
+            rec,
+        };
         if group.len() == 1 {
+            // Decoded as it is applied: a row can hold millions of records.
             let (i, bytes) = &group[0];
+            let mut recs = Vec::with_capacity(CHUNK);
             for rec in read_row(bytes)? {
-                apply(all[*i], row, &rec?)?;
+                recs.push(replay_of(*i, rec?));
+                if recs.len() == CHUNK {
+                    apply(row, &recs)?;
+                    out.records += CHUNK as u64;
+                    recs.clear();
+                }
+            }
+            if !recs.is_empty() {
+                apply(row, &recs)?;
+                out.records += recs.len() as u64;
             }
         } else {
             let mut recs = Vec::new();
             for (i, bytes) in &group {
                 for rec in read_row(bytes)? {
-                    recs.push((all[*i], rec?));
+                    recs.push(replay_of(*i, rec?));
                 }
             }
-            recs.sort_by_key(|(_, r)| r.idx);
-            for (bucket, rec) in &recs {
-                apply(*bucket, row, rec)?;
+            recs.sort_by_key(|r| r.rec.idx);
+            for chunk in recs.chunks(CHUNK) {
+                apply(row, chunk)?;
             }
+            out.records += recs.len() as u64;
         }
     }
     out.last_row = last_row;
