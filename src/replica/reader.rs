@@ -130,6 +130,9 @@ pub struct ReplicaCopy {
     pub duration: Duration,
 }
 
+/// Listings a summary tries while an object it listed is gone when read.
+const SUMMARY_TRIES: u32 = 8;
+
 /// The chain's objects as listed: places, sorted.
 struct Chain {
     owners: Vec<u64>,
@@ -194,13 +197,36 @@ impl ReplicaReader {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn summary(&self) -> Result<ReplicaSummary> {
+        // A live owner prunes what a new snapshot covers: an object listed
+        // a moment ago can be gone when read (a newer one then exists), so
+        // the prefix is listed again; still gone after that, it is an error.
+        let mut tries = 0;
+        loop {
+            match self.summary_once()? {
+                Ok(summary) => return Ok(summary),
+                Err(gone) => {
+                    tries += 1;
+                    if tries >= SUMMARY_TRIES {
+                        return Err(self.gone(&gone));
+                    }
+                    std::thread::sleep(Duration::from_millis(10 << tries.min(5)));
+                }
+            }
+        }
+    }
+
+    /// One try of [`summary`](Self::summary): the summary, or the name of
+    /// an object listed and gone when read.
+    fn summary_once(&self) -> Result<std::result::Result<ReplicaSummary, String>> {
         let chain = self.chain()?;
         let objects = self.objects.count()?;
         let (mut epoch, mut owner, mut owner_since) = (None, None, None);
         if let Some(&e) = chain.owners.last() {
             let name = owner_name(e);
             let what = self.objects.path(&name);
-            let bytes = self.objects.get(&name)?.ok_or_else(|| self.gone(&name))?;
+            let Some(bytes) = self.objects.get(&name)? else {
+                return Ok(Err(name));
+            };
             let o = format::read_owner(&bytes, what.as_ref())?;
             epoch = Some(o.epoch);
             owner = Some(o.label);
@@ -211,15 +237,13 @@ impl ReplicaReader {
         if let Some(&seq) = chain.segments.last() {
             let name = segment_name(seq);
             let what = self.objects.path(&name);
-            let head = self
-                .objects
-                .head_bytes(&name, SEGMENT_HEAD as u64)?
-                .ok_or_else(|| self.gone(&name))?;
+            let Some(head) = self.objects.head_bytes(&name, SEGMENT_HEAD as u64)? else {
+                return Ok(Err(name));
+            };
             last_segment_epoch = Some(format::segment_head(&head, what.as_ref())?.epoch);
-            let written = self
-                .objects
-                .modified(&name)?
-                .ok_or_else(|| self.gone(&name))?;
+            let Some(written) = self.objects.modified(&name)? else {
+                return Ok(Err(name));
+            };
             last_segment_written = Some(written);
             last_segment_age = Some(
                 SystemTime::now()
@@ -227,7 +251,7 @@ impl ReplicaReader {
                     .unwrap_or(Duration::ZERO),
             );
         }
-        Ok(ReplicaSummary {
+        Ok(Ok(ReplicaSummary {
             prefix: self.prefix.clone(),
             objects,
             epoch,
@@ -238,7 +262,7 @@ impl ReplicaReader {
             last_segment_written,
             last_segment_age,
             snapshot: chain.snapshots.last().copied(),
-        })
+        }))
     }
 
     /// Restores the store the replica holds — its newest valid snapshot
