@@ -62,7 +62,7 @@ mod types;
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub use api::AsyncStore;
 pub use api::{Begin, Claim, Store, StoreBuilder};
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ClockBehind, ManualClock, SystemClock};
 pub use durability::Durability;
 pub use effects::{
     Decision, Effect, ErrorClass, GiveUpReason, Jitter, RetryPolicy, RetryPolicyBuilder, Run,

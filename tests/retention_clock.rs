@@ -1,11 +1,13 @@
 //! The store's time never goes back: a clock stepped back (or reading 1970
 //! on a machine without a real-time clock) forgets nothing, before and
 //! after a reopen; a clock that jumps far forward expires what it should;
-//! a clock at `u64::MAX` breaks nothing.
+//! a clock at `u64::MAX` breaks nothing; with `ClockBehind::Advance` a
+//! time floor inherited from a clock that ran ahead no longer holds every
+//! lease, and the store's time never runs faster than real time.
 
 use std::time::Duration;
 
-use dedupkv::{Begin, Fingerprint, Key, ManualClock, Result, Store};
+use dedupkv::{Begin, Clock, ClockBehind, Fingerprint, Key, ManualClock, Result, Store};
 use dedupkv_testkit::{T0, tempdir};
 
 const MIN: u64 = 60_000;
@@ -167,5 +169,172 @@ fn the_store_time_survives_a_reopen_after_every_record_expired() -> Result<()> {
         "the store's time stands still while the clock is behind: the lease holds"
     );
     store.complete(&c, b"")?;
+    Ok(())
+}
+
+const YEAR: u64 = 365 * 24 * 60 * MIN;
+
+fn in_progress(store: &Store, key: &Key<'_>) -> Result<bool> {
+    Ok(matches!(
+        store.begin(key, Fingerprint::NONE)?,
+        Begin::InProgress(_)
+    ))
+}
+
+/// An owner whose clock ran a year ahead left its time in the file (as a
+/// replica's owner leaves it to the next): by default every later owner's
+/// store stands still for that year (a lease begun now never lapses, no key
+/// expires); with `Advance` leases lapse and keys expire after the time
+/// that really passes, also after a further reopen.
+#[test]
+fn a_time_floor_a_year_ahead_holds_leases_unless_the_time_advances() -> Result<()> {
+    let dir = tempdir();
+    let path = dir.path().join("s.redb");
+    let hung = Key::new("t", "hung");
+    let seen = Key::new("t", "seen");
+    {
+        let ahead = ManualClock::new(T0 + YEAR);
+        let store = builder(&ahead).open(&path)?;
+        assert!(store.insert_if_absent(&seen)?);
+    }
+    // A claim whose worker hangs in this process: never completed nor
+    // released. (A claim of an earlier run is taken over at once anyway.)
+    let begin_hung = |store: &Store| -> Result<()> {
+        let Begin::Started(c) = store.begin(&hung, Fingerprint::NONE)? else {
+            panic!("new")
+        };
+        std::mem::forget(c);
+        Ok(())
+    };
+    {
+        let clock = ManualClock::new(T0);
+        let store = builder(&clock).open(&path)?;
+        begin_hung(&store)?;
+        clock.advance(Duration::from_secs(61 * 60));
+        assert!(
+            in_progress(&store, &hung)?,
+            "by default the inherited floor holds the lease"
+        );
+        store.evict_expired()?;
+        assert!(!store.insert_if_absent(&seen)?, "and expires nothing");
+    }
+    let clock = ManualClock::new(T0);
+    let advance = |c: &ManualClock| builder(c).clock_behind(ClockBehind::Advance);
+    {
+        let store = advance(&clock).open(&path)?;
+        let hung = Key::new("t", "hung again");
+        let Begin::Started(c) = store.begin(&hung, Fingerprint::NONE)? else {
+            panic!("new")
+        };
+        std::mem::forget(c);
+        clock.advance(Duration::from_secs(29));
+        assert!(
+            in_progress(&store, &hung)?,
+            "never sooner than the lease's length in real time"
+        );
+        clock.advance(Duration::from_secs(2));
+        let Begin::Started(c) = store.begin(&hung, Fingerprint::NONE)? else {
+            panic!("the lease lapsed after 31 s of real time: taken over")
+        };
+        store.complete(&c, b"ok")?;
+        assert!(!store.insert_if_absent(&seen)?, "kept within its hour");
+        assert!(store.stats().clock_behind > 0);
+    }
+    // Reopened later: the time runs on from the floor, not from the open.
+    let store = advance(&clock).open(&path)?;
+    clock.advance(Duration::from_secs(58 * 60));
+    store.evict_expired()?;
+    assert!(
+        !store.insert_if_absent(&seen)?,
+        "kept: 31 s before the reopen and 58 min since are less than its hour"
+    );
+    clock.advance(Duration::from_secs(3 * 60));
+    store.evict_expired()?;
+    assert!(
+        store.insert_if_absent(&seen)?,
+        "expired after its hour of real time"
+    );
+    Ok(())
+}
+
+/// A step of the clock is not time passing: stepped back, a lease lapses
+/// after its length of `advance`, not sooner; stepped forward to the right
+/// time again, the time already run on is not counted twice.
+#[test]
+fn advance_counts_time_that_passes_never_a_step_and_never_twice() -> Result<()> {
+    let dir = tempdir();
+    let clock = ManualClock::new(T0);
+    let store = builder(&clock)
+        .clock_behind(ClockBehind::Advance)
+        .open(dir.path().join("s.redb"))?;
+    let key = Key::new("t", "op");
+    let Begin::Started(_c) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("new")
+    };
+    clock.set(T0 - 60 * MIN);
+    assert!(in_progress(&store, &key)?, "a step back moves nothing");
+    clock.advance(Duration::from_secs(20));
+    assert!(in_progress(&store, &key)?, "20 s of a 30 s lease");
+    // The clock is right again: the store's time is T0 + 20 s, not 40 s.
+    clock.set(T0 + 20_000);
+    assert!(
+        in_progress(&store, &key)?,
+        "20 s of a 30 s lease, counted once"
+    );
+    let later = Key::new("t", "later");
+    let Begin::Started(_l) = store.begin(&later, Fingerprint::NONE)? else {
+        panic!("new")
+    };
+    clock.advance(Duration::from_secs(11));
+    assert!(
+        matches!(store.begin(&key, Fingerprint::NONE)?, Begin::Started(_)),
+        "lapsed after 31 s"
+    );
+    // Stepped back again: time runs on while the clock is behind.
+    clock.set(T0 - 60 * MIN);
+    clock.advance(Duration::from_secs(18));
+    assert!(in_progress(&store, &later)?, "29 s of its 30 s lease");
+    clock.advance(Duration::from_secs(2));
+    assert!(
+        matches!(store.begin(&later, Fingerprint::NONE)?, Begin::Started(_)),
+        "lapsed after 31 s although the clock reads an hour behind"
+    );
+    Ok(())
+}
+
+/// A clock stepped back to 1970 while its monotonic clock reads `u64::MAX`
+/// throughout: only the monotonic clock's differences count, so no time
+/// passes, nothing expires and nothing panics, also after a reopen.
+#[test]
+fn advance_with_a_monotonic_clock_stuck_at_u64_max_passes_no_time() -> Result<()> {
+    #[derive(Debug, Clone)]
+    struct Stuck(ManualClock);
+    impl Clock for Stuck {
+        fn now_millis(&self) -> u64 {
+            self.0.now_millis()
+        }
+        fn elapsed_millis(&self) -> u64 {
+            u64::MAX
+        }
+    }
+    let dir = tempdir();
+    let path = dir.path().join("s.redb");
+    let clock = ManualClock::new(T0);
+    let open = |c: &ManualClock| {
+        builder(c)
+            .clock(Stuck(c.clone()))
+            .clock_behind(ClockBehind::Advance)
+            .open(&path)
+    };
+    let key = Key::new("t", "k");
+    {
+        let store = open(&clock)?;
+        assert!(store.insert_if_absent(&key)?);
+        clock.set(0);
+        assert!(!store.insert_if_absent(&key)?, "no time passed: kept");
+        assert!(store.insert_if_absent(&Key::new("t", "late"))?);
+    }
+    let store = open(&clock)?;
+    assert!(!store.insert_if_absent(&Key::new("t", "late"))?);
     Ok(())
 }

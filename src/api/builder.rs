@@ -180,6 +180,35 @@ impl StoreBuilder {
         self
     }
 
+    /// What the store's time does while the clock reads behind it.
+    /// Default: [`ClockBehind::StandStill`](crate::ClockBehind::StandStill).
+    ///
+    /// The store's time never goes backwards, and it is inherited: the
+    /// file keeps the latest time the store used, and a replica's new owner
+    /// continues from its predecessor's records. A store whose earlier
+    /// owner's clock ran a year ahead would stand still for a year (no lease
+    /// lapses, no key expires). With [`ClockBehind::Advance`](crate::ClockBehind::Advance) its time runs
+    /// on from there at the rate of [`Clock::elapsed_millis`] (a monotonic
+    /// clock), so leases lapse and keys expire after the time that really
+    /// passed; the times it records stay ahead of the wall clock by the gap.
+    /// A lease never lapses sooner than its length in real time in either
+    /// mode. Set it on every owner of a replicated store whose owners' clocks
+    /// may disagree.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{ClockBehind, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::builder()
+    ///     .clock_behind(ClockBehind::Advance)
+    ///     .open(dir.path().join("s.redb"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn clock_behind(mut self, mode: crate::ClockBehind) -> Self {
+        self.cfg.clock_behind = mode;
+        self
+    }
+
     /// Longest scope in bytes. Default: 256; at most 65,535.
     ///
     /// # Examples

@@ -54,6 +54,8 @@ pub(crate) struct Config {
     pub upgrade: bool,
     /// Check every page of the file at open (redb's integrity check).
     pub verify_pages: bool,
+    /// What the store's time does while the clock reads behind it.
+    pub clock_behind: crate::clock::ClockBehind,
 }
 
 impl Config {
@@ -104,6 +106,7 @@ impl Default for Config {
             metrics_label: "default".into(),
             upgrade: false,
             verify_pages: true,
+            clock_behind: crate::clock::ClockBehind::StandStill,
             ship: None,
             token_base: 0,
         }

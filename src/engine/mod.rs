@@ -93,11 +93,9 @@ pub(crate) struct Engine {
     tokens: tokens::Tokens,
     /// The latest bucket `bucket_of` computed.
     cur_bucket: AtomicU64,
-    /// The store's time: the highest clock reading it has used (at open,
-    /// at least the latest time it recorded). Only grows.
-    time: AtomicU64,
-    /// The clock was last seen behind `time` (by more than the slack).
-    clock_behind: AtomicBool,
+    /// The store's time: the highest time it has used (at open, at least
+    /// the latest time it recorded). Only grows (see [`time`](mod@time)).
+    time: time::StoreTime,
     /// The current bucket at the last complete eviction pass (at open: at
     /// replay): no slot points at an earlier bucket. Slots keep 24 bits
     /// of their bucket, so a clock that jumps far past this must evict

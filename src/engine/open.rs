@@ -25,7 +25,7 @@ use super::dead_letter::{ExpiredDeadLetter, ExpiredDeadLetters};
 use super::intents::{ExpiredIntent, ExpiredIntents};
 use super::order::apply_entity_record;
 use super::reconcile::Recovered;
-use super::time::MAX_TIME;
+use super::time::{MAX_TIME, StoreTime};
 use super::tokens::{TOKEN_BLOCK, Tokens};
 use super::{Config, Engine, Threads};
 use crate::clock::Clock;
@@ -173,6 +173,7 @@ impl Engine {
         .map_err(|e| crate::log::at_path(e, path.as_deref()))?;
         let background = cfg.background_eviction;
         let tick = Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));
+        let time = StoreTime::starting_at(time_floor.max(opened_at), clock.elapsed_millis());
         let engine = Arc::new(Engine {
             index,
             log,
@@ -181,8 +182,7 @@ impl Engine {
             cfg,
             tokens: Tokens::starting_at(first_token),
             cur_bucket: AtomicU64::new(0),
-            time: AtomicU64::new(time_floor),
-            clock_behind: AtomicBool::new(false),
+            time,
             evicted_through: AtomicU64::new(now_bucket),
             // Replay wrote nothing before the current bucket: it is closed
             // already (an eviction pass need not flush for it).

@@ -3,13 +3,17 @@
 //! never past [`MAX_TIME`].
 //!
 //! Invariant: time as the store sees it never goes backwards. While the
-//! clock reads behind it, the store's time stands still (no lease lapses,
-//! no key expires), `Stats::clock_behind` counts, and a warning is logged.
+//! clock reads behind it, `Stats::clock_behind` counts, a warning is
+//! logged, and the store's time stands still (no lease lapses, no key
+//! expires) or, with `ClockBehind::Advance`, runs on from the latest time
+//! it reached at the monotonic clock's rate: never faster than real time,
+//! so no lease lapses sooner than its length.
 
 use std::time::Duration;
 
 use super::Engine;
-use crate::sync::Ordering;
+use crate::clock::ClockBehind;
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use crate::types::{BeginOptions, Intent};
 use crate::{Error, Result};
 
@@ -38,43 +42,115 @@ pub(crate) struct Op<'a> {
     pub intent: Option<Intent<'a>>,
 }
 
+/// The store's time, and what it needs to run on while the clock is behind.
+pub(crate) struct StoreTime {
+    /// The highest time the store has used (at open, at least the latest
+    /// time it recorded). Only grows.
+    at: AtomicU64,
+    /// The clock was last seen behind `at` (by more than the slack).
+    behind: AtomicBool,
+    /// With [`ClockBehind::Advance`]: the highest `time - since` seen (a
+    /// time the store reached, less the monotonic time since the open
+    /// then), so `since + ahead` is the latest time reached plus the real
+    /// time that passed since. Only grows.
+    ahead: AtomicU64,
+    /// The monotonic clock's reading at the open: only its differences
+    /// count, whatever it started from.
+    opened: u64,
+}
+
+impl StoreTime {
+    /// The time of a store that opened at `time`, with the monotonic clock
+    /// reading `elapsed`.
+    pub(crate) fn starting_at(time: u64, elapsed: u64) -> Self {
+        Self {
+            at: AtomicU64::new(time),
+            behind: AtomicBool::new(false),
+            ahead: AtomicU64::new(time),
+            opened: elapsed,
+        }
+    }
+
+    /// The monotonic time since the open, in ms, given its reading now (0
+    /// for a reading below the open's: it never goes back).
+    fn since_open(&self, elapsed: u64) -> u64 {
+        elapsed.saturating_sub(self.opened)
+    }
+}
+
 impl Engine {
     /// The store's time now.
     #[inline]
     pub(crate) fn now(&self) -> u64 {
         let reading = self.clock.now_millis().min(MAX_TIME);
-        let time = self.time.load(Ordering::Relaxed);
+        let time = self.time.at.load(Ordering::Relaxed);
         if reading > time {
             // Another caller may have moved it further meanwhile.
-            let time = self.time.fetch_max(reading, Ordering::Relaxed).max(reading);
-            if self.clock_behind.load(Ordering::Relaxed) {
+            let time = self
+                .time
+                .at
+                .fetch_max(reading, Ordering::Relaxed)
+                .max(reading);
+            if self.cfg.clock_behind == ClockBehind::Advance {
+                self.anchor(reading);
+            }
+            if self.time.behind.load(Ordering::Relaxed) {
                 self.clock_caught_up();
             }
             return time;
         }
         if time - reading > CLOCK_SLACK_MS {
-            self.clock_is_behind(reading, time);
+            return self.clock_is_behind(reading, time);
         }
         time
     }
 
+    /// Notes that the store's time reached `time` now, on the monotonic
+    /// clock: it runs on from there while the clock is behind.
+    fn anchor(&self, time: u64) {
+        let since = self.time.since_open(self.clock.elapsed_millis());
+        self.time
+            .ahead
+            .fetch_max(time.saturating_sub(since), Ordering::Relaxed);
+    }
+
+    /// The store's time while the clock reads `reading`, behind `time`.
     #[cold]
-    fn clock_is_behind(&self, reading: u64, time: u64) {
+    fn clock_is_behind(&self, reading: u64, time: u64) -> u64 {
         self.counters.clock_behind.fetch_add(1, Ordering::Relaxed);
-        if !self.clock_behind.swap(true, Ordering::Relaxed) {
+        if !self.time.behind.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 clock_ms = reading,
                 store_ms = time,
                 behind_ms = time - reading,
+                advance = self.cfg.clock_behind == ClockBehind::Advance,
                 "dedupkv: the clock reads earlier than the store's time; the store's time \
-                 stands still (no lease lapses, no key expires) until the clock catches up"
+                 stands still (no lease lapses, no key expires) until the clock catches up, \
+                 or with ClockBehind::Advance runs on at the monotonic clock's rate"
             );
         }
+        if self.cfg.clock_behind != ClockBehind::Advance {
+            return time;
+        }
+        // The latest time reached plus the real time passed since: never
+        // sooner than a lease's length in real time.
+        let ran_on = self
+            .time
+            .since_open(self.clock.elapsed_millis())
+            .saturating_add(self.time.ahead.load(Ordering::Relaxed))
+            .min(MAX_TIME);
+        if ran_on <= time {
+            return time;
+        }
+        self.time
+            .at
+            .fetch_max(ran_on, Ordering::Relaxed)
+            .max(ran_on)
     }
 
     #[cold]
     fn clock_caught_up(&self) {
-        if self.clock_behind.swap(false, Ordering::Relaxed) {
+        if self.time.behind.swap(false, Ordering::Relaxed) {
             tracing::warn!("dedupkv: the clock caught up with the store's time");
         }
     }
