@@ -287,3 +287,59 @@ fn a_damaged_snapshot_part_is_an_error_naming_it() -> TestResult {
     );
     Ok(())
 }
+
+/// An owner whose clock ran a year ahead hands its time to the next owner
+/// through the replica: by default the restored store stands still (a
+/// lease begun there holds), and with `ClockBehind::Advance` its time runs
+/// on, so the lease lapses and the key expires after real time passes.
+#[test]
+fn a_time_floor_inherited_through_a_restore_runs_on_with_advance() -> TestResult {
+    use dedupkv::{ClockBehind, ManualClock};
+    use std::time::Duration;
+    const T0: u64 = 1_700_000_040_000;
+    const YEAR: u64 = 365 * 24 * 3_600_000;
+    let owner = |b: &Bucket, clock: &ManualClock, mode: ClockBehind, path: &std::path::Path| {
+        Store::builder()
+            .clock(clock.clone())
+            .background_eviction(false)
+            .lease(Duration::from_secs(30))
+            .retention(Duration::from_secs(3_600))
+            .clock_behind(mode)
+            .replica(replica(b, ReplicaMode::Synchronous))
+            .open(path)
+    };
+    for mode in [ClockBehind::StandStill, ClockBehind::Advance] {
+        let b = Bucket::new();
+        let dir = tempfile::tempdir()?;
+        let seen = Key::new("t", "seen");
+        {
+            let ahead = ManualClock::new(T0 + YEAR);
+            let s = owner(
+                &b,
+                &ahead,
+                ClockBehind::StandStill,
+                &dir.path().join("a.redb"),
+            )?;
+            assert!(s.insert_if_absent(&seen)?);
+        }
+        let clock = ManualClock::new(T0);
+        let s = owner(&b, &clock, mode, &dir.path().join("b.redb"))?;
+        assert!(s.replica_status().expect("a replica").restored.is_some());
+        let hung = Key::new("t", "hung");
+        let Begin::Started(c) = s.begin(&hung, Fingerprint::NONE)? else {
+            panic!("new")
+        };
+        std::mem::forget(c);
+        clock.advance(Duration::from_secs(31));
+        let lapsed = matches!(s.begin(&hung, Fingerprint::NONE)?, Begin::Started(_));
+        assert_eq!(lapsed, mode == ClockBehind::Advance, "{mode:?}");
+        clock.advance(Duration::from_secs(61 * 60));
+        s.evict_expired()?;
+        assert_eq!(
+            s.insert_if_absent(&seen)?,
+            mode == ClockBehind::Advance,
+            "{mode:?}"
+        );
+    }
+    Ok(())
+}
