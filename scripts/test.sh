@@ -15,14 +15,15 @@
 # without one the run is skipped with a message, under CI an error), and
 # crates/dedupkv-kafka (tests/group_run/, ~1 min) against librdkafka's
 # in-process mock cluster, which needs no service, so it is never
-# skipped. The replica (feature "replica") is tested last, against local
-# files: its unit tests, doc tests, tests/replica_*.rs and the partition
-# set (tests/partitions_*.rs).
+# skipped. Then every example runs (scripts/examples.sh). The replica
+# (feature "replica") is tested last, against local files: its unit tests,
+# doc tests, tests/replica_*.rs and the partition set (tests/partitions_*.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/with-postgres.sh cargo test --workspace --exclude dedupkv-kafka --exclude dedupkv-redis-streams --locked "$@"
 bash scripts/with-redis.sh cargo test -p dedupkv-redis-streams --locked "$@"
 cargo test -p dedupkv-kafka --locked "$@"
+bash scripts/examples.sh
 cargo test --locked --features replica --lib replica "$@"
 cargo test --locked --features replica --doc replica "$@"
 cargo test --locked --features replica --doc partitions "$@"

@@ -1,12 +1,11 @@
-//! Runs `examples/webhook_shipping.rs` as a test: a payment webhook handler
+//! The payment webhook of `tests/webhook/mod.rs` as a test: a handler
 //! in a child process, `SIGKILL`ed right after the carrier accepted a call,
 //! under a sender that redelivers, duplicates and retries. Asserts each
-//! line the example prints. Built without the test harness, so the example
+//! line the harness prints. Built without the test harness, so the harness
 //! can re-execute this binary as its child (`tests/child/mod.rs`).
 
 use std::process::ExitCode;
 
-#[path = "../examples/webhook_shipping.rs"]
 mod webhook;
 
 #[path = "child/mod.rs"]

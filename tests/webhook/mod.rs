@@ -37,8 +37,11 @@
 //! store's per-window counts equal to the carrier's.
 //!
 //! ```text
-//! cargo run --release --example webhook_shipping
+//! cargo test --release --test effects_webhook_sigkill
 //! ```
+//!
+//! (It was `examples/webhook_shipping.rs`; the examples are now one idea
+//! each, and this harness is a test.)
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{HashMap, HashSet, VecDeque};
