@@ -52,6 +52,7 @@ mod metrics;
 #[cfg(feature = "replica")]
 #[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
 pub mod partitions;
+mod records;
 #[cfg(feature = "replica")]
 #[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
 pub mod replica;
@@ -107,7 +108,7 @@ pub mod __fuzz {
     /// Whatever the decoder reports for malformed input.
     pub fn decode_row(bytes: &[u8]) -> crate::Result<usize> {
         let mut n = 0;
-        for rec in crate::log::format::read_row(bytes)? {
+        for rec in crate::records::read_row(bytes)? {
             rec?;
             n += 1;
         }

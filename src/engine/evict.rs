@@ -42,7 +42,7 @@ use super::reconcile::{TallyCarry, note_leaving};
 use super::write::{Next, Write};
 use crate::Result;
 use crate::index::SlotState;
-use crate::log::record::{Kind, RecordRef};
+use crate::records::{Kind, RecordRef};
 use crate::types::Eviction;
 
 impl Engine {

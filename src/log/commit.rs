@@ -23,14 +23,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::Storage;
-use super::decode::{RowReader, read_row};
 use super::durable::{self, Wakers};
-use super::format::RowWriter;
-use super::meta::{self, FORMAT_VERSION, Manifest, OLDEST_KEPT_FORMAT, SUMMARIES_FORMAT};
-use super::record::RecordRef;
+use super::meta::{self, Manifest};
 use super::ship::{AckTarget, Acks, Ship, Shipped};
 use super::store::Commit;
 use super::summary::{self, Summary};
+use crate::records::{
+    FORMAT_MAX_RECORD, FORMAT_VERSION, OLDEST_KEPT_FORMAT, RecordRef, RowReader, RowWriter,
+    SUMMARIES_FORMAT, read_row,
+};
 use crate::sync::{
     Arc, AtomicBool, AtomicU32, AtomicU64, Futex, JoinHandle, MappedRwLockReadGuard, Mutex,
     MutexGuard, Ordering, Receiver, RwLock, RwLockReadGuard, Sender, bounded,
@@ -48,7 +49,7 @@ const GATHER: Duration = Duration::from_micros(500);
 /// callers share a commit: a row is at most this plus one record.
 pub(crate) const ROW_SPLIT_BYTES: usize = 256 << 20;
 const _: () = assert!(
-    ROW_SPLIT_BYTES + super::record::FORMAT_MAX_RECORD < 3 << 30,
+    ROW_SPLIT_BYTES + FORMAT_MAX_RECORD < 3 << 30,
     "a row could pass redb's value limit"
 );
 

@@ -42,20 +42,10 @@ use super::store::{
     table_name,
 };
 use crate::key::{KeyHasher, KeyHashing};
+use crate::records::FORMAT_VERSION;
 use crate::{Error, Result};
 
 const MAGIC: &[u8] = b"dedupkv store";
-/// The newest store format this build understands (and the one a new file
-/// gets, or an older one on an explicit upgrade).
-pub(crate) const FORMAT_VERSION: u32 = 5;
-/// The oldest format this build writes as it is: older files (1, 2) are
-/// rewritten as this one by their first commit.
-pub(crate) const OLDEST_KEPT_FORMAT: u32 = 3;
-/// The first format with version-2 `Intent`, `DeadLetter` and round
-/// bodies and the kinds `Keys` and `Amount`.
-pub(crate) const BODIES_FORMAT: u32 = 4;
-/// The first format whose bucket tables hold summaries.
-pub(crate) const SUMMARIES_FORMAT: u32 = 5;
 /// The entries the settings checksum covers, in its order.
 const SETTINGS: [&str; 5] = [
     "magic",

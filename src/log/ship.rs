@@ -220,7 +220,7 @@ impl Restorer {
         match std::fs::remove_file(&tmp) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::Storage(super::io_at(&tmp, &e))),
+            Err(e) => return Err(Error::Storage(crate::error::io_at(&tmp, &e))),
         }
         let db = RedbStore::open(Location::Path(tmp.clone()), cache_bytes, false)?;
         Ok(Restorer {
@@ -291,7 +291,7 @@ impl Restorer {
     pub(crate) fn finish(self) -> Result<()> {
         let Restorer { db, tmp, path } = self;
         drop(db);
-        std::fs::rename(&tmp, &path).map_err(|e| Error::Storage(super::io_at(&path, &e)))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::Storage(crate::error::io_at(&path, &e)))?;
         if let Some(dir) = path.parent() {
             let dir = if dir.as_os_str().is_empty() {
                 Path::new(".")
@@ -300,7 +300,7 @@ impl Restorer {
             };
             std::fs::File::open(dir)
                 .and_then(|d| d.sync_all())
-                .map_err(|e| Error::Storage(super::io_at(dir, &e)))?;
+                .map_err(|e| Error::Storage(crate::error::io_at(dir, &e)))?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@
 //! - table `dedupkv.meta` (`&str -> &[u8]`): the entries of
 //!   [`meta`](crate::log::meta);
 //! - one table per expiry bucket, `log.<bucket>` (`u64 -> &[u8]`): row
-//!   number to a row of records (see [`format`](mod@crate::log::format)),
+//!   number to a row of records (see [`records`](crate::records)),
 //!   and under [`SUMMARY_ROW`] the bucket's summary (see
 //!   [`summary`](crate::log::summary)). Dropping a whole bucket, summary
 //!   included, is one `delete_table`.
@@ -540,7 +540,7 @@ fn owner_only(path: &Path) -> StoreResult<()> {
 
 /// An I/O error with the path in its message.
 fn io_at(path: &Path, e: &std::io::Error) -> LogError {
-    LogError::Storage(crate::log::io_at(path, e))
+    LogError::Storage(crate::error::io_at(path, e))
 }
 
 /// A file that redb cannot parse: damaged if it starts as a redb file does
