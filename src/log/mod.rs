@@ -6,7 +6,11 @@
 //! This file is the log's one door: everything outside `log/` uses what
 //! it re-exports below, and the files behind it are private.
 //!
+//! - `facade.rs`: the `Log` the engine calls: start, the batch, reads;
+//! - `batch.rs`: the open batch, which every record is appended to;
 //! - `commit.rs`: group commit, the log's one write path;
+//! - `ack.rs`: what a caller may be told (the durable and replicated
+//!   watermarks, the poison and the fence), the waits and the polls;
 //! - `durable.rs`: durability awaited by async callers (a waker list beside
 //!   the commit futex, and the deferring scope);
 //! - `meta.rs`: the settings fixed at creation and the manifest;
@@ -25,9 +29,12 @@
 //! commit, so an open never yields fewer rows than the last commit
 //! recorded.
 
+mod ack;
+mod batch;
 mod commit;
 mod durable;
 mod error;
+mod facade;
 mod meta;
 mod observe;
 mod recovery;
@@ -37,8 +44,9 @@ mod summary;
 
 use crate::{Error, Result};
 
-pub(crate) use commit::{Batch, Found, Log, LogSettings, ROW_SPLIT_BYTES};
+pub(crate) use batch::{Batch, ROW_SPLIT_BYTES};
 pub(crate) use durable::{Scope, Waiting, blocking, deferring};
+pub(crate) use facade::{Found, Log, LogSettings};
 pub(crate) use meta::FileMeta;
 pub(crate) use observe::CommitObserver;
 pub(crate) use recovery::{Replay, replay};
