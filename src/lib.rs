@@ -70,6 +70,7 @@ pub use effects::{
 };
 pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
+pub use log::PageBackend;
 pub use types::{
     Advance, Answer, BeginOptions, Cursor, DeadLetter, Delivered, Duplicate, Eviction, Failure,
     Forget, Handling, Held, InProgress, Intent, IntentEntry, KeyKind, KeyReconciliation,

@@ -4,7 +4,7 @@
 use crate::index::MAX_BUCKET_SPAN;
 use crate::{Durability, Error, KeyHashing, Result};
 
-use crate::log::{LogSettings, ROW_SPLIT_BYTES, Ship};
+use crate::log::{LogSettings, ROW_SPLIT_BYTES, RedbOptions, Ship};
 pub(crate) use crate::records::{FORMAT_MAX_KEY_PART, FORMAT_MAX_OUTCOME};
 
 /// Settings the store reads on every call.
@@ -59,10 +59,18 @@ pub(crate) struct Config {
 
 impl Config {
     /// How the log commits, from these settings.
+    /// The storage's own options (the cache, the page checks, quick repair).
+    pub(crate) fn store_options(&self) -> RedbOptions {
+        RedbOptions {
+            cache_bytes: self.cache_bytes,
+            verify_pages: self.verify_pages,
+            quick_repair: self.quick_repair,
+        }
+    }
+
     pub(crate) fn log_settings(&self) -> LogSettings {
         LogSettings {
             durability: self.durability,
-            quick_repair: self.quick_repair,
             split_at: self.row_split_bytes,
             time_step: self.granularity_ms,
             upgrade: self.upgrade,

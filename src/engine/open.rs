@@ -88,7 +88,7 @@ impl Engine {
         let wanted = FileMeta::new(KeyHasher::new(cfg.key_hashing, secret), cfg.granularity_ms);
         let (db, meta) = open_database(
             location,
-            (cfg.cache_bytes, cfg.verify_pages),
+            cfg.store_options(),
             &wanted,
             cfg.hashing_set,
             cfg.granularity_set,

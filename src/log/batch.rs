@@ -14,17 +14,14 @@
 //! - `next_idx` orders the batch's records across every bucket's part.
 
 use super::summary::Summary;
-use crate::records::{FORMAT_MAX_RECORD, RecordRef, RowWriter};
+use crate::records::{RecordRef, RowWriter};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// A row is closed and the next one opened once it holds this many bytes,
-/// so no row reaches redb's limit for one value (3 GiB), however many
-/// callers share a commit: a row is at most this plus one record.
+/// so no row reaches the storage's limit for one value (redb's is 3 GiB,
+/// which `store/redb.rs` asserts), however many callers share a commit: a
+/// row is at most this plus one record.
 pub(crate) const ROW_SPLIT_BYTES: usize = 256 << 20;
-const _: () = assert!(
-    ROW_SPLIT_BYTES + FORMAT_MAX_RECORD < 3 << 30,
-    "a row could pass redb's value limit"
-);
 
 /// Records appended since the last commit: rows `first_row..=row`, all
 /// but the last closed (see [`ROW_SPLIT_BYTES`]); new records go to `row`.

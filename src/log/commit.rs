@@ -78,8 +78,6 @@ pub(super) struct Tables {
 
 /// How the committer writes.
 pub(super) struct Writing {
-    /// redb's quick repair: one more sync per commit, fast reopen.
-    pub(super) quick_repair: bool,
     /// See [`LogSettings::time_step`](super::LogSettings::time_step).
     pub(super) time_step: u64,
 }
@@ -309,7 +307,6 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
         None => Vec::new(),
     };
     let commit = Commit {
-        quick_repair: s.writing.quick_repair,
         drop_buckets: &plan.drops,
         trims: plan.trims,
         rows: plan.rows,

@@ -35,8 +35,6 @@ use crate::{Durability, Error, Result};
 #[derive(Clone)]
 pub(crate) struct LogSettings {
     pub durability: Durability,
-    /// redb's quick repair: one more sync per commit, fast reopen.
-    pub quick_repair: bool,
     /// Where a row is closed (see [`ROW_SPLIT_BYTES`]).
     pub split_at: usize,
     /// How far the records' times may pass the persisted time floor before
@@ -146,10 +144,7 @@ impl Log {
         bucket: u64,
         mut each: impl FnMut(u64, usize, RowReader<'_>) -> Result<()>,
     ) -> Result<()> {
-        let Some(table) = self.db()?.table(bucket)? else {
-            return Ok(());
-        };
-        for row in table.rows {
+        for row in self.db()?.row_range(bucket, 0..=u64::MAX)? {
             let (n, bytes) = row?;
             each(n, bytes.len(), read_row(&bytes)?)?;
         }
@@ -202,20 +197,21 @@ impl Log {
         Ok(rows)
     }
 
-    /// Bytes of the file in use (the rest is free space).
-    pub(crate) fn used_bytes(&self) -> Result<u64> {
+    /// Bytes of the file in use (the rest is free space), if the storage
+    /// can compact.
+    pub(crate) fn used_bytes(&self) -> Result<Option<u64>> {
         Ok(self.db()?.used_bytes()?)
     }
 
     /// Compacts the file: waits for the commit in flight and pauses the
     /// next ones (and reads from disk) until it is done. Returns whether
-    /// anything was compacted.
+    /// anything was compacted (never, on a storage that cannot compact).
     pub(crate) fn compact(&self) -> Result<bool> {
         self.check()?;
         let _span = tracing::debug_span!("dedupkv.compact").entered();
         let mut db = self.shared.db.store.write();
         let db = db.as_mut().ok_or(Error::Closed)?;
-        Ok(db.compact()?)
+        Ok(db.compact()?.unwrap_or(false))
     }
 
     /// The batch to append to. Fails if the log is poisoned.
@@ -312,7 +308,6 @@ fn shared(
 ) -> Shared {
     let LogSettings {
         durability: _,
-        quick_repair,
         split_at,
         time_step,
         upgrade,
@@ -351,10 +346,7 @@ fn shared(
             summaries: Mutex::new(summaries),
             format: AtomicU32::new(format),
         },
-        writing: Writing {
-            quick_repair,
-            time_step,
-        },
+        writing: Writing { time_step },
         commits: AtomicU64::new(0),
         observed: CommitStats::default(),
         ship,
@@ -400,13 +392,17 @@ impl Drop for Log {
 mod tests {
     use super::*;
     use crate::key::{KeyHasher, KeyHashing};
-    use crate::log::{FileMeta, Location, open_database};
+    use crate::log::{FileMeta, Location, RedbOptions, open_database};
 
     fn open(path: &std::path::Path) -> Result<(Storage, FileMeta)> {
         let wanted = FileMeta::new(KeyHasher::new(KeyHashing::Xxh3, [7; 16]), 60_000);
         open_database(
             Location::Path(path.to_path_buf()),
-            (1 << 20, false),
+            RedbOptions {
+                cache_bytes: 1 << 20,
+                verify_pages: false,
+                quick_repair: false,
+            },
             &wanted,
             false,
             false,
@@ -426,7 +422,6 @@ mod tests {
             meta.token_floor,
             LogSettings {
                 durability: Durability::Immediate,
-                quick_repair: false,
                 split_at: ROW_SPLIT_BYTES,
                 time_step: u64::MAX,
                 upgrade: false,

@@ -53,6 +53,8 @@ pub(crate) use recovery::{Replay, replay};
 pub(crate) use ship::Ship;
 #[cfg(feature = "replica")]
 pub(crate) use ship::{Acks, LocalFile, Restorer, Shipped, Sink, inspect};
+pub use store::PageBackend;
+pub(crate) use store::redb::RedbOptions;
 pub(crate) use store::{Location, LogStore};
 #[cfg(feature = "replica")]
 pub(crate) use store::{SUMMARY_ROW, View};
@@ -61,21 +63,37 @@ pub(crate) use store::{SUMMARY_ROW, View};
 /// row read or table scan, never per record.
 pub(crate) type Storage = Box<dyn LogStore>;
 
-/// Opens (or creates) the storage, with a page cache of `cache_bytes` and
-/// redb's check of every page if `verify_pages`, and checks or writes its
+/// Opens (or creates) the storage at `location`. The composition root:
+/// the one place that chooses the storage under the log.
+fn open_store(location: Location, options: RedbOptions) -> Result<Storage> {
+    Ok(Box::new(store::redb::RedbStore::open(location, options)?))
+}
+
+/// Opens (or creates) the storage at `location` with a small page cache,
+/// no page checks and no quick repair: for a file this process writes or
+/// reads once (a restore, an inspection).
+#[cfg(feature = "replica")]
+fn open_plain(location: Location, cache_bytes: usize) -> Result<Storage> {
+    open_store(
+        location,
+        RedbOptions {
+            cache_bytes,
+            verify_pages: false,
+            quick_repair: false,
+        },
+    )
+}
+
+/// Opens (or creates) the storage with `options`, and checks or writes its
 /// metadata.
 pub(crate) fn open_database(
     location: Location,
-    (cache_bytes, verify_pages): (usize, bool),
+    options: RedbOptions,
     wanted: &FileMeta,
     hashing_set: bool,
     granularity_set: bool,
 ) -> Result<(Storage, FileMeta)> {
-    let db: Storage = Box::new(store::redb::RedbStore::open(
-        location,
-        cache_bytes,
-        verify_pages,
-    )?);
+    let db = open_store(location, options)?;
     let meta = meta::read_or_init(&*db, wanted)?;
     if hashing_set && meta.hasher.kind() != wanted.hasher.kind() {
         return Err(Error::InvalidConfig(format!(

@@ -26,11 +26,11 @@ use std::ops::RangeInclusive;
 #[cfg(feature = "replica")]
 use std::path::{Path, PathBuf};
 
-#[cfg(feature = "replica")]
-use super::store::redb::RedbStore;
 use super::store::{Commit, LogStore, SUMMARY_ROW};
 #[cfg(feature = "replica")]
 use super::store::{Location, MetaEntries};
+#[cfg(feature = "replica")]
+use super::{Storage, open_plain};
 use crate::sync::Arc;
 #[cfg(feature = "replica")]
 use crate::{Error, Result};
@@ -193,7 +193,7 @@ pub(crate) fn inspect(path: &Path) -> Result<Option<LocalFile>> {
     if !path.exists() {
         return Ok(None);
     }
-    let db = RedbStore::open(Location::Existing(path.to_path_buf()), 1 << 20, false)?;
+    let db = open_plain(Location::Existing(path.to_path_buf()), 1 << 20)?;
     Ok(Some(LocalFile {
         last_row: db.last_row()?,
     }))
@@ -204,7 +204,7 @@ pub(crate) fn inspect(path: &Path) -> Result<Option<LocalFile>> {
 /// temporary path beside the store, filled commit by commit, and moved
 /// into place by [`Restorer::finish`] once it is whole.
 pub(crate) struct Restorer {
-    db: RedbStore,
+    db: Storage,
     tmp: PathBuf,
     path: PathBuf,
 }
@@ -222,7 +222,7 @@ impl Restorer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::Storage(crate::error::io_at(&tmp, &e))),
         }
-        let db = RedbStore::open(Location::Path(tmp.clone()), cache_bytes, false)?;
+        let db = open_plain(Location::Path(tmp.clone()), cache_bytes)?;
         Ok(Restorer {
             db,
             tmp,
@@ -269,7 +269,6 @@ impl Restorer {
             raw_meta.extend(c.meta);
         }
         self.db.commit(Commit {
-            quick_repair: false,
             drop_buckets: &first.drops,
             trims,
             rows,

@@ -69,7 +69,7 @@ impl Plan {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(1));
@@ -94,7 +94,7 @@ impl Plan {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0).syncs_only());
@@ -117,7 +117,7 @@ impl Plan {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0).disk_full());
@@ -139,7 +139,7 @@ impl Plan {
     /// use std::panic::{AssertUnwindSafe, catch_unwind};
     ///
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0).panics());
@@ -154,7 +154,7 @@ impl Plan {
     }
 }
 
-/// A redb [`StorageBackend`] in memory for fault and crash tests.
+/// A [`PageBackend`](dedupkv::PageBackend) in memory for fault and crash tests.
 ///
 /// - Its bytes outlive the store: open a store on a clone, drop or poison
 ///   it, and reopen the same bytes with [`healthy`](Self::healthy).
@@ -276,7 +276,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0));
@@ -296,7 +296,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0));
@@ -315,7 +315,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::FaultBackend;
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.hold_syncs();
@@ -358,7 +358,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0));
@@ -382,7 +382,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::FaultBackend;
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.set_len(2)?;
@@ -445,7 +445,7 @@ impl FaultBackend {
     }
 }
 
-impl StorageBackend for FaultBackend {
+impl dedupkv::PageBackend for FaultBackend {
     fn len(&self) -> io::Result<u64> {
         self.disk.written.len()
     }
@@ -505,6 +505,7 @@ impl StorageBackend for FaultBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dedupkv::PageBackend;
 
     fn image_bytes(b: &FaultBackend) -> Vec<u8> {
         let image = b.crash_image();

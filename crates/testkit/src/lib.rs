@@ -1,7 +1,7 @@
 //! dedupkv's test kit, shared by the integration tests, the loom models and
 //! the `ops` fuzz target:
 //!
-//! - [`FaultBackend`]: one redb `StorageBackend` for every fault and crash
+//! - [`FaultBackend`]: one `PageBackend` for every fault and crash
 //!   test. Its bytes outlive the store; a [`Plan`] makes it fail writes or
 //!   syncs after N operations (an I/O error, `ENOSPC` or a panic); it keeps
 //!   durable bytes apart from written ones, so a power-cut image can be
