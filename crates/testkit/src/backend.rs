@@ -60,6 +60,9 @@ enum Fault {
     Io,
     DiskFull,
     Panic,
+    /// A write that fails keeps this many of its first bytes (a torn
+    /// write); anything else fails as `Io`.
+    Torn(usize),
 }
 
 impl Plan {
@@ -149,6 +152,34 @@ impl Plan {
     pub fn panics(self) -> Self {
         Self {
             fault: Fault::Panic,
+            ..self
+        }
+    }
+
+    /// The write that fails is torn: its first `keep` bytes are written
+    /// (not durable until a sync, and every later sync fails), the rest
+    /// are not, and it returns an I/O error, as a process killed or a
+    /// disk failing in the middle of a write leaves it. Writes after it
+    /// fail whole, and a failing `set_len` or sync is a plain I/O error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedupkv::PageBackend;
+    /// use dedupkv_testkit::{FaultBackend, Plan};
+    ///
+    /// let backend = FaultBackend::new();
+    /// backend.set_len(4)?;
+    /// backend.arm(Plan::after(0).torn(2));
+    /// assert!(backend.write(0, b"abcd").is_err());
+    /// let mut bytes = [0; 4];
+    /// backend.read(0, &mut bytes)?;
+    /// assert_eq!(&bytes, b"ab\0\0");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn torn(self, keep: usize) -> Self {
+        Self {
+            fault: Fault::Torn(keep),
             ..self
         }
     }
@@ -419,29 +450,92 @@ impl FaultBackend {
 
     /// Counts `op` against the plan and fails it if the plan says so.
     fn check(&self, op: Op) -> io::Result<()> {
+        match self.fault(op) {
+            None => Ok(()),
+            Some(fault) => Err(failure(fault)),
+        }
+    }
+
+    /// Counts `op` against the plan: the fault to inject, if it fails.
+    fn fault(&self, op: Op) -> Option<Fault> {
         let fault = {
             let mut armed = self.faults.armed.lock();
-            let Some(armed) = armed.as_mut() else {
-                return Ok(());
-            };
-            if !armed.fired {
+            let armed = armed.as_mut()?;
+            if armed.fired {
+                // Only the write that fired is torn; later ones fail whole.
+                match armed.plan.fault {
+                    Fault::Torn(_) => Fault::Io,
+                    f => f,
+                }
+            } else {
                 if armed.plan.syncs_only && op != Op::Sync {
-                    return Ok(());
+                    return None;
                 }
                 if armed.counted < armed.plan.after {
                     armed.counted += 1;
-                    return Ok(());
+                    return None;
                 }
                 armed.fired = true;
+                armed.plan.fault
             }
-            armed.plan.fault
         };
         self.faults.tripped.store(true, Ordering::SeqCst);
-        match fault {
-            Fault::Io => Err(io::Error::other("injected I/O failure")),
-            Fault::DiskFull => Err(io::Error::from_raw_os_error(ENOSPC)),
-            Fault::Panic => panic!("injected panic in the storage backend"),
+        Some(fault)
+    }
+
+    /// Writes `data` at `offset` as counted by the plan: a torn write
+    /// keeps its first bytes and fails.
+    pub(crate) fn write_counted(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if let Some(fault) = self.fault(Op::Write) {
+            if let Fault::Torn(keep) = fault {
+                self.write_unchecked(offset, &data[..keep.min(data.len())])?;
+            }
+            return Err(failure(fault));
         }
+        self.write_unchecked(offset, data)
+    }
+
+    /// `set_len` and `write` at the end, counted by the plan as one write
+    /// (a file's append); returns where the bytes went. A torn append
+    /// keeps its first bytes and fails.
+    pub(crate) fn append_counted(&self, data: &[u8]) -> io::Result<u64> {
+        let fault = self.fault(Op::Write);
+        let at = self.disk.written.len()?;
+        let keep = match fault {
+            None => data.len(),
+            Some(Fault::Torn(keep)) => keep.min(data.len()),
+            Some(f) => return Err(failure(f)),
+        };
+        self.set_len_unchecked(at + keep as u64)?;
+        self.write_unchecked(at, &data[..keep])?;
+        match fault {
+            None => Ok(at),
+            Some(f) => Err(failure(f)),
+        }
+    }
+
+    fn set_len_unchecked(&self, len: u64) -> io::Result<()> {
+        let mut durable = self.disk.durable.lock();
+        self.disk.written.set_len(len)?;
+        durable.shortest = durable.shortest.min(len);
+        Ok(())
+    }
+
+    fn write_unchecked(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut durable = self.disk.durable.lock();
+        self.disk.written.write(offset, data)?;
+        let n = durable.dirty.entry(offset).or_default();
+        *n = (*n).max(data.len());
+        Ok(())
+    }
+}
+
+/// The error (or panic) an injected fault shows as.
+fn failure(fault: Fault) -> io::Error {
+    match fault {
+        Fault::Io | Fault::Torn(_) => io::Error::other("injected I/O failure"),
+        Fault::DiskFull => io::Error::from_raw_os_error(ENOSPC),
+        Fault::Panic => panic!("injected panic in the storage backend"),
     }
 }
 
@@ -456,10 +550,7 @@ impl dedupkv::PageBackend for FaultBackend {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.check(Op::Write)?;
-        let mut durable = self.disk.durable.lock();
-        self.disk.written.set_len(len)?;
-        durable.shortest = durable.shortest.min(len);
-        Ok(())
+        self.set_len_unchecked(len)
     }
 
     fn sync_data(&self) -> io::Result<()> {
@@ -493,12 +584,7 @@ impl dedupkv::PageBackend for FaultBackend {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.check(Op::Write)?;
-        let mut durable = self.disk.durable.lock();
-        self.disk.written.write(offset, data)?;
-        let n = durable.dirty.entry(offset).or_default();
-        *n = (*n).max(data.len());
-        Ok(())
+        self.write_counted(offset, data)
     }
 }
 
