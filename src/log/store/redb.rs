@@ -127,18 +127,7 @@ impl RedbStore {
 
 impl LogStore for RedbStore {
     fn read_meta(&self) -> StoreResult<Option<MetaEntries>> {
-        let read = self.db.begin_read()?;
-        let table = match read.open_table(META) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(damaged_table(META_NAME, e)),
-        };
-        let mut out = Vec::new();
-        for entry in table.iter()? {
-            let (k, v) = entry?;
-            out.push((k.value().to_string(), v.value().to_vec()));
-        }
-        Ok(Some(out))
+        meta_in(&self.db.begin_read()?)
     }
 
     fn table_names(&self) -> StoreResult<Vec<String>> {
@@ -172,11 +161,7 @@ impl LogStore for RedbStore {
 
     fn tables(&self) -> StoreResult<Vec<(u64, Table)>> {
         let read = self.db.begin_read()?;
-        let mut buckets: Vec<u64> = read
-            .list_tables()?
-            .filter_map(|t| parse_table_name(t.name()))
-            .collect();
-        buckets.sort_unstable();
+        let buckets = buckets_in(&read)?;
         let mut out = Vec::with_capacity(buckets.len());
         for bucket in buckets {
             let name = table_name(bucket);
@@ -198,22 +183,8 @@ impl LogStore for RedbStore {
 
     fn view(&self) -> StoreResult<View> {
         let read = self.db.begin_read()?;
-        let mut meta = Vec::new();
-        match read.open_table(META) {
-            Ok(table) => {
-                for entry in table.iter()? {
-                    let (k, v) = entry?;
-                    meta.push((k.value().to_string(), v.value().to_vec()));
-                }
-            }
-            Err(redb::TableError::TableDoesNotExist(_)) => {}
-            Err(e) => return Err(damaged_table(META_NAME, e)),
-        }
-        let mut buckets: Vec<u64> = read
-            .list_tables()?
-            .filter_map(|t| parse_table_name(t.name()))
-            .collect();
-        buckets.sort_unstable();
+        let meta = meta_in(&read)?.unwrap_or_default();
+        let buckets = buckets_in(&read)?;
         let mut tables = Vec::with_capacity(buckets.len());
         for bucket in buckets {
             let name = table_name(bucket);
@@ -419,6 +390,31 @@ fn rows_of(range: redb::Range<'static, u64, &'static [u8]>) -> Rows {
         let (k, v) = entry?;
         Ok((k.value(), v.value().to_vec()))
     }))
+}
+
+/// The metadata entries as `read` sees them; `None` without the table.
+fn meta_in(read: &redb::ReadTransaction) -> StoreResult<Option<MetaEntries>> {
+    let table = match read.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(damaged_table(META_NAME, e)),
+    };
+    let mut out = Vec::new();
+    for entry in table.iter()? {
+        let (k, v) = entry?;
+        out.push((k.value().to_string(), v.value().to_vec()));
+    }
+    Ok(Some(out))
+}
+
+/// Every bucket that has a table, ascending, as `read` sees them.
+fn buckets_in(read: &redb::ReadTransaction) -> StoreResult<Vec<u64>> {
+    let mut buckets: Vec<u64> = read
+        .list_tables()?
+        .filter_map(|t| parse_table_name(t.name()))
+        .collect();
+    buckets.sort_unstable();
+    Ok(buckets)
 }
 
 /// A table that exists but cannot be opened as ours is damage.
