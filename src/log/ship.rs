@@ -142,7 +142,7 @@ impl std::fmt::Debug for Ship {
     }
 }
 
-/// What a replica tells the log (see `commit.rs` for what each does).
+/// What a replica tells the log (see `ack.rs` for what each does).
 #[derive(Clone)]
 pub(crate) struct Acks(pub(super) crate::sync::Weak<dyn AckTarget>);
 
