@@ -274,6 +274,22 @@ impl std::error::Error for StorageError {
     }
 }
 
+/// `e`, with the path in its message if it is an I/O error.
+pub(crate) fn at_path(e: Error, path: Option<&std::path::Path>) -> Error {
+    match (e, path) {
+        (Error::Storage(s), Some(p)) => match s.as_io() {
+            Some(io) => Error::Storage(io_at(p, io)),
+            None => Error::Storage(s),
+        },
+        (e, _) => e,
+    }
+}
+
+/// An I/O error with the path in its message.
+pub(crate) fn io_at(path: &std::path::Path, e: &std::io::Error) -> StorageError {
+    std::io::Error::new(e.kind(), format!("{}: {e}", path.display())).into()
+}
+
 /// Renders a key for people: each part in double quotes, `"scope"/"id"`,
 /// with `"` and `\` escaped by a backslash, control characters as Rust
 /// escapes (`\n`, `\u{0}`) and bytes that are not UTF-8 as `\xff`. The

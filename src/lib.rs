@@ -52,6 +52,7 @@ mod metrics;
 #[cfg(feature = "replica")]
 #[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
 pub mod partitions;
+mod records;
 #[cfg(feature = "replica")]
 #[cfg_attr(docsrs, doc(cfg(feature = "replica")))]
 pub mod replica;
@@ -69,6 +70,7 @@ pub use effects::{
 };
 pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
+pub use log::PageBackend;
 pub use types::{
     Advance, Answer, BeginOptions, Cursor, DeadLetter, Delivered, Duplicate, Eviction, Failure,
     Forget, Handling, Held, InProgress, Intent, IntentEntry, KeyKind, KeyReconciliation,
@@ -107,7 +109,7 @@ pub mod __fuzz {
     /// Whatever the decoder reports for malformed input.
     pub fn decode_row(bytes: &[u8]) -> crate::Result<usize> {
         let mut n = 0;
-        for rec in crate::log::format::read_row(bytes)? {
+        for rec in crate::records::read_row(bytes)? {
             rec?;
             n += 1;
         }

@@ -439,7 +439,8 @@ impl PartitionSet {
         let builder = (self.inner.make)(partition)?;
         let path = self.path_of(partition);
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::Storage(crate::log::io_at(dir, &e)))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Storage(crate::error::io_at(dir, &e)))?;
         }
         let store = builder.open(&path)?;
         let Some(status) = store.replica_status() else {

@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dedupkv::PageBackend;
 use dedupkv::{Begin, Error, Fingerprint, Key, ManualClock, Result, State, Store, StoreBuilder};
 use dedupkv_testkit::FaultBackend;
 use redb::StorageBackend;
@@ -112,7 +113,7 @@ impl Image {
     }
 }
 
-impl StorageBackend for Image {
+impl PageBackend for Image {
     fn len(&self) -> std::io::Result<u64> {
         self.mem.len()
     }
@@ -142,9 +143,6 @@ impl StorageBackend for Image {
     }
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
         self.mem.write(offset, data)
-    }
-    fn close(&self) -> std::io::Result<()> {
-        self.mem.close()
     }
 }
 

@@ -1,4 +1,4 @@
-//! Storage faults through redb's `StorageBackend`: a backend that fails
+//! Storage faults through the `PageBackend` a store may be opened on: a backend that fails
 //! writes or syncs after N operations. No caller of a failed batch is
 //! acknowledged, the store is poisoned, and after reopening every
 //! acknowledged record is present.

@@ -31,7 +31,6 @@ use std::time::{Duration, Instant};
 use dedupkv::{Begin, Durability, Error, Failure, Fingerprint, Key, ManualClock, Result, Store};
 use dedupkv_testkit::{FaultBackend, Plan, is_fault, started};
 use loom::thread::JoinHandle;
-use redb::StorageBackend;
 
 /// The manual clock's only time: leases never lapse within a model.
 const T0: u64 = 1_700_000_000_000;
@@ -46,11 +45,11 @@ fn fp() -> Fingerprint {
 
 /// A store on `backend`: one shard, manual clock, no evictor thread, its
 /// first commit (the token floor) done, so the committer is idle.
-fn open(backend: impl StorageBackend) -> Result<Store> {
+fn open(backend: impl dedupkv::PageBackend) -> Result<Store> {
     open_with(backend, Durability::Immediate)
 }
 
-fn open_with(backend: impl StorageBackend, durability: Durability) -> Result<Store> {
+fn open_with(backend: impl dedupkv::PageBackend, durability: Durability) -> Result<Store> {
     let store = Store::builder()
         .shards(1)
         .clock(ManualClock::new(T0))

@@ -193,7 +193,7 @@ fn expired_key_stays_expired_after_a_long_idle_period() -> dedupkv::Result<()> {
         .retention(Duration::from_secs(3_600))
         .bucket_granularity(Duration::from_secs(1))
         .background_eviction(false)
-        .open_with_backend(redb::backends::InMemoryBackend::new())?;
+        .open_with_backend(FaultBackend::new())?;
     let (a, b, c) = (Key::new("t", "a"), Key::new("t", "b"), Key::new("t", "c"));
     assert!(store.insert_if_absent(&a)?);
     assert!(store.insert_if_absent(&b)?);
@@ -318,9 +318,9 @@ fn a_damaged_file_is_an_error_not_a_panic() -> dedupkv::Result<()> {
     let backend = FaultBackend::new();
     drop(Store::builder().open_with_backend(backend.clone())?);
     let image = backend.crash_image();
-    let size = redb::StorageBackend::len(&image).map_err(|e| Error::Storage(e.into()))?;
+    let size = dedupkv::PageBackend::len(&image).map_err(|e| Error::Storage(e.into()))?;
     let mut bytes = vec![0u8; usize::try_from(size).expect("small file")];
-    redb::StorageBackend::read(&image, 0, &mut bytes).map_err(|e| Error::Storage(e.into()))?;
+    dedupkv::PageBackend::read(&image, 0, &mut bytes).map_err(|e| Error::Storage(e.into()))?;
     // Damage every copy of one name (only some copies are live).
     let name = b"TransactionIdWithPagination";
     let mut damaged = 0;
@@ -328,7 +328,7 @@ fn a_damaged_file_is_an_error_not_a_panic() -> dedupkv::Result<()> {
         if &bytes[at..at + name.len()] == name {
             let at = at + 17; // the 'P', made invalid UTF-8
             let offset = u64::try_from(at).expect("small file");
-            redb::StorageBackend::write(&image, offset, &[bytes[at] ^ 0x80])
+            dedupkv::PageBackend::write(&image, offset, &[bytes[at] ^ 0x80])
                 .map_err(|e| Error::Storage(e.into()))?;
             damaged += 1;
         }

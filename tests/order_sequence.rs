@@ -63,7 +63,7 @@ proptest! {
     #[test]
     fn shuffled_duplicated_updates_converge_to_the_in_order_state((stream, expected) in history()) {
         let clock = ManualClock::new(T0);
-        let store = builder(&clock).open_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let store = builder(&clock).open_with_backend(FaultBackend::new()).unwrap();
         let mut state: HashMap<u8, (u64, u32)> = HashMap::new();
         let mut seen_events = HashSet::new();
         for (event, entity, version, value) in stream {

@@ -15,9 +15,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::timer::Sleep;
 use crate::engine::Engine;
-use crate::engine::durable::{Scope, deferring};
+use crate::engine::durable::{Scope, Waiting, deferring};
 use crate::engine::waiters::KeyWaiter;
-use crate::log::durable::Waiting;
 use crate::sync::Arc;
 use crate::types::{
     Advance, BeginOptions, Delivered, Forget, Intent, Record, Resolution, SequenceOptions,

@@ -670,18 +670,35 @@ impl StoreBuilder {
         )
     }
 
-    /// Opens a store on a custom redb storage backend (an in-memory one, or
-    /// a fault-injecting one in tests).
+    /// Opens a store on pages the caller supplies (an in-memory file, or
+    /// a fault-injecting one in tests) instead of a file at a path.
     ///
     /// # Errors
     /// As [`open`](Self::open).
     ///
     /// # Examples
+    /// See [`PageBackend`](crate::PageBackend) for an in-memory store.
     /// ```
-    /// let store = dedupkv::Store::builder().open_with_backend(redb::backends::InMemoryBackend::new())?;
+    /// # #[derive(Debug, Default)]
+    /// # struct Memory(std::sync::Mutex<Vec<u8>>);
+    /// # impl dedupkv::PageBackend for Memory {
+    /// #     fn len(&self) -> std::io::Result<u64> { Ok(self.0.lock().unwrap().len() as u64) }
+    /// #     fn read(&self, at: u64, out: &mut [u8]) -> std::io::Result<()> {
+    /// #         let b = self.0.lock().unwrap();
+    /// #         out.copy_from_slice(b.get(at as usize..at as usize + out.len()).ok_or(std::io::ErrorKind::UnexpectedEof)?);
+    /// #         Ok(())
+    /// #     }
+    /// #     fn set_len(&self, len: u64) -> std::io::Result<()> { self.0.lock().unwrap().resize(len as usize, 0); Ok(()) }
+    /// #     fn sync_data(&self) -> std::io::Result<()> { Ok(()) }
+    /// #     fn write(&self, at: u64, data: &[u8]) -> std::io::Result<()> {
+    /// #         self.0.lock().unwrap()[at as usize..at as usize + data.len()].copy_from_slice(data);
+    /// #         Ok(())
+    /// #     }
+    /// # }
+    /// let store = dedupkv::Store::builder().open_with_backend(Memory::default())?;
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
-    pub fn open_with_backend(self, backend: impl redb::StorageBackend) -> Result<Store> {
+    pub fn open_with_backend(self, backend: impl crate::PageBackend) -> Result<Store> {
         self.validate()?;
         #[cfg(feature = "replica")]
         if self.replica.is_some() {

@@ -416,7 +416,7 @@ struct KeptKey {
     engine: crate::sync::Weak<Engine>,
     row: u64,
     key: u128,
-    slot: Option<crate::sync::Arc<crate::log::durable::Waiting>>,
+    slot: Option<crate::sync::Arc<crate::engine::durable::Waiting>>,
 }
 
 #[cfg(feature = "async")]

@@ -21,7 +21,7 @@
 //! - a doubt, once recorded, stays with the operation until its intent's
 //!   record expires (or the key is forgotten).
 
-use crate::log::body::reference_hash;
+use crate::records::reference_hash;
 use crate::types::Answer;
 use crate::types::intent::{Answered, Calls, Doubt};
 

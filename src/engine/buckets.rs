@@ -6,9 +6,9 @@
 //! bucket an early eviction has closed. Its expiry is widened to match.
 
 use super::Engine;
+use super::write::Batch;
 use crate::index::{MAX_BUCKET_SPAN, Slot};
-use crate::log::commit::Batch;
-use crate::log::record::RecordRef;
+use crate::records::RecordRef;
 use crate::sync::Ordering;
 
 impl Engine {

@@ -24,8 +24,9 @@ use crate::codec::TAG_RAW;
 use crate::index::intent::IntentState;
 use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
-use crate::log::body::DeadLetterBody;
-use crate::log::record::{ClaimFields, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef};
+use crate::records::{
+    ClaimFields, DeadLetterBody, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
+};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
 use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Intent, Record, State};
 use crate::{Error, Fingerprint, Key, Result};

@@ -4,7 +4,8 @@
 use crate::index::MAX_BUCKET_SPAN;
 use crate::{Durability, Error, KeyHashing, Result};
 
-pub(crate) use crate::log::record::{FORMAT_MAX_KEY_PART, FORMAT_MAX_OUTCOME};
+use crate::log::{LogSettings, ROW_SPLIT_BYTES, RedbOptions, Ship};
+pub(crate) use crate::records::{FORMAT_MAX_KEY_PART, FORMAT_MAX_OUTCOME};
 
 /// Settings the store reads on every call.
 #[derive(Debug, Clone)]
@@ -46,7 +47,7 @@ pub(crate) struct Config {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub metrics_label: String,
     /// The replica the log hands its commits to (feature "replica").
-    pub ship: Option<crate::log::ship::Ship>,
+    pub ship: Option<Ship>,
     /// The lowest fencing token this run may issue (a replica's epoch
     /// sets it, so a new owner's tokens exceed every earlier owner's).
     pub token_base: u64,
@@ -60,10 +61,18 @@ pub(crate) struct Config {
 
 impl Config {
     /// How the log commits, from these settings.
-    pub(crate) fn log_settings(&self) -> crate::log::commit::LogSettings {
-        crate::log::commit::LogSettings {
-            durability: self.durability,
+    /// The storage's own options (the cache, the page checks, quick repair).
+    pub(crate) fn store_options(&self) -> RedbOptions {
+        RedbOptions {
+            cache_bytes: self.cache_bytes,
+            verify_pages: self.verify_pages,
             quick_repair: self.quick_repair,
+        }
+    }
+
+    pub(crate) fn log_settings(&self) -> LogSettings {
+        LogSettings {
+            durability: self.durability,
             split_at: self.row_split_bytes,
             time_step: self.granularity_ms,
             upgrade: self.upgrade,
@@ -102,7 +111,7 @@ impl Default for Config {
             tally_window_ms: 3_600_000,
             tally_retention_ms: 7 * 86_400_000,
             tally_keys: Vec::new(),
-            row_split_bytes: crate::log::commit::ROW_SPLIT_BYTES,
+            row_split_bytes: ROW_SPLIT_BYTES,
             metrics_label: "default".into(),
             upgrade: false,
             verify_pages: true,

@@ -30,7 +30,7 @@ use super::write::{Next, Write};
 use crate::codec::TAG_RAW;
 use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
-use crate::log::record::{ClaimFields, Kind, RecordRef};
+use crate::records::{ClaimFields, Kind, RecordRef};
 use crate::types::{DeadLetter, Listing, Page, Resolution};
 use crate::{Key, Result};
 

@@ -5,7 +5,7 @@ use super::input::key_bytes;
 use super::write::{Next, Write};
 use crate::index::{Pending, Round, Shard, SlotState};
 use crate::key::KeyHash;
-use crate::log::record::{ClaimFields, RecordRef};
+use crate::records::{ClaimFields, RecordRef};
 use crate::types::{Forget, InProgress};
 use crate::{Key, Result};
 

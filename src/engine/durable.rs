@@ -8,7 +8,6 @@ use std::task::{Context, Poll};
 
 use super::Engine;
 use crate::Result;
-use crate::log::durable::Waiting;
 use crate::sync::Arc;
 
 /// `deferring(scope, f)` runs `f` (one or more of the engine's calls) on
@@ -16,7 +15,7 @@ use crate::sync::Arc;
 /// result and the rows to await; `blocking(f)` runs `f` with no deferring
 /// scope, even inside one (work whose waits must happen in order, such as
 /// eviction).
-pub(crate) use crate::log::durable::{Scope, blocking, deferring};
+pub(crate) use crate::log::{Scope, Waiting, blocking, deferring};
 
 impl Engine {
     /// The row holding the newest record appended so far (a flush awaits it).

@@ -42,7 +42,7 @@ use super::reconcile::{TallyCarry, note_leaving};
 use super::write::{Next, Write};
 use crate::Result;
 use crate::index::SlotState;
-use crate::log::record::{Kind, RecordRef};
+use crate::records::{Kind, RecordRef};
 use crate::types::Eviction;
 
 impl Engine {
@@ -271,7 +271,9 @@ impl Engine {
         if file < COMPACT_MIN_FILE {
             return Ok(false);
         }
-        let used = self.log.used_bytes()?;
+        let Some(used) = self.log.used_bytes()? else {
+            return Ok(false); // the storage cannot compact
+        };
         // Per-mille, in integers: exact enough for a threshold.
         let free =
             1.0 - f64::from(u32::try_from(used.min(file) * 1000 / file).unwrap_or(1000)) / 1000.0;

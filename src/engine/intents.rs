@@ -31,13 +31,14 @@ use std::collections::HashMap;
 use super::Engine;
 use super::claims::{Ticket, fields};
 use super::listings::{ListingKind, page};
+use super::write::Batch;
 use crate::index::Shard;
 use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, SlotState};
 use crate::key::KeyHash;
-use crate::log::body::IntentBody;
-use crate::log::commit::Batch;
-use crate::log::record::{ClaimFields, INTENT_CLOSED, INTENT_PENDING, INTENT_SETTLED, RecordRef};
+use crate::records::{
+    ClaimFields, INTENT_CLOSED, INTENT_PENDING, INTENT_SETTLED, IntentBody, RecordRef,
+};
 use crate::types::intent::{Answered, Calls, Doubt};
 use crate::types::{Answer, Duplicate, Intent, IntentEntry, Listing, Page};
 use crate::{Error, Key, Result};
@@ -81,7 +82,7 @@ impl Engine {
     /// the writers fall back to format 3's bodies, and `mark_answered`
     /// refuses the answers only format 4 can hold.
     pub(crate) fn has_format_4_bodies(&self) -> bool {
-        self.records_format() >= crate::log::meta::BODIES_FORMAT
+        self.records_format() >= crate::records::BODIES_FORMAT
     }
 
     /// The encodings a typed outcome may be written in, in order of
@@ -266,7 +267,7 @@ impl Engine {
                 "mark_answered with a refused, unknown or not-found answer (only an accepted \
                  or found reference fits format 3; an upgrade of the open store takes effect \
                  at its next open)",
-                crate::log::meta::BODIES_FORMAT,
+                crate::records::BODIES_FORMAT,
                 true,
             )?;
         }

@@ -18,7 +18,7 @@ use crate::clock::to_system_time;
 use crate::index::entity::EventState;
 use crate::index::{Pending, Shard, SlotState};
 use crate::key::KeyHash;
-use crate::log::record::Kind;
+use crate::records::Kind;
 use crate::types::{Cursor, Held, Listing, Page, Record};
 use crate::{Error, Result};
 

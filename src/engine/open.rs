@@ -32,13 +32,11 @@ use crate::clock::Clock;
 use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, Round, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
-use crate::log::commit::Found;
-use crate::log::meta::SUMMARIES_FORMAT;
-use crate::log::record::{
+use crate::log::{FileMeta, Found, Location, Log, Replay, open_database};
+use crate::records::{
     INTENT_PENDING, INTENT_SETTLED, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
+    SUMMARIES_FORMAT,
 };
-use crate::log::recovery::Replay;
-use crate::log::{FileMeta, Location, Log, open_database};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard};
 use crate::{Error, Result};
 
@@ -90,7 +88,7 @@ impl Engine {
         let wanted = FileMeta::new(KeyHasher::new(cfg.key_hashing, secret), cfg.granularity_ms);
         let (db, meta) = open_database(
             location,
-            (cfg.cache_bytes, cfg.verify_pages),
+            cfg.store_options(),
             &wanted,
             cfg.hashing_set,
             cfg.granularity_set,
@@ -126,7 +124,7 @@ impl Engine {
                 expired_intents: ExpiredIntents::new(),
                 tallies: Recovered::new(&cfg, meta.hasher.secret(), now_bucket),
             };
-            let replayed = crate::log::recovery::replay(&db, now_bucket, checked, |row, recs| {
+            let replayed = crate::log::replay(&db, now_bucket, checked, |row, recs| {
                 for r in recs {
                     time_floor = time_floor.max(r.rec.at);
                     if !r.expired && r.rec.kind.is_claim_body() {
@@ -170,7 +168,7 @@ impl Engine {
         // The first commit: an open that cannot write (a full disk, a
         // damaged page) fails here, saying why, instead of handing out a
         // store whose every call then fails.
-        .map_err(|e| crate::log::at_path(e, path.as_deref()))?;
+        .map_err(|e| crate::error::at_path(e, path.as_deref()))?;
         let background = cfg.background_eviction;
         let tick = Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));
         let time = StoreTime::starting_at(time_floor.max(opened_at), clock.elapsed_millis());

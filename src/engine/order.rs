@@ -33,13 +33,13 @@ use std::collections::BTreeMap;
 
 use super::Engine;
 use super::listings::held_reason;
+use super::write::Batch;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
 use crate::index::Shard;
 use crate::index::entity::{Entity, EventState, FRESH, Stored};
 use crate::key::KeyHash;
-use crate::log::commit::Batch;
-use crate::log::record::{Kind, RecordRef};
+use crate::records::{Kind, RecordRef};
 use crate::types::{
     Advance, Delivered, Handling, Held, SequenceOptions, Sequenced, Unacked, Update,
 };

@@ -4,8 +4,7 @@ use super::Engine;
 use super::write::Write;
 use crate::error::show_key;
 use crate::key::KeyHash;
-use crate::log::format::read_row;
-use crate::log::record::{ClaimFields, Kind, RecordRef};
+use crate::records::{ClaimFields, Kind, RecordRef, read_row};
 use crate::types::{DeadLetter, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
 

@@ -27,13 +27,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
+use super::write::Batch;
 use super::{Config, Engine};
 use crate::clock::to_system_time;
 use crate::index::Shard;
 use crate::index::tally::{Keys, Tallies, Totals, Window};
-use crate::log::body::KeysBody;
-use crate::log::commit::Batch;
-use crate::log::record::{Kind, RecordRef};
+use crate::records::{KeysBody, Kind, RecordRef};
 use crate::types::{Reconciliation, Tally, WindowDiff};
 use crate::{Error, Result};
 
@@ -625,7 +624,7 @@ fn provider_key_of(secret: &[u8; 16], rec: &RecordRef<'_>) -> u128 {
 
 #[cfg(test)]
 mod tests {
-    use crate::log::record::Kind;
+    use crate::records::Kind;
     use crate::{Begin, Fingerprint, Key, ManualClock, Result, Store};
 
     /// The kinds of every record in the store's log, oldest first.

@@ -108,7 +108,7 @@ impl Engine {
             self.require_format(
                 "reconciling keys (kept keys; an upgrade of the open store takes effect at \
                  its next open)",
-                crate::log::meta::BODIES_FORMAT,
+                crate::records::BODIES_FORMAT,
                 true,
             )?;
         }

@@ -19,8 +19,7 @@
 
 use crate::Result;
 use crate::index::{Pending, Round};
-use crate::log::body::{ROUND_BODY_LEN, RoundBody};
-use crate::log::record::{Kind, RecordRef};
+use crate::records::{Kind, ROUND_BODY_LEN, RecordRef, RoundBody};
 
 impl Round {
     /// The round of the attempt after one of this round; `interrupted`:

@@ -169,7 +169,7 @@ impl Engine {
                 .saturating_add(FORCE_EVICT_SPAN)
         {
             // Its waits happen in order, even inside an async call.
-            crate::log::durable::blocking(|| self.evict())?;
+            super::durable::blocking(|| self.evict())?;
         }
         Ok((now, nb))
     }

@@ -12,7 +12,7 @@
 //!   at a time): nobody will finish it, so it is taken over at once.
 
 use super::Engine;
-use crate::log::commit::Batch;
+use super::write::Batch;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Fencing tokens reserved per persisted floor.

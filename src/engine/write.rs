@@ -22,8 +22,10 @@ use super::Engine;
 use super::buckets::unexpired;
 use crate::index::{Pending, Probe, Shard, Slot, SlotState};
 use crate::key::KeyHash;
-use crate::log::commit::Batch;
-use crate::log::record::RecordRef;
+/// The log's open batch: what every room of the engine appends its
+/// records to, through this write primitive.
+pub(crate) use crate::log::Batch;
+use crate::records::RecordRef;
 use crate::{Key, Result};
 
 /// A key's state after a write, with the details the index keeps for it.

@@ -42,20 +42,10 @@ use super::store::{
     table_name,
 };
 use crate::key::{KeyHasher, KeyHashing};
+use crate::records::FORMAT_VERSION;
 use crate::{Error, Result};
 
 const MAGIC: &[u8] = b"dedupkv store";
-/// The newest store format this build understands (and the one a new file
-/// gets, or an older one on an explicit upgrade).
-pub(crate) const FORMAT_VERSION: u32 = 5;
-/// The oldest format this build writes as it is: older files (1, 2) are
-/// rewritten as this one by their first commit.
-pub(crate) const OLDEST_KEPT_FORMAT: u32 = 3;
-/// The first format with version-2 `Intent`, `DeadLetter` and round
-/// bodies and the kinds `Keys` and `Amount`.
-pub(crate) const BODIES_FORMAT: u32 = 4;
-/// The first format whose bucket tables hold summaries.
-pub(crate) const SUMMARIES_FORMAT: u32 = 5;
 /// The entries the settings checksum covers, in its order.
 const SETTINGS: [&str; 5] = [
     "magic",
@@ -275,35 +265,7 @@ fn check_meta(entries: MetaEntries) -> Result<(FileMeta, Option<Decoded>)> {
         get(SETTINGS[4])?,
     ];
     let version = u32::from_le_bytes(fixed(values[1], "format")?);
-    let known: &[&str] = match (version, entries.contains_key(SETTINGS_SUM)) {
-        (1, false) => &[OLD_TOKEN_FLOOR],
-        (0 | 1, _) => {
-            return Err(Error::Corrupt(format!(
-                "the {META_NAME} entry \"format\" says {version}, which does not match its other entries"
-            )));
-        }
-        (_, false) => {
-            return Err(Error::Corrupt(format!(
-                "the {META_NAME} entry {SETTINGS_SUM:?} is missing"
-            )));
-        }
-        (_, true) => {
-            let sum = u64::from_le_bytes(fixed(get(SETTINGS_SUM)?, SETTINGS_SUM)?);
-            if settings_sum(values) != sum {
-                return Err(Error::Corrupt(format!(
-                    "the settings in {META_NAME} (magic, format, key hashing, secret, \
-                     granularity) fail their checksum"
-                )));
-            }
-            if version > FORMAT_VERSION {
-                return Err(Error::UnsupportedVersion {
-                    found: version,
-                    supported: FORMAT_VERSION,
-                });
-            }
-            &[SETTINGS_SUM, MANIFEST]
-        }
-    };
+    let known = extra_entries(version, &entries, values)?;
     if let Some(k) = entries
         .keys()
         .find(|k| !SETTINGS.contains(&k.as_str()) && !known.contains(&k.as_str()))
@@ -351,6 +313,40 @@ fn check_meta(entries: MetaEntries) -> Result<(FileMeta, Option<Decoded>)> {
         },
     };
     Ok((meta, decoded))
+}
+
+/// The entries a file of format `version` holds besides the settings,
+/// once its settings checksum (from format 2) is checked.
+fn extra_entries(
+    version: u32,
+    entries: &BTreeMap<String, Vec<u8>>,
+    values: [&[u8]; 5],
+) -> Result<&'static [&'static str]> {
+    match (version, entries.get(SETTINGS_SUM)) {
+        (1, None) => Ok(&[OLD_TOKEN_FLOOR]),
+        (0 | 1, _) => Err(Error::Corrupt(format!(
+            "the {META_NAME} entry \"format\" says {version}, which does not match its other entries"
+        ))),
+        (_, None) => Err(Error::Corrupt(format!(
+            "the {META_NAME} entry {SETTINGS_SUM:?} is missing"
+        ))),
+        (_, Some(sum)) => {
+            let sum = u64::from_le_bytes(fixed(sum, SETTINGS_SUM)?);
+            if settings_sum(values) != sum {
+                return Err(Error::Corrupt(format!(
+                    "the settings in {META_NAME} (magic, format, key hashing, secret, \
+                     granularity) fail their checksum"
+                )));
+            }
+            if version > FORMAT_VERSION {
+                return Err(Error::UnsupportedVersion {
+                    found: version,
+                    supported: FORMAT_VERSION,
+                });
+            }
+            Ok(&[SETTINGS_SUM, MANIFEST])
+        }
+    }
 }
 
 /// Checks the tables in the file against the manifest (a format-1 file

@@ -1,20 +1,26 @@
 //! The write-ahead log: rows of records in one table per expiry bucket,
 //! and a metadata table, kept by a `LogStore` (store/mod.rs) (redb,
-//! see [`store::redb`] for the layout).
+//! see `store/redb.rs` for the layout). The records themselves are the
+//! vocabulary of [`crate::records`].
 //!
-//! - [`record`]: what a record says, with a constructor per kind;
-//! - [`format`](mod@format) and [`decode`]: a row's bytes, written and read;
-//! - [`commit`]: group commit, the log's one write path;
-//! - [`durable`]: durability awaited by async callers (a waker list beside
+//! This file is the log's one door: everything outside `log/` uses what
+//! it re-exports below, and the files behind it are private.
+//!
+//! - `facade.rs`: the `Log` the engine calls: start, the batch, reads;
+//! - `batch.rs`: the open batch, which every record is appended to;
+//! - `commit.rs`: group commit, the log's one write path;
+//! - `ack.rs`: what a caller may be told (the durable and replicated
+//!   watermarks, the poison and the fence), the waits and the polls;
+//! - `durable.rs`: durability awaited by async callers (a waker list beside
 //!   the commit futex, and the deferring scope);
-//! - [`meta`]: the settings fixed at creation and the manifest;
-//! - [`observe`]: what commits cost (totals, and an observer per commit);
-//! - [`summary`]: each bucket table's summary, which an open checks;
-//! - [`recovery`]: replay at open;
-//! - [`ship`]: the seam a replica (feature "replica") reads durable
+//! - `meta.rs`: the settings fixed at creation and the manifest;
+//! - `observe.rs`: what commits cost (totals, and an observer per commit);
+//! - `summary.rs`: each bucket table's summary, which an open checks;
+//! - `recovery.rs`: replay at open;
+//! - `ship.rs`: the seam a replica (feature "replica") reads durable
 //!   commits through, and rebuilds a file with;
-//! - [`store`]: the storage trait and its redb implementation;
-//! - [`error`]: what the storage reports, in the log's terms.
+//! - `store/`: the storage trait and its redb implementation;
+//! - `error.rs`: what the storage reports, in the log's terms.
 //!
 //! Invariants: a row number is written by one commit only, and rows of
 //! later commits have larger numbers; the tables in the file are exactly
@@ -23,49 +29,71 @@
 //! commit, so an open never yields fewer rows than the last commit
 //! recorded.
 
-pub(crate) mod body;
-pub(crate) mod commit;
-pub(crate) mod decode;
-pub(crate) mod durable;
-pub(crate) mod error;
-pub(crate) mod format;
-pub(crate) mod meta;
-pub(crate) mod observe;
-pub(crate) mod record;
-pub(crate) mod recovery;
-pub(crate) mod ship;
-pub(crate) mod store;
-pub(crate) mod summary;
+mod ack;
+mod batch;
+mod commit;
+mod durable;
+mod error;
+mod facade;
+mod meta;
+mod observe;
+mod recovery;
+mod ship;
+mod store;
+mod summary;
 
-use std::path::Path;
-
-use crate::error::StorageError;
 use crate::{Error, Result};
 
-pub(crate) use commit::Log;
+pub(crate) use batch::{Batch, ROW_SPLIT_BYTES};
+pub(crate) use durable::{Scope, Waiting, blocking, deferring};
+pub(crate) use facade::{Found, Log, LogSettings};
 pub(crate) use meta::FileMeta;
-pub(crate) use store::Location;
-use store::LogStore;
+pub(crate) use observe::CommitObserver;
+pub(crate) use recovery::{Replay, replay};
+pub(crate) use ship::Ship;
+#[cfg(feature = "replica")]
+pub(crate) use ship::{Acks, LocalFile, Restorer, Shipped, Sink, inspect};
+pub use store::PageBackend;
+pub(crate) use store::redb::RedbOptions;
+pub(crate) use store::{Location, LogStore};
+#[cfg(feature = "replica")]
+pub(crate) use store::{SUMMARY_ROW, View};
 
 /// The log's storage, as the log holds it: one dynamic call per commit,
 /// row read or table scan, never per record.
 pub(crate) type Storage = Box<dyn LogStore>;
 
-/// Opens (or creates) the storage, with a page cache of `cache_bytes` and
-/// redb's check of every page if `verify_pages`, and checks or writes its
+/// Opens (or creates) the storage at `location`. The composition root:
+/// the one place that chooses the storage under the log.
+fn open_store(location: Location, options: RedbOptions) -> Result<Storage> {
+    Ok(Box::new(store::redb::RedbStore::open(location, options)?))
+}
+
+/// Opens (or creates) the storage at `location` with a small page cache,
+/// no page checks and no quick repair: for a file this process writes or
+/// reads once (a restore, an inspection).
+#[cfg(feature = "replica")]
+fn open_plain(location: Location, cache_bytes: usize) -> Result<Storage> {
+    open_store(
+        location,
+        RedbOptions {
+            cache_bytes,
+            verify_pages: false,
+            quick_repair: false,
+        },
+    )
+}
+
+/// Opens (or creates) the storage with `options`, and checks or writes its
 /// metadata.
 pub(crate) fn open_database(
     location: Location,
-    (cache_bytes, verify_pages): (usize, bool),
+    options: RedbOptions,
     wanted: &FileMeta,
     hashing_set: bool,
     granularity_set: bool,
 ) -> Result<(Storage, FileMeta)> {
-    let db: Storage = Box::new(store::redb::RedbStore::open(
-        location,
-        cache_bytes,
-        verify_pages,
-    )?);
+    let db = open_store(location, options)?;
     let meta = meta::read_or_init(&*db, wanted)?;
     if hashing_set && meta.hasher.kind() != wanted.hasher.kind() {
         return Err(Error::InvalidConfig(format!(
@@ -81,20 +109,4 @@ pub(crate) fn open_database(
         )));
     }
     Ok((db, meta))
-}
-
-/// `e`, with the path in its message if it is an I/O error.
-pub(crate) fn at_path(e: Error, path: Option<&Path>) -> Error {
-    match (e, path) {
-        (Error::Storage(s), Some(p)) => match s.as_io() {
-            Some(io) => Error::Storage(io_at(p, io)),
-            None => Error::Storage(s),
-        },
-        (e, _) => e,
-    }
-}
-
-/// An I/O error with the path in its message.
-pub(crate) fn io_at(path: &Path, e: &std::io::Error) -> StorageError {
-    std::io::Error::new(e.kind(), format!("{}: {e}", path.display())).into()
 }

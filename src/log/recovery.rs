@@ -19,10 +19,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
 use super::Storage;
-use super::decode::read_row;
-use super::record::RecordRef;
 use super::store::table_name;
 use super::summary::{self, Summary};
+use crate::records::{RecordRef, read_row};
 use crate::{Error, Result};
 
 /// What replay found.

@@ -26,11 +26,11 @@ use std::ops::RangeInclusive;
 #[cfg(feature = "replica")]
 use std::path::{Path, PathBuf};
 
-#[cfg(feature = "replica")]
-use super::store::redb::RedbStore;
 use super::store::{Commit, LogStore, SUMMARY_ROW};
 #[cfg(feature = "replica")]
 use super::store::{Location, MetaEntries};
+#[cfg(feature = "replica")]
+use super::{Storage, open_plain};
 use crate::sync::Arc;
 #[cfg(feature = "replica")]
 use crate::{Error, Result};
@@ -142,7 +142,7 @@ impl std::fmt::Debug for Ship {
     }
 }
 
-/// What a replica tells the log (see `commit.rs` for what each does).
+/// What a replica tells the log (see `ack.rs` for what each does).
 #[derive(Clone)]
 pub(crate) struct Acks(pub(super) crate::sync::Weak<dyn AckTarget>);
 
@@ -193,7 +193,7 @@ pub(crate) fn inspect(path: &Path) -> Result<Option<LocalFile>> {
     if !path.exists() {
         return Ok(None);
     }
-    let db = RedbStore::open(Location::Existing(path.to_path_buf()), 1 << 20, false)?;
+    let db = open_plain(Location::Existing(path.to_path_buf()), 1 << 20)?;
     Ok(Some(LocalFile {
         last_row: db.last_row()?,
     }))
@@ -204,7 +204,7 @@ pub(crate) fn inspect(path: &Path) -> Result<Option<LocalFile>> {
 /// temporary path beside the store, filled commit by commit, and moved
 /// into place by [`Restorer::finish`] once it is whole.
 pub(crate) struct Restorer {
-    db: RedbStore,
+    db: Storage,
     tmp: PathBuf,
     path: PathBuf,
 }
@@ -220,9 +220,9 @@ impl Restorer {
         match std::fs::remove_file(&tmp) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::Storage(super::io_at(&tmp, &e))),
+            Err(e) => return Err(Error::Storage(crate::error::io_at(&tmp, &e))),
         }
-        let db = RedbStore::open(Location::Path(tmp.clone()), cache_bytes, false)?;
+        let db = open_plain(Location::Path(tmp.clone()), cache_bytes)?;
         Ok(Restorer {
             db,
             tmp,
@@ -269,7 +269,6 @@ impl Restorer {
             raw_meta.extend(c.meta);
         }
         self.db.commit(Commit {
-            quick_repair: false,
             drop_buckets: &first.drops,
             trims,
             rows,
@@ -291,7 +290,7 @@ impl Restorer {
     pub(crate) fn finish(self) -> Result<()> {
         let Restorer { db, tmp, path } = self;
         drop(db);
-        std::fs::rename(&tmp, &path).map_err(|e| Error::Storage(super::io_at(&path, &e)))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::Storage(crate::error::io_at(&path, &e)))?;
         if let Some(dir) = path.parent() {
             let dir = if dir.as_os_str().is_empty() {
                 Path::new(".")
@@ -300,7 +299,7 @@ impl Restorer {
             };
             std::fs::File::open(dir)
                 .and_then(|d| d.sync_all())
-                .map_err(|e| Error::Storage(super::io_at(dir, &e)))?;
+                .map_err(|e| Error::Storage(crate::error::io_at(dir, &e)))?;
         }
         Ok(())
     }

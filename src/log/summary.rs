@@ -34,7 +34,10 @@
 //!   with the stored one (a missing, damaged or different summary is
 //!   [`Error::Corrupt`] naming the table).
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::store::table_name;
+use crate::records::SUMMARIES_FORMAT;
 use crate::{Error, Result};
 
 const VERSION: u8 = 1;
@@ -155,6 +158,41 @@ pub(crate) fn check(bucket: u64, stored: Option<&[u8]>, seen: &Summary) -> Resul
         ));
     }
     Ok(())
+}
+
+/// The summaries a commit writes: those of the tables it changes, or with
+/// an upgrade to the summaries' format, every table's; none below it.
+pub(super) fn summaries_to_store(
+    format: u32,
+    upgrade: Option<u32>,
+    buckets: &BTreeSet<u64>,
+    changed: &BTreeMap<u64, Option<Summary>>,
+    summaries: &BTreeMap<u64, Summary>,
+) -> Vec<(u64, Vec<u8>)> {
+    if upgrade.unwrap_or(format) < SUMMARIES_FORMAT {
+        Vec::new()
+    } else if upgrade.is_some() && format < SUMMARIES_FORMAT {
+        // Every table gets its summary with the upgrade.
+        buckets
+            .iter()
+            .map(|b| {
+                debug_assert!(
+                    changed.contains_key(b) || summaries.contains_key(b),
+                    "bucket {b} has a table but no summary"
+                );
+                let sum = match changed.get(b) {
+                    Some(c) => c.unwrap_or_default(),
+                    None => summaries.get(b).copied().unwrap_or_default(),
+                };
+                (*b, sum.encode(*b))
+            })
+            .collect()
+    } else {
+        changed
+            .iter()
+            .filter_map(|(b, sum)| sum.map(|sum| (*b, sum.encode(*b))))
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@
 //! Integers are little-endian; `var` is an unsigned LEB128 varint of at
 //! most 10 bytes.
 
-use crate::log::ship::Shipped;
+use crate::log::Shipped;
 use crate::{Error, Result};
 
 const SEGMENT: &[u8; 8] = b"DKVSEG01";

@@ -30,7 +30,7 @@ use super::format::{self, FENCE, Local, Owner, SEGMENT_HEAD, SegmentHead};
 use super::objects::{Created, Listing, Objects, owner_name, segment_name};
 use super::uploader::{Settings, Uploader, read_local, write_local};
 use super::{Replica, ReplicaMode, RestoreReason};
-use crate::log::ship::{self, Ship};
+use crate::log::{self, Ship};
 use crate::{Error, Result};
 
 /// Bits of a fencing token below the epoch.
@@ -182,7 +182,7 @@ fn before_own_fences(
 
 /// Step 3: why the local file must be restored, if it must.
 fn choose(
-    file: Option<&ship::LocalFile>,
+    file: Option<&log::LocalFile>,
     local: Option<Local>,
     before: Option<SegmentHead>,
 ) -> Option<RestoreReason> {
@@ -217,7 +217,7 @@ fn restore_aside(
     (upto, epoch): (u64, u64),
     reason: RestoreReason,
 ) -> Result<super::Restored> {
-    let io = |at: &Path, e: &std::io::Error| Error::Storage(crate::log::io_at(at, e));
+    let io = |at: &Path, e: &std::io::Error| Error::Storage(crate::error::io_at(at, e));
     let fresh = beside(path, ".restored");
     let mut r = super::restore::restore(objects, &fresh, cache_bytes, upto, reason)?;
     let replaced = if path.exists() {
@@ -248,21 +248,21 @@ fn sync_dir_of(path: &Path) -> Result<()> {
     };
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| Error::Storage(crate::log::io_at(dir, &e)))
+        .map_err(|e| Error::Storage(crate::error::io_at(dir, &e)))
 }
 
 /// What the store file at `path` holds, read before anything is taken:
 /// a damaged file is an error naming it (the storage engine can panic
 /// on some damage rather than fail), never a panic, and never after an
 /// epoch was taken for it.
-fn inspect(path: &Path) -> Result<Option<ship::LocalFile>> {
+fn inspect(path: &Path) -> Result<Option<log::LocalFile>> {
     let damaged = |why: String| {
         Error::Corrupt(format!(
             "{} is damaged ({why}); move it aside to restore the store from its replica",
             path.display()
         ))
     };
-    std::panic::catch_unwind(|| ship::inspect(path))
+    std::panic::catch_unwind(|| log::inspect(path))
         .unwrap_or_else(|panic| {
             let what = crate::error::panic_message(&*panic);
             Err(damaged(format!(
@@ -438,7 +438,7 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
     )?;
     Ok(Prepared {
         ship: Ship {
-            sink: Arc::clone(&uploader) as Arc<dyn crate::log::ship::Sink>,
+            sink: Arc::clone(&uploader) as Arc<dyn crate::log::Sink>,
             synchronous,
             behind: reset,
         },

@@ -323,7 +323,7 @@ impl ReplicaReader {
         {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(exists(path)),
-            Err(e) => return Err(Error::Storage(crate::log::io_at(path, &e))),
+            Err(e) => return Err(Error::Storage(crate::error::io_at(path, &e))),
         }
         let copy = self.copy_into(path);
         if copy.is_err() {
@@ -450,7 +450,7 @@ fn exists(path: &Path) -> Error {
 
 /// The copy of a replica that holds no commit yet: an empty store.
 fn empty_copy(path: &Path) -> Result<ReplicaCopy> {
-    std::fs::remove_file(path).map_err(|e| Error::Storage(crate::log::io_at(path, &e)))?;
+    std::fs::remove_file(path).map_err(|e| Error::Storage(crate::error::io_at(path, &e)))?;
     let store = Store::builder().open(path)?;
     Ok(ReplicaCopy {
         store,

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use super::format::{self, Index, RESET, SEGMENT_HEAD};
 use super::objects::{Objects, index_name, number_in, part_name, segment_name};
 use super::{RestoreReason, Restored};
-use crate::log::ship::Restorer;
+use crate::log::Restorer;
 use crate::{Error, Result};
 
 /// Objects fetched ahead of the one being written.
@@ -236,7 +236,7 @@ pub(crate) fn restore(
     }
     let mut epoch = ix.epoch;
     // Commits are written a group per storage commit (one sync each).
-    let mut group: Vec<crate::log::ship::Shipped> = Vec::new();
+    let mut group: Vec<crate::log::Shipped> = Vec::new();
     let mut group_bytes = 0;
     each_fetched(objects, &names, |i, name, bytes| {
         let what = objects.path(name);
@@ -283,7 +283,7 @@ pub(crate) fn restore(
 /// log row: it is not counted.
 fn count(report: &mut Restored, rows: &[(u64, u64, Vec<u8>)]) {
     for (_, row, bytes) in rows {
-        if *row == crate::log::store::SUMMARY_ROW {
+        if *row == crate::log::SUMMARY_ROW {
             continue;
         }
         report.rows += 1;

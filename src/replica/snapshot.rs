@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::format::{self, Index};
 use super::objects::{Objects, index_name, number_in, part_name};
-use crate::log::store::View;
+use crate::log::View;
 use crate::{Error, Result};
 
 /// A snapshot part is cut at this many bytes of rows.

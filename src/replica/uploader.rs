@@ -32,8 +32,7 @@ use super::format::{self, Local, RESET, SegmentHead};
 use super::objects::{Created, Objects, segment_name};
 use super::snapshot;
 use super::{ReplicaMode, ReplicaStatus, Restored};
-use crate::log::ship::{Acks, Shipped, Sink};
-use crate::log::store::{LogStore, View};
+use crate::log::{Acks, LogStore, Shipped, Sink, View};
 use crate::{Error, Result};
 
 /// What a restore pays for reading one more object, in bytes of reading
@@ -795,7 +794,7 @@ impl Sink for Uploader {
 /// Writes the local state file, durably (a temporary file renamed over it).
 pub(crate) fn write_local(path: &std::path::Path, local: Local) -> Result<()> {
     use std::io::Write;
-    let io = |e: std::io::Error| Error::Storage(crate::log::io_at(path, &e));
+    let io = |e: std::io::Error| Error::Storage(crate::error::io_at(path, &e));
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -811,6 +810,6 @@ pub(crate) fn read_local(path: &std::path::Path) -> Result<Option<Local>> {
     match std::fs::read(path) {
         Ok(b) => format::read_local(&b, &path.display().to_string()).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::Storage(crate::log::io_at(path, &e))),
+        Err(e) => Err(Error::Storage(crate::error::io_at(path, &e))),
     }
 }

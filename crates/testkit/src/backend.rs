@@ -60,6 +60,9 @@ enum Fault {
     Io,
     DiskFull,
     Panic,
+    /// A write that fails keeps this many of its first bytes (a torn
+    /// write); anything else fails as `Io`.
+    Torn(usize),
 }
 
 impl Plan {
@@ -69,7 +72,7 @@ impl Plan {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(1));
@@ -94,7 +97,7 @@ impl Plan {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0).syncs_only());
@@ -117,7 +120,7 @@ impl Plan {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0).disk_full());
@@ -139,7 +142,7 @@ impl Plan {
     /// use std::panic::{AssertUnwindSafe, catch_unwind};
     ///
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0).panics());
@@ -152,9 +155,37 @@ impl Plan {
             ..self
         }
     }
+
+    /// The write that fails is torn: its first `keep` bytes are written
+    /// (not durable until a sync, and every later sync fails), the rest
+    /// are not, and it returns an I/O error, as a process killed or a
+    /// disk failing in the middle of a write leaves it. Writes after it
+    /// fail whole, and a failing `set_len` or sync is a plain I/O error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedupkv::PageBackend;
+    /// use dedupkv_testkit::{FaultBackend, Plan};
+    ///
+    /// let backend = FaultBackend::new();
+    /// backend.set_len(4)?;
+    /// backend.arm(Plan::after(0).torn(2));
+    /// assert!(backend.write(0, b"abcd").is_err());
+    /// let mut bytes = [0; 4];
+    /// backend.read(0, &mut bytes)?;
+    /// assert_eq!(&bytes, b"ab\0\0");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn torn(self, keep: usize) -> Self {
+        Self {
+            fault: Fault::Torn(keep),
+            ..self
+        }
+    }
 }
 
-/// A redb [`StorageBackend`] in memory for fault and crash tests.
+/// A [`PageBackend`](dedupkv::PageBackend) in memory for fault and crash tests.
 ///
 /// - Its bytes outlive the store: open a store on a clone, drop or poison
 ///   it, and reopen the same bytes with [`healthy`](Self::healthy).
@@ -276,7 +307,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0));
@@ -296,7 +327,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0));
@@ -315,7 +346,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::FaultBackend;
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.hold_syncs();
@@ -358,7 +389,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::{FaultBackend, Plan};
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.arm(Plan::after(0));
@@ -382,7 +413,7 @@ impl FaultBackend {
     ///
     /// ```
     /// use dedupkv_testkit::FaultBackend;
-    /// use redb::StorageBackend;
+    /// use dedupkv::PageBackend;
     ///
     /// let backend = FaultBackend::new();
     /// backend.set_len(2)?;
@@ -419,33 +450,96 @@ impl FaultBackend {
 
     /// Counts `op` against the plan and fails it if the plan says so.
     fn check(&self, op: Op) -> io::Result<()> {
+        match self.fault(op) {
+            None => Ok(()),
+            Some(fault) => Err(failure(fault)),
+        }
+    }
+
+    /// Counts `op` against the plan: the fault to inject, if it fails.
+    fn fault(&self, op: Op) -> Option<Fault> {
         let fault = {
             let mut armed = self.faults.armed.lock();
-            let Some(armed) = armed.as_mut() else {
-                return Ok(());
-            };
-            if !armed.fired {
+            let armed = armed.as_mut()?;
+            if armed.fired {
+                // Only the write that fired is torn; later ones fail whole.
+                match armed.plan.fault {
+                    Fault::Torn(_) => Fault::Io,
+                    f => f,
+                }
+            } else {
                 if armed.plan.syncs_only && op != Op::Sync {
-                    return Ok(());
+                    return None;
                 }
                 if armed.counted < armed.plan.after {
                     armed.counted += 1;
-                    return Ok(());
+                    return None;
                 }
                 armed.fired = true;
+                armed.plan.fault
             }
-            armed.plan.fault
         };
         self.faults.tripped.store(true, Ordering::SeqCst);
-        match fault {
-            Fault::Io => Err(io::Error::other("injected I/O failure")),
-            Fault::DiskFull => Err(io::Error::from_raw_os_error(ENOSPC)),
-            Fault::Panic => panic!("injected panic in the storage backend"),
+        Some(fault)
+    }
+
+    /// Writes `data` at `offset` as counted by the plan: a torn write
+    /// keeps its first bytes and fails.
+    pub(crate) fn write_counted(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if let Some(fault) = self.fault(Op::Write) {
+            if let Fault::Torn(keep) = fault {
+                self.write_unchecked(offset, &data[..keep.min(data.len())])?;
+            }
+            return Err(failure(fault));
         }
+        self.write_unchecked(offset, data)
+    }
+
+    /// `set_len` and `write` at the end, counted by the plan as one write
+    /// (a file's append); returns where the bytes went. A torn append
+    /// keeps its first bytes and fails.
+    pub(crate) fn append_counted(&self, data: &[u8]) -> io::Result<u64> {
+        let fault = self.fault(Op::Write);
+        let at = self.disk.written.len()?;
+        let keep = match fault {
+            None => data.len(),
+            Some(Fault::Torn(keep)) => keep.min(data.len()),
+            Some(f) => return Err(failure(f)),
+        };
+        self.set_len_unchecked(at + keep as u64)?;
+        self.write_unchecked(at, &data[..keep])?;
+        match fault {
+            None => Ok(at),
+            Some(f) => Err(failure(f)),
+        }
+    }
+
+    fn set_len_unchecked(&self, len: u64) -> io::Result<()> {
+        let mut durable = self.disk.durable.lock();
+        self.disk.written.set_len(len)?;
+        durable.shortest = durable.shortest.min(len);
+        Ok(())
+    }
+
+    fn write_unchecked(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut durable = self.disk.durable.lock();
+        self.disk.written.write(offset, data)?;
+        let n = durable.dirty.entry(offset).or_default();
+        *n = (*n).max(data.len());
+        Ok(())
     }
 }
 
-impl StorageBackend for FaultBackend {
+/// The error (or panic) an injected fault shows as.
+fn failure(fault: Fault) -> io::Error {
+    match fault {
+        Fault::Io | Fault::Torn(_) => io::Error::other("injected I/O failure"),
+        Fault::DiskFull => io::Error::from_raw_os_error(ENOSPC),
+        Fault::Panic => panic!("injected panic in the storage backend"),
+    }
+}
+
+impl dedupkv::PageBackend for FaultBackend {
     fn len(&self) -> io::Result<u64> {
         self.disk.written.len()
     }
@@ -456,10 +550,7 @@ impl StorageBackend for FaultBackend {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.check(Op::Write)?;
-        let mut durable = self.disk.durable.lock();
-        self.disk.written.set_len(len)?;
-        durable.shortest = durable.shortest.min(len);
-        Ok(())
+        self.set_len_unchecked(len)
     }
 
     fn sync_data(&self) -> io::Result<()> {
@@ -493,18 +584,14 @@ impl StorageBackend for FaultBackend {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.check(Op::Write)?;
-        let mut durable = self.disk.durable.lock();
-        self.disk.written.write(offset, data)?;
-        let n = durable.dirty.entry(offset).or_default();
-        *n = (*n).max(data.len());
-        Ok(())
+        self.write_counted(offset, data)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dedupkv::PageBackend;
 
     fn image_bytes(b: &FaultBackend) -> Vec<u8> {
         let image = b.crash_image();

@@ -1,11 +1,13 @@
 //! dedupkv's test kit, shared by the integration tests, the loom models and
 //! the `ops` fuzz target:
 //!
-//! - [`FaultBackend`]: one redb `StorageBackend` for every fault and crash
+//! - [`FaultBackend`]: one `PageBackend` for every fault and crash
 //!   test. Its bytes outlive the store; a [`Plan`] makes it fail writes or
 //!   syncs after N operations (an I/O error, `ENOSPC` or a panic); it keeps
 //!   durable bytes apart from written ones, so a power-cut image can be
-//!   reopened.
+//!   reopened. [`FaultFile`] is its file-level sibling (append, write,
+//!   sync, len) for a journal's files, with the same plans, torn writes
+//!   included.
 //! - [`model`]: the model of the store's semantics that random operation
 //!   sequences are checked against.
 //! - [`history`]: many threads making every call at once, their recorded
@@ -33,10 +35,12 @@
 //! ```
 
 mod backend;
+mod file;
 pub mod history;
 pub mod model;
 
 pub use backend::{FaultBackend, Plan};
+pub use file::FaultFile;
 
 use dedupkv::{Begin, Claim, Error, ManualClock, Store, StoreBuilder};
 

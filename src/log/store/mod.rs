@@ -1,9 +1,11 @@
 //! What the log needs from the storage under it, and nothing more: a
 //! metadata table of named entries, one table of rows per expiry bucket
 //! (row number to row bytes, and the bucket's summary), and commits that
-//! change several of them at once, durably. [`redb`] implements it;
-//! nothing outside this folder names the storage engine, except the
-//! backend a caller may hand in ([`Location::Backend`]).
+//! change several of them at once, durably. `redb.rs` implements it;
+//! nothing outside this folder names the storage engine but the log's
+//! composition root (`log/mod.rs`, which opens it). A caller may hand in
+//! the medium under it as a [`PageBackend`] (`pages.rs`), dedupkv's own
+//! trait.
 //!
 //! Invariants an implementation keeps:
 //! - a [`Commit`] is applied whole or not at all, and is on stable storage
@@ -15,12 +17,14 @@
 //!   deleted with the table, and never read as a row;
 //! - reads see the state of the last successful commit.
 
+pub(crate) mod pages;
 pub(crate) mod redb;
 
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use super::error::LogError;
+pub use pages::PageBackend;
 
 /// The result of a storage call.
 pub(crate) type StoreResult<T> = std::result::Result<T, LogError>;
@@ -55,12 +59,12 @@ pub(crate) fn is_log_table_name(name: &str) -> bool {
 }
 
 /// Where the store lives: a path (created if missing), a path that must
-/// hold a store already, or a redb storage backend (tests, fault
+/// hold a store already, or the pages a caller supplies (in memory, fault
 /// injection).
 pub(crate) enum Location {
     Path(PathBuf),
     Existing(PathBuf),
-    Backend(Box<dyn ::redb::StorageBackend>),
+    Backend(Box<dyn PageBackend>),
 }
 
 impl Location {
@@ -81,9 +85,6 @@ pub(crate) type MetaChange = (&'static str, Option<Vec<u8>>);
 /// One durable commit: everything the log changes at once.
 #[derive(Default)]
 pub(crate) struct Commit<'a> {
-    /// One more sync per commit for a fast reopen after a crash (redb's
-    /// quick repair).
-    pub quick_repair: bool,
     /// Bucket tables to delete, first.
     pub drop_buckets: &'a [u64],
     /// Rows to delete from a bucket's table (created if missing), next.
@@ -121,7 +122,8 @@ pub(crate) struct Table {
 }
 
 /// The storage under the log. One call per commit, per row read, or per
-/// table scanned: nothing is called per record.
+/// table scanned: nothing is called per record. Every error is a
+/// [`LogError`]: damage is `Corrupt`, never a smaller answer.
 pub(crate) trait LogStore: Send + Sync {
     /// The metadata entries, or `None` when the file has no metadata table.
     fn read_meta(&self) -> StoreResult<Option<MetaEntries>>;
@@ -141,11 +143,8 @@ pub(crate) trait LogStore: Send + Sync {
     /// replay read is what later reads of single rows find.
     fn tables(&self) -> StoreResult<Vec<(u64, Table)>>;
 
-    /// `bucket`'s table, if it has one.
-    fn table(&self, bucket: u64) -> StoreResult<Option<Table>>;
-
-    /// The rows numbered `rows` of `bucket`'s table (none if it has no
-    /// table).
+    /// The rows numbered `rows` of `bucket`'s table, in row order, the
+    /// summary excluded (none if it has no table).
     fn row_range(&self, bucket: u64, rows: RangeInclusive<u64>) -> StoreResult<Rows>;
 
     /// The metadata and every bucket table's rows, as of one snapshot.
@@ -160,9 +159,15 @@ pub(crate) trait LogStore: Send + Sync {
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()>;
 
     /// Bytes of the file in use (the rest is free space compaction could
-    /// give back).
-    fn used_bytes(&self) -> StoreResult<u64>;
+    /// give back); `None` if the store cannot compact. Default: `None`.
+    fn used_bytes(&self) -> StoreResult<Option<u64>> {
+        Ok(None)
+    }
 
-    /// Gives free space back to the file system; whether anything was.
-    fn compact(&mut self) -> StoreResult<bool>;
+    /// Gives free space back to the file system: whether anything was, or
+    /// `None` if the store cannot compact (a capability it may lack).
+    /// Default: `None`.
+    fn compact(&mut self) -> StoreResult<Option<bool>> {
+        Ok(None)
+    }
 }

@@ -7,7 +7,7 @@
 //! - table `dedupkv.meta` (`&str -> &[u8]`): the entries of
 //!   [`meta`](crate::log::meta);
 //! - one table per expiry bucket, `log.<bucket>` (`u64 -> &[u8]`): row
-//!   number to a row of records (see [`format`](mod@crate::log::format)),
+//!   number to a row of records (see [`records`](crate::records)),
 //!   and under [`SUMMARY_ROW`] the bucket's summary (see
 //!   [`summary`](crate::log::summary)). Dropping a whole bucket, summary
 //!   included, is one `delete_table`.
@@ -17,7 +17,6 @@
 //! their kind, anything else is an opaque storage error with redb's as
 //! its source.
 
-use std::ops::Bound;
 use std::path::Path;
 
 use redb::{
@@ -26,8 +25,8 @@ use redb::{
 };
 
 use super::{
-    Commit, FIRST_ROW, Location, LogStore, META_NAME, MetaEntries, Rows, SUMMARY_ROW, StoreResult,
-    Table, View, parse_table_name, table_name,
+    Commit, FIRST_ROW, Location, LogStore, META_NAME, MetaEntries, PageBackend, Rows, SUMMARY_ROW,
+    StoreResult, Table, View, parse_table_name, table_name,
 };
 use crate::error::StorageError;
 use crate::log::error::LogError;
@@ -35,6 +34,12 @@ use crate::log::error::LogError;
 /// The first bytes of every redb file.
 const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new(META_NAME);
+// The log closes a row at `ROW_SPLIT_BYTES`, so a row is at most that plus
+// one record: below redb's limit for one value (3 GiB).
+const _: () = assert!(
+    crate::log::ROW_SPLIT_BYTES + crate::records::FORMAT_MAX_RECORD < 3 << 30,
+    "a row could pass redb's value limit"
+);
 
 fn log_table(name: &str) -> TableDefinition<'_, u64, &'static [u8]> {
     TableDefinition::new(name)
@@ -74,55 +79,55 @@ from_redb!(
     redb::CompactionError
 );
 
+/// redb's options, which only this store reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RedbOptions {
+    /// The page cache's size.
+    pub cache_bytes: usize,
+    /// redb checks the checksum of every page of the committed trees at
+    /// open and rebuilds its allocator state from them, instead of
+    /// trusting a cleanly closed file.
+    pub verify_pages: bool,
+    /// redb's quick repair: one more sync per commit, for a fast reopen
+    /// after a crash.
+    pub quick_repair: bool,
+}
+
 /// The log's storage: one redb database.
 pub(crate) struct RedbStore {
     db: Database,
+    quick_repair: bool,
 }
 
 impl RedbStore {
-    /// Opens (or creates) the database at `location` with a page cache of
-    /// `cache_bytes`; with `verify_pages`, redb checks the checksum of every
-    /// page of the committed trees and rebuilds its allocator state from
-    /// them, instead of trusting a cleanly closed file.
-    pub(crate) fn open(
-        location: Location,
-        cache_bytes: usize,
-        verify_pages: bool,
-    ) -> StoreResult<RedbStore> {
+    /// Opens (or creates) the database at `location` with `options`.
+    pub(crate) fn open(location: Location, options: RedbOptions) -> StoreResult<RedbStore> {
         let mut builder = redb::Builder::new();
-        builder.set_cache_size(cache_bytes);
-        builder.set_check_integrity_on_open(verify_pages);
+        builder.set_cache_size(options.cache_bytes);
+        builder.set_check_integrity_on_open(options.verify_pages);
         let db = match location {
             Location::Path(path) => open_path(&builder, &path, true)?,
             Location::Existing(path) => open_path(&builder, &path, false)?,
             Location::Backend(backend) => {
-                let backend: std::sync::Arc<dyn StorageBackend> = backend.into();
+                let backend: std::sync::Arc<dyn PageBackend> = backend.into();
                 builder
-                    .create_with_backend(Shared(std::sync::Arc::clone(&backend)))
+                    .create_with_backend(Pages(std::sync::Arc::clone(&backend)))
                     .map_err(|e| {
                         let ours = looks_like_a_store(|at, buf| read_some(&*backend, at, buf));
                         not_a_store_or(e.into(), ours)
                     })?
             }
         };
-        Ok(RedbStore { db })
+        Ok(RedbStore {
+            db,
+            quick_repair: options.quick_repair,
+        })
     }
 }
 
 impl LogStore for RedbStore {
     fn read_meta(&self) -> StoreResult<Option<MetaEntries>> {
-        let read = self.db.begin_read()?;
-        let table = match read.open_table(META) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(damaged_table(META_NAME, e)),
-        };
-        let mut out = Vec::new();
-        for entry in table.iter()? {
-            let (k, v) = entry?;
-            out.push((k.value().to_string(), v.value().to_vec()));
-        }
-        Ok(Some(out))
+        meta_in(&self.db.begin_read()?)
     }
 
     fn table_names(&self) -> StoreResult<Vec<String>> {
@@ -156,11 +161,7 @@ impl LogStore for RedbStore {
 
     fn tables(&self) -> StoreResult<Vec<(u64, Table)>> {
         let read = self.db.begin_read()?;
-        let mut buckets: Vec<u64> = read
-            .list_tables()?
-            .filter_map(|t| parse_table_name(t.name()))
-            .collect();
-        buckets.sort_unstable();
+        let buckets = buckets_in(&read)?;
         let mut out = Vec::with_capacity(buckets.len());
         for bucket in buckets {
             let name = table_name(bucket);
@@ -182,22 +183,8 @@ impl LogStore for RedbStore {
 
     fn view(&self) -> StoreResult<View> {
         let read = self.db.begin_read()?;
-        let mut meta = Vec::new();
-        match read.open_table(META) {
-            Ok(table) => {
-                for entry in table.iter()? {
-                    let (k, v) = entry?;
-                    meta.push((k.value().to_string(), v.value().to_vec()));
-                }
-            }
-            Err(redb::TableError::TableDoesNotExist(_)) => {}
-            Err(e) => return Err(damaged_table(META_NAME, e)),
-        }
-        let mut buckets: Vec<u64> = read
-            .list_tables()?
-            .filter_map(|t| parse_table_name(t.name()))
-            .collect();
-        buckets.sort_unstable();
+        let meta = meta_in(&read)?.unwrap_or_default();
+        let buckets = buckets_in(&read)?;
         let mut tables = Vec::with_capacity(buckets.len());
         for bucket in buckets {
             let name = table_name(bucket);
@@ -227,16 +214,6 @@ impl LogStore for RedbStore {
         Ok(last)
     }
 
-    fn table(&self, bucket: u64) -> StoreResult<Option<Table>> {
-        let read = self.db.begin_read()?;
-        let name = table_name(bucket);
-        match read.open_table(log_table(&name)) {
-            Ok(t) => Ok(Some(whole(&t)?)),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
     fn row_range(&self, bucket: u64, rows: std::ops::RangeInclusive<u64>) -> StoreResult<Rows> {
         let read = self.db.begin_read()?;
         let name = table_name(bucket);
@@ -251,7 +228,7 @@ impl LogStore for RedbStore {
 
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()> {
         let mut txn = self.db.begin_write()?;
-        txn.set_quick_repair(commit.quick_repair);
+        txn.set_quick_repair(self.quick_repair);
         for bucket in commit.drop_buckets {
             let name = table_name(*bucket);
             txn.delete_table(log_table(&name))?;
@@ -301,15 +278,15 @@ impl LogStore for RedbStore {
         Ok(())
     }
 
-    fn used_bytes(&self) -> StoreResult<u64> {
+    fn used_bytes(&self) -> StoreResult<Option<u64>> {
         let txn = self.db.begin_write()?;
         let st = txn.stats()?;
         txn.abort()?;
-        Ok(st.allocated_pages() * st.page_size() as u64)
+        Ok(Some(st.allocated_pages() * st.page_size() as u64))
     }
 
-    fn compact(&mut self) -> StoreResult<bool> {
-        Ok(self.db.compact()?)
+    fn compact(&mut self) -> StoreResult<Option<bool>> {
+        Ok(Some(self.db.compact()?))
     }
 }
 
@@ -408,20 +385,36 @@ impl Iterator for Routed {
     }
 }
 
-/// A bucket table's summary and rows; the rows' range keeps the read
-/// transaction alive.
-fn whole(table: &redb::ReadOnlyTable<u64, &'static [u8]>) -> StoreResult<Table> {
-    Ok(Table {
-        summary: table.get(SUMMARY_ROW)?.map(|v| v.value().to_vec()),
-        rows: rows_of(table.range(FIRST_ROW..)?),
-    })
-}
-
 fn rows_of(range: redb::Range<'static, u64, &'static [u8]>) -> Rows {
     Box::new(range.map(|entry| {
         let (k, v) = entry?;
         Ok((k.value(), v.value().to_vec()))
     }))
+}
+
+/// The metadata entries as `read` sees them; `None` without the table.
+fn meta_in(read: &redb::ReadTransaction) -> StoreResult<Option<MetaEntries>> {
+    let table = match read.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(damaged_table(META_NAME, e)),
+    };
+    let mut out = Vec::new();
+    for entry in table.iter()? {
+        let (k, v) = entry?;
+        out.push((k.value().to_string(), v.value().to_vec()));
+    }
+    Ok(Some(out))
+}
+
+/// Every bucket that has a table, ascending, as `read` sees them.
+fn buckets_in(read: &redb::ReadTransaction) -> StoreResult<Vec<u64>> {
+    let mut buckets: Vec<u64> = read
+        .list_tables()?
+        .filter_map(|t| parse_table_name(t.name()))
+        .collect();
+    buckets.sort_unstable();
+    Ok(buckets)
 }
 
 /// A table that exists but cannot be opened as ours is damage.
@@ -432,15 +425,17 @@ fn damaged_table(name: &str, e: redb::TableError) -> LogError {
     }
 }
 
-/// Forwards every call to a shared backend (redb takes backends by value;
-/// an open that fails looks at the bytes after redb gave them back).
+/// A caller's pages as redb's backend: redb takes backends by value, and
+/// an open that fails looks at the bytes after redb gave them back. One
+/// dynamic call per page read or write, as redb's own trait costs; redb's
+/// range locks keep their defaults (unsupported), as for its in-memory
+/// backend.
 #[derive(Debug)]
-struct Shared(std::sync::Arc<dyn StorageBackend>);
+struct Pages(std::sync::Arc<dyn PageBackend>);
 
 type Io<T> = std::result::Result<T, std::io::Error>;
-type Lock<T> = std::result::Result<T, redb::BackendError>;
 
-impl StorageBackend for Shared {
+impl StorageBackend for Pages {
     fn len(&self) -> Io<u64> {
         self.0.len()
     }
@@ -455,27 +450,6 @@ impl StorageBackend for Shared {
     }
     fn write(&self, offset: u64, data: &[u8]) -> Io<()> {
         self.0.write(offset, data)
-    }
-    fn close(&self) -> Io<()> {
-        self.0.close()
-    }
-    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<bool> {
-        self.0.try_lock_range(start, end)
-    }
-    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<bool> {
-        self.0.try_lock_shared_range(start, end)
-    }
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<()> {
-        self.0.lock_range(start, end)
-    }
-    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<()> {
-        self.0.lock_shared_range(start, end)
-    }
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<()> {
-        self.0.unlock_range(start, end)
-    }
-    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Lock<bool> {
-        self.0.query_lock_range(start, end)
     }
 }
 
@@ -540,7 +514,7 @@ fn owner_only(path: &Path) -> StoreResult<()> {
 
 /// An I/O error with the path in its message.
 fn io_at(path: &Path, e: &std::io::Error) -> LogError {
-    LogError::Storage(crate::log::io_at(path, e))
+    LogError::Storage(crate::error::io_at(path, e))
 }
 
 /// A file that redb cannot parse: damaged if it starts as a redb file does
@@ -563,7 +537,7 @@ fn not_a_store_or(e: redb::Error, ours: std::io::Result<bool>) -> LogError {
 }
 
 /// Up to `buf.len()` bytes of `backend` from `at`; 0 past its end.
-fn read_some(backend: &dyn StorageBackend, at: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_some(backend: &dyn PageBackend, at: u64, buf: &mut [u8]) -> std::io::Result<usize> {
     let len = backend.len()?;
     let n = usize::try_from(len.saturating_sub(at)).map_or(buf.len(), |left| left.min(buf.len()));
     backend.read(at, &mut buf[..n])?;

@@ -44,7 +44,6 @@
 //! allocates more than the input, and never yields more records than the
 //! row has bytes.
 
-pub(crate) use super::decode::read_row;
 use super::record::Body;
 use super::record::{Kind, RecordRef};
 
@@ -252,6 +251,7 @@ impl RowWriter {
 pub(super) mod tests {
     use super::*;
     use crate::Result;
+    use crate::records::decode::read_row;
 
     pub(crate) const ALL_KINDS: [Kind; 9] = [
         Kind::Insert,

@@ -256,8 +256,8 @@ fn corrupt(what: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::format::tests::{batch_row, sample, sealed};
-    use crate::log::format::{RowWriter, put_varint};
+    use crate::records::format::tests::{batch_row, sample, sealed};
+    use crate::records::format::{RowWriter, put_varint};
 
     /// A row of one hand-made run record: `scope`, ids of `id_len`, a count
     /// of `ids`, then `tail` bytes.

@@ -197,11 +197,11 @@ pub(crate) struct RecordRef<'a> {
     // The fields each kind reuses are read and written through the
     // constructors and accessors of this module only (`claim_fields`,
     // `entity_version`, `event_seq`, ...).
-    pub(in crate::log) attempt: u32,
-    pub(in crate::log) token: u64,
-    pub(in crate::log) first_at: u64,
-    pub(in crate::log) lease_until: u64,
-    pub(in crate::log) params: u128,
+    pub(in crate::records) attempt: u32,
+    pub(in crate::records) token: u64,
+    pub(in crate::records) first_at: u64,
+    pub(in crate::records) lease_until: u64,
+    pub(in crate::records) params: u128,
     pub outcome_tag: u8,
     pub outcome: &'a [u8],
 }
@@ -246,7 +246,7 @@ pub(crate) struct ClaimFields {
     pub params: u128,
 }
 
-/// Constructors: `idx` is 0 until [`Batch::push`](super::commit::Batch::push)
+/// Constructors: `idx` is 0 until [`Batch::push`](crate::log::Batch::push)
 /// assigns it.
 impl<'a> RecordRef<'a> {
     /// A record of `kind` whose claim fields are `c`.
@@ -717,8 +717,8 @@ impl<'a> RecordRef<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::decode::read_row;
-    use crate::log::format::RowWriter;
+    use crate::records::decode::read_row;
+    use crate::records::format::RowWriter;
 
     const KEY: (&[u8], &[u8]) = (b"tenant", b"evt");
     const TIMES: (u64, u64) = (1_700_000_000_000, 1_700_086_400_000);
