@@ -40,6 +40,7 @@ mod canon;
 mod civil;
 mod clock;
 mod codec;
+pub mod contract;
 mod durability;
 mod effects;
 mod engine;

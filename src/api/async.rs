@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::timer::Sleep;
+use crate::contract::{Basis, Outcome, Pending, Read, Settle, Write};
 use crate::engine::Engine;
 use crate::engine::durable::{Scope, deferring};
 use crate::engine::waiters::KeyWaiter;
@@ -220,6 +221,29 @@ impl AsyncStore {
         }
     }
 
+    /// Runs `op` — one call of the [contract](crate::contract) — inline
+    /// and resolves with its value once the basis it returned is settled:
+    /// the named methods' one body, shared with the blocking face (which
+    /// waits for the same basis). A read of a row still in flight, before
+    /// anything was recorded, awaits that row and runs `op` again (see
+    /// [`call`](Self::call)).
+    async fn run<T>(&self, mut op: impl FnMut(&Store) -> Result<Pending<T>>) -> Result<T> {
+        loop {
+            let (out, noted) = deferring(Scope::Retry, || op(&self.store));
+            if let Some(row) = noted.unreadable {
+                drop(out);
+                self.durable(row).await?;
+                continue;
+            }
+            let (value, basis) = out?.into_parts();
+            let basis = basis.and(Basis::read(noted.row));
+            if !basis.is_settled() {
+                self.store.settled(basis).await?;
+            }
+            return Ok(value);
+        }
+    }
+
     /// [`call`](Self::call) for an `op` that runs once (it takes what it
     /// is given): a read of a row still in flight waits inline instead.
     pub(crate) async fn call_once<T>(&self, op: impl FnOnce(&Store) -> Result<T>) -> Result<T> {
@@ -242,7 +266,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`AsyncStore`].
     pub async fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
-        self.call(|s| s.insert_if_absent(key)).await
+        self.run(|s| Write::insert(s, key, None)).await
     }
 
     /// [`Store::insert_if_absent_for`], resolved once durable.
@@ -253,7 +277,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::insert_if_absent_for`].
     pub async fn insert_if_absent_for(&self, key: &Key<'_>, retention: Duration) -> Result<bool> {
-        self.call(|s| s.insert_if_absent_for(key, retention)).await
+        self.run(|s| Write::insert(s, key, Some(retention))).await
     }
 
     /// [`Store::insert_batch`], resolved once durable.
@@ -264,7 +288,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::insert_batch`].
     pub async fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
-        self.call(|s| s.insert_batch(keys)).await
+        self.run(|s| Write::insert_batch(s, keys)).await
     }
 
     /// [`Store::get`]; a record whose commit is in flight is awaited, not
@@ -276,7 +300,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::get`].
     pub async fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
-        self.call(|s| s.get(key)).await
+        self.run(|s| Read::get(s, key)).await
     }
 
     /// [`Store::forget`], resolved once durable.
@@ -287,7 +311,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::forget`].
     pub async fn forget(&self, key: &Key<'_>) -> Result<Forget> {
-        self.call(|s| s.forget(key)).await
+        self.run(|s| Write::forget(s, key)).await
     }
 
     /// [`Store::flush`]: resolves once everything acknowledged so far is
@@ -316,7 +340,8 @@ impl AsyncStore {
     /// # Examples
     /// See [`AsyncStore`].
     pub async fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
-        self.call(|s| s.begin(key, fingerprint)).await
+        self.begin_with(key, fingerprint, &BeginOptions::new())
+            .await
     }
 
     /// [`Store::begin_with`], resolved once durable.
@@ -332,7 +357,8 @@ impl AsyncStore {
         fingerprint: Fingerprint,
         options: &BeginOptions,
     ) -> Result<Begin> {
-        self.call(|s| s.begin_with(key, fingerprint, options)).await
+        self.run(|s| Write::begin(s, key, fingerprint, options, None))
+            .await
     }
 
     /// [`Store::begin_with_intent`], resolved once durable.
@@ -349,7 +375,7 @@ impl AsyncStore {
         options: &BeginOptions,
         intent: Intent<'_>,
     ) -> Result<Begin> {
-        self.call(|s| s.begin_with_intent(key, fingerprint, options, intent))
+        self.run(|s| Write::begin(s, key, fingerprint, options, Some(intent)))
             .await
     }
 
@@ -368,7 +394,7 @@ impl AsyncStore {
         &self,
         items: &[(Key<'_>, Fingerprint)],
     ) -> Result<Vec<Result<Begin>>> {
-        self.call(|s| s.begin_batch(items)).await
+        self.run(|s| Write::begin_batch(s, items)).await
     }
 
     /// [`Store::begin_or_wait`], without blocking: while another attempt
@@ -467,7 +493,8 @@ impl AsyncStore {
     /// # Examples
     /// See [`AsyncStore`].
     pub async fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
-        self.call(|s| s.complete(claim, outcome)).await
+        self.run(|s| Write::complete(s, claim, Outcome::raw(outcome)))
+            .await
     }
 
     /// [`Store::complete_for`], resolved once durable.
@@ -483,8 +510,8 @@ impl AsyncStore {
         outcome: &[u8],
         retention: Duration,
     ) -> Result<()> {
-        self.call(|s| s.complete_for(claim, outcome, retention))
-            .await
+        let outcome = Outcome::raw(outcome).retention(retention);
+        self.run(|s| Write::complete(s, claim, outcome)).await
     }
 
     /// [`Store::complete_value`], resolved once durable.
@@ -498,7 +525,7 @@ impl AsyncStore {
     where
         T: serde::Serialize + serde::de::DeserializeOwned + Sync,
     {
-        self.call(|s| s.complete_value(claim, outcome)).await
+        self.run(|s| s.complete_value_pending(claim, outcome)).await
     }
 
     /// [`Store::complete_with_amount`], resolved once durable.
@@ -514,8 +541,8 @@ impl AsyncStore {
         outcome: &[u8],
         amount: i64,
     ) -> Result<()> {
-        self.call(|s| s.complete_with_amount(claim, outcome, amount))
-            .await
+        let outcome = Outcome::raw(outcome).amount(amount);
+        self.run(|s| Write::complete(s, claim, outcome)).await
     }
 
     /// [`Store::complete_batch`], resolved once durable.
@@ -526,7 +553,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::begin_batch`].
     pub async fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
-        self.call(|s| s.complete_batch(items)).await
+        self.run(|s| Write::complete_batch(s, items)).await
     }
 
     /// [`Store::fail`], resolved once durable.
@@ -537,7 +564,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Failure`].
     pub async fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
-        self.call(|s| s.fail(claim, failure)).await
+        self.run(|s| Write::fail(s, claim, failure)).await
     }
 
     /// [`Store::renew`], resolved once durable.
@@ -548,7 +575,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::renew`].
     pub async fn renew(&self, claim: &Claim) -> Result<SystemTime> {
-        self.call(|s| s.renew(claim)).await
+        self.run(|s| Write::renew(s, claim, None)).await
     }
 
     /// [`Store::renew_for`], resolved once durable.
@@ -559,7 +586,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::renew_for`].
     pub async fn renew_for(&self, claim: &Claim, by: Duration) -> Result<SystemTime> {
-        self.call(|s| s.renew_for(claim, by)).await
+        self.run(|s| Write::renew(s, claim, Some(by))).await
     }
 
     /// [`Store::mark_sent`], resolved once durable.

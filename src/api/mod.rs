@@ -5,6 +5,7 @@
 
 #[cfg(feature = "async")]
 pub(crate) mod r#async;
+pub(crate) mod backend;
 pub(crate) mod builder;
 pub(crate) mod claim;
 pub(crate) mod dead_letter;
@@ -20,6 +21,7 @@ pub(crate) mod wait;
 
 #[cfg(feature = "async")]
 pub use r#async::AsyncStore;
+pub use backend::StoreWaiter;
 pub use builder::StoreBuilder;
 pub use claim::{Begin, Claim};
 pub use store::Store;

@@ -1,0 +1,414 @@
+//! The operation-level contract: what a backend of the store promises,
+//! per operation, over the shared vocabulary of `types/`.
+//!
+//! The engine (a redb-backed log under a sharded in-memory index) is the
+//! first implementation; the faces ([`Store`](crate::Store), and
+//! `AsyncStore` under feature `async`) and the partition set's `Work`
+//! handle reach their backend through these traits only, so a second
+//! backend (a `PostgreSQL` one, issue #31) plugs in under the same faces, and the
+//! test kit's conformance suite runs over any implementation.
+//!
+//! # Contract
+//!
+//! A backend implements three traits:
+//! - [`Read`]: answers that record nothing;
+//! - [`Write`]: operations that record something, each decided
+//!   atomically per key (a racer of the same key sees either all of a
+//!   call's records or none of them);
+//! - [`Settle`]: when an answer may be told.
+//!
+//! Every call returns its answer as a [`Pending`]: the value together
+//! with the [`Basis`] it rests on, the positions in the backend's commit
+//! order that must be durable (and, with a synchronous replica,
+//! replicated) before the caller may act on the value. The call itself
+//! never waits for them: the blocking face waits ([`Settle::wait`]) and
+//! the async face awaits ([`Settle::settled`]) the same value. A backend
+//! that commits before it returns (a SQL statement in its own
+//! transaction) answers [`Basis::SETTLED`].
+//!
+//! What holds for every method:
+//! - **Atomicity.** A call's records for one key are decided under one
+//!   lock (or one statement) and become durable together: a crash keeps
+//!   all of them or none. A batch call is atomic per item, not as a whole.
+//! - **Durability.** What a call recorded is durable once its `Basis` is
+//!   settled, under [`Durability::Immediate`](crate::Durability); under
+//!   `Deferred` within the mode's delay. Nobody is told "new", "started"
+//!   or "done" before that, and nobody is told "duplicate" or "in
+//!   progress" before the record it was answered from is durable.
+//! - **Errors.** A failed commit poisons the backend: every later call,
+//!   and every [`Settle`] of a basis it did not cover, answers
+//!   [`Error::Poisoned`](crate::Error::Poisoned); nothing in the failed
+//!   commit is acknowledged. A bad argument fails that call alone, before
+//!   anything is recorded ([`Error::InvalidArgument`](crate::Error::InvalidArgument),
+//!   [`Error::InvalidInput`](crate::Error::InvalidInput)).
+//! - **No thread state.** No method depends on the calling thread; the
+//!   value and the basis are all the caller needs.
+//!
+//! A new operation is one method here, one room in the engine, one method
+//! of the test kit's specification: every implementation and every
+//! generic front fails to compile until it follows.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+pub use crate::api::StoreWaiter;
+pub use crate::types::{Basis, Pending};
+use crate::types::{BeginOptions, Failure, Forget, Intent, Record};
+use crate::{Begin, Claim, Fingerprint, Key, Result};
+
+/// When an answer may be told: the blocking wait and the async poll of
+/// the same [`Basis`].
+///
+/// # Contract
+/// - [`wait`](Self::wait) returns `Ok` once every position of the basis
+///   is as durable as the store's durability mode promises (and
+///   replicated, with a synchronous replica); the poll answers `Ready(Ok)`
+///   at the same moment. Neither records anything.
+/// - Both answer `Err` ([`Error::Poisoned`](crate::Error::Poisoned),
+///   [`Error::Fenced`](crate::Error::Fenced)) when a commit the basis
+///   needs failed, or the store lost its ownership: then the value must
+///   not be told.
+/// - A poll that answers `Pending` has registered `cx`'s waker and is
+///   woken by the commit that covers the basis (or by the failure); a
+///   poll never commits or blocks on its own thread.
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::{Settle, Write};
+/// use dedupkv::{Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// let pending = Write::insert(&store, &Key::new("t", "a"), None)?;
+/// assert!(store.tell(pending)?); // waited for its commit
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub trait Settle {
+    /// A poll's registration, kept by the awaiting future between polls.
+    type Waiter: Default + Send + Unpin;
+
+    /// Blocks until `basis` is settled.
+    ///
+    /// # Errors
+    /// See the trait's contract.
+    fn wait(&self, basis: Basis) -> Result<()>;
+
+    /// Polls for `basis` to be settled, registering `cx`'s waker in
+    /// `waiter` when it is not.
+    ///
+    /// # Errors
+    /// See the trait's contract.
+    fn poll_settled(
+        &self,
+        basis: Basis,
+        waiter: &mut Self::Waiter,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>>;
+
+    /// Forgets a registration whose future was dropped before it was
+    /// ready.
+    fn stop_waiting(&self, waiter: &mut Self::Waiter);
+
+    /// Waits for `pending`'s basis, then gives its value.
+    ///
+    /// # Errors
+    /// Those of [`wait`](Self::wait).
+    ///
+    /// # Examples
+    /// See [`Settle`].
+    fn tell<T>(&self, pending: Pending<T>) -> Result<T> {
+        let (value, basis) = pending.into_parts();
+        self.wait(basis)?;
+        Ok(value)
+    }
+
+    /// A future ready once `basis` is settled.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::contract::{Settle, Write};
+    /// use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let store = Store::open(dir.path().join("s.redb"))?;
+    /// let (new, basis) = Write::insert(&store, &Key::new("t", "a"), None)?.into_parts();
+    /// rt.block_on(store.settled(basis))?;
+    /// assert!(new);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    fn settled(&self, basis: Basis) -> Settled<'_, Self>
+    where
+        Self: Sized,
+    {
+        Settled {
+            backend: self,
+            basis,
+            waiter: Self::Waiter::default(),
+        }
+    }
+}
+
+/// The future of [`Settle::settled`]. Dropped before it is ready, it only
+/// stops waiting: what was recorded stands.
+#[must_use = "futures do nothing unless polled"]
+pub struct Settled<'a, S: Settle> {
+    backend: &'a S,
+    basis: Basis,
+    waiter: S::Waiter,
+}
+
+impl<S: Settle> Future for Settled<'_, S> {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = &mut *self;
+        this.backend.poll_settled(this.basis, &mut this.waiter, cx)
+    }
+}
+
+impl<S: Settle> Drop for Settled<'_, S> {
+    fn drop(&mut self) {
+        self.backend.stop_waiting(&mut self.waiter);
+    }
+}
+
+impl<S: Settle> std::fmt::Debug for Settled<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settled")
+            .field("basis", &self.basis)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The read half: answers that record nothing.
+///
+/// # Contract
+/// A read answers from records that are durable: it waits (blocking, on
+/// the calling thread) for a record whose commit is in flight rather than
+/// answer from it, so its basis is settled. After a failed commit every
+/// read answers [`Error::Poisoned`](crate::Error::Poisoned).
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::{Read, Settle};
+/// use dedupkv::{Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// assert!(store.tell(Read::get(&store, &Key::new("t", "a"))?)?.is_none());
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub trait Read {
+    /// The latest record of `key`; `None` if it has none or it expired.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) and
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a bad key;
+    /// [`Error::Corrupt`](crate::Error::Corrupt) for a damaged record;
+    /// [`Error::Poisoned`](crate::Error::Poisoned); storage errors.
+    fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>>;
+}
+
+/// How a claim is completed: its outcome (raw bytes, or a typed value's
+/// encoding), and optionally its own retention and an amount for the
+/// completion tallies.
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::Outcome;
+/// use std::time::Duration;
+///
+/// let o = Outcome::raw(b"ch_1").retention(Duration::from_secs(60)).amount(100);
+/// assert_eq!(o.bytes(), b"ch_1");
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Outcome<'a> {
+    pub(crate) tag: u8,
+    pub(crate) bytes: &'a [u8],
+    pub(crate) retention: Option<Duration>,
+    pub(crate) amount: i64,
+}
+
+impl<'a> Outcome<'a> {
+    /// An outcome of raw bytes, replayed as they are.
+    ///
+    /// # Examples
+    /// See [`Outcome`].
+    #[must_use]
+    pub const fn raw(bytes: &'a [u8]) -> Outcome<'a> {
+        Outcome {
+            tag: crate::codec::TAG_RAW,
+            bytes,
+            retention: None,
+            amount: 0,
+        }
+    }
+
+    /// An encoded typed outcome (tag as `codec::encode_outcome` gave it).
+    pub(crate) const fn tagged(tag: u8, bytes: &'a [u8]) -> Outcome<'a> {
+        Outcome {
+            tag,
+            bytes,
+            retention: None,
+            amount: 0,
+        }
+    }
+
+    /// Keeps the key for `retention` after completion instead of the
+    /// operation's (never less than its previous record's).
+    ///
+    /// # Examples
+    /// See [`Outcome`].
+    #[must_use]
+    pub const fn retention(mut self, retention: Duration) -> Outcome<'a> {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// Counts `amount` in the completion tallies of the key's scope.
+    ///
+    /// # Examples
+    /// See [`Outcome`].
+    #[must_use]
+    pub const fn amount(mut self, amount: i64) -> Outcome<'a> {
+        self.amount = amount;
+        self
+    }
+
+    /// The outcome's bytes.
+    ///
+    /// # Examples
+    /// See [`Outcome`].
+    #[must_use]
+    pub const fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+}
+
+/// The write half: operations that record something.
+///
+/// # Contract
+/// Each method decides atomically per key and returns at once with its
+/// answer [`Pending`] on what it wrote (its basis' `written`) and on what
+/// it answered from (`read`); see the module's contract for what holds
+/// when that basis is settled. Errors are the call's own: nothing of a
+/// call that failed was recorded, except where a method says otherwise
+/// (batches answer per item).
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::{Outcome, Settle, Write};
+/// use dedupkv::{Begin, BeginOptions, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("t", "op");
+/// let p = Write::begin(&store, &key, Fingerprint::NONE, &BeginOptions::new(), None)?;
+/// let Begin::Started(claim) = store.tell(p)? else { unreachable!() };
+/// store.tell(Write::complete(&store, &claim, Outcome::raw(b"done"))?)?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub trait Write: Read + Settle {
+    /// Records `key` if it has no live record, kept for `retention` (the
+    /// store's if `None`); the value says whether it was new.
+    ///
+    /// Atomic: of concurrent calls on one key exactly one is told `true`.
+    /// Durable once settled: the key's Insert record (when new), or the
+    /// record it was found by (when not).
+    ///
+    /// # Errors
+    /// A bad key or retention ([`Error::InvalidArgument`](crate::Error::InvalidArgument),
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput),
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig));
+    /// [`Error::Poisoned`](crate::Error::Poisoned); storage errors.
+    fn insert(&self, key: &Key<'_>, retention: Option<Duration>) -> Result<Pending<bool>>;
+
+    /// [`insert`](Self::insert) of every key, the new ones in one commit
+    /// (usually); a key repeated is new at its first position only.
+    ///
+    /// Atomic per key. Every key is checked before any is recorded.
+    ///
+    /// # Errors
+    /// As `insert`, for the call as a whole; and a call over the store's
+    /// `max_batch_bytes`.
+    fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Pending<Vec<bool>>>;
+
+    /// Forgets `key` on purpose, unless a live attempt holds it.
+    ///
+    /// Atomic: decided against the key's state under the lock that
+    /// appends the Forget record. Durable once settled: the Forget record
+    /// (or the record the refusal was read from).
+    ///
+    /// # Errors
+    /// As [`insert`](Self::insert).
+    fn forget(&self, key: &Key<'_>) -> Result<Pending<Forget>>;
+
+    /// Starts an attempt of the operation `key` (with `options`' lease
+    /// and retention, and `intent` recorded with the claim if given), or
+    /// tells what became of it.
+    ///
+    /// Atomic: of concurrent calls on one key exactly one is told
+    /// `Started`. Durable once settled: the claim record (and its
+    /// intent), or the record the answer was read from.
+    ///
+    /// # Errors
+    /// [`Error::FingerprintMismatch`](crate::Error::FingerprintMismatch)
+    /// when the key's operation has another fingerprint; bad options;
+    /// otherwise as [`insert`](Self::insert).
+    fn begin(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        intent: Option<Intent<'_>>,
+    ) -> Result<Pending<Begin>>;
+
+    /// [`begin`](Self::begin) of every item with the store's options, the
+    /// claims in one commit (usually).
+    ///
+    /// Atomic per item. Every key is checked before any is recorded.
+    ///
+    /// # Errors
+    /// As `begin` for the call as a whole; a fingerprint mismatch is the
+    /// item's own error in the list.
+    fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Pending<Vec<Result<Begin>>>>;
+
+    /// Completes `claim` with `outcome`: every later `begin` of the key
+    /// answers `Completed` with it.
+    ///
+    /// Atomic: refused unless `claim` is the key's active claim (its
+    /// fencing token is the key's). Durable once settled: the Complete
+    /// record (and the tally and intent records it closes).
+    ///
+    /// # Errors
+    /// [`Error::ClaimLost`](crate::Error::ClaimLost) when another attempt
+    /// took the key over or the claim was finished; an outcome over the
+    /// limit; otherwise as [`insert`](Self::insert).
+    fn complete(&self, claim: &Claim, outcome: Outcome<'_>) -> Result<Pending<()>>;
+
+    /// [`complete`](Self::complete) of every item with raw outcomes, in
+    /// one commit (usually).
+    ///
+    /// # Errors
+    /// A call over `max_batch_bytes` and a failed commit for the call as a
+    /// whole; `ClaimLost` and an outcome over the limit per item.
+    fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Pending<Vec<Result<()>>>>;
+
+    /// Fails `claim` as `failure` says (free the key, keep a terminal
+    /// failure, or move it to the dead-letter area).
+    ///
+    /// Atomic and durable as [`complete`](Self::complete).
+    ///
+    /// # Errors
+    /// As `complete`.
+    fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<Pending<()>>;
+
+    /// Extends `claim`'s lease to now + `by` (its own lease if `None`);
+    /// the value is the new expiry.
+    ///
+    /// Atomic as [`complete`](Self::complete). Durable once settled: the
+    /// claim record carrying the new lease.
+    ///
+    /// # Errors
+    /// As `complete`, and a bad lease.
+    fn renew(&self, claim: &Claim, by: Option<Duration>) -> Result<Pending<SystemTime>>;
+}
