@@ -1,0 +1,42 @@
+//! The contract's conformance suite (`dedupkv_testkit::conformance`) run
+//! against the engine: on a file, and on the fault backend's memory, in
+//! both durability modes.
+
+use std::time::Duration;
+
+use dedupkv::{Durability, Store};
+use dedupkv_testkit::conformance::{self, Suite};
+use dedupkv_testkit::{FaultBackend, tempdir};
+
+#[test]
+fn the_engine_on_a_file_passes_the_conformance_suite() -> Result<(), String> {
+    conformance::run(
+        |clock| {
+            let dir = tempdir();
+            let store = Store::builder()
+                .clock(clock)
+                .open(dir.path().join("s.redb"))?;
+            Ok((store, dir))
+        },
+        Suite::default(),
+    )
+}
+
+#[test]
+fn the_engine_in_deferred_mode_passes_the_conformance_suite() -> Result<(), String> {
+    conformance::run(
+        |clock| {
+            let store = Store::builder()
+                .clock(clock)
+                .durability(Durability::Deferred {
+                    max_delay: Duration::from_millis(5),
+                })
+                .open_with_backend(FaultBackend::new())?;
+            Ok((store, ()))
+        },
+        Suite {
+            cases: 8,
+            ..Suite::default()
+        },
+    )
+}
