@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::timer::Sleep;
+use super::wait::wait_after;
 use crate::contract::{Basis, Outcome, Pending, Read, Settle, Write};
 use crate::engine::Engine;
 use crate::engine::durable::{Scope, deferring};
@@ -464,22 +465,13 @@ impl AsyncStore {
         loop {
             let seen = waiter.generation();
             let answer = self.begin_with(key, fingerprint, options).await?;
-            let Begin::InProgress(info) = &answer else {
+            let Some(at_most) = wait_after(&answer, &waiter, deadline) else {
                 return Ok(answer);
-            };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(answer);
-            }
-            let lapse = now.checked_add(waiter.until_lapse(info.lease_until));
-            let wake_at = match (deadline, lapse) {
-                (Some(d), Some(l)) => Some(d.min(l)),
-                (d, l) => d.or(l),
             };
             Changed {
                 waiter: &mut waiter,
                 seen,
-                sleep: Sleep::until(wake_at),
+                sleep: Sleep::until(Instant::now().checked_add(at_most)),
             }
             .await;
         }
