@@ -55,8 +55,8 @@ use std::time::{Duration, SystemTime};
 
 pub use crate::api::StoreWaiter;
 pub use crate::types::{Basis, Pending};
-use crate::types::{BeginOptions, Failure, Forget, Intent, Record};
-use crate::{Begin, Claim, Fingerprint, Key, Result};
+use crate::types::{Began, BeginOptions, Failure, Forget, Intent, Record};
+use crate::{Claim, Fingerprint, Key, Result};
 
 /// When an answer may be told: the blocking wait and the async poll of
 /// the same [`Basis`].
@@ -285,6 +285,10 @@ impl<'a> Outcome<'a> {
     }
 }
 
+/// What [`Write::begin_batch`] answers: per item, `begin`'s answer or the
+/// item's own error, pending on the batch's basis.
+pub type BegunBatch<C> = Pending<Vec<Result<Began<C>>>>;
+
 /// The write half: operations that record something.
 ///
 /// # Contract
@@ -308,6 +312,10 @@ impl<'a> Outcome<'a> {
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
 pub trait Write: Read + Settle {
+    /// The backend's handle of a started attempt (the engine's is
+    /// [`Claim`]).
+    type Claim: Handle;
+
     /// Records `key` if it has no live record, kept for `retention` (the
     /// store's if `None`); the value says whether it was new.
     ///
@@ -360,7 +368,7 @@ pub trait Write: Read + Settle {
         fingerprint: Fingerprint,
         options: &BeginOptions,
         intent: Option<Intent<'_>>,
-    ) -> Result<Pending<Begin>>;
+    ) -> Result<Pending<Began<Self::Claim>>>;
 
     /// [`begin`](Self::begin) of every item with the store's options, the
     /// claims in one commit (usually).
@@ -370,7 +378,7 @@ pub trait Write: Read + Settle {
     /// # Errors
     /// As `begin` for the call as a whole; a fingerprint mismatch is the
     /// item's own error in the list.
-    fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Pending<Vec<Result<Begin>>>>;
+    fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<BegunBatch<Self::Claim>>;
 
     /// Completes `claim` with `outcome`: every later `begin` of the key
     /// answers `Completed` with it.
@@ -383,7 +391,7 @@ pub trait Write: Read + Settle {
     /// [`Error::ClaimLost`](crate::Error::ClaimLost) when another attempt
     /// took the key over or the claim was finished; an outcome over the
     /// limit; otherwise as [`insert`](Self::insert).
-    fn complete(&self, claim: &Claim, outcome: Outcome<'_>) -> Result<Pending<()>>;
+    fn complete(&self, claim: &Self::Claim, outcome: Outcome<'_>) -> Result<Pending<()>>;
 
     /// [`complete`](Self::complete) of every item with raw outcomes, in
     /// one commit (usually).
@@ -391,7 +399,7 @@ pub trait Write: Read + Settle {
     /// # Errors
     /// A call over `max_batch_bytes` and a failed commit for the call as a
     /// whole; `ClaimLost` and an outcome over the limit per item.
-    fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Pending<Vec<Result<()>>>>;
+    fn complete_batch(&self, items: &[(&Self::Claim, &[u8])]) -> Result<Pending<Vec<Result<()>>>>;
 
     /// Fails `claim` as `failure` says (free the key, keep a terminal
     /// failure, or move it to the dead-letter area).
@@ -400,7 +408,7 @@ pub trait Write: Read + Settle {
     ///
     /// # Errors
     /// As `complete`.
-    fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<Pending<()>>;
+    fn fail(&self, claim: &Self::Claim, failure: Failure<'_>) -> Result<Pending<()>>;
 
     /// Extends `claim`'s lease to now + `by` (its own lease if `None`);
     /// the value is the new expiry.
@@ -410,5 +418,45 @@ pub trait Write: Read + Settle {
     ///
     /// # Errors
     /// As `complete`, and a bad lease.
-    fn renew(&self, claim: &Claim, by: Option<Duration>) -> Result<Pending<SystemTime>>;
+    fn renew(&self, claim: &Self::Claim, by: Option<Duration>) -> Result<Pending<SystemTime>>;
+}
+
+/// What every backend's claim handle tells its holder.
+///
+/// A handle names one attempt of one key; finishing it (`complete`,
+/// `fail`, `renew`) is refused once another attempt holds the key.
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::Handle;
+/// use dedupkv::{Begin, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// let Begin::Started(claim) = store.begin(&Key::new("t", "e"), Fingerprint::NONE)? else { unreachable!() };
+/// assert_eq!(Handle::attempt(&claim), 1);
+/// # store.complete(&claim, b"")?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub trait Handle {
+    /// The key the attempt is for.
+    fn key(&self) -> &Key<'static>;
+    /// The attempt's number (1 for the first).
+    fn attempt(&self) -> u32;
+    /// The previous attempt never answered (its lease lapsed, its process
+    /// died, or its claim was dropped): check whether its effect happened.
+    fn interrupted(&self) -> bool;
+}
+
+impl Handle for Claim {
+    fn key(&self) -> &Key<'static> {
+        Claim::key(self)
+    }
+
+    fn attempt(&self) -> u32 {
+        Claim::attempt(self)
+    }
+
+    fn interrupted(&self) -> bool {
+        Claim::interrupted(self)
+    }
 }

@@ -71,8 +71,8 @@ pub use effects::{
 pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use types::{
-    Advance, Answer, BeginOptions, Cursor, DeadLetter, Delivered, Duplicate, Eviction, Failure,
-    Forget, Handling, Held, InProgress, Intent, IntentEntry, KeyKind, KeyReconciliation,
+    Advance, Answer, Began, BeginOptions, Cursor, DeadLetter, Delivered, Duplicate, Eviction,
+    Failure, Forget, Handling, Held, InProgress, Intent, IntentEntry, KeyKind, KeyReconciliation,
     KeyWindowDiff, Listing, Page, Reconciliation, Record, Resolution, SequenceOptions, Sequenced,
     State, Stats, Tally, Unacked, Update, WindowDiff, WindowKeys,
 };

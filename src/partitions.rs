@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::contract::{Basis, Outcome, Pending, Read, Settle, StoreWaiter, Write};
+use crate::contract::{Basis, BegunBatch, Outcome, Pending, Read, Settle, StoreWaiter, Write};
 use crate::replica::Restored;
 use crate::sync::{Arc, Condvar, Mutex, RwLock};
 use crate::{
@@ -957,6 +957,8 @@ impl Read for Work {
 }
 
 impl Write for Work {
+    type Claim = Claim;
+
     fn insert(&self, key: &Key<'_>, retention: Option<Duration>) -> Result<Pending<bool>> {
         self.with(|s| Write::insert(s, key, retention))
     }
@@ -979,7 +981,7 @@ impl Write for Work {
         self.with(|s| Write::begin(s, key, fingerprint, options, intent))
     }
 
-    fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Pending<Vec<Result<Begin>>>> {
+    fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<BegunBatch<Claim>> {
         self.with(|s| Write::begin_batch(s, items))
     }
 

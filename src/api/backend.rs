@@ -7,7 +7,7 @@
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use crate::contract::{Basis, Outcome, Pending, Read, Settle, Write};
+use crate::contract::{Basis, BegunBatch, Outcome, Pending, Read, Settle, Write};
 use crate::engine::Engine;
 use crate::log::durable::Waiting;
 use crate::sync::Arc;
@@ -69,6 +69,8 @@ impl Read for Store {
 }
 
 impl Write for Store {
+    type Claim = Claim;
+
     #[inline]
     fn insert(&self, key: &Key<'_>, retention: Option<Duration>) -> Result<Pending<bool>> {
         let engine = self.engine();
@@ -101,7 +103,7 @@ impl Write for Store {
         Ok(begun.map(Begin::from))
     }
 
-    fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Pending<Vec<Result<Begin>>>> {
+    fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<BegunBatch<Claim>> {
         self.count_batch("begin_batch", items.len());
         let begun = Engine::begin_batch(self.engine(), items)?;
         Ok(begun.map(|all| all.into_iter().map(|r| r.map(Begin::from)).collect()))

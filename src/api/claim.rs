@@ -9,7 +9,9 @@ use crate::clock::to_system_time;
 use crate::codec;
 use crate::contract::{Outcome, Pending, Settle, Write};
 use crate::engine::{Begun, Ticket};
-use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Record};
+use crate::types::{Began, BeginOptions, Failure};
+#[cfg(doc)]
+use crate::types::{InProgress, Record};
 #[cfg(doc)]
 use crate::{Durability, Error};
 use crate::{Fingerprint, Key, Result, Store};
@@ -30,23 +32,7 @@ use crate::{Fingerprint, Key, Result, Store};
 /// }
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
-#[derive(Debug)]
-#[must_use = "a Started claim must be completed or failed"]
-pub enum Begin {
-    /// This caller owns the attempt: do the work, then
-    /// [`complete`](crate::Store::complete) or [`fail`](crate::Store::fail).
-    Started(Claim),
-    /// The operation finished before (completed, failed permanently, or
-    /// recorded by `insert_if_absent`); here is its record and outcome.
-    Completed(Record),
-    /// Another attempt holds a live lease.
-    InProgress(InProgress),
-    /// The operation's retries were exhausted and it is in the dead-letter
-    /// area: it is not retried until an operator
-    /// [`requeue`](crate::Store::requeue)s or
-    /// [`resolve`](crate::Store::resolve)s it.
-    DeadLettered(DeadLetter),
-}
+pub type Begin = Began<Claim>;
 
 /// The right to perform one attempt of an operation, with a lease and a
 /// fencing token.

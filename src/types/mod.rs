@@ -14,7 +14,7 @@ pub(crate) mod reconcile;
 pub(crate) mod record;
 pub(crate) mod stats;
 
-pub use attempt::{Failure, Forget, InProgress};
+pub use attempt::{Began, Failure, Forget, InProgress};
 pub use dead_letter::{Cursor, DeadLetter, Listing, Page, Resolution};
 pub use eviction::Eviction;
 pub use intent::{Answer, Duplicate, Intent, IntentEntry};

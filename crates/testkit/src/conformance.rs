@@ -1,7 +1,9 @@
 //! The conformance suite of the operation-level contract
 //! ([`dedupkv::contract`]): a driver generic over the contract that runs
-//! seeded random sequences of its calls against a backend and against the
-//! specification below, and fails at the first answer they disagree on.
+//! seeded random sequences of its calls against a backend and, side by
+//! side, against the specification ([`Spec`], itself an in-memory
+//! implementation of the contract), and fails at the first answer they
+//! disagree on.
 //!
 //! A backend passes the suite, or does not land. Running it is one call:
 //!
@@ -27,28 +29,28 @@
 //! [`Settle::settled`] run to completion on this thread; both must give
 //! the same value.
 //!
-//! The specification is the contract's meaning for one key, stated as
-//! plain data ([`Spec`]): `insert` is new unless the key has a live
-//! record; `begin` starts attempt 1 on an absent or forgotten key, replays
-//! an inserted or finished one, answers `InProgress` while a live lease
-//! holds it, and otherwise starts the next attempt (interrupted when the
-//! last one never answered); a finish is refused unless its claim is the
-//! key's active one; `forget` refuses a key held by a live lease. The
-//! full model (`model.rs`, `history.rs`) checks the engine far deeper
-//! (crashes, eviction, the ordering calls); this suite is what any
-//! backend of the contract must pass.
+//! The specification ([`Spec`], `conformance/spec.rs`) states the
+//! contract's meaning per key; the driver compares what both answer as
+//! plain views (which variant, attempt, interruption, state, attempts,
+//! outcome, lease end, which error), never a backend's tokens, times of
+//! its own or provider keys. The full model (`model.rs`, `history.rs`)
+//! checks the engine far deeper (crashes, eviction, the ordering calls);
+//! this suite is what any backend of the contract must pass.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use dedupkv::contract::{Outcome, Pending, Read, Write};
+use dedupkv::contract::{Handle, Outcome, Pending, Read, Settle, Write};
 use dedupkv::{
-    Begin, BeginOptions, Claim, Error, Failure, Fingerprint, Forget, Key, ManualClock, State,
+    Began, BeginOptions, Error, Failure, Fingerprint, Forget, Key, ManualClock, Record, State,
 };
 
 use crate::model::T0;
+
+mod spec;
+
+pub use spec::{Spec, SpecClaim};
 
 /// The claim lease the specification assumes (the store's default).
 pub const LEASE_MS: u64 = 30_000;
@@ -83,7 +85,8 @@ impl Default for Suite {
 
 /// Runs the suite: `open` makes a fresh, empty backend whose time is the
 /// clock it is given; what else it returns (a temporary directory) is kept
-/// until the case ends.
+/// until the case ends. Each case also runs on a fresh [`Spec`] on the
+/// same clock, and every answer of the backend must be the spec's.
 ///
 /// # Errors
 /// The first disagreement with the specification, naming the case, the
@@ -102,13 +105,13 @@ where
         let clock = ManualClock::new(T0);
         let (backend, _keep) =
             open(clock.clone()).map_err(|e| format!("case {case}: open failed: {e}"))?;
+        let spec = Spec::new(clock.clone());
         let mut driver = Driver {
             backend: &backend,
+            spec: &spec,
             clock: &clock,
-            spec: Spec::default(),
             claims: Vec::new(),
             rng: case.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
-            now: T0,
             calls: 0,
         };
         for step in 0..suite.steps {
@@ -120,189 +123,71 @@ where
     Ok(())
 }
 
-/// What the specification holds for one key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Kind {
-    Inserted,
-    Claimed,
-    Released,
-    Completed,
-    Failed,
-    Forgotten,
+/// A record as compared: state, attempts, outcome.
+type RecordView = (State, u32, Option<Vec<u8>>);
+
+fn record_view(r: &Record) -> RecordView {
+    (r.state(), r.attempts(), r.outcome().map(<[u8]>::to_vec))
 }
 
-#[derive(Clone, Debug)]
-struct Rec {
-    kind: Kind,
-    fp: Fingerprint,
-    attempt: u32,
-    lease_until: u64,
-    /// The last attempt never answered (its claim was dropped).
-    abandoned: bool,
-    outcome: Vec<u8>,
-}
-
-/// The specification: each key's latest record.
-#[derive(Default, Debug)]
-pub struct Spec {
-    keys: HashMap<usize, Rec>,
-}
-
-/// What `begin` must answer.
+/// An answer of `begin` as compared.
 #[derive(Debug, PartialEq, Eq)]
-enum Want {
-    Started {
-        attempt: u32,
-        interrupted: bool,
-    },
-    Replay {
-        state: State,
-        attempts: u32,
-        outcome: Option<Vec<u8>>,
-    },
-    InProgress {
-        attempt: u32,
-    },
-    Mismatch,
+enum BeginView {
+    Started { attempt: u32, interrupted: bool },
+    Completed(RecordView),
+    InProgress { attempt: u32, lease_end: SystemTime },
+    DeadLettered,
 }
 
-impl Spec {
-    fn present(&self, k: usize) -> Option<&Rec> {
-        self.keys.get(&k).filter(|r| r.kind != Kind::Forgotten)
-    }
-
-    fn insert(&mut self, k: usize) -> bool {
-        if self.present(k).is_some() {
-            return false;
-        }
-        self.keys.insert(
-            k,
-            Rec {
-                kind: Kind::Inserted,
-                fp: Fingerprint::NONE,
-                attempt: 0,
-                lease_until: 0,
-                abandoned: false,
-                outcome: Vec::new(),
-            },
-        );
-        true
-    }
-
-    fn begin(&mut self, k: usize, fp: Fingerprint, now: u64) -> Want {
-        let (attempt, interrupted) = match self.present(k) {
-            None => (1, false),
-            Some(r) if r.kind == Kind::Inserted => {
-                return Want::Replay {
-                    state: State::Inserted,
-                    attempts: 0,
-                    outcome: None,
-                };
-            }
-            Some(r) if r.fp != fp => return Want::Mismatch,
-            Some(r) if r.kind == Kind::Completed || r.kind == Kind::Failed => {
-                return Want::Replay {
-                    state: if r.kind == Kind::Completed {
-                        State::Completed
-                    } else {
-                        State::Failed
-                    },
-                    attempts: r.attempt,
-                    outcome: Some(r.outcome.clone()),
-                };
-            }
-            Some(r) if r.kind == Kind::Claimed && now < r.lease_until => {
-                return Want::InProgress { attempt: r.attempt };
-            }
-            Some(r) => (r.attempt + 1, r.kind == Kind::Claimed || r.abandoned),
-        };
-        self.keys.insert(
-            k,
-            Rec {
-                kind: Kind::Claimed,
-                fp,
-                attempt,
-                lease_until: now + LEASE_MS,
-                abandoned: false,
-                outcome: Vec::new(),
-            },
-        );
-        Want::Started {
-            attempt,
-            interrupted,
-        }
-    }
-
-    /// Whether attempt `attempt` of key `k` is its active claim.
-    fn active(&self, k: usize, attempt: u32) -> bool {
-        self.keys
-            .get(&k)
-            .is_some_and(|r| r.kind == Kind::Claimed && r.attempt == attempt)
-    }
-
-    /// Finishes the active claim `attempt` of `k` as `kind`; `false` if it
-    /// is not the active one.
-    fn finish(&mut self, k: usize, attempt: u32, kind: Kind, outcome: &[u8]) -> bool {
-        if !self.active(k, attempt) {
-            return false;
-        }
-        if let Some(r) = self.keys.get_mut(&k) {
-            r.kind = kind;
-            r.outcome = outcome.to_vec();
-            r.abandoned = false;
-        }
-        true
-    }
-
-    fn dropped(&mut self, k: usize, attempt: u32) {
-        if self.finish(k, attempt, Kind::Released, b"")
-            && let Some(r) = self.keys.get_mut(&k)
-        {
-            r.abandoned = true;
-        }
-    }
-
-    fn renew(&mut self, k: usize, attempt: u32, now: u64) -> Option<u64> {
-        if !self.active(k, attempt) {
-            return None;
-        }
-        let r = self.keys.get_mut(&k)?;
-        r.lease_until = now + LEASE_MS;
-        Some(r.lease_until)
-    }
-
-    /// `Some(true)`: forgotten; `Some(false)`: refused (held); `None`: not found.
-    fn forget(&mut self, k: usize, now: u64) -> Option<bool> {
-        let r = self.present(k)?;
-        if r.kind == Kind::Claimed && now < r.lease_until {
-            return Some(false);
-        }
-        if let Some(r) = self.keys.get_mut(&k) {
-            r.kind = Kind::Forgotten;
-        }
-        Some(true)
-    }
-
-    fn state(&self, k: usize) -> Option<State> {
-        self.keys.get(&k).map(|r| match r.kind {
-            Kind::Inserted => State::Inserted,
-            Kind::Claimed => State::InProgress,
-            Kind::Released => State::Retryable,
-            Kind::Completed => State::Completed,
-            Kind::Failed => State::Failed,
-            Kind::Forgotten => State::Forgotten,
-        })
+fn begin_view<C: Handle>(b: &Began<C>) -> BeginView {
+    match b {
+        Began::Started(c) => BeginView::Started {
+            attempt: c.attempt(),
+            interrupted: c.interrupted(),
+        },
+        Began::Completed(r) => BeginView::Completed(record_view(r)),
+        Began::InProgress(p) => BeginView::InProgress {
+            attempt: p.attempt(),
+            lease_end: p.lease_expires_at(),
+        },
+        Began::DeadLettered(_) => BeginView::DeadLettered,
     }
 }
 
-struct Driver<'a, B> {
+/// An error as compared: which one, not its wording.
+fn error_view(e: &Error) -> String {
+    match e {
+        Error::ClaimLost { .. } => "ClaimLost".into(),
+        Error::FingerprintMismatch { .. } => "FingerprintMismatch".into(),
+        other => format!("{other}"),
+    }
+}
+
+fn view<T, V>(r: &dedupkv::Result<T>, f: impl FnOnce(&T) -> V) -> Result<V, String> {
+    r.as_ref().map(f).map_err(error_view)
+}
+
+fn forget_view(f: &Forget) -> String {
+    match f {
+        Forget::Forgotten(r) => format!("Forgotten({:?})", record_view(r)),
+        Forget::InProgress(p) => format!("InProgress({})", p.attempt()),
+        _ => "NotFound".into(),
+    }
+}
+
+/// One held attempt: the key, the backend's claim and the spec's.
+struct Held<C> {
+    key: usize,
+    claim: C,
+    spec: SpecClaim,
+}
+
+struct Driver<'a, B: Write> {
     backend: &'a B,
+    spec: &'a Spec,
     clock: &'a ManualClock,
-    spec: Spec,
-    /// Claims held: (key, attempt, claim).
-    claims: Vec<(usize, u32, Claim)>,
+    claims: Vec<Held<B::Claim>>,
     rng: u64,
-    now: u64,
     calls: u64,
 }
 
@@ -318,12 +203,27 @@ fn fingerprint(f: u64) -> Fingerprint {
     }
 }
 
+/// The specification's answer: settled when given.
+fn told<T>(spec: &Spec, r: dedupkv::Result<Pending<T>>) -> dedupkv::Result<T> {
+    r.and_then(|p| spec.tell(p))
+}
+
 /// Wakes the thread that runs a future to completion.
 struct Unpark(std::thread::Thread);
 
 impl Wake for Unpark {
     fn wake(self: Arc<Self>) {
         self.0.unpark();
+    }
+}
+
+fn same<V: PartialEq + std::fmt::Debug>(what: &str, got: &V, want: &V) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what}: the backend answered {got:?}, the specification {want:?}"
+        ))
     }
 }
 
@@ -336,8 +236,8 @@ impl<B: Write> Driver<'_, B> {
         self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
     }
 
-    /// Tells `pending`'s value through the blocking face or, every other
-    /// call, the async one.
+    /// Tells the backend's `pending` value through the blocking face or,
+    /// every other call, the async one.
     fn tell<T>(&mut self, pending: dedupkv::Result<Pending<T>>) -> dedupkv::Result<T> {
         let pending = pending?;
         self.calls += 1;
@@ -359,75 +259,85 @@ impl<B: Write> Driver<'_, B> {
 
     fn step(&mut self) -> Result<(), String> {
         let k = self.next(KEYS as u64) as usize;
+        let (backend, spec) = (self.backend, self.spec);
         match self.next(12) {
             0 => {
-                let got = self.tell(Write::insert(self.backend, &key(k), None));
-                let want = self.spec.insert(k);
+                let got = self.tell(backend.insert(&key(k), None));
+                let want = told(spec, spec.insert(&key(k), None));
                 same(
                     &format!("insert k{k}"),
-                    &got.map_err(|e| e.to_string()),
-                    &Ok(want),
+                    &view(&got, |v| *v),
+                    &view(&want, |v| *v),
                 )
             }
             1 => {
-                let got = self.tell(Read::get(self.backend, &key(k)));
-                let got = got.map(|r| r.map(|r| r.state())).map_err(|e| e.to_string());
-                same(&format!("get k{k}"), &got, &Ok(self.spec.state(k)))
+                let got = self.tell(backend.get(&key(k)));
+                let want = told(spec, spec.get(&key(k)));
+                let v = |r: &Option<Record>| r.as_ref().map(record_view);
+                same(&format!("get k{k}"), &view(&got, v), &view(&want, v))
             }
             2..=4 => {
                 let fp = fingerprint(self.next(2));
-                let got = self.tell(Write::begin(
-                    self.backend,
-                    &key(k),
-                    fp,
-                    &BeginOptions::new(),
-                    None,
-                ));
-                let want = self.spec.begin(k, fp, self.now);
-                self.check_begin(k, got, &want)
+                let opts = BeginOptions::new();
+                let got = self.tell(backend.begin(&key(k), fp, &opts, None));
+                let want = told(spec, spec.begin(&key(k), fp, &opts, None));
+                same(
+                    &format!("begin k{k}"),
+                    &view(&got, begin_view),
+                    &view(&want, begin_view),
+                )?;
+                if let (Ok(Began::Started(claim)), Ok(Began::Started(spec))) = (got, want) {
+                    self.claims.push(Held {
+                        key: k,
+                        claim,
+                        spec,
+                    });
+                }
+                Ok(())
             }
             5 | 6 => self.finish(),
             7 => {
-                // Renew a held claim.
                 let Some(i) = self.pick() else { return Ok(()) };
-                let (k, attempt) = (self.claims[i].0, self.claims[i].1);
-                let got = self.tell(Write::renew(self.backend, &self.claims[i].2, None));
-                let want = self.spec.renew(k, attempt, self.now);
-                match (got, want) {
-                    (Ok(_), Some(_)) | (Err(Error::ClaimLost { .. }), None) => Ok(()),
-                    (got, want) => Err(format!(
-                        "renew k{k} attempt {attempt}: got {got:?}, want {want:?}"
-                    )),
-                }
+                let h = &self.claims[i];
+                let (what, want) = (
+                    format!("renew k{} attempt {}", h.key, h.spec.attempt()),
+                    told(spec, spec.renew(&h.spec, None)),
+                );
+                let pending = backend.renew(&self.claims[i].claim, None);
+                let got = self.tell(pending);
+                same(&what, &view(&got, |t| *t), &view(&want, |t| *t))
             }
             8 => {
+                // A dropped claim: both release the key.
                 let Some(i) = self.pick() else { return Ok(()) };
-                let (k, attempt, claim) = self.claims.swap_remove(i);
-                drop(claim);
-                self.spec.dropped(k, attempt);
+                drop(self.claims.swap_remove(i));
                 Ok(())
             }
             9 => {
-                let got = self.tell(Write::forget(self.backend, &key(k)));
-                let want = self.spec.forget(k, self.now);
-                match (got, want) {
-                    (Ok(Forget::NotFound), None)
-                    | (Ok(Forget::InProgress(_)), Some(false))
-                    | (Ok(Forget::Forgotten(_)), Some(true)) => Ok(()),
-                    (got, want) => Err(format!("forget k{k}: got {got:?}, want {want:?}")),
-                }
+                let got = self.tell(backend.forget(&key(k)));
+                let want = told(spec, spec.forget(&key(k)));
+                same(
+                    &format!("forget k{k}"),
+                    &view(&got, forget_view),
+                    &view(&want, forget_view),
+                )
             }
             10 => {
-                let keys: Vec<_> = (0..3).map(|_| self.next(KEYS as u64) as usize).collect();
-                let batch: Vec<_> = keys.iter().map(|&k| key(k)).collect();
-                let got = self.tell(Write::insert_batch(self.backend, &batch));
-                let want: Vec<_> = keys.iter().map(|&k| self.spec.insert(k)).collect();
-                same("insert_batch", &got.map_err(|e| e.to_string()), &Ok(want))
+                let keys: Vec<_> = (0..3)
+                    .map(|_| key(self.next(KEYS as u64) as usize))
+                    .collect();
+                let got = self.tell(backend.insert_batch(&keys));
+                let want = told(spec, spec.insert_batch(&keys));
+                same(
+                    "insert_batch",
+                    &view(&got, Clone::clone),
+                    &view(&want, Clone::clone),
+                )
             }
             _ => {
-                let ms = [1_000, 10_000, LEASE_MS][self.next(3) as usize];
+                // Lease ends are met exactly as often as passed.
+                let ms = [1, 1_000, 10_000, LEASE_MS - 1, LEASE_MS][self.next(5) as usize];
                 self.clock.advance(Duration::from_millis(ms));
-                self.now += ms;
                 Ok(())
             }
         }
@@ -440,100 +350,32 @@ impl<B: Write> Driver<'_, B> {
         Some(self.next(self.claims.len() as u64) as usize)
     }
 
-    fn check_begin(
-        &mut self,
-        k: usize,
-        got: dedupkv::Result<Begin>,
-        want: &Want,
-    ) -> Result<(), String> {
-        let what = format!("begin k{k}");
-        match (got, want) {
-            (
-                Ok(Begin::Started(c)),
-                Want::Started {
-                    attempt,
-                    interrupted,
-                },
-            ) if c.attempt() == *attempt && c.interrupted() == *interrupted => {
-                self.claims.push((k, *attempt, c));
-                Ok(())
-            }
-            (
-                Ok(Begin::Completed(r)),
-                Want::Replay {
-                    state,
-                    attempts,
-                    outcome,
-                },
-            ) if r.state() == *state
-                && r.attempts() == *attempts
-                && outcome
-                    .as_ref()
-                    .is_none_or(|o| r.outcome() == Some(o.as_slice())) =>
-            {
-                Ok(())
-            }
-            (Ok(Begin::InProgress(p)), Want::InProgress { attempt }) if p.attempt() == *attempt => {
-                Ok(())
-            }
-            (Err(Error::FingerprintMismatch { .. }), Want::Mismatch) => Ok(()),
-            (Ok(Begin::Started(c)), want) => Err(format!(
-                "{what}: got Started {{ attempt: {}, interrupted: {} }}, want {want:?}",
-                c.attempt(),
-                c.interrupted()
-            )),
-            (got, want) => Err(format!("{what}: got {got:?}, want {want:?}")),
-        }
-    }
-
     /// Completes or fails a held claim (permanently or for a retry).
     fn finish(&mut self) -> Result<(), String> {
         let Some(i) = self.pick() else { return Ok(()) };
-        let (k, attempt, claim) = self.claims.swap_remove(i);
-        let how = self.next(3);
-        let outcome = format!("out-{k}-{attempt}").into_bytes();
-        let (got, kind) = match how {
+        let h = self.claims.swap_remove(i);
+        let outcome = format!("out-{}-{}", h.key, h.spec.attempt()).into_bytes();
+        let (b, s) = (self.backend, self.spec);
+        let (what, got, want) = match self.next(3) {
             0 => (
-                self.tell(Write::complete(
-                    self.backend,
-                    &claim,
-                    Outcome::raw(&outcome),
-                )),
-                Kind::Completed,
+                "complete",
+                b.complete(&h.claim, Outcome::raw(&outcome)),
+                s.complete(&h.spec, Outcome::raw(&outcome)),
             ),
             1 => (
-                self.tell(Write::fail(
-                    self.backend,
-                    &claim,
-                    Failure::Permanent(&outcome),
-                )),
-                Kind::Failed,
+                "fail (permanent)",
+                b.fail(&h.claim, Failure::Permanent(&outcome)),
+                s.fail(&h.spec, Failure::Permanent(&outcome)),
             ),
             _ => (
-                self.tell(Write::fail(self.backend, &claim, Failure::Retryable)),
-                Kind::Released,
+                "fail (retryable)",
+                b.fail(&h.claim, Failure::Retryable),
+                s.fail(&h.spec, Failure::Retryable),
             ),
         };
-        let stored: &[u8] = if kind == Kind::Released {
-            b""
-        } else {
-            &outcome
-        };
-        let want = self.spec.finish(k, attempt, kind.clone(), stored);
-        match (got, want) {
-            (Ok(()), true) | (Err(Error::ClaimLost { .. }), false) => Ok(()),
-            (got, want) => Err(format!(
-                "{kind:?} of k{k} attempt {attempt}: got {got:?}, want {}",
-                if want { "Ok" } else { "ClaimLost" }
-            )),
-        }
-    }
-}
-
-fn same<T: PartialEq + std::fmt::Debug>(what: &str, got: &T, want: &T) -> Result<(), String> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(format!("{what}: got {got:?}, want {want:?}"))
+        let got = self.tell(got);
+        let want = told(s, want);
+        let what = format!("{what} of k{} attempt {}", h.key, h.spec.attempt());
+        same(&what, &view(&got, |()| ()), &view(&want, |()| ()))
     }
 }
