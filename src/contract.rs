@@ -54,8 +54,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 pub use crate::api::StoreWaiter;
+use crate::types::{
+    Advance, Answer, Began, BeginOptions, Delivered, Failure, Forget, Intent, Record, Resolution,
+    SequenceOptions, Sequenced, Update,
+};
 pub use crate::types::{Basis, Pending};
-use crate::types::{Began, BeginOptions, Failure, Forget, Intent, Record};
 use crate::{Claim, Fingerprint, Key, Result};
 
 /// When an answer may be told: the blocking wait and the async poll of
@@ -419,6 +422,139 @@ pub trait Write: Read + Settle {
     /// # Errors
     /// As `complete`, and a bad lease.
     fn renew(&self, claim: &Self::Claim, by: Option<Duration>) -> Result<Pending<SystemTime>>;
+}
+
+/// The ordering half: per-entity versions and the sequencer, over the
+/// same [`Pending`] answers as [`Write`]. A backend may implement
+/// [`Write`] without it (the conformance suite drives `Write`); the
+/// faces offer these calls for a backend that has it.
+///
+/// # Contract
+/// Each call is decided atomically per entity (under one lock, or one
+/// statement) and is durable once its basis is settled, as [`Write`]'s.
+/// A duplicate (an old version, an event seen before) records nothing
+/// and rests on the entity's record it was answered from.
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::{Order, Settle};
+/// use dedupkv::{Advance, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// let order = Key::new("orders", "o-1");
+/// let p = Order::advance(&store, &order, 3)?;
+/// assert!(matches!(store.tell(p)?, Advance::Applied { previous: None }));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub trait Order: Settle {
+    /// Advances `entity`'s version to `version` if it is newer.
+    ///
+    /// # Errors
+    /// A bad key or version (0); [`Error::Poisoned`](crate::Error::Poisoned);
+    /// storage errors.
+    fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Pending<Advance>>;
+
+    /// Records `event` once and advances `entity` to `version` if newer, in
+    /// one decision.
+    ///
+    /// # Errors
+    /// As [`advance`](Self::advance), and a bad event key.
+    fn apply_event(
+        &self,
+        event: &Key<'_>,
+        entity: &Key<'_>,
+        version: u64,
+    ) -> Result<Pending<Update>>;
+
+    /// Delivers `entity`'s event `seq` in sequence order: now (with every
+    /// parked successor), parked until its predecessors come, or a
+    /// duplicate.
+    ///
+    /// # Errors
+    /// As [`advance`](Self::advance), a payload over the limit, a bad
+    /// lease in `options`.
+    fn sequence(
+        &self,
+        entity: &Key<'_>,
+        seq: u64,
+        payload: &[u8],
+        options: &SequenceOptions,
+    ) -> Result<Pending<Sequenced>>;
+
+    /// Hands back `entity`'s held events, in order.
+    ///
+    /// # Errors
+    /// As [`advance`](Self::advance).
+    fn release_held(&self, entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>>;
+
+    /// Acknowledges `entity`'s handed-back events up to `upto`; the value
+    /// is how many were acknowledged.
+    ///
+    /// # Errors
+    /// As [`advance`](Self::advance).
+    fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<Pending<usize>>;
+}
+
+/// The dead-letter area's exits: an operator's requeue or resolution of
+/// an operation whose retries were exhausted.
+///
+/// # Contract
+/// Atomic per key; durable once the basis is settled, as [`Write`]'s.
+/// The value is `false`, and nothing is recorded, for a key that is not
+/// dead-lettered.
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::{DeadLetters, Settle};
+/// use dedupkv::{Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// assert!(!store.tell(DeadLetters::requeue(&store, &Key::new("t", "a"))?)?);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub trait DeadLetters: Write {
+    /// Makes the key claimable again, its next attempt numbered after the
+    /// last.
+    ///
+    /// # Errors
+    /// As [`Write::insert`].
+    fn requeue(&self, key: &Key<'_>) -> Result<Pending<bool>>;
+
+    /// Closes the dead letter with a final outcome or a note.
+    ///
+    /// # Errors
+    /// As [`Write::insert`], and an outcome or note over the limit.
+    fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<Pending<bool>>;
+}
+
+/// Intents recorded before external calls (an outbox): what the provider
+/// answered the claim's call. (The intent itself is recorded by
+/// [`Write::begin`], with the claim.)
+///
+/// # Contract
+/// Refused unless the claim is the key's active one; durable once the
+/// basis is settled, as [`Write`]'s.
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::{Intents, Settle};
+/// use dedupkv::{Answer, BeginOptions, Begin, Fingerprint, Intent, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// let intent = Intent { target: "carrier", request: b"2 parcels" };
+/// let key = Key::new("t", "ship");
+/// let Begin::Started(c) = store.begin_with_intent(&key, Fingerprint::NONE, &BeginOptions::new(), intent)? else { unreachable!() };
+/// store.tell(Intents::mark_answered(&store, &c, Answer::Accepted(b"1Z"))?)?;
+/// # store.complete(&c, b"")?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub trait Intents: Write {
+    /// Records `answer` to the claim's recorded intent.
+    ///
+    /// # Errors
+    /// `ClaimLost` for a claim no longer active; a claim that recorded no
+    /// intent; a reference or reason over the limit.
+    fn mark_answered(&self, claim: &Self::Claim, answer: Answer<'_>) -> Result<Pending<()>>;
 }
 
 /// What every backend's claim handle tells its holder.

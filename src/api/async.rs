@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::timer::Sleep;
 use super::wait::wait_after;
-use crate::contract::{Basis, Outcome, Pending, Read, Settle, Write};
+use crate::contract::{Basis, DeadLetters, Intents, Order, Outcome, Pending, Read, Settle, Write};
 use crate::engine::Engine;
 use crate::engine::durable::{Scope, deferring};
 use crate::engine::waiters::KeyWaiter;
@@ -589,7 +589,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Intent`].
     pub async fn mark_sent(&self, claim: &Claim, reference: &[u8]) -> Result<()> {
-        self.call(|s| s.mark_sent(claim, reference)).await
+        self.mark_answered(claim, Answer::Accepted(reference)).await
     }
 
     /// [`Store::mark_answered`], resolved once durable.
@@ -600,7 +600,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::mark_answered`].
     pub async fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<()> {
-        self.call(|s| s.mark_answered(claim, answer)).await
+        self.run(|s| Intents::mark_answered(s, claim, answer)).await
     }
 
     /// [`Store::requeue`], resolved once durable.
@@ -611,7 +611,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::requeue`].
     pub async fn requeue(&self, key: &Key<'_>) -> Result<bool> {
-        self.call(|s| s.requeue(key)).await
+        self.run(|s| DeadLetters::requeue(s, key)).await
     }
 
     /// [`Store::resolve`], resolved once durable.
@@ -622,7 +622,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::resolve`].
     pub async fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<bool> {
-        self.call(|s| s.resolve(key, resolution)).await
+        self.run(|s| DeadLetters::resolve(s, key, resolution)).await
     }
 
     /// [`Store::advance`], resolved once durable.
@@ -633,7 +633,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::advance`].
     pub async fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
-        self.call(|s| s.advance(entity, version)).await
+        self.run(|s| Order::advance(s, entity, version)).await
     }
 
     /// [`Store::apply_event`], resolved once durable.
@@ -649,7 +649,8 @@ impl AsyncStore {
         entity: &Key<'_>,
         version: u64,
     ) -> Result<Update> {
-        self.call(|s| s.apply_event(event, entity, version)).await
+        self.run(|s| Order::apply_event(s, event, entity, version))
+            .await
     }
 
     /// [`Store::sequence`], resolved once durable.
@@ -660,7 +661,8 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::sequence`].
     pub async fn sequence(&self, entity: &Key<'_>, seq: u64, payload: &[u8]) -> Result<Sequenced> {
-        self.call(|s| s.sequence(entity, seq, payload)).await
+        self.sequence_with(entity, seq, payload, &SequenceOptions::new())
+            .await
     }
 
     /// [`Store::sequence_with`], resolved once durable.
@@ -677,7 +679,7 @@ impl AsyncStore {
         payload: &[u8],
         options: &SequenceOptions,
     ) -> Result<Sequenced> {
-        self.call(|s| s.sequence_with(entity, seq, payload, options))
+        self.run(|s| Order::sequence(s, entity, seq, payload, options))
             .await
     }
 
@@ -689,7 +691,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::release_held`].
     pub async fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
-        self.call(|s| s.release_held(entity)).await
+        self.run(|s| Order::release_held(s, entity)).await
     }
 
     /// [`Store::ack`], resolved once durable.
@@ -700,6 +702,6 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::ack`].
     pub async fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<usize> {
-        self.call(|s| s.ack(entity, upto)).await
+        self.run(|s| Order::ack(s, entity, upto)).await
     }
 }

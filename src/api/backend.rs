@@ -7,11 +7,16 @@
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use crate::contract::{Basis, BegunBatch, Outcome, Pending, Read, Settle, Write};
+use crate::contract::{
+    Basis, BegunBatch, DeadLetters, Intents, Order, Outcome, Pending, Read, Settle, Write,
+};
 use crate::engine::Engine;
 use crate::log::durable::Waiting;
 use crate::sync::Arc;
-use crate::types::{BeginOptions, Failure, Forget, Intent, Record};
+use crate::types::{
+    Advance, Answer, BeginOptions, Delivered, Failure, Forget, Intent, Record, Resolution,
+    SequenceOptions, Sequenced, Update,
+};
 use crate::{Begin, Claim, Fingerprint, Key, Result, Store};
 
 /// The registration of a future awaiting a [`Store`]'s commit
@@ -138,5 +143,54 @@ impl Write for Store {
         let engine = self.engine();
         let ms = by.map(|d| engine.check_lease(d)).transpose()?;
         engine.renew(claim.ticket(), ms)
+    }
+}
+
+impl Order for Store {
+    fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Pending<Advance>> {
+        self.engine().advance(entity, version)
+    }
+
+    fn apply_event(
+        &self,
+        event: &Key<'_>,
+        entity: &Key<'_>,
+        version: u64,
+    ) -> Result<Pending<Update>> {
+        self.engine().apply_event(event, entity, version)
+    }
+
+    fn sequence(
+        &self,
+        entity: &Key<'_>,
+        seq: u64,
+        payload: &[u8],
+        options: &SequenceOptions,
+    ) -> Result<Pending<Sequenced>> {
+        self.engine().sequence(entity, seq, payload, options)
+    }
+
+    fn release_held(&self, entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>> {
+        self.engine().release_held(entity)
+    }
+
+    fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<Pending<usize>> {
+        self.engine().ack(entity, upto)
+    }
+}
+
+impl DeadLetters for Store {
+    fn requeue(&self, key: &Key<'_>) -> Result<Pending<bool>> {
+        self.engine().requeue(key)
+    }
+
+    fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<Pending<bool>> {
+        self.engine().resolve(key, resolution)
+    }
+}
+
+impl Intents for Store {
+    fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<Pending<()>> {
+        self.engine().mark_answered(claim.ticket(), &answer)
     }
 }

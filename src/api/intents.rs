@@ -6,7 +6,7 @@
 use crate::Duplicate;
 #[cfg(doc)]
 use crate::Error;
-use crate::contract::{Settle, Write};
+use crate::contract::{Intents, Settle, Write};
 use crate::types::{Answer, BeginOptions, IntentEntry, Listing, Page};
 use crate::{Begin, Claim, Fingerprint, Intent, Key, Result, Store};
 
@@ -85,7 +85,7 @@ impl Store {
     /// # Examples
     /// See [`Answer`].
     pub fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<()> {
-        self.engine().mark_answered(claim.ticket(), &answer)
+        self.tell(Intents::mark_answered(self, claim, answer)?)
     }
 
     /// The operation's intent, if it recorded one that is unanswered or
