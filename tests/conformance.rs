@@ -1,6 +1,7 @@
 //! The contract's conformance suite (`dedupkv_testkit::conformance`) run
 //! against the engine: on a file, and on the fault backend's memory, in
-//! both durability modes.
+//! both durability modes; and against the specification itself (which
+//! checks the driver and its races, not the spec).
 
 use std::time::Duration;
 
@@ -38,5 +39,13 @@ fn the_engine_in_deferred_mode_passes_the_conformance_suite() -> Result<(), Stri
             cases: 8,
             ..Suite::default()
         },
+    )
+}
+
+#[test]
+fn the_specification_passes_its_own_suite() -> Result<(), String> {
+    conformance::run(
+        |clock| Ok((conformance::Spec::new(clock), ())),
+        Suite::default(),
     )
 }

@@ -24,6 +24,11 @@
 //! and keep the store's defaults that the specification assumes
 //! ([`LEASE_MS`], a retention of at least [`MIN_RETENTION_MS`]).
 //!
+//! After each case's sequence, 8 threads race on fresh keys, 20 rounds:
+//! exactly one is told `Started` per key, the others `InProgress`, and
+//! once the winner completes every racer's `begin` replays its outcome
+//! (so a backend must be `Sync`, its claims `Send`).
+//!
 //! Each answer is told through both faces of [`Settle`]: the blocking
 //! [`Settle::tell`] and, for every other call, the future of
 //! [`Settle::settled`] run to completion on this thread; both must give
@@ -99,7 +104,8 @@ pub fn run<B, G>(
     suite: Suite,
 ) -> Result<(), String>
 where
-    B: Write,
+    B: Write + Sync,
+    B::Claim: Send,
 {
     for case in 0..suite.cases {
         let clock = ManualClock::new(T0);
@@ -118,6 +124,97 @@ where
             driver
                 .step()
                 .map_err(|e| format!("case {case}, step {step}: {e}"))?;
+        }
+        drop(driver);
+        race(&backend, case).map_err(|e| format!("case {case}, race: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Threads that race on one key each round.
+const RACERS: usize = 8;
+const ROUNDS: usize = 20;
+
+/// [`RACERS`] threads begin the same fresh key at once, [`ROUNDS`] times:
+/// exactly one is told `Started` and the others `InProgress`; the winner
+/// completes, and then every racer's `begin` replays its outcome.
+fn race<B>(backend: &B, case: u64) -> Result<(), String>
+where
+    B: Write + Sync,
+    B::Claim: Send,
+{
+    let barrier = std::sync::Barrier::new(RACERS);
+    let keys: Vec<Key<'static>> = (0..ROUNDS)
+        .map(|r| Key::owned(b"race".to_vec(), format!("c{case}-r{r}").into_bytes()))
+        .collect();
+    let begin = |key: &Key<'_>| {
+        backend
+            .begin(key, Fingerprint::NONE, &BeginOptions::new(), None)
+            .and_then(|p| backend.tell(p))
+    };
+    // Each racer reaches every barrier whatever it is told, so one
+    // failing racer fails the run instead of hanging the others.
+    let answers: Vec<Result<Vec<BeginView>, String>> = std::thread::scope(|s| {
+        let racers: Vec<_> = (0..RACERS)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut seen = Vec::with_capacity(ROUNDS);
+                    let mut failed = None;
+                    for key in &keys {
+                        barrier.wait();
+                        let answer = begin(key);
+                        seen.push(view(&answer, begin_view));
+                        barrier.wait();
+                        if let Ok(Began::Started(claim)) = answer
+                            && let Err(e) = backend
+                                .complete(&claim, Outcome::raw(key.id()))
+                                .and_then(|p| backend.tell(p))
+                        {
+                            failed = Some(format!("complete of {key:?}: {e}"));
+                        }
+                        barrier.wait();
+                        let again = view(&begin(key), begin_view);
+                        let done = (State::Completed, 1, Some(key.id().to_vec()));
+                        if again != Ok(BeginView::Completed(done)) {
+                            failed = Some(format!("begin of {key:?} after the race: {again:?}"));
+                        }
+                    }
+                    match failed {
+                        Some(e) => Err(e),
+                        None => seen.into_iter().collect(),
+                    }
+                })
+            })
+            .collect();
+        racers
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| Err("a racer panicked".into())))
+            .collect()
+    });
+    let answers = answers.into_iter().collect::<Result<Vec<_>, String>>()?;
+    for (r, key) in keys.iter().enumerate() {
+        let started = answers
+            .iter()
+            .filter(|seen| {
+                matches!(
+                    seen[r],
+                    BeginView::Started {
+                        attempt: 1,
+                        interrupted: false
+                    }
+                )
+            })
+            .count();
+        let waiting = answers
+            .iter()
+            .filter(|seen| matches!(seen[r], BeginView::InProgress { attempt: 1, .. }))
+            .count();
+        if started != 1 || waiting != RACERS - 1 {
+            return Err(format!(
+                "{key:?}: {started} racers started it and {waiting} saw it in progress; want 1 \
+                 and {}",
+                RACERS - 1
+            ));
         }
     }
     Ok(())
