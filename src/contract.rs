@@ -15,7 +15,10 @@
 //! - [`Write`]: operations that record something, each decided
 //!   atomically per key (a racer of the same key sees either all of a
 //!   call's records or none of them);
-//! - [`Settle`]: when an answer may be told.
+//! - [`Settle`]: when an answer may be told;
+//!
+//! and, for the faces' other calls, [`Order`] (versions and the
+//! sequencer), [`DeadLetters`] and [`Intents`].
 //!
 //! Every call returns its answer as a [`Pending`]: the value together
 //! with the [`Basis`] it rests on, the positions in the backend's commit

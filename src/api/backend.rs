@@ -20,7 +20,8 @@ use crate::types::{
 use crate::{Begin, Claim, Fingerprint, Key, Result, Store};
 
 /// The registration of a future awaiting a [`Store`]'s commit
-/// ([`Settle::Waiter`]): opaque.
+/// ([`Settle::Waiter`]): opaque. Without the `async` feature a poll does
+/// not register: it waits, as [`Settle::wait`] does.
 ///
 /// # Examples
 /// ```

@@ -1,7 +1,9 @@
 //! The public face: [`Store`], its builder and the claim handle. No locks,
 //! no log records: each method delegates to the engine in a few lines.
-//! `async.rs` (feature `async`) is the async face over the same calls;
-//! `wait.rs` waits for an in-flight result.
+//! `backend.rs` is the engine as the implementation of the
+//! [contract](crate::contract) the faces call; `async.rs` (feature
+//! `async`) is the async face over the same calls; `wait.rs` waits for an
+//! in-flight result.
 
 #[cfg(feature = "async")]
 pub(crate) mod r#async;
