@@ -207,27 +207,18 @@ impl AsyncStore {
     /// # }).unwrap();
     /// ```
     pub async fn call<T>(&self, mut op: impl FnMut(&Store) -> Result<T>) -> Result<T> {
-        loop {
-            let (out, noted) = deferring(Scope::Retry, || op(&self.store));
-            if let Some(row) = noted.unreadable {
-                drop(out);
-                self.durable(row).await?;
-                continue;
-            }
-            let value = out?;
-            if noted.row > 0 {
-                self.durable(noted.row).await?;
-            }
-            return Ok(value);
-        }
+        // What `op`'s calls rest on is noted by the scope `run` opens.
+        self.run(|s| op(s).map(Pending::settled)).await
     }
 
     /// Runs `op` — one call of the [contract](crate::contract) — inline
     /// and resolves with its value once the basis it returned is settled:
     /// the named methods' one body, shared with the blocking face (which
-    /// waits for the same basis). A read of a row still in flight, before
-    /// anything was recorded, awaits that row and runs `op` again (see
-    /// [`call`](Self::call)).
+    /// waits for the same basis). It runs in a deferring scope: what the
+    /// blocking calls inside `op` waited for is noted and awaited too (the
+    /// body of [`call`](Self::call)), and a read of a row still in
+    /// flight, before anything was recorded, awaits that row and runs `op`
+    /// again.
     async fn run<T>(&self, mut op: impl FnMut(&Store) -> Result<Pending<T>>) -> Result<T> {
         loop {
             let (out, noted) = deferring(Scope::Retry, || op(&self.store));
