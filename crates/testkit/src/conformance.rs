@@ -236,6 +236,10 @@ enum BeginView {
     DeadLettered,
 }
 
+fn begin_views<C: Handle>(all: &[dedupkv::Result<Began<C>>]) -> Vec<Result<BeginView, String>> {
+    all.iter().map(|r| view(r, begin_view)).collect()
+}
+
 fn begin_view<C: Handle>(b: &Began<C>) -> BeginView {
     match b {
         Began::Started(c) => BeginView::Started {
@@ -357,7 +361,7 @@ impl<B: Write> Driver<'_, B> {
     fn step(&mut self) -> Result<(), String> {
         let k = self.next(KEYS as u64) as usize;
         let (backend, spec) = (self.backend, self.spec);
-        match self.next(12) {
+        match self.next(14) {
             0 => {
                 let got = self.tell(backend.insert(&key(k), None));
                 let want = told(spec, spec.insert(&key(k), None));
@@ -395,12 +399,13 @@ impl<B: Write> Driver<'_, B> {
             5 | 6 => self.finish(),
             7 => {
                 let Some(i) = self.pick() else { return Ok(()) };
+                let by = [None, Some(Duration::from_secs(45))][self.next(2) as usize];
                 let h = &self.claims[i];
                 let (what, want) = (
-                    format!("renew k{} attempt {}", h.key, h.spec.attempt()),
-                    told(spec, spec.renew(&h.spec, None)),
+                    format!("renew k{} attempt {} by {by:?}", h.key, h.spec.attempt()),
+                    told(spec, spec.renew(&h.spec, by)),
                 );
-                let pending = backend.renew(&self.claims[i].claim, None);
+                let pending = backend.renew(&self.claims[i].claim, by);
                 let got = self.tell(pending);
                 same(&what, &view(&got, |t| *t), &view(&want, |t| *t))
             }
@@ -431,6 +436,8 @@ impl<B: Write> Driver<'_, B> {
                     &view(&want, Clone::clone),
                 )
             }
+            11 => self.begin_batch(),
+            12 => self.complete_batch(),
             _ => {
                 // Lease ends are met exactly as often as passed.
                 let ms = [1, 1_000, 10_000, LEASE_MS - 1, LEASE_MS][self.next(5) as usize];
@@ -438,6 +445,71 @@ impl<B: Write> Driver<'_, B> {
                 Ok(())
             }
         }
+    }
+
+    /// `begin_batch` of three random keys, each with a random fingerprint.
+    fn begin_batch(&mut self) -> Result<(), String> {
+        let items: Vec<(usize, Fingerprint)> = (0..3)
+            .map(|_| {
+                let k = self.next(KEYS as u64) as usize;
+                (k, fingerprint(self.next(2)))
+            })
+            .collect();
+        let batch: Vec<_> = items.iter().map(|&(k, f)| (key(k), f)).collect();
+        let (backend, spec) = (self.backend, self.spec);
+        let got = self.tell(backend.begin_batch(&batch));
+        let want = told(spec, spec.begin_batch(&batch));
+        let got_v = view(&got, |a| begin_views(a));
+        let want_v = view(&want, |a| begin_views(a));
+        same(&format!("begin_batch {items:?}"), &got_v, &want_v)?;
+        if let (Ok(got), Ok(want)) = (got, want) {
+            for ((g, w), (k, _)) in got.into_iter().zip(want).zip(items) {
+                if let (Ok(Began::Started(claim)), Ok(Began::Started(spec))) = (g, w) {
+                    self.claims.push(Held {
+                        key: k,
+                        claim,
+                        spec,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `complete_batch` of up to three held claims.
+    fn complete_batch(&mut self) -> Result<(), String> {
+        let n = self.next(3) as usize + 1;
+        let mut held = Vec::new();
+        while held.len() < n {
+            let Some(i) = self.pick() else { break };
+            held.push(self.claims.swap_remove(i));
+        }
+        let outcomes: Vec<Vec<u8>> = held
+            .iter()
+            .map(|h| format!("batch-{}-{}", h.key, h.spec.attempt()).into_bytes())
+            .collect();
+        let ours: Vec<_> = held
+            .iter()
+            .zip(&outcomes)
+            .map(|(h, o)| (&h.claim, &o[..]))
+            .collect();
+        let theirs: Vec<_> = held
+            .iter()
+            .zip(&outcomes)
+            .map(|(h, o)| (&h.spec, &o[..]))
+            .collect();
+        let (backend, spec) = (self.backend, self.spec);
+        let got = self.tell(backend.complete_batch(&ours));
+        let want = told(spec, spec.complete_batch(&theirs));
+        let views = |all: &Vec<dedupkv::Result<()>>| -> Vec<_> {
+            all.iter().map(|r| view(r, |()| ())).collect()
+        };
+        let what: Vec<_> = held.iter().map(|h| (h.key, h.spec.attempt())).collect();
+        same(
+            &format!("complete_batch {what:?}"),
+            &view(&got, |a| views(a)),
+            &view(&want, |a| views(a)),
+        )
     }
 
     fn pick(&mut self) -> Option<usize> {

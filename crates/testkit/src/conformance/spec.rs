@@ -10,8 +10,10 @@
 //! `InProgress` while a live lease holds it, and otherwise starts the
 //! next attempt, interrupted when the last one never answered; a finish
 //! or renewal is refused (`ClaimLost`) unless its claim is the key's
-//! active one, lease lapsed or not; `forget` refuses a key held by a live
-//! lease. No record expires: the driver keeps its cases well inside the
+//! active one (by its fencing token: an attempt number repeats after a
+//! forget), lease lapsed or not; a renewal with its own lease makes it
+//! the claim's lease for later ones; `forget` refuses a key held by a
+//! live lease. No record expires: the driver keeps its cases well inside the
 //! retention it requires.
 
 use std::collections::HashMap;
@@ -33,14 +35,28 @@ struct Rec {
     state: State,
     fp: Fingerprint,
     attempt: u32,
+    /// The fencing token of the attempt that wrote it: a claim is the
+    /// key's active one only with this token (an attempt number repeats
+    /// after a forget).
+    token: u64,
     first_at: u64,
     lease_until: u64,
+    /// The claim's lease, which a renewal without its own extends by
+    /// (`renew` with a lease makes that the claim's).
+    lease_ms: u64,
     /// The last attempt never answered (its claim was dropped).
     abandoned: bool,
     outcome: Vec<u8>,
 }
 
-type Keys = Mutex<HashMap<Key<'static>, Rec>>;
+#[derive(Debug, Default)]
+struct Keys {
+    recs: HashMap<Key<'static>, Rec>,
+    /// The last fencing token given out.
+    token: u64,
+}
+
+type Shared = Mutex<Keys>;
 
 /// The specification, as a backend of the contract: each key's latest
 /// record in a map, time from a [`ManualClock`].
@@ -59,7 +75,7 @@ type Keys = Mutex<HashMap<Key<'static>, Rec>>;
 #[derive(Debug)]
 pub struct Spec {
     clock: ManualClock,
-    keys: Arc<Keys>,
+    keys: Arc<Shared>,
 }
 
 /// A started attempt of the specification. Dropped unfinished, it
@@ -68,8 +84,9 @@ pub struct Spec {
 pub struct SpecClaim {
     key: Key<'static>,
     attempt: u32,
+    token: u64,
     interrupted: bool,
-    keys: Weak<Keys>,
+    keys: Weak<Shared>,
 }
 
 impl Handle for SpecClaim {
@@ -89,9 +106,9 @@ impl Handle for SpecClaim {
 impl Drop for SpecClaim {
     fn drop(&mut self) {
         if let Some(keys) = self.keys.upgrade()
-            && let Some(r) = keys.lock().get_mut(&self.key)
+            && let Some(r) = keys.lock().recs.get_mut(&self.key)
             && r.state == State::InProgress
-            && r.attempt == self.attempt
+            && r.token == self.token
         {
             r.state = State::Retryable;
             r.abandoned = true;
@@ -139,8 +156,8 @@ impl Spec {
     /// Finishes the active attempt `claim` as `state` with `outcome`.
     fn finish(&self, claim: &SpecClaim, state: State, outcome: &[u8]) -> Result<Pending<()>> {
         let mut keys = self.keys.lock();
-        match keys.get_mut(&claim.key) {
-            Some(r) if r.state == State::InProgress && r.attempt == claim.attempt => {
+        match keys.recs.get_mut(&claim.key) {
+            Some(r) if r.state == State::InProgress && r.token == claim.token => {
                 r.state = state;
                 r.outcome = outcome.to_vec();
                 r.abandoned = false;
@@ -154,7 +171,7 @@ impl Spec {
         let key = key.clone().into_owned();
         let now = self.now();
         let mut keys = self.keys.lock();
-        let present = keys.get(&key).filter(|r| r.state != State::Forgotten);
+        let present = keys.recs.get(&key).filter(|r| r.state != State::Forgotten);
         let (attempt, first_at, interrupted) = match present {
             None => (1, now, false),
             Some(r) if r.state == State::Inserted => {
@@ -183,14 +200,18 @@ impl Spec {
                 r.state == State::InProgress || r.abandoned,
             ),
         };
-        keys.insert(
+        keys.token += 1;
+        let token = keys.token;
+        keys.recs.insert(
             key.clone(),
             Rec {
                 state: State::InProgress,
                 fp,
                 attempt,
+                token,
                 first_at,
                 lease_until: now + lease_ms,
+                lease_ms,
                 abandoned: false,
                 outcome: Vec::new(),
             },
@@ -198,6 +219,7 @@ impl Spec {
         Ok(Began::Started(SpecClaim {
             key,
             attempt,
+            token,
             interrupted,
             keys: Arc::downgrade(&self.keys),
         }))
@@ -205,17 +227,23 @@ impl Spec {
 
     fn insert_one(&self, key: &Key<'_>) -> bool {
         let mut keys = self.keys.lock();
-        if keys.get(key).is_some_and(|r| r.state != State::Forgotten) {
+        if keys
+            .recs
+            .get(key)
+            .is_some_and(|r| r.state != State::Forgotten)
+        {
             return false;
         }
-        keys.insert(
+        keys.recs.insert(
             key.clone().into_owned(),
             Rec {
                 state: State::Inserted,
                 fp: Fingerprint::NONE,
                 attempt: 0,
+                token: 0,
                 first_at: self.now(),
                 lease_until: 0,
+                lease_ms: 0,
                 abandoned: false,
                 outcome: Vec::new(),
             },
@@ -242,7 +270,9 @@ impl Read for Spec {
     fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>> {
         let key = key.clone().into_owned();
         let keys = self.keys.lock();
-        Ok(Pending::settled(keys.get(&key).map(|r| record(&key, r))))
+        Ok(Pending::settled(
+            keys.recs.get(&key).map(|r| record(&key, r)),
+        ))
     }
 }
 
@@ -263,7 +293,11 @@ impl Write for Spec {
         let key = key.clone().into_owned();
         let now = self.now();
         let mut keys = self.keys.lock();
-        let Some(r) = keys.get_mut(&key).filter(|r| r.state != State::Forgotten) else {
+        let Some(r) = keys
+            .recs
+            .get_mut(&key)
+            .filter(|r| r.state != State::Forgotten)
+        else {
             return Ok(Pending::settled(Forget::NotFound));
         };
         if r.state == State::InProgress && now < r.lease_until {
@@ -322,11 +356,12 @@ impl Write for Spec {
     fn renew(&self, claim: &SpecClaim, by: Option<Duration>) -> Result<Pending<SystemTime>> {
         let now = self.now();
         let mut keys = self.keys.lock();
-        match keys.get_mut(&claim.key) {
-            Some(r) if r.state == State::InProgress && r.attempt == claim.attempt => {
-                let ms = by.map_or(LEASE_MS, |d| {
+        match keys.recs.get_mut(&claim.key) {
+            Some(r) if r.state == State::InProgress && r.token == claim.token => {
+                let ms = by.map_or(r.lease_ms, |d| {
                     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
                 });
+                r.lease_ms = ms;
                 r.lease_until = now + ms;
                 Ok(Pending::settled(at(r.lease_until)))
             }
