@@ -197,6 +197,11 @@ pub(crate) fn to_system_time(millis: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(millis)
 }
 
+/// `t` in ms since the epoch (0 before it).
+pub(crate) fn to_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, millis)
+}
+
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -40,6 +40,7 @@ mod canon;
 mod civil;
 mod clock;
 mod codec;
+pub mod contract;
 mod durability;
 mod effects;
 mod engine;
@@ -72,8 +73,8 @@ pub use error::{Error, Result, StorageError};
 pub use key::{Fingerprint, Key, KeyHashing};
 pub use log::PageBackend;
 pub use types::{
-    Advance, Answer, BeginOptions, Cursor, DeadLetter, Delivered, Duplicate, Eviction, Failure,
-    Forget, Handling, Held, InProgress, Intent, IntentEntry, KeyKind, KeyReconciliation,
+    Advance, Answer, Began, BeginOptions, Cursor, DeadLetter, Delivered, Duplicate, Eviction,
+    Failure, Forget, Handling, Held, InProgress, Intent, IntentEntry, KeyKind, KeyReconciliation,
     KeyWindowDiff, Listing, Page, Reconciliation, Record, Resolution, SequenceOptions, Sequenced,
     State, Stats, Tally, Unacked, Update, WindowDiff, WindowKeys,
 };

@@ -38,13 +38,15 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
 
+use crate::contract::{Basis, BegunBatch, Outcome, Pending, Read, Settle, StoreWaiter, Write};
 use crate::replica::Restored;
 use crate::sync::{Arc, Condvar, Mutex, RwLock};
 use crate::{
-    Begin, BeginOptions, Claim, Error, Failure, Fingerprint, Key, Record, Result, Store,
-    StoreBuilder,
+    Begin, BeginOptions, Claim, Error, Failure, Fingerprint, Forget, Intent, Key, Record, Result,
+    Store, StoreBuilder,
 };
 
 /// How a [`PartitionSet`] makes the builder of one partition's store.
@@ -737,6 +739,14 @@ impl Work {
         }
     }
 
+    /// One call of the [contract](crate::contract) on the partition's
+    /// store, told once its basis is settled, all under the partition's
+    /// read lock (see [`with`](Self::with)): the body of every blocking
+    /// call of this handle.
+    fn blocking<T>(&self, op: impl FnOnce(&Store) -> Result<Pending<T>>) -> Result<T> {
+        self.with(|s| s.tell(op(s)?))
+    }
+
     /// [`Store::begin`] on the partition's store.
     ///
     /// # Errors
@@ -746,7 +756,7 @@ impl Work {
     /// # Examples
     /// See [`PartitionSet`].
     pub fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
-        self.with(|s| s.begin(key, fingerprint))
+        self.blocking(|s| Write::begin(s, key, fingerprint, &BeginOptions::new(), None))
     }
 
     /// [`Store::begin_with`] on the partition's store.
@@ -774,7 +784,7 @@ impl Work {
         fingerprint: Fingerprint,
         options: &BeginOptions,
     ) -> Result<Begin> {
-        self.with(|s| s.begin_with(key, fingerprint, options))
+        self.blocking(|s| Write::begin(s, key, fingerprint, options, None))
     }
 
     /// [`Store::begin_batch`] on the partition's store.
@@ -806,7 +816,7 @@ impl Work {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Vec<Result<Begin>>> {
-        self.with(|s| s.begin_batch(items))
+        self.blocking(|s| Write::begin_batch(s, items))
     }
 
     /// [`Store::complete`] on the partition's store.
@@ -818,7 +828,7 @@ impl Work {
     /// # Examples
     /// See [`PartitionSet`].
     pub fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
-        self.with(|s| s.complete(claim, outcome))
+        self.blocking(|s| Write::complete(s, claim, Outcome::raw(outcome)))
     }
 
     /// [`Store::complete_batch`] on the partition's store.
@@ -830,7 +840,7 @@ impl Work {
     /// # Examples
     /// See [`begin_batch`](Self::begin_batch).
     pub fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
-        self.with(|s| s.complete_batch(items))
+        self.blocking(|s| Write::complete_batch(s, items))
     }
 
     /// [`Store::fail`] on the partition's store.
@@ -856,7 +866,7 @@ impl Work {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
-        self.with(|s| s.fail(claim, failure))
+        self.blocking(|s| Write::fail(s, claim, failure))
     }
 
     /// [`Store::insert_if_absent`] on the partition's store.
@@ -878,7 +888,7 @@ impl Work {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
-        self.with(|s| s.insert_if_absent(key))
+        self.blocking(|s| Write::insert(s, key, None))
     }
 
     /// [`Store::get`] on the partition's store.
@@ -900,6 +910,95 @@ impl Work {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
-        self.with(|s| s.get(key))
+        self.blocking(|s| Read::get(s, key))
+    }
+}
+
+// The contract, on the partition's store: every call refused with
+// `NotAssigned` once the partition was revoked. A new contract method
+// does not compile until it is forwarded here too.
+
+impl Settle for Work {
+    type Waiter = StoreWaiter;
+
+    fn wait(&self, basis: Basis) -> Result<()> {
+        self.with(|s| s.wait(basis))
+    }
+
+    fn poll_settled(
+        &self,
+        basis: Basis,
+        waiter: &mut StoreWaiter,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        let guard = self.slot.store.read();
+        match guard.as_ref() {
+            Some(store) => {
+                let out = store.poll_settled(basis, waiter, cx);
+                if let Poll::Ready(r) = &out {
+                    self.slot.fences.note(self.slot.partition, r);
+                }
+                out
+            }
+            None => Poll::Ready(self.with(|_| Ok(()))),
+        }
+    }
+
+    fn stop_waiting(&self, waiter: &mut StoreWaiter) {
+        if let Some(store) = self.slot.store.read().as_ref() {
+            store.stop_waiting(waiter);
+        }
+    }
+}
+
+impl Read for Work {
+    fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>> {
+        self.with(|s| Read::get(s, key))
+    }
+}
+
+impl Write for Work {
+    type Claim = Claim;
+
+    fn insert(&self, key: &Key<'_>, retention: Option<Duration>) -> Result<Pending<bool>> {
+        self.with(|s| Write::insert(s, key, retention))
+    }
+
+    fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Pending<Vec<bool>>> {
+        self.with(|s| Write::insert_batch(s, keys))
+    }
+
+    fn forget(&self, key: &Key<'_>) -> Result<Pending<Forget>> {
+        self.with(|s| Write::forget(s, key))
+    }
+
+    fn begin(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        intent: Option<Intent<'_>>,
+    ) -> Result<Pending<Begin>> {
+        self.with(|s| Write::begin(s, key, fingerprint, options, intent))
+    }
+
+    fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<BegunBatch<Claim>> {
+        self.with(|s| Write::begin_batch(s, items))
+    }
+
+    fn complete(&self, claim: &Claim, outcome: Outcome<'_>) -> Result<Pending<()>> {
+        self.with(|s| Write::complete(s, claim, outcome))
+    }
+
+    fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Pending<Vec<Result<()>>>> {
+        self.with(|s| Write::complete_batch(s, items))
+    }
+
+    fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<Pending<()>> {
+        self.with(|s| Write::fail(s, claim, failure))
+    }
+
+    fn renew(&self, claim: &Claim, by: Option<Duration>) -> Result<Pending<SystemTime>> {
+        self.with(|s| Write::renew(s, claim, by))
     }
 }

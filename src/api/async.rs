@@ -14,6 +14,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::timer::Sleep;
+use super::wait::wait_after;
+use crate::contract::{Basis, DeadLetters, Intents, Order, Outcome, Pending, Read, Settle, Write};
 use crate::engine::Engine;
 use crate::engine::durable::{Scope, Waiting, deferring};
 use crate::engine::waiters::KeyWaiter;
@@ -204,6 +206,19 @@ impl AsyncStore {
     /// # }).unwrap();
     /// ```
     pub async fn call<T>(&self, mut op: impl FnMut(&Store) -> Result<T>) -> Result<T> {
+        // What `op`'s calls rest on is noted by the scope `run` opens.
+        self.run(|s| op(s).map(Pending::settled)).await
+    }
+
+    /// Runs `op` — one call of the [contract](crate::contract) — inline
+    /// and resolves with its value once the basis it returned is settled:
+    /// the named methods' one body, shared with the blocking face (which
+    /// waits for the same basis). It runs in a deferring scope: what the
+    /// blocking calls inside `op` waited for is noted and awaited too (the
+    /// body of [`call`](Self::call)), and a read of a row still in
+    /// flight, before anything was recorded, awaits that row and runs `op`
+    /// again.
+    async fn run<T>(&self, mut op: impl FnMut(&Store) -> Result<Pending<T>>) -> Result<T> {
         loop {
             let (out, noted) = deferring(Scope::Retry, || op(&self.store));
             if let Some(row) = noted.unreadable {
@@ -211,9 +226,10 @@ impl AsyncStore {
                 self.durable(row).await?;
                 continue;
             }
-            let value = out?;
-            if noted.row > 0 {
-                self.durable(noted.row).await?;
+            let (value, basis) = out?.into_parts();
+            let basis = basis.and(Basis::read(noted.row));
+            if !basis.is_settled() {
+                self.store.settled(basis).await?;
             }
             return Ok(value);
         }
@@ -241,7 +257,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`AsyncStore`].
     pub async fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
-        self.call(|s| s.insert_if_absent(key)).await
+        self.run(|s| Write::insert(s, key, None)).await
     }
 
     /// [`Store::insert_if_absent_for`], resolved once durable.
@@ -252,7 +268,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::insert_if_absent_for`].
     pub async fn insert_if_absent_for(&self, key: &Key<'_>, retention: Duration) -> Result<bool> {
-        self.call(|s| s.insert_if_absent_for(key, retention)).await
+        self.run(|s| Write::insert(s, key, Some(retention))).await
     }
 
     /// [`Store::insert_batch`], resolved once durable.
@@ -263,7 +279,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::insert_batch`].
     pub async fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
-        self.call(|s| s.insert_batch(keys)).await
+        self.run(|s| Write::insert_batch(s, keys)).await
     }
 
     /// [`Store::get`]; a record whose commit is in flight is awaited, not
@@ -275,7 +291,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::get`].
     pub async fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
-        self.call(|s| s.get(key)).await
+        self.run(|s| Read::get(s, key)).await
     }
 
     /// [`Store::forget`], resolved once durable.
@@ -286,7 +302,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::forget`].
     pub async fn forget(&self, key: &Key<'_>) -> Result<Forget> {
-        self.call(|s| s.forget(key)).await
+        self.run(|s| Write::forget(s, key)).await
     }
 
     /// [`Store::flush`]: resolves once everything acknowledged so far is
@@ -315,7 +331,8 @@ impl AsyncStore {
     /// # Examples
     /// See [`AsyncStore`].
     pub async fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
-        self.call(|s| s.begin(key, fingerprint)).await
+        self.begin_with(key, fingerprint, &BeginOptions::new())
+            .await
     }
 
     /// [`Store::begin_with`], resolved once durable.
@@ -331,7 +348,8 @@ impl AsyncStore {
         fingerprint: Fingerprint,
         options: &BeginOptions,
     ) -> Result<Begin> {
-        self.call(|s| s.begin_with(key, fingerprint, options)).await
+        self.run(|s| Write::begin(s, key, fingerprint, options, None))
+            .await
     }
 
     /// [`Store::begin_with_intent`], resolved once durable.
@@ -348,7 +366,7 @@ impl AsyncStore {
         options: &BeginOptions,
         intent: Intent<'_>,
     ) -> Result<Begin> {
-        self.call(|s| s.begin_with_intent(key, fingerprint, options, intent))
+        self.run(|s| Write::begin(s, key, fingerprint, options, Some(intent)))
             .await
     }
 
@@ -367,7 +385,7 @@ impl AsyncStore {
         &self,
         items: &[(Key<'_>, Fingerprint)],
     ) -> Result<Vec<Result<Begin>>> {
-        self.call(|s| s.begin_batch(items)).await
+        self.run(|s| Write::begin_batch(s, items)).await
     }
 
     /// [`Store::begin_or_wait`], without blocking: while another attempt
@@ -437,22 +455,13 @@ impl AsyncStore {
         loop {
             let seen = waiter.generation();
             let answer = self.begin_with(key, fingerprint, options).await?;
-            let Begin::InProgress(info) = &answer else {
+            let Some(at_most) = wait_after(&answer, &waiter, deadline) else {
                 return Ok(answer);
-            };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(answer);
-            }
-            let lapse = now.checked_add(waiter.until_lapse(info.lease_until));
-            let wake_at = match (deadline, lapse) {
-                (Some(d), Some(l)) => Some(d.min(l)),
-                (d, l) => d.or(l),
             };
             Changed {
                 waiter: &mut waiter,
                 seen,
-                sleep: Sleep::until(wake_at),
+                sleep: Sleep::until(Instant::now().checked_add(at_most)),
             }
             .await;
         }
@@ -466,7 +475,8 @@ impl AsyncStore {
     /// # Examples
     /// See [`AsyncStore`].
     pub async fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
-        self.call(|s| s.complete(claim, outcome)).await
+        self.run(|s| Write::complete(s, claim, Outcome::raw(outcome)))
+            .await
     }
 
     /// [`Store::complete_for`], resolved once durable.
@@ -482,8 +492,8 @@ impl AsyncStore {
         outcome: &[u8],
         retention: Duration,
     ) -> Result<()> {
-        self.call(|s| s.complete_for(claim, outcome, retention))
-            .await
+        let outcome = Outcome::raw(outcome).retention(retention);
+        self.run(|s| Write::complete(s, claim, outcome)).await
     }
 
     /// [`Store::complete_value`], resolved once durable.
@@ -497,7 +507,7 @@ impl AsyncStore {
     where
         T: serde::Serialize + serde::de::DeserializeOwned + Sync,
     {
-        self.call(|s| s.complete_value(claim, outcome)).await
+        self.run(|s| s.complete_value_pending(claim, outcome)).await
     }
 
     /// [`Store::complete_with_amount`], resolved once durable.
@@ -513,8 +523,8 @@ impl AsyncStore {
         outcome: &[u8],
         amount: i64,
     ) -> Result<()> {
-        self.call(|s| s.complete_with_amount(claim, outcome, amount))
-            .await
+        let outcome = Outcome::raw(outcome).amount(amount);
+        self.run(|s| Write::complete(s, claim, outcome)).await
     }
 
     /// [`Store::complete_batch`], resolved once durable.
@@ -525,7 +535,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::begin_batch`].
     pub async fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
-        self.call(|s| s.complete_batch(items)).await
+        self.run(|s| Write::complete_batch(s, items)).await
     }
 
     /// [`Store::fail`], resolved once durable.
@@ -536,7 +546,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Failure`].
     pub async fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
-        self.call(|s| s.fail(claim, failure)).await
+        self.run(|s| Write::fail(s, claim, failure)).await
     }
 
     /// [`Store::renew`], resolved once durable.
@@ -547,7 +557,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::renew`].
     pub async fn renew(&self, claim: &Claim) -> Result<SystemTime> {
-        self.call(|s| s.renew(claim)).await
+        self.run(|s| Write::renew(s, claim, None)).await
     }
 
     /// [`Store::renew_for`], resolved once durable.
@@ -558,7 +568,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::renew_for`].
     pub async fn renew_for(&self, claim: &Claim, by: Duration) -> Result<SystemTime> {
-        self.call(|s| s.renew_for(claim, by)).await
+        self.run(|s| Write::renew(s, claim, Some(by))).await
     }
 
     /// [`Store::mark_sent`], resolved once durable.
@@ -569,7 +579,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Intent`].
     pub async fn mark_sent(&self, claim: &Claim, reference: &[u8]) -> Result<()> {
-        self.call(|s| s.mark_sent(claim, reference)).await
+        self.mark_answered(claim, Answer::Accepted(reference)).await
     }
 
     /// [`Store::mark_answered`], resolved once durable.
@@ -580,7 +590,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::mark_answered`].
     pub async fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<()> {
-        self.call(|s| s.mark_answered(claim, answer)).await
+        self.run(|s| Intents::mark_answered(s, claim, answer)).await
     }
 
     /// [`Store::requeue`], resolved once durable.
@@ -591,7 +601,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::requeue`].
     pub async fn requeue(&self, key: &Key<'_>) -> Result<bool> {
-        self.call(|s| s.requeue(key)).await
+        self.run(|s| DeadLetters::requeue(s, key)).await
     }
 
     /// [`Store::resolve`], resolved once durable.
@@ -602,7 +612,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::resolve`].
     pub async fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<bool> {
-        self.call(|s| s.resolve(key, resolution)).await
+        self.run(|s| DeadLetters::resolve(s, key, resolution)).await
     }
 
     /// [`Store::advance`], resolved once durable.
@@ -613,7 +623,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::advance`].
     pub async fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
-        self.call(|s| s.advance(entity, version)).await
+        self.run(|s| Order::advance(s, entity, version)).await
     }
 
     /// [`Store::apply_event`], resolved once durable.
@@ -629,7 +639,8 @@ impl AsyncStore {
         entity: &Key<'_>,
         version: u64,
     ) -> Result<Update> {
-        self.call(|s| s.apply_event(event, entity, version)).await
+        self.run(|s| Order::apply_event(s, event, entity, version))
+            .await
     }
 
     /// [`Store::sequence`], resolved once durable.
@@ -640,7 +651,8 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::sequence`].
     pub async fn sequence(&self, entity: &Key<'_>, seq: u64, payload: &[u8]) -> Result<Sequenced> {
-        self.call(|s| s.sequence(entity, seq, payload)).await
+        self.sequence_with(entity, seq, payload, &SequenceOptions::new())
+            .await
     }
 
     /// [`Store::sequence_with`], resolved once durable.
@@ -657,7 +669,7 @@ impl AsyncStore {
         payload: &[u8],
         options: &SequenceOptions,
     ) -> Result<Sequenced> {
-        self.call(|s| s.sequence_with(entity, seq, payload, options))
+        self.run(|s| Order::sequence(s, entity, seq, payload, options))
             .await
     }
 
@@ -669,7 +681,7 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::release_held`].
     pub async fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
-        self.call(|s| s.release_held(entity)).await
+        self.run(|s| Order::release_held(s, entity)).await
     }
 
     /// [`Store::ack`], resolved once durable.
@@ -680,6 +692,6 @@ impl AsyncStore {
     /// # Examples
     /// See [`Store::ack`].
     pub async fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<usize> {
-        self.call(|s| s.ack(entity, upto)).await
+        self.run(|s| Order::ack(s, entity, upto)).await
     }
 }

@@ -6,9 +6,12 @@ use std::time::SystemTime;
 use std::time::Duration;
 
 use crate::clock::to_system_time;
-use crate::codec::{self, TAG_RAW};
-use crate::engine::{Begun, Engine, Ticket};
-use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Record};
+use crate::codec;
+use crate::contract::{Outcome, Pending, Settle, Write};
+use crate::engine::{Begun, Ticket};
+use crate::types::{Began, BeginOptions, Failure};
+#[cfg(doc)]
+use crate::types::{InProgress, Record};
 #[cfg(doc)]
 use crate::{Durability, Error};
 use crate::{Fingerprint, Key, Result, Store};
@@ -29,23 +32,7 @@ use crate::{Fingerprint, Key, Result, Store};
 /// }
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
-#[derive(Debug)]
-#[must_use = "a Started claim must be completed or failed"]
-pub enum Begin {
-    /// This caller owns the attempt: do the work, then
-    /// [`complete`](crate::Store::complete) or [`fail`](crate::Store::fail).
-    Started(Claim),
-    /// The operation finished before (completed, failed permanently, or
-    /// recorded by `insert_if_absent`); here is its record and outcome.
-    Completed(Record),
-    /// Another attempt holds a live lease.
-    InProgress(InProgress),
-    /// The operation's retries were exhausted and it is in the dead-letter
-    /// area: it is not retried until an operator
-    /// [`requeue`](crate::Store::requeue)s or
-    /// [`resolve`](crate::Store::resolve)s it.
-    DeadLettered(DeadLetter),
-}
+pub type Begin = Began<Claim>;
 
 /// The right to perform one attempt of an operation, with a lease and a
 /// fencing token.
@@ -413,7 +400,7 @@ fn hex(key: u128) -> String {
 /// row is kept (`row` 0: it already was).
 #[cfg(feature = "async")]
 struct KeptKey {
-    engine: crate::sync::Weak<Engine>,
+    engine: crate::sync::Weak<crate::engine::Engine>,
     row: u64,
     key: u128,
     slot: Option<crate::sync::Arc<crate::engine::durable::Waiting>>,
@@ -520,7 +507,7 @@ impl Store {
         fingerprint: Fingerprint,
         options: &BeginOptions,
     ) -> Result<Begin> {
-        Engine::begin(self.engine(), key, fingerprint, options).map(Begin::from)
+        self.tell(Write::begin(self, key, fingerprint, options, None)?)
     }
 
     /// Begins every `(key, fingerprint)` in one go: the claims of the new
@@ -574,11 +561,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<Vec<Result<Begin>>> {
-        self.count_batch("begin_batch", items.len());
-        Ok(Engine::begin_batch(self.engine(), items)?
-            .into_iter()
-            .map(|r| r.map(Begin::from))
-            .collect())
+        self.tell(Write::begin_batch(self, items)?)
     }
 
     /// Completes many claims, each with its outcome, in one durable commit
@@ -597,9 +580,7 @@ impl Store {
     /// # Examples
     /// See [`begin_batch`](Self::begin_batch).
     pub fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
-        self.count_batch("complete_batch", items.len());
-        let tickets: Vec<_> = items.iter().map(|(c, o)| (c.ticket(), *o)).collect();
-        self.engine().complete_batch(&tickets)
+        self.tell(Write::complete_batch(self, items)?)
     }
 
     /// Completes a claim with its outcome; every later `begin` of the key
@@ -614,8 +595,7 @@ impl Store {
     /// # Examples
     /// See [`begin`](Self::begin).
     pub fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
-        self.engine()
-            .complete(claim.ticket(), (TAG_RAW, outcome), None, 0)
+        self.tell(Write::complete(self, claim, Outcome::raw(outcome))?)
     }
 
     /// [`complete`](Self::complete), keeping this key for `retention` after
@@ -637,9 +617,8 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn complete_for(&self, claim: &Claim, outcome: &[u8], retention: Duration) -> Result<()> {
-        let ms = self.engine().check_retention(retention)?;
-        self.engine()
-            .complete(claim.ticket(), (TAG_RAW, outcome), Some(ms), 0)
+        let outcome = Outcome::raw(outcome).retention(retention);
+        self.tell(Write::complete(self, claim, outcome)?)
     }
 
     /// Completes a claim with a typed outcome, stored as CBOR (RFC 8949, a
@@ -693,9 +672,20 @@ impl Store {
     where
         T: serde::Serialize + serde::de::DeserializeOwned,
     {
-        let engine = self.engine();
-        let (tag, bytes) = codec::encode_outcome(engine.outcome_tags(), outcome)?;
-        engine.complete(claim.ticket(), (tag, &bytes), None, 0)
+        self.tell(self.complete_value_pending(claim, outcome)?)
+    }
+
+    /// [`complete_value`](Self::complete_value), its answer pending.
+    pub(crate) fn complete_value_pending<T>(
+        &self,
+        claim: &Claim,
+        outcome: &T,
+    ) -> Result<Pending<()>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let (tag, bytes) = codec::encode_outcome(self.engine().outcome_tags(), outcome)?;
+        Write::complete(self, claim, Outcome::tagged(tag, &bytes))
     }
 
     /// Fails a claim: [`Failure::Retryable`] frees the key for another
@@ -708,7 +698,7 @@ impl Store {
     /// # Examples
     /// See [`Failure`].
     pub fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
-        self.engine().fail(claim.ticket(), failure)
+        self.tell(Write::fail(self, claim, failure)?)
     }
 
     /// Extends a claim's lease to now + the configured lease; returns the
@@ -734,7 +724,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn renew(&self, claim: &Claim) -> Result<SystemTime> {
-        self.engine().renew(claim.ticket(), None)
+        self.tell(Write::renew(self, claim, None)?)
     }
 
     /// [`renew`](Self::renew) to now + `by`, instead of now + the claim's
@@ -759,7 +749,6 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn renew_for(&self, claim: &Claim, by: Duration) -> Result<SystemTime> {
-        let ms = self.engine().check_lease(by)?;
-        self.engine().renew(claim.ticket(), Some(ms))
+        self.tell(Write::renew(self, claim, Some(by))?)
     }
 }

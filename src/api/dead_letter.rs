@@ -1,6 +1,7 @@
 //! The dead-letter calls of the face: list, requeue, resolve (the engine's
 //! `dead_letter` room does the work).
 
+use crate::contract::{DeadLetters, Settle};
 use crate::types::{DeadLetter, Listing, Page, Resolution};
 use crate::{Key, Result, Store};
 
@@ -56,7 +57,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn requeue(&self, key: &Key<'_>) -> Result<bool> {
-        self.engine().requeue(key)
+        self.tell(DeadLetters::requeue(self, key)?)
     }
 
     /// Closes a dead letter for good: with an outcome every later `begin`
@@ -72,6 +73,6 @@ impl Store {
     /// # Examples
     /// See [`Resolution`].
     pub fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<bool> {
-        self.engine().resolve(key, resolution)
+        self.tell(DeadLetters::resolve(self, key, resolution)?)
     }
 }

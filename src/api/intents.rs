@@ -6,7 +6,7 @@
 use crate::Duplicate;
 #[cfg(doc)]
 use crate::Error;
-use crate::engine::Engine;
+use crate::contract::{Intents, Settle, Write};
 use crate::types::{Answer, BeginOptions, IntentEntry, Listing, Page};
 use crate::{Begin, Claim, Fingerprint, Intent, Key, Result, Store};
 
@@ -42,7 +42,7 @@ impl Store {
         options: &BeginOptions,
         intent: Intent<'_>,
     ) -> Result<Begin> {
-        Engine::begin_with_intent(self.engine(), key, fingerprint, options, intent).map(Begin::from)
+        self.tell(Write::begin(self, key, fingerprint, options, Some(intent))?)
     }
 
     /// Records that the provider accepted the claim's call, with its
@@ -85,7 +85,7 @@ impl Store {
     /// # Examples
     /// See [`Answer`].
     pub fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<()> {
-        self.engine().mark_answered(claim.ticket(), &answer)
+        self.tell(Intents::mark_answered(self, claim, answer)?)
     }
 
     /// The operation's intent, if it recorded one that is unanswered or

@@ -3,6 +3,7 @@
 
 #[cfg(doc)]
 use crate::Error;
+use crate::contract::{Order, Settle};
 use crate::types::{Advance, Delivered, Held, SequenceOptions, Sequenced, Unacked, Update};
 use crate::{Key, Result, Store};
 
@@ -31,7 +32,7 @@ impl Store {
     /// # Examples
     /// See [`Advance`].
     pub fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
-        self.engine().advance(entity, version)
+        self.tell(Order::advance(self, entity, version)?)
     }
 
     /// Records an update event as handled and checks/advances its entity's
@@ -46,7 +47,7 @@ impl Store {
     /// # Examples
     /// See [`Update`].
     pub fn apply_event(&self, event: &Key<'_>, entity: &Key<'_>, version: u64) -> Result<Update> {
-        self.engine().apply_event(event, entity, version)
+        self.tell(Order::apply_event(self, event, entity, version)?)
     }
 
     /// Feeds one event of a gapless per-entity sequence (1, 2, 3, …) and
@@ -112,7 +113,7 @@ impl Store {
         payload: &[u8],
         options: &SequenceOptions,
     ) -> Result<Sequenced> {
-        self.engine().sequence(entity, seq, payload, options)
+        self.tell(Order::sequence(self, entity, seq, payload, options)?)
     }
 
     /// The entity's events in the holding area, in sequence order.
@@ -153,7 +154,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
-        self.engine().release_held(entity)
+        self.tell(Order::release_held(self, entity)?)
     }
 
     /// Acknowledges every event of the entity handed back with a sequence
@@ -203,7 +204,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<usize> {
-        self.engine().ack(entity, upto)
+        self.tell(Order::ack(self, entity, upto)?)
     }
 
     /// The entity's events that were handed back and not acknowledged yet

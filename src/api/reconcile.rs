@@ -3,6 +3,7 @@
 //! system of record's counts or keys (the engine's `reconcile` rooms do
 //! the work).
 
+use crate::contract::{Settle, Write};
 use crate::{Claim, KeyReconciliation, Reconciliation, Result, Store, Tally, WindowKeys};
 #[cfg(doc)]
 use crate::{Error, StoreBuilder};
@@ -24,12 +25,8 @@ impl Store {
     /// # Examples
     /// See [`Tally`].
     pub fn complete_with_amount(&self, claim: &Claim, outcome: &[u8], amount: i64) -> Result<()> {
-        self.engine().complete(
-            claim.ticket(),
-            (crate::codec::TAG_RAW, outcome),
-            None,
-            amount,
-        )
+        let outcome = crate::contract::Outcome::raw(outcome).amount(amount);
+        self.tell(Write::complete(self, claim, outcome)?)
     }
 
     /// The scope's reconciliation windows: per window, how many operations

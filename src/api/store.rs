@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::clock::Clock;
+use crate::contract::{Read, Settle, Write};
 use crate::engine::{Config, Engine, Location, Threads};
 use crate::sync::Arc;
 use crate::types::{Eviction, Forget, Record, Stats};
@@ -244,7 +245,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
-        self.engine.insert(key, None)
+        self.tell(Write::insert(self, key, None)?)
     }
 
     /// [`insert_if_absent`](Self::insert_if_absent) with this key's own
@@ -266,8 +267,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn insert_if_absent_for(&self, key: &Key<'_>, retention: Duration) -> Result<bool> {
-        let ms = self.engine.check_retention(retention)?;
-        self.engine.insert(key, Some(ms))
+        self.tell(Write::insert(self, key, Some(retention))?)
     }
 
     /// Records many keys in one durable commit; the flag at index `i` says
@@ -289,8 +289,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
-        self.count_batch("insert_batch", keys.len());
-        self.engine.insert_batch(keys)
+        self.tell(Write::insert_batch(self, keys)?)
     }
 
     /// The latest record of `key`, or `None` if it is not recorded (or has
@@ -303,7 +302,7 @@ impl Store {
     /// # Examples
     /// See [`Record`].
     pub fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
-        self.engine.get(key)
+        self.tell(Read::get(self, key)?)
     }
 
     /// Forgets a key on purpose: a durable record that makes it absent, so
@@ -343,7 +342,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn forget(&self, key: &Key<'_>) -> Result<Forget> {
-        self.engine.forget(key)
+        self.tell(Write::forget(self, key)?)
     }
 
     /// Commits everything acknowledged so far and waits for it (useful in

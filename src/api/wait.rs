@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::engine::waiters::KeyWaiter;
 use crate::types::BeginOptions;
 use crate::{Begin, Fingerprint, Key, Result, Store};
 #[cfg(doc)]
@@ -95,18 +96,32 @@ impl Store {
         loop {
             let seen = waiter.generation();
             let answer = self.begin_with(key, fingerprint, options)?;
-            let Begin::InProgress(info) = &answer else {
-                return Ok(answer);
-            };
-            let left = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()),
-                None => Duration::MAX,
-            };
-            if left.is_zero() {
-                return Ok(answer);
+            match wait_after(&answer, &waiter, deadline) {
+                None => return Ok(answer),
+                Some(at_most) => waiter.wait(seen, at_most),
             }
-            let lapse = waiter.until_lapse(info.lease_until);
-            waiter.wait(seen, left.min(lapse));
         }
     }
+}
+
+/// What `begin_or_wait` (blocking, and its async twin) does with
+/// `answer`: `None`, tell it (not in progress, or `deadline` passed);
+/// else wait at most this long for the key to change (until the
+/// deadline, or the lease's lapse if sooner).
+pub(crate) fn wait_after(
+    answer: &Begin,
+    waiter: &KeyWaiter<'_>,
+    deadline: Option<Instant>,
+) -> Option<Duration> {
+    let Begin::InProgress(info) = answer else {
+        return None;
+    };
+    let left = match deadline {
+        Some(d) => d.saturating_duration_since(Instant::now()),
+        None => Duration::MAX,
+    };
+    if left.is_zero() {
+        return None;
+    }
+    Some(left.min(waiter.until_lapse(info.lease_until)))
 }

@@ -28,6 +28,7 @@ use crate::records::{
     ClaimFields, DeadLetterBody, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
 };
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering, Weak};
+use crate::types::{self as contract, Basis};
 use crate::types::{BeginOptions, DeadLetter, Failure, InProgress, Intent, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
 
@@ -118,11 +119,8 @@ struct Waits {
 }
 
 impl Waits {
-    fn settle(&self, engine: &Engine) -> Result<()> {
-        if self.new > 0 {
-            engine.log.settle(self.new)?;
-        }
-        engine.settle_seen(self.seen)
+    fn basis(&self) -> Basis {
+        Basis::written(self.new).and(Basis::read(self.seen))
     }
 }
 
@@ -133,7 +131,7 @@ impl Engine {
         key: &Key<'_>,
         fingerprint: Fingerprint,
         options: &BeginOptions,
-    ) -> Result<Begun> {
+    ) -> Result<contract::Pending<Begun>> {
         let op = this.op(options)?;
         Self::begin_op(this, key, fingerprint, op)
     }
@@ -145,7 +143,7 @@ impl Engine {
         fingerprint: Fingerprint,
         options: &BeginOptions,
         intent: Intent<'_>,
-    ) -> Result<Begun> {
+    ) -> Result<contract::Pending<Begun>> {
         this.check_intent_len(intent.target, intent.request)?;
         let op = Op {
             intent: Some(intent),
@@ -159,18 +157,17 @@ impl Engine {
         key: &Key<'_>,
         fingerprint: Fingerprint,
         op: Op<'_>,
-    ) -> Result<Begun> {
+    ) -> Result<contract::Pending<Begun>> {
         let mut waits = Waits::default();
         let answer = Self::begin_waiting(this, key, fingerprint, op, &mut waits)?;
-        waits.settle(this)?;
-        Ok(answer)
+        Ok(contract::Pending::new(answer, waits.basis()))
     }
 
     /// Begins every item, the claims in one commit (usually).
     pub(crate) fn begin_batch(
         this: &Arc<Engine>,
         items: &[(Key<'_>, Fingerprint)],
-    ) -> Result<Vec<Result<Begun>>> {
+    ) -> Result<contract::Pending<Vec<Result<Begun>>>> {
         this.check_batch(
             items
                 .iter()
@@ -187,13 +184,15 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        waits.settle(this)?;
-        Ok(out)
+        Ok(contract::Pending::new(out, waits.basis()))
     }
 
     /// Completes many claims, each with its outcome, in one commit
     /// (usually).
-    pub(crate) fn complete_batch(&self, items: &[(&Ticket, &[u8])]) -> Result<Vec<Result<()>>> {
+    pub(crate) fn complete_batch(
+        &self,
+        items: &[(&Ticket, &[u8])],
+    ) -> Result<contract::Pending<Vec<Result<()>>>> {
         self.check_batch(
             items
                 .iter()
@@ -211,10 +210,7 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        if last > 0 {
-            self.log.settle(last)?;
-        }
-        Ok(out)
+        Ok(contract::Pending::new(out, Basis::written(last)))
     }
 
     /// `begin` without waiting for durability: the rows its answer waits
@@ -393,13 +389,17 @@ impl Engine {
         (tag, outcome): (u8, &[u8]),
         retention_ms: Option<u64>,
         amount: i64,
-    ) -> Result<()> {
-        self.finish(claim, Kind::Complete, (tag, outcome), retention_ms, amount)
-            .and_then(|row| self.log.settle(row))
+    ) -> Result<contract::Pending<()>> {
+        let row = self.finish(claim, Kind::Complete, (tag, outcome), retention_ms, amount)?;
+        Ok(contract::Pending::new((), Basis::written(row)))
     }
 
     /// Fails a claim.
-    pub(crate) fn fail(&self, claim: &Ticket, failure: Failure<'_>) -> Result<()> {
+    pub(crate) fn fail(
+        &self,
+        claim: &Ticket,
+        failure: Failure<'_>,
+    ) -> Result<contract::Pending<()>> {
         let res = match failure {
             Failure::Retryable => self.finish(claim, Kind::Release, (TAG_RAW, &[]), None, 0),
             Failure::RetryableAnyRequest => {
@@ -421,12 +421,16 @@ impl Engine {
                 self.finish(claim, Kind::DeadLetter, (TAG_RAW, &body), None, 0)
             }
         };
-        res.and_then(|row| self.log.settle(row))
+        Ok(contract::Pending::new((), Basis::written(res?)))
     }
 
     /// Extends a claim's lease to now + `lease_ms` (the claim's own lease
     /// if `None`); returns the new expiry.
-    pub(crate) fn renew(&self, claim: &Ticket, lease_ms: Option<u64>) -> Result<SystemTime> {
+    pub(crate) fn renew(
+        &self,
+        claim: &Ticket,
+        lease_ms: Option<u64>,
+    ) -> Result<contract::Pending<SystemTime>> {
         self.log.check()?;
         let (now, nb) = self.time()?;
         self.check_owner(claim)?;
@@ -450,8 +454,10 @@ impl Engine {
         };
         claim.lease_until.store(lease_until, Ordering::Release);
         drop(shard);
-        self.log.settle(row)?;
-        Ok(to_system_time(lease_until))
+        Ok(contract::Pending::new(
+            to_system_time(lease_until),
+            Basis::written(row),
+        ))
     }
 
     /// Fails for a claim made by another store.

@@ -31,7 +31,7 @@ use crate::codec::TAG_RAW;
 use crate::index::{Pending, Round, SlotState};
 use crate::key::KeyHash;
 use crate::records::{ClaimFields, Kind, RecordRef};
-use crate::types::{DeadLetter, Listing, Page, Resolution};
+use crate::types::{self as contract, Basis, DeadLetter, Listing, Page, Resolution};
 use crate::{Key, Result};
 
 /// A dead letter read from an expired table at open, kept until replay
@@ -73,7 +73,7 @@ impl Engine {
 
     /// Requeues a dead letter: the key becomes claimable again, its next
     /// attempt numbered after the last. `false` if it is not dead-lettered.
-    pub(crate) fn requeue(&self, key: &Key<'_>) -> Result<bool> {
+    pub(crate) fn requeue(&self, key: &Key<'_>) -> Result<contract::Pending<bool>> {
         self.leave_dead_letter(key, |p, scope, id, at| {
             let p = Pending {
                 lease_until: 0,
@@ -90,7 +90,11 @@ impl Engine {
 
     /// Resolves a dead letter with a final outcome or a note. `false` if
     /// it is not dead-lettered.
-    pub(crate) fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<bool> {
+    pub(crate) fn resolve(
+        &self,
+        key: &Key<'_>,
+        resolution: Resolution<'_>,
+    ) -> Result<contract::Pending<bool>> {
         let (kind_done, bytes): (bool, &[u8]) = match resolution {
             Resolution::Completed(outcome) => (true, outcome),
             Resolution::Abandoned(note) => (false, note.as_bytes()),
@@ -121,7 +125,7 @@ impl Engine {
         &self,
         key: &'k Key<'_>,
         make: impl FnOnce(Pending, &'k [u8], &'k [u8], (u64, u64)) -> (Next, RecordRef<'k>),
-    ) -> Result<bool> {
+    ) -> Result<contract::Pending<bool>> {
         let (h, now, nb) = self.write_start(key)?;
         let mut shard = self.index.lock(h);
         let w = Write::new(&mut shard, h, nb);
@@ -130,7 +134,7 @@ impl Engine {
             .filter(|s| s.state() == SlotState::DeadLettered)
             .and_then(|_| w.pending())
         else {
-            return Ok(false);
+            return Ok(contract::Pending::settled(false));
         };
         let at = (now, now.saturating_add(p.retention_ms));
         let (next, rec) = make(p, key.scope(), key.id(), at);
@@ -177,8 +181,7 @@ impl Engine {
             row
         };
         drop(shard);
-        self.log.settle(row)?;
-        Ok(true)
+        Ok(contract::Pending::new(true, Basis::written(row)))
     }
 
     /// How many dead letters there are, and when the oldest failed.

@@ -6,13 +6,18 @@ use super::write::{Next, Write};
 use crate::index::{Pending, Round, Shard, SlotState};
 use crate::key::KeyHash;
 use crate::records::{ClaimFields, RecordRef};
+use crate::types::{self as contract, Basis};
 use crate::types::{Forget, InProgress};
 use crate::{Key, Result};
 
 impl Engine {
     /// Records `key` if absent, kept for `retention_ms` (the store's if
     /// `None`); `true` if it was new.
-    pub(crate) fn insert(&self, key: &Key<'_>, retention_ms: Option<u64>) -> Result<bool> {
+    pub(crate) fn insert(
+        &self,
+        key: &Key<'_>,
+        retention_ms: Option<u64>,
+    ) -> Result<contract::Pending<bool>> {
         let retention_ms = retention_ms.unwrap_or(self.cfg.retention_ms);
         let (h, now, nb) = self.write_start(key)?;
         let mut shard = self.index.lock(h);
@@ -21,8 +26,7 @@ impl Engine {
             let row = s.row(self.log.open_row());
             shard.counters.duplicates += 1;
             drop(shard);
-            self.settle_seen(row)?;
-            return Ok(false);
+            return Ok(contract::Pending::new(false, Basis::read(row)));
         }
         let row = {
             let mut batch = self.log.batch()?;
@@ -31,13 +35,12 @@ impl Engine {
         };
         shard.counters.new_keys += 1;
         drop(shard);
-        self.log.settle(row)?;
-        Ok(true)
+        Ok(contract::Pending::new(true, Basis::written(row)))
     }
 
     /// Records many keys in one durable commit; the flag at index `i` says
     /// whether `keys[i]` was new.
-    pub(crate) fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
+    pub(crate) fn insert_batch(&self, keys: &[Key<'_>]) -> Result<contract::Pending<Vec<bool>>> {
         self.check_batch(
             keys.iter()
                 .map(|k| self.check_key(k).map(|()| key_bytes(k))),
@@ -79,11 +82,8 @@ impl Engine {
         for group in busy {
             one_shard(&mut self.index.lock_shard(group[0].0 as usize), group)?;
         }
-        if wait_new > 0 {
-            self.log.settle(wait_new)?;
-        }
-        self.settle_seen(wait_seen)?;
-        Ok(out)
+        let basis = Basis::written(wait_new).and(Basis::read(wait_seen));
+        Ok(contract::Pending::new(out, basis))
     }
 
     /// Each key's (shard, position in `keys`, hash), grouped by shard and
@@ -121,17 +121,16 @@ impl Engine {
     /// that appends, against the key's state at that moment: several
     /// records of a key can share a row, so a slot still pointing at the
     /// same row does not mean its state is the one first seen.
-    pub(crate) fn forget(&self, key: &Key<'_>) -> Result<Forget> {
+    pub(crate) fn forget(&self, key: &Key<'_>) -> Result<contract::Pending<Forget>> {
         loop {
             let (h, now, nb) = self.write_start(key)?;
             let mut shard = self.index.lock(h);
             let w = Write::new(&mut shard, h, nb);
             let (bucket, row) = match self.forget_decision(&w, now) {
-                Decision::Absent => return Ok(Forget::NotFound),
+                Decision::Absent => return Ok(contract::Pending::settled(Forget::NotFound)),
                 Decision::Held(row, busy) => {
                     drop(shard);
-                    self.settle_seen(row)?;
-                    return Ok(Forget::InProgress(busy));
+                    return Ok(held(row, busy));
                 }
                 Decision::At(bucket, row) => (bucket, row),
             };
@@ -150,8 +149,7 @@ impl Engine {
                 Decision::At(b, r) if b == bucket && r == row => {}
                 Decision::Held(row, busy) => {
                     drop(shard);
-                    self.settle_seen(row)?;
-                    return Ok(Forget::InProgress(busy));
+                    return Ok(held(row, busy));
                 }
                 _ => continue, // written or evicted meanwhile: decide again
             }
@@ -187,8 +185,10 @@ impl Engine {
             };
             shard.counters.forgotten += 1;
             drop(shard);
-            self.log.settle(row)?;
-            return Ok(Forget::Forgotten(old));
+            return Ok(contract::Pending::new(
+                Forget::Forgotten(old),
+                Basis::written(row),
+            ));
         }
     }
 
@@ -214,6 +214,11 @@ impl Engine {
         }
         Decision::At(s.bucket(w.now_bucket()), s.row(open_row))
     }
+}
+
+/// `forget`'s refusal, answered from the record at `row`.
+fn held(row: u64, busy: InProgress) -> contract::Pending<Forget> {
+    contract::Pending::new(Forget::InProgress(busy), Basis::read(row))
 }
 
 /// [`Engine::forget_decision`]'s answer.

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use super::Engine;
 use crate::Result;
 use crate::sync::Arc;
+use crate::types::Basis;
 
 /// `deferring(scope, f)` runs `f` (one or more of the engine's calls) on
 /// this thread with the waits its answers need deferred, and returns its
@@ -18,6 +19,42 @@ use crate::sync::Arc;
 pub(crate) use crate::log::{Scope, Waiting, blocking, deferring};
 
 impl Engine {
+    /// Waits until an answer resting on `basis` may be told: its own rows
+    /// made durable as the durability mode requires, the rows it was read
+    /// from durable in `Immediate` mode. Inside a deferring scope (the
+    /// async front's `call`), the waits are noted instead.
+    #[inline]
+    pub(crate) fn wait_basis(&self, basis: Basis) -> Result<()> {
+        if basis.written_at() > 0 {
+            self.log.settle(basis.written_at())?;
+        }
+        if basis.read_at() > 0 {
+            self.settle_seen(basis.read_at())?;
+        }
+        Ok(())
+    }
+
+    /// [`wait_basis`](Self::wait_basis) as a poll: `Ready` once the answer
+    /// may be told, else the task's waker registered in `slot` (see
+    /// `Log::poll_durable`). Without the `async` feature it blocks.
+    pub(crate) fn poll_basis(
+        &self,
+        basis: Basis,
+        slot: &mut Option<Arc<Waiting>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        #[cfg(feature = "async")]
+        if self.cfg.durability == crate::Durability::Immediate {
+            let row = basis.written_at().max(basis.read_at());
+            if row == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            return self.poll_durable(row, slot, cx);
+        }
+        let _ = (slot, cx);
+        Poll::Ready(self.wait_basis(basis))
+    }
+
     /// The row holding the newest record appended so far (a flush awaits it).
     pub(crate) fn last_row(&self) -> u64 {
         self.log.last_row()

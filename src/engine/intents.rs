@@ -40,7 +40,9 @@ use crate::records::{
     ClaimFields, INTENT_CLOSED, INTENT_PENDING, INTENT_SETTLED, IntentBody, RecordRef,
 };
 use crate::types::intent::{Answered, Calls, Doubt};
-use crate::types::{Answer, Duplicate, Intent, IntentEntry, Listing, Page};
+use crate::types::{
+    self as contract, Answer, Basis, Duplicate, Intent, IntentEntry, Listing, Page,
+};
 use crate::{Error, Key, Result};
 
 /// A pending intent read from an expired table at open, kept until replay
@@ -257,7 +259,11 @@ impl Engine {
 
     /// Records what the provider answered the claim's intent (see
     /// [`Answer`]): one durable commit.
-    pub(crate) fn mark_answered(&self, claim: &Ticket, answer: &Answer<'_>) -> Result<()> {
+    pub(crate) fn mark_answered(
+        &self,
+        claim: &Ticket,
+        answer: &Answer<'_>,
+    ) -> Result<contract::Pending<()>> {
         self.log.check()?;
         // Before any shard lock: refusing another store's claim counts it
         // under that lock.
@@ -344,7 +350,7 @@ impl Engine {
                 )
             };
             drop(shard);
-            return self.log.settle(row);
+            return Ok(contract::Pending::new((), Basis::written(row)));
         }
     }
 

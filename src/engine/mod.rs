@@ -2,7 +2,10 @@
 //!
 //! Every operation: validate, hash, lock the key's shard, decide and append
 //! the log record under that lock (through the write primitive in
-//! [`write`](mod@write)), unlock, then wait for durability as the mode requires.
+//! [`write`](mod@write)), unlock, then return the answer with the rows it
+//! rests on (`types::Pending`): the face waits for them
+//! ([`Engine::wait_basis`]) or awaits them ([`Engine::poll_basis`]) as the
+//! mode requires (`src/contract.rs`).
 //!
 //! Rooms, by concern:
 //! - [`open`]: opening a file, recovery (replaying the log into the index);
@@ -30,8 +33,8 @@
 //! - [`counters`]: store-wide counters and the [`Stats`](crate::Stats)
 //!   snapshot;
 //! - [`waiters`]: callers waiting for an in-flight result, per key;
-//! - [`durable`]: a call run with its durability waits deferred, and the
-//!   wait as a poll (the async front's side of the engine).
+//! - [`durable`]: waiting for what an answer rests on, blocking and as a
+//!   poll; a call run with its waits deferred (`AsyncStore::call`).
 //!
 //! Invariants:
 //! - a caller is told "new", "started" or "done" only after its record is

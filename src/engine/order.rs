@@ -41,7 +41,7 @@ use crate::index::entity::{Entity, EventState, FRESH, Stored};
 use crate::key::KeyHash;
 use crate::records::{Kind, RecordRef};
 use crate::types::{
-    Advance, Delivered, Handling, Held, SequenceOptions, Sequenced, Unacked, Update,
+    Advance, Basis, Delivered, Handling, Held, Pending, SequenceOptions, Sequenced, Unacked, Update,
 };
 use crate::{Error, Key, Result};
 
@@ -151,7 +151,7 @@ impl Engine {
         Ok((h, now, nb))
     }
 
-    pub(crate) fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
+    pub(crate) fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Pending<Advance>> {
         check_version(version)?;
         let (h, now, nb) = self.entity_write_start(entity)?;
         let mut shard = self.index.lock(h);
@@ -172,14 +172,10 @@ impl Engine {
             let row = e.row;
             shard.counters.versions_stale += u64::from(matches!(answer, Advance::Stale { .. }));
             drop(shard);
-            self.settle_seen(row)?;
-            return Ok(answer);
+            return Ok(Pending::new(answer, Basis::read(row)));
         };
         drop(shard);
-        if let Some(row) = row {
-            self.log.settle(row)?;
-        }
-        Ok(answer)
+        Ok(Pending::new(answer, Basis::written(row.unwrap_or(0))))
     }
 
     pub(crate) fn apply_event(
@@ -187,7 +183,7 @@ impl Engine {
         event: &Key<'_>,
         entity: &Key<'_>,
         version: u64,
-    ) -> Result<Update> {
+    ) -> Result<Pending<Update>> {
         check_version(version)?;
         self.check_key(event)?;
         let he = self.hasher.hash(event.scope(), event.id());
@@ -222,12 +218,12 @@ impl Engine {
                 nb,
             )?
         };
-        if matches!(answer, Update::DuplicateEvent) {
-            self.settle_seen(row)?;
+        let basis = if matches!(answer, Update::DuplicateEvent) {
+            Basis::read(row)
         } else {
-            self.log.settle(row)?;
-        }
-        Ok(answer)
+            Basis::written(row)
+        };
+        Ok(Pending::new(answer, basis))
     }
 
     /// A hand-back lease in ms: the call's own or the store's.
@@ -250,7 +246,7 @@ impl Engine {
         seq: u64,
         payload: &[u8],
         options: &SequenceOptions,
-    ) -> Result<Sequenced> {
+    ) -> Result<Pending<Sequenced>> {
         check_seq(seq)?;
         self.check_payload(payload)?;
         let lease_ms = self.handback_lease(options.lease)?;
@@ -328,8 +324,7 @@ impl Engine {
                 _ => {}
             }
             drop(shard);
-            self.settle_seen(row)?;
-            return Ok(answer);
+            return Ok(Pending::new(answer, Basis::read(row)));
         } else {
             self.log_core(&mut batch, e, now)
         };
@@ -342,8 +337,7 @@ impl Engine {
         }
         shard.counters.seq_held += moved as u64;
         drop(shard);
-        self.log.settle(row)?;
-        Ok(answer)
+        Ok(Pending::new(answer, Basis::written(row)))
     }
 
     pub(crate) fn held(&self, entity: &Key<'_>) -> Result<Vec<Held>> {
@@ -383,13 +377,13 @@ impl Engine {
         }))
     }
 
-    pub(crate) fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
+    pub(crate) fn release_held(&self, entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>> {
         let (h, now, nb) = self.entity_write_start(entity)?;
         let until = now.saturating_add(self.cfg.handback_lease_ms);
         let mut shard = self.index.lock(h);
         let e = shard.entity_mut(h, nb, entity);
         if e.held.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Pending::settled(Vec::new()));
         }
         let mut all = std::mem::take(&mut e.held);
         all.append(&mut e.parked);
@@ -409,15 +403,14 @@ impl Engine {
         };
         shard.counters.seq_delivered += out.len() as u64;
         drop(shard);
-        self.log.settle(row)?;
-        Ok(out)
+        Ok(Pending::new(out, Basis::written(row)))
     }
 
-    pub(crate) fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<usize> {
+    pub(crate) fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<Pending<usize>> {
         let (h, now, nb) = self.entity_write_start(entity)?;
         let mut shard = self.index.lock(h);
         let Some(e) = shard.entity_live_mut(h, nb) else {
-            return Ok(0);
+            return Ok(Pending::settled(0));
         };
         let mark = upto.saturating_add(1).min(e.expected());
         let still = e.unacked.split_off(&mark);
@@ -425,8 +418,7 @@ impl Engine {
         if acked == 0 {
             let row = e.row;
             drop(shard);
-            self.settle_seen(row)?;
-            return Ok(0);
+            return Ok(Pending::new(0, Basis::read(row)));
         }
         e.acked = e.acked.max(mark);
         let row = {
@@ -434,8 +426,7 @@ impl Engine {
             self.log_core(&mut batch, e, now)
         };
         drop(shard);
-        self.log.settle(row)?;
-        Ok(acked)
+        Ok(Pending::new(acked, Basis::written(row)))
     }
 
     pub(crate) fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Unacked>> {

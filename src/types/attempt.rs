@@ -6,7 +6,38 @@ use std::time::SystemTime;
 #[cfg(doc)]
 use crate::Begin;
 use crate::clock::to_system_time;
+use crate::types::dead_letter::DeadLetter;
 use crate::types::record::Record;
+
+/// What `begin` answers, over a backend's claim handle `C`; the engine's
+/// is [`Begin`] (`Began<Claim>`).
+///
+/// # Examples
+/// ```
+/// # use dedupkv::{Began, Begin, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = Store::open(dir.path().join("s.redb"))?;
+/// let answer: Began<dedupkv::Claim> = store.begin(&Key::new("t", "e"), Fingerprint::NONE)?;
+/// assert!(matches!(answer, Begin::Started(_)));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "a Started claim must be completed or failed"]
+pub enum Began<C> {
+    /// This caller owns the attempt: do the work, then
+    /// [`complete`](crate::Store::complete) or [`fail`](crate::Store::fail).
+    Started(C),
+    /// The operation finished before (completed, failed permanently, or
+    /// recorded by `insert_if_absent`); here is its record and outcome.
+    Completed(Record),
+    /// Another attempt holds a live lease.
+    InProgress(InProgress),
+    /// The operation's retries were exhausted and it is in the dead-letter
+    /// area: it is not retried until an operator
+    /// [`requeue`](crate::Store::requeue)s or
+    /// [`resolve`](crate::Store::resolve)s it.
+    DeadLettered(DeadLetter),
+}
 
 /// Details of a claim held by someone else.
 ///
@@ -29,6 +60,33 @@ pub struct InProgress {
 }
 
 impl InProgress {
+    /// The details of `attempt`, first claimed at `first_seen_at`, whose
+    /// lease ends at `lease_expires_at` (for a backend of the
+    /// [contract](crate::contract) building its answer).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::InProgress;
+    /// use std::time::{Duration, UNIX_EPOCH};
+    ///
+    /// let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    /// let info = InProgress::new(2, at + Duration::from_secs(30), at);
+    /// assert_eq!(info.attempt(), 2);
+    /// assert_eq!(info.lease_expires_at(), at + Duration::from_secs(30));
+    /// ```
+    #[must_use]
+    pub fn new(
+        attempt: u32,
+        lease_expires_at: SystemTime,
+        first_seen_at: SystemTime,
+    ) -> InProgress {
+        InProgress {
+            attempt,
+            lease_until: crate::clock::to_ms(lease_expires_at),
+            first_at: crate::clock::to_ms(first_seen_at),
+        }
+    }
+
     /// The running attempt's number (1 for the first).
     ///
     /// # Examples

@@ -82,6 +82,74 @@ pub struct Record {
 }
 
 impl Record {
+    /// A record of `key` in `state`, with no attempts, times, fingerprint
+    /// or outcome yet (for a backend of the [contract](crate::contract)
+    /// building its answer; the `with_` calls fill the rest in).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Key, Record, State};
+    ///
+    /// let rec = Record::new(Key::new("t", "e").into_owned(), State::Completed)
+    ///     .with_attempts(2)
+    ///     .with_outcome(b"done".to_vec());
+    /// assert_eq!((rec.state(), rec.attempts()), (State::Completed, 2));
+    /// assert_eq!(rec.outcome(), Some(&b"done"[..]));
+    /// ```
+    #[must_use]
+    pub fn new(key: Key<'static>, state: State) -> Record {
+        Record {
+            key,
+            state,
+            attempts: 0,
+            token: 0,
+            first_seen: 0,
+            updated: 0,
+            expires: 0,
+            lease_until: None,
+            fingerprint: None,
+            provider_key: None,
+            outcome_tag: crate::codec::TAG_RAW,
+            outcome: None,
+        }
+    }
+
+    /// This record with `attempts` attempts.
+    ///
+    /// # Examples
+    /// See [`Record::new`].
+    #[must_use]
+    pub fn with_attempts(mut self, attempts: u32) -> Record {
+        self.attempts = attempts;
+        self
+    }
+
+    /// This record with the raw outcome `outcome`.
+    ///
+    /// # Examples
+    /// See [`Record::new`].
+    #[must_use]
+    pub fn with_outcome(mut self, outcome: Vec<u8>) -> Record {
+        self.outcome = Some(outcome);
+        self
+    }
+
+    /// This record with the operation's `fingerprint`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Fingerprint, Key, Record, State};
+    ///
+    /// let f = Fingerprint::of("100 EUR");
+    /// let rec = Record::new(Key::new("t", "e").into_owned(), State::InProgress).with_fingerprint(f);
+    /// assert_eq!(rec.fingerprint(), Some(f));
+    /// ```
+    #[must_use]
+    pub fn with_fingerprint(mut self, fingerprint: Fingerprint) -> Record {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
     /// The key this record is about.
     ///
     /// # Examples

@@ -12,6 +12,9 @@
 //!   sequences are checked against.
 //! - [`history`]: many threads making every call at once, their recorded
 //!   history checked for linearizability against the same model.
+//! - [`conformance`]: the operation-level contract's conformance suite, a
+//!   driver generic over `dedupkv::contract` and the specification it
+//!   checks every answer against; one call runs it on a backend.
 //! - Helpers the tests repeat: [`started`], [`is_fault`], [`tempdir`],
 //!   and the shared set-up: the start time [`T0`] and [`builder`].
 //!
@@ -35,6 +38,7 @@
 //! ```
 
 mod backend;
+pub mod conformance;
 mod file;
 pub mod history;
 pub mod model;
