@@ -369,6 +369,9 @@ pub(crate) struct Log {
     committer: Option<JoinHandle<()>>,
     /// The file's format once the open's first commit was made.
     opened_format: u32,
+    /// Set once the log of a read-only open has made its start (in
+    /// memory): the file, named by every refused append.
+    read_only: Option<std::path::PathBuf>,
 }
 
 /// A poisoned log reports why.
@@ -471,6 +474,7 @@ impl Log {
             durability,
             committer: Some(committer),
             opened_format: format,
+            read_only: None,
         };
         // The first commit is made here, not by the committer: open reports
         // its failure, and returns with nothing in flight and no kick queued
@@ -592,12 +596,40 @@ impl Log {
         let _ = self.shared.on_poison.set(hook);
     }
 
-    /// Fails if an earlier commit failed.
+    /// Fails if an earlier commit failed, or if the log is read-only:
+    /// what every append checks first.
     pub(crate) fn check(&self) -> Result<()> {
+        self.check_readable()?;
+        if let Some(path) = &self.read_only {
+            return Err(Error::ReadOnly { path: path.clone() });
+        }
+        Ok(())
+    }
+
+    /// Fails if an earlier commit failed: what every read checks first.
+    pub(crate) fn check_readable(&self) -> Result<()> {
         if self.shared.poisoned.load(Ordering::Acquire) {
             return Err(poisoned_error(&self.shared));
         }
         Ok(())
+    }
+
+    /// Makes the log read-only once the start of a read-only open is made
+    /// (its commits went to memory, never to `path`): stops the committer,
+    /// and every later append fails with [`Error::ReadOnly`] naming `path`.
+    pub(crate) fn stop_writing(&mut self, path: std::path::PathBuf) {
+        self.stop_committer();
+        self.read_only = Some(path);
+    }
+
+    /// Stops the committer once it has committed what is pending, and
+    /// joins it.
+    fn stop_committer(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = self.shared.kick.try_send(());
+        if let Some(h) = self.committer.take() {
+            let _ = h.join();
+        }
     }
 
     /// The row appends currently land in: every row a slot points at is at
@@ -937,11 +969,7 @@ impl Log {
 
 impl Drop for Log {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        let _ = self.shared.kick.try_send(());
-        if let Some(h) = self.committer.take() {
-            let _ = h.join();
-        }
+        self.stop_committer();
         if let Some(ship) = &self.shared.ship {
             ship.sink.closed();
         }

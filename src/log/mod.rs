@@ -53,7 +53,8 @@ pub(crate) type Storage = Box<dyn LogStore>;
 
 /// Opens (or creates) the storage, with a page cache of `cache_bytes` and
 /// redb's check of every page if `verify_pages`, and checks or writes its
-/// metadata.
+/// metadata (a read-only location's is only checked: a file without it
+/// is not a store).
 pub(crate) fn open_database(
     location: Location,
     (cache_bytes, verify_pages): (usize, bool),
@@ -61,12 +62,17 @@ pub(crate) fn open_database(
     hashing_set: bool,
     granularity_set: bool,
 ) -> Result<(Storage, FileMeta)> {
+    let read_only = location.is_read_only();
     let db: Storage = Box::new(store::redb::RedbStore::open(
         location,
         cache_bytes,
         verify_pages,
     )?);
-    let meta = meta::read_or_init(&*db, wanted)?;
+    let meta = if read_only {
+        meta::read_existing(&*db)?
+    } else {
+        meta::read_or_init(&*db, wanted)?
+    };
     if hashing_set && meta.hasher.kind() != wanted.hasher.kind() {
         return Err(Error::InvalidConfig(format!(
             "the store was created with key hashing {:?}, not {:?}; it cannot change",
