@@ -243,7 +243,11 @@ fn every_write_is_refused(store: &Store, path: &Path) -> Result<()> {
     read_only_error("insert (seen)", store.insert_if_absent(&key), path);
     read_only_error("insert (new)", store.insert_if_absent(&new), path);
     read_only_error("insert_for", store.insert_if_absent_for(&new, HOUR), path);
-    read_only_error("insert_batch", store.insert_batch(&[new.clone()]), path);
+    read_only_error(
+        "insert_batch",
+        store.insert_batch(std::slice::from_ref(&new)),
+        path,
+    );
     read_only_error("begin", store.begin(&new, fp), path);
     read_only_error(
         "begin (done)",
@@ -297,8 +301,14 @@ fn every_write_is_refused(store: &Store, path: &Path) -> Result<()> {
     read_only_error("compact", store.compact(), path);
     read_only_error("upgrade", store.upgrade(), path);
     store.flush()?; // nothing to flush: answers Ok
+    writes_with_a_claim_are_refused(store, path)
+}
 
-    // A claim of another store, handed to this one.
+/// The writes that take a claim, with a claim of another store (this one
+/// hands out none); and writes through the async front.
+fn writes_with_a_claim_are_refused(store: &Store, path: &Path) -> Result<()> {
+    let (key, new) = (Key::new("t", "early-ins-1"), Key::new("t", "brand-new"));
+    let fp = Fingerprint::NONE;
     let dir = tempdir();
     let other = Store::open(dir.path().join("other.redb"))?;
     let claim = started(other.begin(&new, fp)?);
@@ -411,6 +421,7 @@ fn a_crash_image_is_recovered_in_memory() -> Result<()> {
 
 #[test]
 fn a_torn_commit_reads_as_its_writable_open_does() -> Result<()> {
+    const PAGE: usize = 4096;
     let dir = tempdir();
     let clock = ManualClock::new(T0);
     let backend = FaultBackend::new();
@@ -442,7 +453,6 @@ fn a_torn_commit_reads_as_its_writable_open_does() -> Result<()> {
     backend.release_syncs();
     assert!(writer.join().expect("writer").is_ok());
     drop(store);
-    const PAGE: usize = 4096;
     let changed: Vec<usize> = (0..new.len().div_ceil(PAGE))
         .filter(|p| {
             let r = p * PAGE..((p + 1) * PAGE).min(new.len());
@@ -451,7 +461,7 @@ fn a_torn_commit_reads_as_its_writable_open_does() -> Result<()> {
         .collect();
     let mut torn = old.clone();
     torn.resize(new.len(), 0);
-    for p in &changed[..changed.len() / 2 + 1] {
+    for p in &changed[..=changed.len() / 2] {
         let r = p * PAGE..((p + 1) * PAGE).min(new.len());
         torn[r.clone()].copy_from_slice(&new[r]);
     }
@@ -548,7 +558,7 @@ fn a_writer_beside_a_read_only_handle_is_not_disturbed() -> Result<()> {
     // what outlives the expired tables — the early dead letter, at the
     // time of the open — and strands the writer's claims.)
     for key in keys().iter().filter(|k| k.id().starts_with(b"late-")) {
-        assert_eq!(reader.get(&key)?, writer.get(&key)?, "{key:?}");
+        assert_eq!(reader.get(key)?, writer.get(key)?, "{key:?}");
     }
     // The writer goes on writing and reading, undisturbed.
     for i in 0..100 {

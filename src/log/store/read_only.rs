@@ -131,7 +131,7 @@ impl redb::StorageBackend for Image {
             let first_gone = len.div_ceil(PIECE);
             st.pieces.split_off(&first_gone);
             // The piece the new end falls in keeps nothing past it.
-            if len % PIECE != 0
+            if !len.is_multiple_of(PIECE)
                 && let Some(piece) = st.pieces.get_mut(&(len / PIECE))
             {
                 piece[offset_in(len, len / PIECE * PIECE)..].fill(0);
