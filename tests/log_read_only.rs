@@ -656,3 +656,56 @@ fn a_read_only_open_checks_the_settings_the_file_fixed() -> Result<()> {
     assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
     Ok(())
 }
+
+#[test]
+fn a_read_only_open_racing_a_writer_answers_right_or_fails_naming_the_path() -> Result<()> {
+    let dir = tempdir();
+    let path = dir.path().join("s.redb");
+    let writer = Store::builder().background_eviction(false).open(&path)?;
+    let before: Vec<String> = (0..200).map(|i| format!("before-{i}")).collect();
+    let keys: Vec<Key<'_>> = before.iter().map(|id| Key::new("t", id)).collect();
+    writer.insert_batch(&keys)?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (opened, failed) = std::thread::scope(|s| -> Result<(u32, u32)> {
+        let writing = s.spawn(|| -> Result<u64> {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let id = format!("during-{n}");
+                writer.insert_if_absent(&Key::new("t", &id))?;
+                n += 1;
+            }
+            Ok(n)
+        });
+        let (mut opened, mut failed) = (0, 0);
+        for _ in 0..10 {
+            // Either every key written before the open reads back, or the
+            // open (or a read) fails as `Corrupt`, naming the file.
+            let round = Store::open_read_only(&path).and_then(|reader| {
+                for key in &keys {
+                    let found = reader.get(key)?;
+                    assert!(
+                        found.is_some(),
+                        "{key:?}, written before the open, reads as absent"
+                    );
+                }
+                Ok(())
+            });
+            match round {
+                Ok(()) => opened += 1,
+                Err(Error::Corrupt(why)) => {
+                    assert!(why.contains(&path.display().to_string()), "{why}");
+                    failed += 1;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let wrote = writing.join().expect("writer thread")?;
+        assert!(wrote > 0, "the writer kept writing");
+        Ok((opened, failed))
+    })?;
+    eprintln!("beside a writer: {opened} read-only opens read everything, {failed} failed");
+    // The writer was not disturbed: everything it was told is there.
+    assert!(writer.get(&Key::new("t", "during-0"))?.is_some());
+    Ok(())
+}

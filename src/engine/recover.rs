@@ -74,8 +74,12 @@ pub(crate) struct Recovery {
 
 /// Runs `open` (recovery and start) for the store at `place`, in its
 /// tracing span: a redb panic becomes [`Error::Corrupt`], and every
-/// `Corrupt` names `place` and what to do.
-pub(super) fn guarded<T>(place: Option<&Path>, open: impl FnOnce() -> Result<T>) -> Result<T> {
+/// `Corrupt` names `place` and what to do (`read_only`: the file may
+/// have been changed by a writer during the open).
+pub(super) fn guarded<T>(
+    (place, read_only): (Option<&Path>, bool),
+    open: impl FnOnce() -> Result<T>,
+) -> Result<T> {
     let place = place.map_or_else(|| "the store".into(), |p| p.display().to_string());
     let _span = tracing::info_span!("dedupkv.recovery", place = %place).entered();
     // redb 4.6 can panic (rather than fail) on some damaged files; a
@@ -88,6 +92,11 @@ pub(super) fn guarded<T>(place: Option<&Path>, open: impl FnOnce() -> Result<T>)
             )))
         })
         .map_err(|e| match e {
+            Error::Corrupt(why) if read_only => Error::Corrupt(format!(
+                "{place} is damaged, or a writer changed it during this read-only open ({why}); \
+                 retry, or use the live admin endpoint (planned); if it persists, export what \
+                 is readable, restore from a backup"
+            )),
             Error::Corrupt(why) => Error::Corrupt(format!(
                 "{place} is damaged ({why}); export what is readable, restore from a backup"
             )),

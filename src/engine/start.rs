@@ -43,7 +43,7 @@ impl Engine {
         location: Location,
     ) -> Result<(Arc<Engine>, Threads)> {
         let path = location.path().map(std::path::Path::to_path_buf);
-        guarded(path.as_deref(), || {
+        guarded((path.as_deref(), false), || {
             let engine = Self::start(Self::recover(cfg, clock, location)?)?;
             let engine = Arc::new(engine);
             let threads = Threads::start(
@@ -68,7 +68,7 @@ impl Engine {
         cfg.background_eviction = false;
         cfg.durability = Durability::Immediate;
         cfg.quick_repair = false;
-        guarded(Some(&path.clone()), || {
+        guarded((Some(&path.clone()), true), || {
             let mut engine =
                 Self::start(Self::recover(cfg, clock, Location::ReadOnly(path.clone()))?)?;
             engine.log.stop_writing(path);

@@ -498,7 +498,19 @@ impl Log {
 
     /// Row `row` of `bucket`'s table as stored, if it is there.
     pub(crate) fn read_row(&self, bucket: u64, row: u64) -> Result<Option<Vec<u8>>> {
-        Ok(self.db()?.read_row(bucket, row)?)
+        let found = self.db()?.read_row(bucket, row)?;
+        // Nothing is deleted from a read-only store: a row asked for is
+        // one the index points at, there unless the file changed.
+        if found.is_none()
+            && let Some(path) = &self.read_only
+        {
+            return Err(Error::Corrupt(format!(
+                "log row {row} of bucket {bucket} is missing from {}: a writer changed the \
+                 file under this read-only handle (reopen it), or the file is damaged",
+                path.display()
+            )));
+        }
+        Ok(found)
     }
 
     /// Calls `each(row, bytes, records)` for every row of `bucket`'s table,

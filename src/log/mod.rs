@@ -62,13 +62,19 @@ pub(crate) fn open_database(
     hashing_set: bool,
     granularity_set: bool,
 ) -> Result<(Storage, FileMeta)> {
-    let read_only = location.is_read_only();
-    let db: Storage = Box::new(store::redb::RedbStore::open(
+    let read_only = location
+        .is_read_only()
+        .then(|| location.path().map(Path::to_path_buf))
+        .flatten();
+    let mut db: Storage = Box::new(store::redb::RedbStore::open(
         location,
         cache_bytes,
         verify_pages,
     )?);
-    let meta = if read_only {
+    if let Some(path) = &read_only {
+        db = Box::new(store::read_only::Guarded::new(db, path.clone()));
+    }
+    let meta = if read_only.is_some() {
         meta::read_existing(&*db)?
     } else {
         meta::read_or_init(&*db, wanted)?

@@ -18,12 +18,21 @@
 //!   zeros above it;
 //! - no lock is taken (every lock call answers redb's `Unsupported`, so
 //!   redb opens without one): a writer that holds the file, or opens it
-//!   later, never waits for this image or fails because of it.
+//!   later, never waits for this image or fails because of it;
+//! - every storage call of a read-only store runs under `catch_unwind`
+//!   ([`Guarded`]): a writer's commits may reuse pages the image still
+//!   reads, and redb can panic on what it then finds; that is an error
+//!   naming the file, never a panic in the caller.
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
+use std::ops::RangeInclusive;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
 
+use super::{Commit, LogStore, MetaEntries, Rows, StoreResult, Table, View};
+use crate::log::error::LogError;
 use crate::sync::RwLock;
 
 /// The size of the pieces the image keeps, in bytes (redb's page size).
@@ -168,6 +177,129 @@ impl redb::StorageBackend for Image {
         }
         st.len = st.len.max(end);
         Ok(())
+    }
+}
+
+/// The storage of a read-only open: each call of the store under it runs
+/// under `catch_unwind`, and so does each row its iterators yield.
+pub(crate) struct Guarded {
+    inner: Box<dyn LogStore>,
+    path: std::sync::Arc<PathBuf>,
+}
+
+impl Guarded {
+    /// `inner`, the storage of the file at `path`, guarded.
+    pub(crate) fn new(inner: Box<dyn LogStore>, path: PathBuf) -> Guarded {
+        Guarded {
+            inner,
+            path: std::sync::Arc::new(path),
+        }
+    }
+}
+
+/// `f()`; a panic in it is [`LogError::Corrupt`] naming `path`.
+fn guard<T>(path: &std::path::Path, f: impl FnOnce() -> StoreResult<T>) -> StoreResult<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| Err(panicked(path, &*panic)))
+}
+
+/// What a panic of the storage engine reading `path` is.
+fn panicked(path: &std::path::Path, panic: &(dyn std::any::Any + Send)) -> LogError {
+    LogError::Corrupt(format!(
+        "the storage engine panicked reading {} ({}): a writer changed the file under this \
+         read-only handle (reopen it), or the file is damaged",
+        path.display(),
+        crate::error::panic_message(panic)
+    ))
+}
+
+/// Rows whose every step is guarded.
+fn guarded_rows(rows: Rows, path: &std::sync::Arc<PathBuf>) -> Rows {
+    let path = std::sync::Arc::clone(path);
+    let mut rows = Some(rows);
+    Box::new(std::iter::from_fn(move || {
+        let it = rows.as_mut()?;
+        match catch_unwind(AssertUnwindSafe(|| it.next())) {
+            Ok(next) => next,
+            Err(panic) => {
+                // The iterator is not asked again after a panic.
+                rows = None;
+                Some(Err(panicked(&path, &*panic)))
+            }
+        }
+    }))
+}
+
+impl LogStore for Guarded {
+    fn read_meta(&self) -> StoreResult<Option<MetaEntries>> {
+        guard(&self.path, || self.inner.read_meta())
+    }
+
+    fn table_names(&self) -> StoreResult<Vec<String>> {
+        guard(&self.path, || self.inner.table_names())
+    }
+
+    fn check_bucket(&self, bucket: u64) -> StoreResult<()> {
+        guard(&self.path, || self.inner.check_bucket(bucket))
+    }
+
+    fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>> {
+        guard(&self.path, || self.inner.read_row(bucket, row))
+    }
+
+    fn tables(&self) -> StoreResult<Vec<(u64, Table)>> {
+        let tables = guard(&self.path, || self.inner.tables())?;
+        Ok(tables
+            .into_iter()
+            .map(|(b, t)| (b, self.table_of(t)))
+            .collect())
+    }
+
+    fn table(&self, bucket: u64) -> StoreResult<Option<Table>> {
+        let table = guard(&self.path, || self.inner.table(bucket))?;
+        Ok(table.map(|t| self.table_of(t)))
+    }
+
+    fn row_range(&self, bucket: u64, rows: RangeInclusive<u64>) -> StoreResult<Rows> {
+        let rows = guard(&self.path, || self.inner.row_range(bucket, rows))?;
+        Ok(guarded_rows(rows, &self.path))
+    }
+
+    fn view(&self) -> StoreResult<View> {
+        let view = guard(&self.path, || self.inner.view())?;
+        Ok(View {
+            meta: view.meta,
+            tables: view
+                .tables
+                .into_iter()
+                .map(|(b, rows)| (b, guarded_rows(rows, &self.path)))
+                .collect(),
+        })
+    }
+
+    fn last_row(&self) -> StoreResult<u64> {
+        guard(&self.path, || self.inner.last_row())
+    }
+
+    fn commit(&self, commit: Commit<'_>) -> StoreResult<()> {
+        guard(&self.path, || self.inner.commit(commit))
+    }
+
+    fn used_bytes(&self) -> StoreResult<u64> {
+        guard(&self.path, || self.inner.used_bytes())
+    }
+
+    fn compact(&mut self) -> StoreResult<bool> {
+        let path = std::sync::Arc::clone(&self.path);
+        guard(&path, || self.inner.compact())
+    }
+}
+
+impl Guarded {
+    fn table_of(&self, t: Table) -> Table {
+        Table {
+            summary: t.summary,
+            rows: guarded_rows(t.rows, &self.path),
+        }
     }
 }
 
