@@ -385,12 +385,12 @@ fn a_cleanly_closed_store_reads_as_its_writable_open_and_is_left_untouched() -> 
     Ok(())
 }
 
-/// The bytes of a redb backend, written to `path`.
-fn dump(backend: &FaultBackend, path: &Path) -> Result<()> {
+/// The bytes of a redb backend.
+fn bytes_of(backend: &FaultBackend) -> Result<Vec<u8>> {
     let len = backend.len().map_err(io)?;
     let mut bytes = vec![0u8; usize::try_from(len).expect("fits")];
     backend.read(0, &mut bytes).map_err(io)?;
-    std::fs::write(path, bytes).map_err(io)
+    Ok(bytes)
 }
 
 /// A copy of `path` beside it, to open writable.
@@ -410,7 +410,7 @@ fn a_crash_image_is_recovered_in_memory() -> Result<()> {
     // A power cut now: what the syncs made durable, the store still open
     // (redb's header says it needs recovery).
     let path = dir.path().join("crash.redb");
-    dump(&backend.crash_image(), &path)?;
+    std::fs::write(&path, bytes_of(&backend.crash_image())?).map_err(io)?;
     drop(store);
     let writable_copy = copy_of(&path)?;
     let read = read_only_session(&path, &clock)?;
@@ -437,14 +437,9 @@ fn a_torn_commit_reads_as_its_writable_open_does() -> Result<()> {
         let store = store.clone();
         std::thread::spawn(move || store.insert_if_absent(&Key::new("t", "torn")))
     };
-    let read = |b: &FaultBackend| -> Result<Vec<u8>> {
-        let mut bytes = vec![0u8; usize::try_from(b.len().map_err(io)?).expect("fits")];
-        b.read(0, &mut bytes).map_err(io)?;
-        Ok(bytes)
-    };
-    let old = read(&durable)?;
+    let old = bytes_of(&durable)?;
     let new = loop {
-        let now = read(&backend.healthy())?;
+        let now = bytes_of(&backend.healthy())?;
         if now != old {
             break now;
         }

@@ -80,61 +80,45 @@ impl Engine {
     /// then the carrying of what expired tables hold, committed with the
     /// deletion of those tables.
     fn start(r: Recovery) -> Result<Engine> {
-        let Recovery {
-            cfg,
-            clock,
-            path,
-            db,
-            meta,
-            index,
-            replayed,
-            expired_dead,
-            expired_intents,
-            tally_carry,
-            first_token,
-            time_floor,
-            opened_at,
-            now_bucket,
-        } = r;
         let log = Log::start(
-            db,
+            r.db,
             Found {
-                last_row: replayed.last_row,
-                buckets: replayed.live.iter().copied().collect(),
-                manifest: meta.manifest,
-                summaries: replayed.summaries,
-                format: meta.format,
+                last_row: r.replayed.last_row,
+                buckets: r.replayed.live.iter().copied().collect(),
+                manifest: r.meta.manifest,
+                summaries: r.replayed.summaries,
+                format: r.meta.format,
             },
             // Reserves a block of fencing tokens, persisted by the first
             // commit.
-            first_token + TOKEN_BLOCK,
-            cfg.log_settings(),
+            r.first_token + TOKEN_BLOCK,
+            r.cfg.log_settings(),
         )
         // The first commit: an open that cannot write (a full disk, a
         // damaged page) fails here, saying why, instead of handing out a
         // store whose every call then fails.
-        .map_err(|e| crate::log::at_path(e, path.as_deref()))?;
+        .map_err(|e| crate::log::at_path(e, r.path.as_deref()))?;
         let engine = Engine {
-            index,
+            index: r.index,
             log,
-            hasher: meta.hasher,
-            clock,
-            cfg,
-            tokens: Tokens::starting_at(first_token),
+            hasher: r.meta.hasher,
+            clock: r.clock,
+            cfg: r.cfg,
+            tokens: Tokens::starting_at(r.first_token),
             cur_bucket: AtomicU64::new(0),
-            time: AtomicU64::new(time_floor),
+            time: AtomicU64::new(r.time_floor),
             clock_behind: AtomicBool::new(false),
-            evicted_through: AtomicU64::new(now_bucket),
+            evicted_through: AtomicU64::new(r.now_bucket),
             // Replay wrote nothing before the current bucket: it is closed
             // already (an eviction pass need not flush for it).
-            closed_bucket: AtomicU64::new(now_bucket.saturating_sub(1)),
+            closed_bucket: AtomicU64::new(r.now_bucket.saturating_sub(1)),
             evicting: Mutex::new(()),
             compact_due: AtomicBool::new(true),
             counters: StoreCounters::default(),
             waiters: Arc::default(),
             tick_hook: std::sync::OnceLock::new(),
-            path,
-            opened_at: opened_at.max(time_floor),
+            path: r.path,
+            opened_at: r.opened_at.max(r.time_floor),
         };
         // A poisoned log (a failed commit, the replica's fence) wakes every
         // `begin_or_wait` at once, to answer the poison. A poison before
@@ -144,11 +128,11 @@ impl Engine {
         // The expired tables go once the entities that still have events
         // are carried out of them: the carried records are committed in the
         // deletion's commit or before it.
-        engine.carry_expired(now_bucket)?;
-        engine.carry_expired_dead_letters(expired_dead)?;
-        engine.carry_expired_intents(expired_intents)?;
-        engine.carry_tallies(&tally_carry, engine.now())?;
-        engine.log.drop_buckets(&replayed.expired)?;
+        engine.carry_expired(r.now_bucket)?;
+        engine.carry_expired_dead_letters(r.expired_dead)?;
+        engine.carry_expired_intents(r.expired_intents)?;
+        engine.carry_tallies(&r.tally_carry, engine.now())?;
+        engine.log.drop_buckets(&r.replayed.expired)?;
         Ok(engine)
     }
 }
