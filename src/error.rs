@@ -131,6 +131,19 @@ pub enum Error {
     /// what is durable.
     #[error("the store is poisoned by an earlier failed commit ({0}); reopen it")]
     Poisoned(String),
+    /// The store was opened read-only
+    /// ([`Store::open_read_only`](crate::Store::open_read_only)) and the
+    /// call writes: it answers reads only. Nothing was recorded, and the
+    /// file was not touched. Open the store writable to write.
+    #[error(
+        "the store {} was opened read-only: it answers reads, and this call writes \
+         (nothing was recorded); open it with `Store::open` to write",
+        path.display()
+    )]
+    ReadOnly {
+        /// The store's file.
+        path: std::path::PathBuf,
+    },
     /// The store was closed.
     #[error("the store is closed")]
     Closed,

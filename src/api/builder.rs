@@ -4,7 +4,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(any(doc, feature = "replica"))]
 use crate::Error;
 use crate::clock::{Clock, SystemClock, millis};
 use crate::engine::{Config, Location};
@@ -668,6 +667,102 @@ impl StoreBuilder {
             self.clock,
             Location::Existing(path.as_ref().to_path_buf()),
         )
+    }
+
+    /// Opens the store at `path` read-only: it answers every read —
+    /// [`get`](Store::get), the listings ([`dead_letters`](Store::dead_letters),
+    /// [`stranded_claims`](Store::stranded_claims),
+    /// [`holding_area`](Store::holding_area),
+    /// [`pending_intents`](Store::pending_intents),
+    /// [`duplicate_candidates`](Store::duplicate_candidates)),
+    /// [`intent`](Store::intent), [`held`](Store::held),
+    /// [`unacked`](Store::unacked), [`stats`](Store::stats),
+    /// [`tallies`](Store::tallies), [`reconcile`](Store::reconcile),
+    /// [`reconcile_keys`](Store::reconcile_keys), [`format`](Store::format),
+    /// [`verify`](Store::verify) — and every call that writes (the
+    /// upgrade, compaction and eviction included) fails with
+    /// [`Error::ReadOnly`] naming the path, recording nothing.
+    ///
+    /// What it promises:
+    /// - the file is opened for reading only: not a byte of it changes,
+    ///   nor its modification time, and no file is created (no lock file,
+    ///   no sidecar; a missing file is an error);
+    /// - it takes no lock: a process that has the store open for writing
+    ///   goes on undisturbed, and a writer can open the store while this
+    ///   handle is open;
+    /// - it answers what a writable open at the same moment would: a file
+    ///   that needs recovery (a crash left it, or a live writer holds it)
+    ///   is recovered in memory, and what the open's first commit writes
+    ///   (what outlives expiry — dead letters, unanswered intents, entities
+    ///   with events, kept reconciliation windows — carried out of expired
+    ///   tables, which are then deleted) is made in memory too;
+    /// - a file of an older format is read as it is, never upgraded
+    ///   ([`Store::format`] answers its format; the formats 1 and 2, which
+    ///   no release wrote, read as 3, as a writable open makes them);
+    /// - no background thread: nothing is evicted or compacted, while
+    ///   expiry still follows the store's time. Eviction must run once
+    ///   every 2^22 buckets (see
+    ///   [`bucket_granularity`](Self::bucket_granularity)): a handle kept
+    ///   open longer than 2^21 buckets answers `ReadOnly`; reopen it.
+    ///
+    /// Of the settings, those that say how to read apply (the clock, the
+    /// cache size, [`verify_pages_on_open`](Self::verify_pages_on_open),
+    /// shards, key limits, the reconciliation settings, and the checks of
+    /// [`key_hashing`](Self::key_hashing) and
+    /// [`bucket_granularity`](Self::bucket_granularity) against the file);
+    /// those that say how to write are ignored.
+    ///
+    /// **A file another process is writing**: the handle is a snapshot of
+    /// the file as of the open (later commits are not seen; reopen to see
+    /// them). The file is read while that process changes it, and no lock
+    /// keeps its pages in place: if its commits race the open, the open may
+    /// fail with [`Error::Corrupt`] naming the path, and later reads may
+    /// fail the same way once its commits reuse pages the snapshot reads.
+    /// The file is not damaged: retry, or use the live admin endpoint
+    /// (planned).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] with a replica or
+    /// [`upgrade(true)`](Self::upgrade) (a read-only open never writes)
+    /// or for bad settings; [`Error::Storage`] with an I/O error naming
+    /// the path for a missing or unreadable file; [`Error::NotAStore`]
+    /// naming the path for a directory or an empty file, and for a file
+    /// that is not a dedupkv store; [`Error::UnsupportedVersion`];
+    /// [`Error::Corrupt`] naming the path for a damaged store (or one
+    /// changed under the open, above).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Error, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("s.redb");
+    /// let writer = Store::open(&path)?;
+    /// writer.insert_if_absent(&Key::new("orders", "4711"))?;
+    /// // Beside the running writer, which it does not disturb.
+    /// let reader = Store::builder().cache_size(8 << 20).open_read_only(&path)?;
+    /// assert!(reader.get(&Key::new("orders", "4711"))?.is_some());
+    /// let err = reader.insert_if_absent(&Key::new("orders", "4712")).unwrap_err();
+    /// assert!(matches!(err, Error::ReadOnly { .. }));
+    /// writer.insert_if_absent(&Key::new("orders", "4712"))?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<Store> {
+        self.validate()?;
+        #[cfg(feature = "replica")]
+        if self.replica.is_some() {
+            return Err(Error::InvalidConfig(
+                "a read-only open takes no replica (it would take the replica over); \
+                 read a replica with ReplicaReader"
+                    .into(),
+            ));
+        }
+        if self.cfg.upgrade {
+            return Err(Error::InvalidConfig(
+                "a read-only open never upgrades the file; open it writable with upgrade(true)"
+                    .into(),
+            ));
+        }
+        Store::open_read_only_with(self.cfg, self.clock, path.as_ref())
     }
 
     /// Opens a store on pages the caller supplies (an in-memory file, or

@@ -58,14 +58,28 @@ impl Store {
         location: Location,
     ) -> Result<Store> {
         let (engine, threads) = Engine::open(cfg, clock, location)?;
-        Ok(Store {
+        Ok(Store::serving(engine, threads))
+    }
+
+    /// Opens the engine at `path` read-only (the builder's way in).
+    pub(crate) fn open_read_only_with(
+        cfg: Config,
+        clock: Arc<dyn Clock>,
+        path: &Path,
+    ) -> Result<Store> {
+        let engine = Engine::open_read_only(cfg, clock, path.to_path_buf())?;
+        Ok(Store::serving(engine, Threads::none()))
+    }
+
+    fn serving(engine: Arc<Engine>, threads: Threads) -> Store {
+        Store {
             _threads: threads,
             #[cfg(feature = "metrics")]
             metrics: crate::metrics::Bridge::install(&engine),
             engine,
             #[cfg(feature = "replica")]
             replica: None,
-        })
+        }
     }
 
     /// This store, with the replica it ships to.
@@ -207,6 +221,32 @@ impl Store {
     /// ```
     pub fn open_existing(path: impl AsRef<Path>) -> Result<Store> {
         StoreBuilder::default().open_existing(path)
+    }
+
+    /// Opens the store at `path` read-only, with default settings: it
+    /// answers every read, and never writes to the file. See
+    /// [`StoreBuilder::open_read_only`] for what it promises, and what it
+    /// gives while another process writes the file.
+    ///
+    /// # Errors
+    /// See [`StoreBuilder::open_read_only`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Error, Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("dedup.redb");
+    /// # Store::open(&path)?.insert_if_absent(&Key::new("shop-42", "evt_1"))?;
+    /// let store = Store::open_read_only(&path)?;
+    /// assert!(store.get(&Key::new("shop-42", "evt_1"))?.is_some());
+    /// assert!(matches!(
+    ///     store.insert_if_absent(&Key::new("shop-42", "evt_2")),
+    ///     Err(Error::ReadOnly { .. })
+    /// ));
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Store> {
+        StoreBuilder::default().open_read_only(path)
     }
 
     /// A builder for a store with non-default settings.

@@ -16,6 +16,14 @@ pub(crate) struct Threads {
 }
 
 impl Threads {
+    /// No thread (a read-only store's).
+    pub(crate) fn none() -> Threads {
+        Threads {
+            _evictor: None,
+            _grower: None,
+        }
+    }
+
     /// Starts the evictor (if `background`, waking every `tick`) and the
     /// grower for `engine`.
     pub(crate) fn start(engine: &Arc<Engine>, background: bool, tick: Duration) -> Result<Threads> {

@@ -8,7 +8,11 @@
 //! mode requires (`src/contract.rs`).
 //!
 //! Rooms, by concern:
-//! - [`open`]: opening a file, recovery (replaying the log into the index);
+//! - [`recover`]: the file becomes the index (replaying the log), writing
+//!   nothing; [`start`]: a recovered store made writable (the first
+//!   commit, carrying what outlives expiry, the threads), or served
+//!   read-only; [`format`](mod@format): the file's format, its upgrade
+//!   and its verification;
 //! - [`write`](mod@write): the write primitive every key write goes through;
 //! - [`buckets`] and [`time`]: which bucket a record goes to and when it
 //!   expires; the store's time, which never goes back;
@@ -58,15 +62,17 @@ pub(crate) mod dead_letter;
 pub(crate) mod dedup;
 pub(crate) mod durable;
 pub(crate) mod evict;
+pub(crate) mod format;
 pub(crate) mod input;
 pub(crate) mod intents;
 pub(crate) mod listings;
-pub(crate) mod open;
 pub(crate) mod order;
 pub(crate) mod read;
 pub(crate) mod reconcile;
 pub(crate) mod reconcile_keys;
+pub(crate) mod recover;
 pub(crate) mod rounds;
+pub(crate) mod start;
 pub(crate) mod time;
 pub(crate) mod tokens;
 pub(crate) mod waiters;

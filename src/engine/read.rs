@@ -12,10 +12,10 @@ impl Engine {
     /// What every read starts with: after a failed commit the index may
     /// hold state that never became durable, so no read answers from it
     /// (`Poisoned`, like every write); a reopened store reads what is
-    /// durable.
+    /// durable. A read-only store reads.
     #[inline]
     pub(crate) fn check_readable(&self) -> Result<()> {
-        self.log.check()
+        self.log.check_readable()
     }
 
     /// The latest record of `key`, or `None` if it is not recorded (or has

@@ -268,8 +268,18 @@ impl Ack {
 
 // The blocking waits, the deferring scope's hooks and the async polls.
 impl Log {
-    /// Fails if an earlier commit failed.
+    /// Fails if an earlier commit failed, or if the log is read-only:
+    /// what every append checks first.
     pub(crate) fn check(&self) -> Result<()> {
+        self.check_readable()?;
+        if let Some(path) = &self.read_only {
+            return Err(Error::ReadOnly { path: path.clone() });
+        }
+        Ok(())
+    }
+
+    /// Fails if an earlier commit failed: what every read checks first.
+    pub(crate) fn check_readable(&self) -> Result<()> {
         self.shared.ack.check()
     }
 

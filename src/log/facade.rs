@@ -68,6 +68,9 @@ pub(crate) struct Log {
     committer: Option<JoinHandle<()>>,
     /// The file's format once the open's first commit was made.
     opened_format: u32,
+    /// Set once the log of a read-only open has made its start (in
+    /// memory): the file, named by every refused append.
+    pub(super) read_only: Option<std::path::PathBuf>,
 }
 
 impl Log {
@@ -108,6 +111,7 @@ impl Log {
             durability,
             committer: Some(committer),
             opened_format: format,
+            read_only: None,
         };
         // The first commit is made here, not by the committer: open reports
         // its failure, and returns with nothing in flight and no kick queued
@@ -132,7 +136,19 @@ impl Log {
 
     /// Row `row` of `bucket`'s table as stored, if it is there.
     pub(crate) fn read_row(&self, bucket: u64, row: u64) -> Result<Option<Vec<u8>>> {
-        Ok(self.db()?.read_row(bucket, row)?)
+        let found = self.db()?.read_row(bucket, row)?;
+        // Nothing is deleted from a read-only store: a row asked for is
+        // one the index points at, there unless the file changed.
+        if found.is_none()
+            && let Some(path) = &self.read_only
+        {
+            return Err(Error::Corrupt(format!(
+                "log row {row} of bucket {bucket} is missing from {}: a writer changed the \
+                 file under this read-only handle (reopen it), or the file is damaged",
+                path.display()
+            )));
+        }
+        Ok(found)
     }
 
     /// Calls `each(row, bytes, records)` for every row of `bucket`'s table,
@@ -353,13 +369,29 @@ fn shared(
     }
 }
 
-impl Drop for Log {
-    fn drop(&mut self) {
+impl Log {
+    /// Makes the log read-only once the start of a read-only open is made
+    /// (its commits went to memory, never to `path`): stops the committer,
+    /// and every later append fails with [`Error::ReadOnly`] naming `path`.
+    pub(crate) fn stop_writing(&mut self, path: std::path::PathBuf) {
+        self.stop_committer();
+        self.read_only = Some(path);
+    }
+
+    /// Stops the committer once it has committed what is pending, and
+    /// joins it.
+    fn stop_committer(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         let _ = self.shared.kick.try_send(());
         if let Some(h) = self.committer.take() {
             let _ = h.join();
         }
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        self.stop_committer();
         if let Some(ship) = &self.shared.ship {
             ship.sink.closed();
         }

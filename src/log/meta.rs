@@ -228,16 +228,30 @@ pub(crate) fn read_or_init(db: &dyn LogStore, wanted: &FileMeta) -> Result<FileM
     if names.is_empty() {
         return init(db, wanted);
     }
-    // Ours, with its metadata gone (a damaged table tree or a damaged
-    // name), or someone else's database.
+    Err(without_meta(&names))
+}
+
+/// Reads and checks the metadata of an existing store, writing nothing
+/// (the read-only open): a database without it is not a store, or a
+/// damaged one.
+pub(crate) fn read_existing(db: &dyn LogStore) -> Result<FileMeta> {
+    let Some(entries) = db.read_meta()? else {
+        return Err(without_meta(&db.table_names()?));
+    };
+    let (meta, decoded) = check_meta(entries)?;
+    check_tables(db, meta, decoded.as_ref())
+}
+
+/// A database without our metadata table, holding the tables `names`:
+/// ours, with its metadata gone (a damaged table tree or a damaged name),
+/// or someone else's database.
+fn without_meta(names: &[String]) -> Error {
     if let Some(ours) = names.iter().find(|n| looks_like_ours(n)) {
-        return Err(Error::Corrupt(format!(
+        return Error::Corrupt(format!(
             "the table {META_NAME} is missing, but the file has the dedupkv table {ours:?}"
-        )));
+        ));
     }
-    Err(Error::NotAStore(
-        "a redb database without dedupkv tables".into(),
-    ))
+    Error::NotAStore("a redb database without dedupkv tables".into())
 }
 
 /// A table of ours: a bucket table, or one byte off `dedupkv.meta`.

@@ -42,6 +42,8 @@ mod ship;
 mod store;
 mod summary;
 
+use std::path::Path;
+
 use crate::{Error, Result};
 
 pub(crate) use batch::{Batch, ROW_SPLIT_BYTES};
@@ -49,7 +51,7 @@ pub(crate) use durable::{Scope, Waiting, blocking, deferring};
 pub(crate) use facade::{Found, Log, LogSettings};
 pub(crate) use meta::FileMeta;
 pub(crate) use observe::CommitObserver;
-pub(crate) use recovery::{Replay, replay};
+pub(crate) use recovery::{Replay, Replayed, replay};
 pub(crate) use ship::Ship;
 #[cfg(feature = "replica")]
 pub(crate) use ship::{Acks, LocalFile, Restorer, Shipped, Sink, inspect};
@@ -65,8 +67,19 @@ pub(crate) type Storage = Box<dyn LogStore>;
 
 /// Opens (or creates) the storage at `location`. The composition root:
 /// the one place that chooses the storage under the log.
+/// A read-only location's storage answers every call under a guard that
+/// turns a panic of the storage engine (a live writer changed the file
+/// under it) into an error naming the file.
 fn open_store(location: Location, options: RedbOptions) -> Result<Storage> {
-    Ok(Box::new(store::redb::RedbStore::open(location, options)?))
+    let read_only = location
+        .is_read_only()
+        .then(|| location.path().map(Path::to_path_buf))
+        .flatten();
+    let db: Storage = Box::new(store::redb::RedbStore::open(location, options)?);
+    Ok(match read_only {
+        Some(path) => Box::new(store::read_only::Guarded::new(db, path)),
+        None => db,
+    })
 }
 
 /// Opens (or creates) the storage at `location` with a small page cache,
@@ -85,7 +98,8 @@ fn open_plain(location: Location, cache_bytes: usize) -> Result<Storage> {
 }
 
 /// Opens (or creates) the storage with `options`, and checks or writes its
-/// metadata.
+/// metadata (a read-only location's is only checked: a file without it
+/// is not a store).
 pub(crate) fn open_database(
     location: Location,
     options: RedbOptions,
@@ -93,8 +107,13 @@ pub(crate) fn open_database(
     hashing_set: bool,
     granularity_set: bool,
 ) -> Result<(Storage, FileMeta)> {
+    let read_only = location.is_read_only();
     let db = open_store(location, options)?;
-    let meta = meta::read_or_init(&*db, wanted)?;
+    let meta = if read_only {
+        meta::read_existing(&*db)?
+    } else {
+        meta::read_or_init(&*db, wanted)?
+    };
     if hashing_set && meta.hasher.kind() != wanted.hasher.kind() {
         return Err(Error::InvalidConfig(format!(
             "the store was created with key hashing {:?}, not {:?}; it cannot change",

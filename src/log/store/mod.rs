@@ -18,6 +18,7 @@
 //! - reads see the state of the last successful commit.
 
 pub(crate) mod pages;
+pub(crate) mod read_only;
 pub(crate) mod redb;
 
 use std::ops::RangeInclusive;
@@ -59,20 +60,27 @@ pub(crate) fn is_log_table_name(name: &str) -> bool {
 }
 
 /// Where the store lives: a path (created if missing), a path that must
-/// hold a store already, or the pages a caller supplies (in memory, fault
-/// injection).
+/// hold a store already, a path read without writing to it (its commits
+/// kept in memory, see [`read_only`]), or the pages a caller supplies (in
+/// memory, fault injection).
 pub(crate) enum Location {
     Path(PathBuf),
     Existing(PathBuf),
+    ReadOnly(PathBuf),
     Backend(Box<dyn PageBackend>),
 }
 
 impl Location {
     pub(crate) fn path(&self) -> Option<&Path> {
         match self {
-            Location::Path(p) | Location::Existing(p) => Some(p),
+            Location::Path(p) | Location::Existing(p) | Location::ReadOnly(p) => Some(p),
             Location::Backend(_) => None,
         }
+    }
+
+    /// Whether nothing may be written to the file (commits stay in memory).
+    pub(crate) fn is_read_only(&self) -> bool {
+        matches!(self, Location::ReadOnly(_))
     }
 }
 

@@ -108,6 +108,7 @@ impl RedbStore {
         let db = match location {
             Location::Path(path) => open_path(&builder, &path, true)?,
             Location::Existing(path) => open_path(&builder, &path, false)?,
+            Location::ReadOnly(path) => open_read_only(&builder, &path)?,
             Location::Backend(backend) => {
                 let backend: std::sync::Arc<dyn PageBackend> = backend.into();
                 builder
@@ -488,13 +489,53 @@ fn open_path(builder: &redb::Builder, path: &Path, create: bool) -> StoreResult<
             .map_err(LogError::from)
             .and_then(|db| owner_only(path).map(|()| db)),
     };
-    res.map_err(|e| match e {
+    res.map_err(|e| with_path(path, e))
+}
+
+/// Opens the file at `path` for reading only, under an image in memory
+/// that takes whatever redb writes (see [`read_only`](super::read_only)).
+/// Never creates a file; a directory, or an empty file, is not a store.
+fn open_read_only(builder: &redb::Builder, path: &Path) -> StoreResult<Database> {
+    let file = std::fs::File::open(path).map_err(|e| {
+        let why = if e.kind() == std::io::ErrorKind::NotFound {
+            "no store file here (a read-only open never creates one)".to_string()
+        } else {
+            e.to_string()
+        };
+        io_at(path, &std::io::Error::new(e.kind(), why))
+    })?;
+    let found = file.metadata().map_err(|e| io_at(path, &e))?;
+    if found.is_dir() {
+        return Err(LogError::NotAStore(format!(
+            "{} is a directory, not a store file",
+            path.display()
+        )));
+    }
+    if found.len() == 0 {
+        return Err(LogError::NotAStore(format!(
+            "{} is an empty file (maybe a truncated store)",
+            path.display()
+        )));
+    }
+    let image: std::sync::Arc<dyn PageBackend> =
+        std::sync::Arc::new(super::read_only::Image::new(file, found.len()));
+    builder
+        .create_with_backend(Pages(std::sync::Arc::clone(&image)))
+        .map_err(|e| {
+            let ours = looks_like_a_store(|at, buf| read_some(&*image, at, buf));
+            with_path(path, not_a_store_or(e.into(), ours))
+        })
+}
+
+/// `e`, with `path` in its message if it is an I/O error.
+fn with_path(path: &Path, e: LogError) -> LogError {
+    match e {
         LogError::Storage(s) => match s.as_io() {
             Some(io) => io_at(path, io),
             None => LogError::Storage(s),
         },
         e => e,
-    })
+    }
 }
 
 /// Makes a file this process just created readable and writable by its

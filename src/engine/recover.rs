@@ -1,62 +1,89 @@
-//! Opening a store: the file, recovery (replaying the log into the index),
-//! the first commit, and the background threads.
+//! Recovery: the file becomes the index and everything else the engine
+//! starts from (the hasher, the floors, what expired tables still hold),
+//! and nothing is written. [`start`](super::start) then makes the
+//! recovered store writable, or, for a read-only open, serves it as is.
 //!
 //! Invariants:
+//! - recovery writes nothing to an existing store: it reads the metadata,
+//!   replays every table and builds the index in memory (what must be
+//!   carried forward is handed to the start, which writes it); only a
+//!   new file gets its metadata as it is created;
 //! - recovery replays in log order, the last record of a key wins, and
 //!   nothing expired is loaded — except entity records, which are applied
 //!   from expired tables too, so entities that still have events are
 //!   carried forward before those tables are deleted, and the records of
 //!   reconciliation windows still kept (`reconcile`), carried likewise;
-//! - the open makes its first commit itself and fails with that commit's
-//!   error: a store that cannot write is never handed out;
 //! - an open never yields fewer rows than the last commit recorded: in a
 //!   format-5 file every bucket table's rows are checked against its
 //!   summary during replay (see `log::summary`);
-//! - the file keeps its format (from format 3 on) unless the operator asks
-//!   for the upgrade ([`Config::upgrade`], [`Engine::upgrade`]); a feature
-//!   that needs a newer format asks [`Engine::require_format`] first;
 //! - a redb panic while opening is reported as damage, never a crash.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
-use super::counters::StoreCounters;
 use super::dead_letter::{ExpiredDeadLetter, ExpiredDeadLetters};
 use super::intents::{ExpiredIntent, ExpiredIntents};
 use super::order::apply_entity_record;
-use super::reconcile::Recovered;
-use super::time::{MAX_TIME, StoreTime};
-use super::tokens::{TOKEN_BLOCK, Tokens};
-use super::{Config, Engine, Threads};
+use super::reconcile::{Recovered, TallyCarry};
+use super::time::MAX_TIME;
+use super::{Config, Engine};
 use crate::clock::Clock;
 use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, Round, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
-use crate::log::{FileMeta, Found, Location, Log, Replay, open_database};
+use crate::log::{FileMeta, Location, Replay, Replayed, Storage, open_database};
 use crate::records::{
     INTENT_PENDING, INTENT_SETTLED, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
     SUMMARIES_FORMAT,
 };
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard};
+use crate::sync::{Arc, MutexGuard};
 use crate::{Error, Result};
 
-impl Engine {
-    /// Opens (or creates) the store at `location`; returns the engine and
-    /// its running threads.
-    pub(crate) fn open(
-        cfg: Config,
-        clock: Arc<dyn Clock>,
-        location: Location,
-    ) -> Result<(Arc<Engine>, Threads)> {
-        let place = location
-            .path()
-            .map_or_else(|| "the store".into(), |p| p.display().to_string());
-        let _span = tracing::info_span!("dedupkv.recovery", place = %place).entered();
-        // redb 4.6 can panic (rather than fail) on some damaged files; a
-        // damaged file must be an error for the caller, not a crash.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Self::open_unguarded(cfg, clock, location)
-        }))
+/// A recovered store: the index built from the file, and what the start
+/// needs besides. Nothing of it has been written.
+pub(crate) struct Recovery {
+    pub(super) cfg: Config,
+    pub(super) clock: Arc<dyn Clock>,
+    /// The file, for a store opened by path.
+    pub(super) path: Option<PathBuf>,
+    pub(super) db: Storage,
+    /// The file's settings, floors and manifest, as checked.
+    pub(super) meta: FileMeta,
+    pub(super) index: ShardedIndex,
+    /// What replay found: the newest row, live and expired buckets, the
+    /// tables' summaries.
+    pub(super) replayed: Replayed,
+    /// Dead letters and pending intents of expired tables that no later
+    /// record superseded (the start carries them).
+    pub(super) expired_dead: ExpiredDeadLetters,
+    pub(super) expired_intents: ExpiredIntents,
+    /// The counts and keys of kept reconciliation windows that expired
+    /// tables hold (the start carries them).
+    pub(super) tally_carry: TallyCarry,
+    /// The first fencing token of this run: above every recorded token
+    /// and the persisted floor.
+    pub(super) first_token: u64,
+    /// The store's time: the persisted floor, raised to the latest
+    /// record's time.
+    pub(super) time_floor: u64,
+    /// The store's time at the open (the clock, within the floors).
+    pub(super) opened_at: u64,
+    /// The bucket of `opened_at`: tables before it have expired.
+    pub(super) now_bucket: u64,
+}
+
+/// Runs `open` (recovery and start) for the store at `place`, in its
+/// tracing span: a redb panic becomes [`Error::Corrupt`], and every
+/// `Corrupt` names `place` and what to do (`read_only`: the file may
+/// have been changed by a writer during the open).
+pub(super) fn guarded<T>(
+    (place, read_only): (Option<&Path>, bool),
+    open: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let place = place.map_or_else(|| "the store".into(), |p| p.display().to_string());
+    let _span = tracing::info_span!("dedupkv.recovery", place = %place).entered();
+    // redb 4.6 can panic (rather than fail) on some damaged files; a
+    // damaged file must be an error for the caller, not a crash.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open))
         .unwrap_or_else(|panic| {
             let what = crate::error::panic_message(&*panic);
             Err(Error::Corrupt(format!(
@@ -64,21 +91,27 @@ impl Engine {
             )))
         })
         .map_err(|e| match e {
+            Error::Corrupt(why) if read_only => Error::Corrupt(format!(
+                "{place} is damaged, or a writer changed it during this read-only open ({why}); \
+                 retry, or use the live admin endpoint (planned); if it persists, export what \
+                 is readable, restore from a backup"
+            )),
             Error::Corrupt(why) => Error::Corrupt(format!(
                 "{place} is damaged ({why}); export what is readable, restore from a backup"
             )),
             other => other,
         })
-    }
+}
 
-    // The open's steps in the order they must happen; the engine's fields
-    // are set in one place.
-    #[allow(clippy::too_many_lines)]
-    fn open_unguarded(
+impl Engine {
+    /// Recovers the store at `location` (creating it if the location says
+    /// so): opens and checks the file, replays its log into a new index.
+    /// Writes nothing to an existing store.
+    pub(super) fn recover(
         mut cfg: Config,
         clock: Arc<dyn Clock>,
         location: Location,
-    ) -> Result<(Arc<Engine>, Threads)> {
+    ) -> Result<Recovery> {
         let path = location.path().map(Path::to_path_buf);
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).map_err(|e| Error::Io {
@@ -145,135 +178,29 @@ impl Engine {
         }
         let tally_carry = tallies.into_index(&index);
         // Fencing tokens never repeat, even once the records that held them
-        // expired: continue above the persisted floor, and reserve a block
-        // (persisted by the first commit).
+        // expired: continue above the persisted floor (the start reserves
+        // a block above it).
         let first_token = (max_token + 1).max(meta.token_floor).max(cfg.token_base);
         tracing::debug!(
             records = replayed.records,
             expired_buckets = replayed.expired.len(),
             "dedupkv store recovered"
         );
-        let log = Log::start(
-            db,
-            Found {
-                last_row: replayed.last_row,
-                buckets: replayed.live.iter().copied().collect(),
-                manifest: meta.manifest,
-                summaries: replayed.summaries,
-                format: meta.format,
-            },
-            first_token + TOKEN_BLOCK,
-            cfg.log_settings(),
-        )
-        // The first commit: an open that cannot write (a full disk, a
-        // damaged page) fails here, saying why, instead of handing out a
-        // store whose every call then fails.
-        .map_err(|e| crate::error::at_path(e, path.as_deref()))?;
-        let background = cfg.background_eviction;
-        let tick = Duration::from_millis(cfg.granularity_ms.clamp(1, 1_000));
-        let time = StoreTime::starting_at(time_floor.max(opened_at), clock.elapsed_millis());
-        let engine = Arc::new(Engine {
-            index,
-            log,
-            hasher: meta.hasher,
-            clock,
+        Ok(Recovery {
             cfg,
-            tokens: Tokens::starting_at(first_token),
-            cur_bucket: AtomicU64::new(0),
-            time,
-            evicted_through: AtomicU64::new(now_bucket),
-            // Replay wrote nothing before the current bucket: it is closed
-            // already (an eviction pass need not flush for it).
-            closed_bucket: AtomicU64::new(now_bucket.saturating_sub(1)),
-            evicting: Mutex::new(()),
-            compact_due: AtomicBool::new(true),
-            counters: StoreCounters::default(),
-            waiters: Arc::default(),
-            tick_hook: std::sync::OnceLock::new(),
+            clock,
             path,
-            opened_at: opened_at.max(time_floor),
-        });
-        // A poisoned log (a failed commit, the replica's fence) wakes every
-        // `begin_or_wait` at once, to answer the poison. A poison before
-        // this is seen by their first `begin`: nobody could wait yet.
-        let waiters = Arc::clone(&engine.waiters);
-        engine.log.on_poison(Box::new(move || waiters.wake_all()));
-        // The expired tables go once the entities that still have events
-        // are carried out of them: the carried records are committed in the
-        // deletion's commit or before it.
-        engine.carry_expired(now_bucket)?;
-        engine.carry_expired_dead_letters(expired_dead)?;
-        engine.carry_expired_intents(expired_intents)?;
-        engine.carry_tallies(&tally_carry, engine.now())?;
-        engine.log.drop_buckets(&replayed.expired)?;
-        let threads = Threads::start(&engine, background, tick)?;
-        Ok((engine, threads))
-    }
-}
-
-impl Engine {
-    /// The store format of the open file: 3 or 4 for a file an older
-    /// build wrote, until [`upgrade`](Self::upgrade); 5 for a new or
-    /// upgraded one.
-    pub(crate) fn format(&self) -> u32 {
-        self.log.format()
-    }
-
-    /// The format the engine's own records follow (bodies, counting): the
-    /// file's once the open's first commit was made. An upgrade of the
-    /// open store changes them from the next open on, so no running
-    /// decision (how completions are counted) changes under its callers.
-    pub(crate) fn records_format(&self) -> u32 {
-        self.log.opened_format()
-    }
-
-    /// Fails with [`Error::NeedsUpgrade`] unless the file is at least
-    /// format `needed` (its format now, or, `for_records`, the one its
-    /// records follow since the open): the one check a feature that writes
-    /// or reads something only a newer format has makes before it does.
-    pub(crate) fn require_format(
-        &self,
-        feature: &'static str,
-        needed: u32,
-        for_records: bool,
-    ) -> Result<()> {
-        let found = if for_records {
-            self.records_format()
-        } else {
-            self.format()
-        };
-        if found < needed {
-            return Err(Error::NeedsUpgrade {
-                feature,
-                found,
-                needed,
-            });
-        }
-        Ok(())
-    }
-
-    /// Rewrites the file as the newest format (format 5: every bucket
-    /// table gets its summary) in one commit; whether it was older.
-    pub(crate) fn upgrade(&self) -> Result<bool> {
-        let upgraded = self.log.upgrade()?;
-        if upgraded {
-            tracing::info!(
-                format = self.format(),
-                "dedupkv: the file was upgraded; builds that know only older formats refuse it"
-            );
-        }
-        Ok(upgraded)
-    }
-
-    /// Reads every bucket table and checks it against its summary, every
-    /// row against its checksum; returns the rows read.
-    pub(crate) fn verify(&self) -> Result<u64> {
-        self.require_format("Store::verify (bucket summaries)", SUMMARIES_FORMAT, false)?;
-        self.log.verify().map_err(|e| match (e, &self.path) {
-            (Error::Corrupt(why), Some(p)) => {
-                Error::Corrupt(format!("{} is damaged ({why})", p.display()))
-            }
-            (e, _) => e,
+            db,
+            meta,
+            index,
+            replayed,
+            expired_dead,
+            expired_intents,
+            tally_carry,
+            first_token,
+            time_floor,
+            opened_at,
+            now_bucket,
         })
     }
 }
