@@ -182,24 +182,84 @@ impl super::PageBackend for Image {
 
 /// The storage of a read-only open: each call of the store under it runs
 /// under `catch_unwind`, and so does each row its iterators yield.
+///
+/// Once a call failed (a panic of the storage engine, a damaged or missing
+/// row), or when the file changed since the open (a live writer wrote to
+/// it), the storage is never closed: redb's close writes its allocator
+/// state, reading pages that may be inconsistent now, and a second panic
+/// inside that close's own clean-up would abort the process. Such a
+/// handle's memory (the image's written pages, redb's cache) is left to
+/// the process instead; a handle on a file nobody wrote meanwhile closes
+/// normally.
 pub(crate) struct Guarded {
-    inner: Box<dyn LogStore>,
-    path: std::sync::Arc<PathBuf>,
+    /// `None` only once dropped.
+    inner: Option<Box<dyn LogStore>>,
+    watch: std::sync::Arc<Watch>,
+}
+
+/// The file a guarded storage reads, whether a call of it failed, and the
+/// file's length and modification time when it was opened.
+struct Watch {
+    path: PathBuf,
+    damaged: std::sync::atomic::AtomicBool,
+    opened: Option<(u64, std::time::SystemTime)>,
+}
+
+/// The length and modification time of the file at `path`, if readable.
+fn stamp(path: &std::path::Path) -> Option<(u64, std::time::SystemTime)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?))
 }
 
 impl Guarded {
     /// `inner`, the storage of the file at `path`, guarded.
     pub(crate) fn new(inner: Box<dyn LogStore>, path: PathBuf) -> Guarded {
         Guarded {
-            inner,
-            path: std::sync::Arc::new(path),
+            inner: Some(inner),
+            watch: std::sync::Arc::new(Watch {
+                opened: stamp(&path),
+                path,
+                damaged: std::sync::atomic::AtomicBool::new(false),
+            }),
         }
     }
 }
 
-/// `f()`; a panic in it is [`LogError::Corrupt`] naming `path`.
-fn guard<T>(path: &std::path::Path, f: impl FnOnce() -> StoreResult<T>) -> StoreResult<T> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| Err(panicked(path, &*panic)))
+impl Guarded {
+    /// The storage under the guard.
+    fn store(&self) -> StoreResult<&dyn LogStore> {
+        self.inner
+            .as_deref()
+            .ok_or_else(|| LogError::Corrupt(format!("{} is closed", self.watch.path.display())))
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
+        let w = &self.watch;
+        let changed = w.opened.is_none() || stamp(&w.path) != w.opened;
+        if changed || w.damaged.load(std::sync::atomic::Ordering::Acquire) {
+            std::mem::forget(inner); // left unclosed: see the type's comment
+            return;
+        }
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(inner)));
+    }
+}
+
+/// `f()`; a panic in it is [`LogError::Corrupt`] naming the file, and any
+/// error marks the storage damaged.
+fn guard<T>(watch: &Watch, f: impl FnOnce() -> StoreResult<T>) -> StoreResult<T> {
+    let res = catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|panic| Err(panicked(&watch.path, &*panic)));
+    if res.is_err() {
+        watch
+            .damaged
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+    res
 }
 
 /// What a panic of the storage engine reading `path` is.
@@ -213,17 +273,26 @@ fn panicked(path: &std::path::Path, panic: &(dyn std::any::Any + Send)) -> LogEr
 }
 
 /// Rows whose every step is guarded.
-fn guarded_rows(rows: Rows, path: &std::sync::Arc<PathBuf>) -> Rows {
-    let path = std::sync::Arc::clone(path);
+fn guarded_rows(rows: Rows, watch: &std::sync::Arc<Watch>) -> Rows {
+    let watch = std::sync::Arc::clone(watch);
     let mut rows = Some(rows);
     Box::new(std::iter::from_fn(move || {
         let it = rows.as_mut()?;
         match catch_unwind(AssertUnwindSafe(|| it.next())) {
+            Ok(Some(Err(e))) => {
+                watch
+                    .damaged
+                    .store(true, std::sync::atomic::Ordering::Release);
+                Some(Err(e))
+            }
             Ok(next) => next,
             Err(panic) => {
                 // The iterator is not asked again after a panic.
                 rows = None;
-                Some(Err(panicked(&path, &*panic)))
+                watch
+                    .damaged
+                    .store(true, std::sync::atomic::Ordering::Release);
+                Some(Err(panicked(&watch.path, &*panic)))
             }
         }
     }))
@@ -231,23 +300,31 @@ fn guarded_rows(rows: Rows, path: &std::sync::Arc<PathBuf>) -> Rows {
 
 impl LogStore for Guarded {
     fn read_meta(&self) -> StoreResult<Option<MetaEntries>> {
-        guard(&self.path, || self.inner.read_meta())
+        guard(&self.watch, || self.store()?.read_meta())
     }
 
     fn table_names(&self) -> StoreResult<Vec<String>> {
-        guard(&self.path, || self.inner.table_names())
+        guard(&self.watch, || self.store()?.table_names())
     }
 
     fn check_bucket(&self, bucket: u64) -> StoreResult<()> {
-        guard(&self.path, || self.inner.check_bucket(bucket))
+        guard(&self.watch, || self.store()?.check_bucket(bucket))
     }
 
     fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>> {
-        guard(&self.path, || self.inner.read_row(bucket, row))
+        let found = guard(&self.watch, || self.store()?.read_row(bucket, row))?;
+        if found.is_none() {
+            // Nothing is deleted from a read-only store: the log answers
+            // this as damage.
+            self.watch
+                .damaged
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        Ok(found)
     }
 
     fn tables(&self) -> StoreResult<Vec<(u64, Table)>> {
-        let tables = guard(&self.path, || self.inner.tables())?;
+        let tables = guard(&self.watch, || self.store()?.tables())?;
         Ok(tables
             .into_iter()
             .map(|(b, t)| (b, self.table_of(t)))
@@ -255,37 +332,40 @@ impl LogStore for Guarded {
     }
 
     fn row_range(&self, bucket: u64, rows: RangeInclusive<u64>) -> StoreResult<Rows> {
-        let rows = guard(&self.path, || self.inner.row_range(bucket, rows))?;
-        Ok(guarded_rows(rows, &self.path))
+        let rows = guard(&self.watch, || self.store()?.row_range(bucket, rows))?;
+        Ok(guarded_rows(rows, &self.watch))
     }
 
     fn view(&self) -> StoreResult<View> {
-        let view = guard(&self.path, || self.inner.view())?;
+        let view = guard(&self.watch, || self.store()?.view())?;
         Ok(View {
             meta: view.meta,
             tables: view
                 .tables
                 .into_iter()
-                .map(|(b, rows)| (b, guarded_rows(rows, &self.path)))
+                .map(|(b, rows)| (b, guarded_rows(rows, &self.watch)))
                 .collect(),
         })
     }
 
     fn last_row(&self) -> StoreResult<u64> {
-        guard(&self.path, || self.inner.last_row())
+        guard(&self.watch, || self.store()?.last_row())
     }
 
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()> {
-        guard(&self.path, || self.inner.commit(commit))
+        guard(&self.watch, || self.store()?.commit(commit))
     }
 
     fn used_bytes(&self) -> StoreResult<Option<u64>> {
-        guard(&self.path, || self.inner.used_bytes())
+        guard(&self.watch, || self.store()?.used_bytes())
     }
 
     fn compact(&mut self) -> StoreResult<Option<bool>> {
-        let path = std::sync::Arc::clone(&self.path);
-        guard(&path, || self.inner.compact())
+        let watch = std::sync::Arc::clone(&self.watch);
+        guard(&watch, || match self.inner.as_deref_mut() {
+            Some(inner) => inner.compact(),
+            None => Ok(None),
+        })
     }
 }
 
@@ -293,7 +373,7 @@ impl Guarded {
     fn table_of(&self, t: Table) -> Table {
         Table {
             summary: t.summary,
-            rows: guarded_rows(t.rows, &self.path),
+            rows: guarded_rows(t.rows, &self.watch),
         }
     }
 }
