@@ -7,6 +7,8 @@
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
+use std::io::Write as _;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -26,7 +28,11 @@ fn url(test: &str) -> Option<String> {
         !ci,
         "{test}: DEDUPKV_PG_URL is not set under CI: run it under scripts/with-postgres.sh"
     );
-    println!("skip {test}: DEDUPKV_PG_URL is not set (run under scripts/with-postgres.sh)");
+    // Straight to stderr, past the test harness's capture: a skip is said.
+    let _ = writeln!(
+        std::io::stderr(),
+        "skip {test}: DEDUPKV_PG_URL is not set (run under scripts/with-postgres.sh)"
+    );
     None
 }
 
@@ -240,5 +246,88 @@ fn a_schema_from_a_newer_build_and_a_bad_schema_name_are_refused() -> Result<(),
         .open()
         .unwrap_err();
     assert!(err.to_string().contains("\"Bad-Name\""), "{err}");
+    Ok(())
+}
+
+/// The racer child of [`two_processes_racing_2000_keys_start_each_once`]:
+/// a no-op unless that test started this binary with `RACER_SCHEMA` set.
+/// It begins every key with 4 threads and prints the ones it started.
+#[test]
+fn racer_child() -> Result<(), Error> {
+    let (Ok(url), Ok(schema)) = (
+        std::env::var("DEDUPKV_PG_URL"),
+        std::env::var("RACER_SCHEMA"),
+    ) else {
+        return Ok(());
+    };
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let won: Vec<Vec<usize>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| -> dedupkv::Result<Vec<usize>> {
+                    let mut won = Vec::new();
+                    for i in 0..PROCESS_KEYS {
+                        let key = Key::owned(b"p".to_vec(), format!("k{i}").into_bytes());
+                        if let Began::Started(c) = begin(&store, &key, &BeginOptions::new())? {
+                            store.tell(store.complete(&c, Outcome::raw(b"done"))?)?;
+                            won.push(i);
+                        }
+                    }
+                    Ok(won)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("racer panicked"))
+            .collect::<dedupkv::Result<_>>()
+    })?;
+    let mut out = std::io::stdout().lock();
+    for i in won.iter().flatten() {
+        let _ = writeln!(out, "WON {i}");
+    }
+    Ok(())
+}
+
+const PROCESS_KEYS: usize = 2_000;
+
+/// Two processes (this test binary, run twice as [`racer_child`]) race
+/// the same keys on one schema: every key started exactly once overall.
+#[test]
+fn two_processes_racing_2000_keys_start_each_once() -> Result<(), Error> {
+    let Some(url) = url("two_processes") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("proc");
+    drop(PgStore::builder(url.as_str()).schema(&schema).open()?);
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["--exact", "racer_child", "--nocapture", "--test-threads=1"])
+                .env("DEDUPKV_PG_URL", &url)
+                .env("RACER_SCHEMA", &schema)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn a racer")
+        })
+        .collect();
+    let mut per_key = vec![0usize; PROCESS_KEYS];
+    for child in children {
+        let out = child.wait_with_output().expect("a racer's output");
+        assert!(out.status.success(), "a racer failed: {:?}", out.status);
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // The harness may start the first line ("test racer_child ... ").
+            if let Some((_, i)) = line.rsplit_once("WON ") {
+                per_key[i.parse::<usize>().expect("a key index")] += 1;
+            }
+        }
+    }
+    let wrong: Vec<_> = per_key
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n != 1)
+        .collect();
+    assert!(wrong.is_empty(), "keys started other than once: {wrong:?}");
     Ok(())
 }
