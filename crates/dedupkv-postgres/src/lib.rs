@@ -20,11 +20,12 @@
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
 //!   state = forgotten RETURNING` statement over `unnest`ed arrays (a batch
 //!   is one multi-row statement): a row comes back for each new key.
-//! - `begin`: in one transaction, `INSERT … ON CONFLICT DO NOTHING RETURNING`
-//!   of attempt 1; when the key has a row, `SELECT … FOR UPDATE` of it, and
-//!   from that locked row the answer (`Completed`, `InProgress`, a
-//!   fingerprint mismatch) or the takeover, an `UPDATE` with a new fencing
-//!   token from a sequence.
+//! - `begin`: `INSERT … ON CONFLICT DO NOTHING RETURNING` of attempt 1 (one
+//!   statement); when the key has a row, a plain `SELECT` answers if the
+//!   answer writes nothing (`Completed`, `InProgress`, a fingerprint
+//!   mismatch); otherwise, in one transaction, `SELECT … FOR UPDATE`, the
+//!   decision again on the locked row, and the takeover, an `UPDATE` with a
+//!   new fencing token from a sequence.
 //! - `complete`, `fail`, `renew`, and a dropped claim's release: one
 //!   conditional `UPDATE … WHERE key AND token = the claim's AND state = in
 //!   progress` each; no row updated is [`Error::ClaimLost`]. A zombie is
@@ -110,6 +111,7 @@ enum Q {
     Insert,
     Begin1,
     Lock,
+    Peek,
     Take,
     Finish,
     CompleteBatch,
@@ -118,7 +120,7 @@ enum Q {
     Get,
     Forget,
 }
-const STATEMENTS: usize = 10;
+const STATEMENTS: usize = 11;
 
 /// The statements' text for one schema.
 struct Sql([String; STATEMENTS]);
@@ -154,6 +156,8 @@ impl Sql {
             format!(
                 "SELECT {COLUMNS}, {NOW} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"
             ),
+            // Q::Peek: Q::Lock without the lock (an answer that writes nothing).
+            format!("SELECT {COLUMNS}, {NOW} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea"),
             // Q::Take: $1 scope, $2 id, $3 fingerprint, $4 attempt, $5
             // first_at, $6 lease_until, $7 lease ms, $8 a new operation.
             format!(
@@ -608,18 +612,22 @@ impl PgStore {
         }
     }
 
+    /// `begin` of one key: attempt 1 by one `INSERT … ON CONFLICT DO
+    /// NOTHING` (autocommit); else the answer from a plain read when it
+    /// writes nothing (a replay, a live lease, a mismatch); else, in a
+    /// transaction, the decision again on the locked row and the takeover.
     fn begin_one(&self, key: &Key<'_>, fp: Fingerprint, lease_ms: i64) -> Result<Began<PgClaim>> {
         let sh = &*self.shared;
         let now = sh.now();
         let (scope, id, fpb) = (key.scope(), key.id(), fp_bytes(fp));
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
-        let (ins, lock, take) = (
+        let (ins, peek, lock, take) = (
             c.stmt(&sh.sql, Q::Begin1)?,
+            c.stmt(&sh.sql, Q::Peek)?,
             c.stmt(&sh.sql, Q::Lock)?,
             c.stmt(&sh.sql, Q::Take)?,
         );
-        let mut tx = c.client.transaction().map_err(storage)?;
         let started = |attempt: u32, r: &postgres::Row, interrupted: bool| {
             Began::Started(PgClaim {
                 key: key.clone().into_owned(),
@@ -631,43 +639,40 @@ impl PgStore {
                 shared: Arc::downgrade(&self.shared),
             })
         };
-        if let Some(r) = tx
+        if let Some(r) = c
+            .client
             .query_opt(&ins, &[&now, &scope, &id, &fpb, &lease_ms])
             .map_err(storage)?
         {
-            tx.commit().map_err(storage)?;
             return Ok(started(1, &r, false));
         }
+        if let Some(seen) = c
+            .client
+            .query_opt(&peek, &[&now, &scope, &id])
+            .map_err(storage)?
+            && let Decision::Answer(answer) = decide(key, fp, &fpb, &seen)?
+        {
+            return Ok(*answer);
+        }
+        let mut tx = c.client.transaction().map_err(storage)?;
         let Some(locked) = tx.query_opt(&lock, &[&now, &scope, &id]).map_err(storage)? else {
             // Rows are never deleted by this build: another one did.
             return Err(Error::Storage(
                 std::io::Error::other(format!("{key:?}: its row vanished during begin")).into(),
             ));
         };
-        let row = Row::from(&locked)?;
-        let now: i64 = locked.get(11);
-        let (attempt, first_at, interrupted, new_op) = match row.state {
-            FORGOTTEN => (1, now, false, true),
-            INSERTED => return Ok(Began::Completed(row.record(key.clone().into_owned())?)),
-            _ if row.fp != fpb && !(row.state == RETRYABLE && row.any_fp) => {
-                return Err(Error::FingerprintMismatch {
-                    key: format!("{key:?}"),
-                    recorded: row.fingerprint(),
-                    requested: fp,
-                });
+        let (attempt, first_at, interrupted, new_op, now) = match decide(key, fp, &fpb, &locked)? {
+            Decision::Answer(answer) => {
+                tx.commit().map_err(storage)?;
+                return Ok(*answer);
             }
-            COMPLETED | FAILED => {
-                return Ok(Began::Completed(row.record(key.clone().into_owned())?));
-            }
-            IN_PROGRESS if now < row.lease_until => {
-                return Ok(Began::InProgress(row.in_progress()));
-            }
-            _ => (
-                row.attempt() + 1,
-                row.first_at,
-                row.state == IN_PROGRESS || row.abandoned,
-                false,
-            ),
+            Decision::Take {
+                attempt,
+                first_at,
+                interrupted,
+                new_op,
+                now,
+            } => (attempt, first_at, interrupted, new_op, now),
         };
         let attempt_i = i32::try_from(attempt).unwrap_or(i32::MAX);
         let r = tx
@@ -706,6 +711,53 @@ impl PgStore {
         } else {
             Err(claim.lost())
         }
+    }
+}
+
+/// What `begin` does with a key's row (read with `Q::Peek` or `Q::Lock`,
+/// the time in its last column).
+enum Decision {
+    /// Answer without writing (boxed: a record is large).
+    Answer(Box<Began<PgClaim>>),
+    /// Start the next attempt (under the row lock).
+    Take {
+        attempt: u32,
+        first_at: i64,
+        interrupted: bool,
+        new_op: bool,
+        now: i64,
+    },
+}
+
+fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Result<Decision> {
+    let row = Row::from(r)?;
+    let now: i64 = r.get(11);
+    let answer = |b| Ok(Decision::Answer(Box::new(b)));
+    match row.state {
+        FORGOTTEN => Ok(Decision::Take {
+            attempt: 1,
+            first_at: now,
+            interrupted: false,
+            new_op: true,
+            now,
+        }),
+        INSERTED => answer(Began::Completed(row.record(key.clone().into_owned())?)),
+        _ if row.fp != fpb && !(row.state == RETRYABLE && row.any_fp) => {
+            Err(Error::FingerprintMismatch {
+                key: format!("{key:?}"),
+                recorded: row.fingerprint(),
+                requested: fp,
+            })
+        }
+        COMPLETED | FAILED => answer(Began::Completed(row.record(key.clone().into_owned())?)),
+        IN_PROGRESS if now < row.lease_until => answer(Began::InProgress(row.in_progress())),
+        _ => Ok(Decision::Take {
+            attempt: row.attempt() + 1,
+            first_at: row.first_at,
+            interrupted: row.state == IN_PROGRESS || row.abandoned,
+            new_op: false,
+            now,
+        }),
     }
 }
 
