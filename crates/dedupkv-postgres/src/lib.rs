@@ -97,6 +97,36 @@ pub const SCHEMA_VERSION: i32 = 1;
 /// The store's default claim lease (the engine's default).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// The longest scope, id and outcome accepted, in bytes (the engine's
+/// defaults; a key is part of the primary key's B-tree entry).
+pub const MAX_SCOPE: usize = 256;
+/// See [`MAX_SCOPE`].
+pub const MAX_ID: usize = 1024;
+/// See [`MAX_SCOPE`].
+pub const MAX_OUTCOME: usize = 1 << 20;
+
+/// Fails, before anything is sent, for an empty scope or id (as the
+/// engine: an empty id is a missing key) and for parts over the limits.
+fn check_key(key: &Key<'_>) -> Result<()> {
+    for (what, part, limit) in [("scope", key.scope(), MAX_SCOPE), ("id", key.id(), MAX_ID)] {
+        if part.is_empty() {
+            return Err(Error::InvalidArgument {
+                what,
+                reason: "is empty; a key needs a non-empty scope and id".into(),
+            });
+        }
+        check_len(what, part.len(), limit)?;
+    }
+    Ok(())
+}
+
+fn check_len(what: &'static str, len: usize, limit: usize) -> Result<()> {
+    if len > limit {
+        return Err(Error::InvalidInput { what, len, limit });
+    }
+    Ok(())
+}
+
 // Row states, as stored (`smallint`).
 const INSERTED: i16 = 0;
 const IN_PROGRESS: i16 = 1;
@@ -617,6 +647,7 @@ impl PgStore {
     /// writes nothing (a replay, a live lease, a mismatch); else, in a
     /// transaction, the decision again on the locked row and the takeover.
     fn begin_one(&self, key: &Key<'_>, fp: Fingerprint, lease_ms: i64) -> Result<Began<PgClaim>> {
+        check_key(key)?;
         let sh = &*self.shared;
         let now = sh.now();
         let (scope, id, fpb) = (key.scope(), key.id(), fp_bytes(fp));
@@ -696,6 +727,7 @@ impl PgStore {
 
     /// Finishes `claim` as `state` with `outcome`, by its fencing token.
     fn finish(&self, claim: &PgClaim, state: i16, outcome: &[u8], any_fp: bool) -> Result<()> {
+        check_len("outcome", outcome.len(), MAX_OUTCOME)?;
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
@@ -783,6 +815,7 @@ impl Settle for PgStore {
 
 impl Read for PgStore {
     fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>> {
+        check_key(key)?;
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
@@ -810,6 +843,7 @@ impl Write for PgStore {
     }
 
     fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Pending<Vec<bool>>> {
+        keys.iter().try_for_each(check_key)?;
         // A key repeated is new at its first position only: one row each.
         let mut first: std::collections::HashMap<(&[u8], &[u8]), usize> =
             std::collections::HashMap::with_capacity(keys.len());
@@ -836,6 +870,7 @@ impl Write for PgStore {
     }
 
     fn forget(&self, key: &Key<'_>) -> Result<Pending<Forget>> {
+        check_key(key)?;
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
@@ -893,6 +928,7 @@ impl Write for PgStore {
 
     /// Each item in its own transaction (atomic per item).
     fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<BegunBatch<PgClaim>> {
+        items.iter().try_for_each(|(k, _)| check_key(k))?;
         let mut out = Vec::with_capacity(items.len());
         for (k, fp) in items {
             match self.begin_one(k, *fp, self.shared.lease_ms) {
@@ -915,7 +951,13 @@ impl Write for PgStore {
         let mut seen = std::collections::HashSet::with_capacity(items.len());
         let once: Vec<bool> = items.iter().map(|(c, _)| seen.insert(c.token)).collect();
         let (mut scopes, mut ids, mut tokens, mut outcomes) = (vec![], vec![], vec![], vec![]);
-        for ((claim, outcome), _) in items.iter().zip(&once).filter(|(_, o)| **o) {
+        let fits: Vec<bool> = items.iter().map(|(_, o)| o.len() <= MAX_OUTCOME).collect();
+        for ((claim, outcome), _) in items
+            .iter()
+            .zip(&once)
+            .filter(|(_, o)| **o)
+            .filter(|((_, o), _)| o.len() <= MAX_OUTCOME)
+        {
             scopes.push(claim.key.scope());
             ids.push(claim.key.id());
             tokens.push(claim.token);
@@ -933,8 +975,11 @@ impl Write for PgStore {
         let answers = items
             .iter()
             .zip(&once)
-            .map(|((claim, _), first)| {
-                if *first && done.contains(&claim.token) {
+            .zip(&fits)
+            .map(|(((claim, outcome), first), fits)| {
+                if !fits {
+                    check_len("outcome", outcome.len(), MAX_OUTCOME)
+                } else if *first && done.contains(&claim.token) {
                     claim.finished.store(true, Ordering::Release);
                     Ok(())
                 } else {

@@ -331,3 +331,43 @@ fn two_processes_racing_2000_keys_start_each_once() -> Result<(), Error> {
     assert!(wrong.is_empty(), "keys started other than once: {wrong:?}");
     Ok(())
 }
+
+/// Bad input fails that call alone, before anything is sent, with the
+/// engine's errors naming the argument.
+#[test]
+fn an_empty_id_and_an_outcome_over_the_limit_are_refused() -> Result<(), Error> {
+    let Some(url) = url("bad_input") else {
+        return Ok(());
+    };
+    let store = PgStore::builder(url.as_str())
+        .schema(fresh_schema("bad"))
+        .open()?;
+    let err = store.insert(&Key::new("t", ""), None).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument { what: "id", .. }),
+        "{err}"
+    );
+    let long = vec![b'x'; dedupkv_postgres::MAX_SCOPE + 1];
+    let err = begin(&store, &Key::new(&long[..], "a"), &BeginOptions::new()).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput { what: "scope", .. }),
+        "{err}"
+    );
+    let Began::Started(claim) = begin(&store, &Key::new("t", "a"), &BeginOptions::new())? else {
+        panic!("not started")
+    };
+    let huge = vec![0u8; dedupkv_postgres::MAX_OUTCOME + 1];
+    let err = store.complete(&claim, Outcome::raw(&huge)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput {
+                what: "outcome",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    store.tell(store.complete(&claim, Outcome::raw(b"ok"))?)?;
+    Ok(())
+}
