@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The project's test command: the whole workspace's suite (the library's
 # unit, integration and doc tests, the fixture command's tests, and the
-# comparison harness's smoke test), with a throwaway PostgreSQL on loopback
-# for that smoke test. Without PostgreSQL (and no way to install it) that
-# one contender is skipped with a message and everything else still runs;
-# under CI (CI=true; .ci/run sets it) it is an error instead.
+# comparison harness's smoke test, the PostgreSQL backend's tests), with a
+# throwaway PostgreSQL on loopback for those two. Without PostgreSQL (and
+# no way to install it) they skip with a message and everything else still
+# runs; under CI (CI=true; .ci/run sets it) that is an error instead.
 #
 # `cargo test` alone tests the library only, and never builds SQLite or
 # librdkafka. Two consumer-group runs are tested on their own, after the

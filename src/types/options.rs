@@ -66,4 +66,37 @@ impl BeginOptions {
         self.retention = Some(retention);
         self
     }
+
+    /// The lease [`lease`](Self::lease) asked for (`None`: the store's),
+    /// for a backend outside this crate to honour.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::BeginOptions;
+    /// use std::time::Duration;
+    ///
+    /// let o = BeginOptions::new().lease(Duration::from_secs(5));
+    /// assert_eq!(o.requested_lease(), Some(Duration::from_secs(5)));
+    /// assert_eq!(BeginOptions::new().requested_lease(), None);
+    /// ```
+    #[must_use]
+    pub const fn requested_lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
+    /// The retention [`retention`](Self::retention) asked for (`None`: the
+    /// store's), for a backend outside this crate to honour.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::BeginOptions;
+    /// use std::time::Duration;
+    ///
+    /// let o = BeginOptions::new().retention(Duration::from_secs(60));
+    /// assert_eq!(o.requested_retention(), Some(Duration::from_secs(60)));
+    /// ```
+    #[must_use]
+    pub const fn requested_retention(&self) -> Option<Duration> {
+        self.retention
+    }
 }

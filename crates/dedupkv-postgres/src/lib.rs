@@ -1,0 +1,1152 @@
+//! dedupkv's operation-level contract ([`dedupkv::contract`]) on
+//! PostgreSQL: one table shared by every instance of a service, each
+//! decision made by the database (issue #31, first landing).
+//!
+//! Several stateless instances behind a load balancer open a [`PgStore`]
+//! on the same database and schema; a retried request that lands on any
+//! of them, or two copies landing on two of them at once, is decided once:
+//! of concurrent [`begin`](Write::begin)s of one key exactly one is told
+//! `Started`, on whichever instance.
+//!
+//! # What it implements
+//! [`Read`], [`Write`] and [`Settle`]: `insert` / `insert_batch`, `begin` /
+//! `begin_batch` with leases, fencing tokens and fingerprints, `complete` /
+//! `complete_batch` / `fail` / `renew` keyed by the fencing token, `forget`,
+//! `get`. Not yet: retention (records are kept until forgotten, and then
+//! the row stays, marked forgotten), dead letters (`Failure::Exhausted` is
+//! refused), intents, versions and the sequencer, waiting across instances.
+//!
+//! # How each decision is made
+//! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
+//!   state = forgotten RETURNING` statement over `unnest`ed arrays (a batch
+//!   is one multi-row statement): a row comes back for each new key.
+//! - `begin`: `INSERT … ON CONFLICT DO NOTHING RETURNING` of attempt 1 (one
+//!   statement); when the key has a row, a plain `SELECT` answers if the
+//!   answer writes nothing (`Completed`, `InProgress`, a fingerprint
+//!   mismatch); otherwise, in one transaction, `SELECT … FOR UPDATE`, the
+//!   decision again on the locked row, and the takeover, an `UPDATE` with a
+//!   new fencing token from a sequence.
+//! - `complete`, `fail`, `renew`, and a dropped claim's release: one
+//!   conditional `UPDATE … WHERE key AND token = the claim's AND state = in
+//!   progress` each; no row updated is [`Error::ClaimLost`]. A zombie is
+//!   refused by the database, not by a local check.
+//! - `forget`: `SELECT … FOR UPDATE`, then the `UPDATE`, in one transaction.
+//!
+//! Nothing is read and then written without the row lock. Every answer is
+//! given after its transaction committed, so every [`Pending`] is
+//! [`Basis::SETTLED`](dedupkv::contract::Basis::SETTLED).
+//!
+//! # Time
+//! Lease time is the database's: `clock_timestamp()` in milliseconds since
+//! the Unix epoch, read inside the deciding statement, never an instance's
+//! clock. A test may give the store a [`Clock`] instead
+//! ([`PgStoreBuilder::clock`]): its reading is then passed to every
+//! statement in place of the database's (the conformance suite moves a
+//! manual clock).
+//!
+//! # What it needs from the database
+//! PostgreSQL 9.5 or newer (15 is tested), or an engine that speaks its
+//! protocol and has: `INSERT … ON CONFLICT (…) DO NOTHING` and `DO UPDATE
+//! … WHERE` atomic under concurrent inserts of one key; `RETURNING`;
+//! `SELECT … FOR UPDATE` row locks; `UPDATE … FROM unnest(…)`; sequences;
+//! transaction-scoped advisory locks (schema creation only); at least READ
+//! COMMITTED isolation (the default; a conditional `UPDATE` re-checks its
+//! `WHERE` on the row's latest version). Answers are durable as the
+//! server's `synchronous_commit` makes commits (on, by default).
+//!
+//! # Schema
+//! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
+//! `dedupkv_schema_version`, `dedupkv_keys` and the sequence
+//! `dedupkv_token`. A schema written by a newer build is refused with
+//! [`Error::InvalidConfig`] naming it.
+//!
+//! # Examples
+//! ```no_run
+//! use dedupkv::contract::{Outcome, Settle, Write};
+//! use dedupkv::{Began, BeginOptions, Fingerprint, Key};
+//! use dedupkv_postgres::PgStore;
+//!
+//! let store = PgStore::connect("host=127.0.0.1 user=postgres dbname=postgres")?;
+//! let key = Key::new("shop-42", "order-7");
+//! let p = store.begin(&key, Fingerprint::of("2 parcels"), &BeginOptions::new(), None)?;
+//! if let Began::Started(claim) = store.tell(p)? {
+//!     // ... charge the card ...
+//!     store.tell(store.complete(&claim, Outcome::raw(b"ch_1"))?)?;
+//! }
+//! # Ok::<(), dedupkv::Error>(())
+//! ```
+
+#![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dedupkv::contract::{BegunBatch, Handle, Outcome, Pending, Read, Settle, Write};
+use dedupkv::{
+    Began, BeginOptions, Clock, Error, Failure, Fingerprint, Forget, InProgress, Intent, Key,
+    Record, Result, State,
+};
+use parking_lot::Mutex;
+use postgres::{Client, NoTls, Statement};
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// The store's default claim lease (the engine's default).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The longest scope, id and outcome accepted, in bytes (the engine's
+/// defaults; a key is part of the primary key's B-tree entry).
+pub const MAX_SCOPE: usize = 256;
+/// See [`MAX_SCOPE`].
+pub const MAX_ID: usize = 1024;
+/// See [`MAX_SCOPE`].
+pub const MAX_OUTCOME: usize = 1 << 20;
+
+/// Fails, before anything is sent, for an empty scope or id (as the
+/// engine: an empty id is a missing key) and for parts over the limits.
+fn check_key(key: &Key<'_>) -> Result<()> {
+    for (what, part, limit) in [("scope", key.scope(), MAX_SCOPE), ("id", key.id(), MAX_ID)] {
+        if part.is_empty() {
+            return Err(Error::InvalidArgument {
+                what,
+                reason: "is empty; a key needs a non-empty scope and id".into(),
+            });
+        }
+        check_len(what, part.len(), limit)?;
+    }
+    Ok(())
+}
+
+fn check_len(what: &'static str, len: usize, limit: usize) -> Result<()> {
+    if len > limit {
+        return Err(Error::InvalidInput { what, len, limit });
+    }
+    Ok(())
+}
+
+// Row states, as stored (`smallint`).
+const INSERTED: i16 = 0;
+const IN_PROGRESS: i16 = 1;
+const RETRYABLE: i16 = 2;
+const COMPLETED: i16 = 3;
+const FAILED: i16 = 4;
+const FORGOTTEN: i16 = 5;
+
+/// The statements, by index into [`Sql`] and each connection's cache.
+#[derive(Clone, Copy)]
+enum Q {
+    Insert,
+    Begin1,
+    Lock,
+    Peek,
+    Take,
+    Finish,
+    CompleteBatch,
+    Release,
+    Renew,
+    Get,
+    Forget,
+}
+const STATEMENTS: usize = 11;
+
+/// The statements' text for one schema.
+struct Sql([String; STATEMENTS]);
+
+/// The deciding statement's time: the given clock's reading (`$1`) or the
+/// database's.
+const NOW: &str = "coalesce($1::int8, (extract(epoch from clock_timestamp()) * 1000)::int8)";
+const COLUMNS: &str = "state, fingerprint, attempt, token, first_token, first_at, lease_until, lease_ms, abandoned, any_fp, outcome";
+
+impl Sql {
+    fn new(schema: &str) -> Sql {
+        let k = format!("{schema}.dedupkv_keys");
+        let seq = format!("{schema}.dedupkv_token");
+        Sql([
+            // Q::Insert: $1 now, $2 scopes, $3 ids.
+            format!(
+                "INSERT INTO {k} AS k ({COLUMNS}, scope, id) \
+                 SELECT {INSERTED}::int2, ''::bytea, 0, 0::int8, 0::int8, n.now, 0::int8, 0::int8, false, false, ''::bytea, u.s, u.i \
+                 FROM (SELECT {NOW} AS now) n, unnest($2::bytea[], $3::bytea[]) AS u(s, i) \
+                 ON CONFLICT (scope, id) DO UPDATE SET state = {INSERTED}, fingerprint = ''::bytea, attempt = 0, \
+                 token = 0, first_token = 0, first_at = excluded.first_at, lease_until = 0, lease_ms = 0, \
+                 abandoned = false, any_fp = false, outcome = ''::bytea \
+                 WHERE k.state = {FORGOTTEN} RETURNING k.scope, k.id"
+            ),
+            // Q::Begin1: $1 now, $2 scope, $3 id, $4 fingerprint, $5 lease ms.
+            format!(
+                "INSERT INTO {k} ({COLUMNS}, scope, id) \
+                 SELECT {IN_PROGRESS}::int2, $4::bytea, 1, t.v, t.v, n.now, n.now + $5::int8, $5::int8, false, false, ''::bytea, $2::bytea, $3::bytea \
+                 FROM (SELECT {NOW} AS now) n, (SELECT nextval('{seq}') AS v) t \
+                 ON CONFLICT (scope, id) DO NOTHING RETURNING token, first_token"
+            ),
+            // Q::Lock: $1 now, $2 scope, $3 id.
+            format!(
+                "SELECT {COLUMNS}, {NOW} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"
+            ),
+            // Q::Peek: Q::Lock without the lock (an answer that writes nothing).
+            format!("SELECT {COLUMNS}, {NOW} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea"),
+            // Q::Take: $1 scope, $2 id, $3 fingerprint, $4 attempt, $5
+            // first_at, $6 lease_until, $7 lease ms, $8 a new operation.
+            format!(
+                "UPDATE {k} SET state = {IN_PROGRESS}, fingerprint = $3::bytea, attempt = $4::int4, token = t.v, \
+                 first_token = CASE WHEN $8::bool THEN t.v ELSE first_token END, first_at = $5::int8, \
+                 lease_until = $6::int8, lease_ms = $7::int8, abandoned = false, any_fp = false, outcome = ''::bytea \
+                 FROM (SELECT nextval('{seq}') AS v) t \
+                 WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token"
+            ),
+            // Q::Finish: $1 scope, $2 id, $3 token, $4 state, $5 outcome, $6 any fingerprint next.
+            format!(
+                "UPDATE {k} SET state = $4::int2, outcome = $5::bytea, abandoned = false, any_fp = $6::bool \
+                 WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
+            ),
+            // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes.
+            format!(
+                "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false \
+                 FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[]) AS u(s, i, t, o) \
+                 WHERE k.scope = u.s AND k.id = u.i AND k.token = u.t AND k.state = {IN_PROGRESS} \
+                 RETURNING k.token"
+            ),
+            // Q::Release: $1 scope, $2 id, $3 token.
+            format!(
+                "UPDATE {k} SET state = {RETRYABLE}, abandoned = true \
+                 WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
+            ),
+            // Q::Renew: $1 now, $2 scope, $3 id, $4 token, $5 lease ms or null.
+            format!(
+                "UPDATE {k} SET lease_ms = coalesce($5::int8, lease_ms), \
+                 lease_until = {NOW} + coalesce($5::int8, lease_ms) \
+                 WHERE scope = $2::bytea AND id = $3::bytea AND token = $4::int8 AND state = {IN_PROGRESS} \
+                 RETURNING lease_until"
+            ),
+            // Q::Get: $1 scope, $2 id.
+            format!("SELECT {COLUMNS} FROM {k} WHERE scope = $1::bytea AND id = $2::bytea"),
+            // Q::Forget: $1 scope, $2 id (under the lock of Q::Lock).
+            format!(
+                "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false WHERE scope = $1::bytea AND id = $2::bytea"
+            ),
+        ])
+    }
+}
+
+/// What the instance shares with its claims: the pool, the statements,
+/// the settings.
+struct Shared {
+    url: String,
+    sql: Sql,
+    idle: Mutex<Vec<Conn>>,
+    max_idle: usize,
+    clock: Option<Arc<dyn Clock>>,
+    lease_ms: i64,
+}
+
+/// One pooled connection and its prepared statements.
+struct Conn {
+    client: Client,
+    stmts: [Option<Statement>; STATEMENTS],
+}
+
+impl Conn {
+    fn stmt(&mut self, sql: &Sql, q: Q) -> Result<Statement> {
+        let slot = &mut self.stmts[q as usize];
+        if let Some(s) = slot {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(&sql.0[q as usize]).map_err(storage)?;
+        *slot = Some(s.clone());
+        Ok(s)
+    }
+}
+
+/// A connection taken from the pool, given back when dropped (unless it
+/// broke).
+struct Pooled<'a> {
+    shared: &'a Shared,
+    conn: Option<Conn>,
+}
+
+impl Pooled<'_> {
+    fn conn(&mut self) -> &mut Conn {
+        self.conn.as_mut().expect("present until dropped")
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.take()
+            && !c.client.is_closed()
+        {
+            let mut idle = self.shared.idle.lock();
+            if idle.len() < self.shared.max_idle {
+                idle.push(c);
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn pooled(&self) -> Result<Pooled<'_>> {
+        let conn = match self.idle.lock().pop() {
+            Some(c) => c,
+            None => Conn {
+                client: connect(&self.url)?,
+                stmts: Default::default(),
+            },
+        };
+        Ok(Pooled {
+            shared: self,
+            conn: Some(conn),
+        })
+    }
+
+    /// The time passed to statements: the clock's, or `None` for the
+    /// database's own.
+    fn now(&self) -> Option<i64> {
+        self.clock
+            .as_ref()
+            .map(|c| i64::try_from(c.now_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+fn connect(url: &str) -> Result<Client> {
+    Client::connect(url, NoTls).map_err(|e| {
+        Error::Storage(std::io::Error::other(format!("connecting to PostgreSQL: {e}")).into())
+    })
+}
+
+/// A PostgreSQL error as the store's storage error (its source).
+fn storage(e: postgres::Error) -> Error {
+    Error::Storage(std::io::Error::other(e).into())
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn at(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn fp_bytes(fp: Fingerprint) -> Vec<u8> {
+    fp.0.to_be_bytes().to_vec()
+}
+
+fn state_of(s: i16) -> Result<State> {
+    Ok(match s {
+        INSERTED => State::Inserted,
+        IN_PROGRESS => State::InProgress,
+        RETRYABLE => State::Retryable,
+        COMPLETED => State::Completed,
+        FAILED => State::Failed,
+        FORGOTTEN => State::Forgotten,
+        other => return Err(Error::Corrupt(format!("unknown row state {other}"))),
+    })
+}
+
+/// One key's row, as read.
+struct Row {
+    state: i16,
+    fp: Vec<u8>,
+    attempt: i32,
+    first_at: i64,
+    lease_until: i64,
+    abandoned: bool,
+    any_fp: bool,
+    outcome: Vec<u8>,
+}
+
+impl Row {
+    fn from(r: &postgres::Row) -> Result<Row> {
+        let get = |e: postgres::Error| Error::Corrupt(format!("a dedupkv_keys row: {e}"));
+        Ok(Row {
+            state: r.try_get(0).map_err(get)?,
+            fp: r.try_get(1).map_err(get)?,
+            attempt: r.try_get(2).map_err(get)?,
+            first_at: r.try_get(5).map_err(get)?,
+            lease_until: r.try_get(6).map_err(get)?,
+            abandoned: r.try_get(8).map_err(get)?,
+            any_fp: r.try_get(9).map_err(get)?,
+            outcome: r.try_get(10).map_err(get)?,
+        })
+    }
+
+    fn attempt(&self) -> u32 {
+        u32::try_from(self.attempt).unwrap_or(0)
+    }
+
+    fn fingerprint(&self) -> Fingerprint {
+        let mut b = [0u8; 16];
+        if self.fp.len() == 16 {
+            b.copy_from_slice(&self.fp);
+        }
+        Fingerprint(u128::from_be_bytes(b))
+    }
+
+    fn record(&self, key: Key<'static>) -> Result<Record> {
+        let state = state_of(self.state)?;
+        let rec = Record::new(key, state).with_attempts(self.attempt());
+        let rec = if state == State::Inserted {
+            rec
+        } else {
+            rec.with_fingerprint(self.fingerprint())
+        };
+        Ok(match state {
+            State::Completed | State::Failed => rec.with_outcome(self.outcome.clone()),
+            _ => rec,
+        })
+    }
+
+    fn in_progress(&self) -> InProgress {
+        InProgress::new(self.attempt(), at(self.lease_until), at(self.first_at))
+    }
+}
+
+/// The contract on PostgreSQL: a handle on one database schema, shared by
+/// every instance that opens the same one. Cheap to share across threads
+/// (`Sync`); its connections are pooled.
+///
+/// # Examples
+/// ```no_run
+/// use dedupkv::contract::{Settle, Write};
+/// use dedupkv::Key;
+/// use dedupkv_postgres::PgStore;
+///
+/// let store = PgStore::connect("host=127.0.0.1 user=postgres dbname=postgres")?;
+/// assert!(store.tell(store.insert(&Key::new("webhooks", "evt_1"), None)?)?);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub struct PgStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("statements_for", &self.shared.sql.0[Q::Get as usize])
+            .finish_non_exhaustive()
+    }
+}
+
+/// How to open a [`PgStore`]: the schema, the default lease, the clock
+/// (tests only), the pool's size.
+///
+/// # Examples
+/// ```no_run
+/// use dedupkv_postgres::PgStore;
+/// use std::time::Duration;
+///
+/// let store = PgStore::builder("host=127.0.0.1 user=postgres dbname=postgres")
+///     .schema("payments")
+///     .lease(Duration::from_secs(10))
+///     .open()?;
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[must_use]
+pub struct PgStoreBuilder {
+    url: String,
+    schema: String,
+    lease: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    max_idle: usize,
+}
+
+impl PgStoreBuilder {
+    /// The PostgreSQL schema (namespace) of the tables: lowercase ASCII
+    /// letters, digits and `_`, not starting with a digit, at most 63
+    /// bytes. Default `dedupkv`. Instances that share keys open the same.
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder`].
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The claims' lease when `begin`'s options name none (default
+    /// [`DEFAULT_LEASE`]); at least 1 ms.
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Takes lease time from `clock` instead of the database's clock: for
+    /// tests that move time by hand. Instances on one database must agree
+    /// on time, so production leaves this unset.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv::ManualClock;
+    /// use dedupkv_postgres::PgStore;
+    ///
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = PgStore::builder("host=127.0.0.1 user=postgres dbname=postgres")
+    ///     .schema("test_1")
+    ///     .clock(clock.clone())
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// How many idle connections the pool keeps (default 16); more are
+    /// opened while more callers are busy at once, and closed after.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv_postgres::PgStore;
+    ///
+    /// let store = PgStore::builder("host=127.0.0.1 user=postgres dbname=postgres")
+    ///     .max_idle(4)
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn max_idle(mut self, n: usize) -> Self {
+        self.max_idle = n;
+        self
+    }
+
+    /// Connects, creates the schema if it is absent (under an advisory
+    /// lock, so instances starting together create it once) and checks
+    /// its version.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a bad schema name or lease, or a
+    /// schema written by a newer build (naming its version table);
+    /// [`Error::Storage`] when the server cannot be reached or refuses.
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder`].
+    pub fn open(self) -> Result<PgStore> {
+        let s = &self.schema;
+        let valid = !s.is_empty()
+            && s.len() <= 63
+            && !s.as_bytes()[0].is_ascii_digit()
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !valid {
+            return Err(Error::InvalidConfig(format!(
+                "PostgreSQL schema name {s:?}: use lowercase ASCII letters, digits and '_', \
+                 not starting with a digit, at most 63 bytes"
+            )));
+        }
+        if self.lease < Duration::from_millis(1) {
+            return Err(Error::InvalidConfig(format!(
+                "lease {:?}: must be at least 1 ms",
+                self.lease
+            )));
+        }
+        let mut client = connect(&self.url)?;
+        create_schema(&mut client, s)?;
+        let shared = Shared {
+            url: self.url,
+            sql: Sql::new(s),
+            idle: Mutex::new(Vec::new()),
+            max_idle: self.max_idle,
+            clock: self.clock,
+            lease_ms: ms(self.lease),
+        };
+        shared.idle.lock().push(Conn {
+            client,
+            stmts: Default::default(),
+        });
+        Ok(PgStore {
+            shared: Arc::new(shared),
+        })
+    }
+}
+
+/// An arbitrary constant: the advisory lock schema creation holds.
+const SCHEMA_LOCK: i64 = 0x6465_6475_706b_7631;
+
+fn create_schema(client: &mut Client, s: &str) -> Result<()> {
+    let mut tx = client.transaction().map_err(storage)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+        .map_err(storage)?;
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {s};
+         CREATE TABLE IF NOT EXISTS {s}.dedupkv_schema_version (version int4 NOT NULL);"
+    ))
+    .map_err(storage)?;
+    let found: Option<i32> = tx
+        .query_one(
+            &format!("SELECT max(version) FROM {s}.dedupkv_schema_version"),
+            &[],
+        )
+        .map_err(storage)?
+        .get(0);
+    match found {
+        Some(v) if v > SCHEMA_VERSION => {
+            return Err(Error::InvalidConfig(format!(
+                "{s}.dedupkv_schema_version is {v}: written by a newer dedupkv-postgres \
+                 (this build knows up to {SCHEMA_VERSION}); upgrade this instance"
+            )));
+        }
+        Some(_) => {}
+        None => {
+            tx.batch_execute(&format!(
+                "CREATE SEQUENCE {s}.dedupkv_token;
+                 CREATE TABLE {s}.dedupkv_keys (
+                     scope bytea NOT NULL,
+                     id bytea NOT NULL,
+                     state int2 NOT NULL,
+                     fingerprint bytea NOT NULL,
+                     attempt int4 NOT NULL,
+                     token int8 NOT NULL,
+                     first_token int8 NOT NULL,
+                     first_at int8 NOT NULL,
+                     lease_until int8 NOT NULL,
+                     lease_ms int8 NOT NULL,
+                     abandoned bool NOT NULL,
+                     any_fp bool NOT NULL,
+                     outcome bytea NOT NULL,
+                     PRIMARY KEY (scope, id));
+                 INSERT INTO {s}.dedupkv_schema_version VALUES ({SCHEMA_VERSION});"
+            ))
+            .map_err(storage)?;
+        }
+    }
+    tx.commit().map_err(storage)
+}
+
+impl PgStore {
+    /// Opens the default schema (`dedupkv`) with the default settings;
+    /// `url` is a libpq-style connection string.
+    ///
+    /// # Errors
+    /// As [`PgStoreBuilder::open`].
+    ///
+    /// # Examples
+    /// See [`PgStore`].
+    pub fn connect(url: &str) -> Result<PgStore> {
+        PgStore::builder(url).open()
+    }
+
+    /// A builder for a store on `url` (a libpq-style connection string).
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder`].
+    pub fn builder(url: impl Into<String>) -> PgStoreBuilder {
+        PgStoreBuilder {
+            url: url.into(),
+            schema: "dedupkv".into(),
+            lease: DEFAULT_LEASE,
+            clock: None,
+            max_idle: 16,
+        }
+    }
+
+    /// `begin` of one key: attempt 1 by one `INSERT … ON CONFLICT DO
+    /// NOTHING` (autocommit); else the answer from a plain read when it
+    /// writes nothing (a replay, a live lease, a mismatch); else, in a
+    /// transaction, the decision again on the locked row and the takeover.
+    fn begin_one(&self, key: &Key<'_>, fp: Fingerprint, lease_ms: i64) -> Result<Began<PgClaim>> {
+        check_key(key)?;
+        let sh = &*self.shared;
+        let now = sh.now();
+        let (scope, id, fpb) = (key.scope(), key.id(), fp_bytes(fp));
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let (ins, peek, lock, take) = (
+            c.stmt(&sh.sql, Q::Begin1)?,
+            c.stmt(&sh.sql, Q::Peek)?,
+            c.stmt(&sh.sql, Q::Lock)?,
+            c.stmt(&sh.sql, Q::Take)?,
+        );
+        let started = |attempt: u32, r: &postgres::Row, interrupted: bool| {
+            Began::Started(PgClaim {
+                key: key.clone().into_owned(),
+                attempt,
+                token: r.get(0),
+                first_token: r.get(1),
+                interrupted,
+                finished: AtomicBool::new(false),
+                shared: Arc::downgrade(&self.shared),
+            })
+        };
+        if let Some(r) = c
+            .client
+            .query_opt(&ins, &[&now, &scope, &id, &fpb, &lease_ms])
+            .map_err(storage)?
+        {
+            return Ok(started(1, &r, false));
+        }
+        if let Some(seen) = c
+            .client
+            .query_opt(&peek, &[&now, &scope, &id])
+            .map_err(storage)?
+            && let Decision::Answer(answer) = decide(key, fp, &fpb, &seen)?
+        {
+            return Ok(*answer);
+        }
+        let mut tx = c.client.transaction().map_err(storage)?;
+        let Some(locked) = tx.query_opt(&lock, &[&now, &scope, &id]).map_err(storage)? else {
+            // Rows are never deleted by this build: another one did.
+            return Err(Error::Storage(
+                std::io::Error::other(format!("{key:?}: its row vanished during begin")).into(),
+            ));
+        };
+        let (attempt, first_at, interrupted, new_op, now) = match decide(key, fp, &fpb, &locked)? {
+            Decision::Answer(answer) => {
+                tx.commit().map_err(storage)?;
+                return Ok(*answer);
+            }
+            Decision::Take {
+                attempt,
+                first_at,
+                interrupted,
+                new_op,
+                now,
+            } => (attempt, first_at, interrupted, new_op, now),
+        };
+        let attempt_i = i32::try_from(attempt).unwrap_or(i32::MAX);
+        let r = tx
+            .query_one(
+                &take,
+                &[
+                    &scope,
+                    &id,
+                    &fpb,
+                    &attempt_i,
+                    &first_at,
+                    &now.saturating_add(lease_ms),
+                    &lease_ms,
+                    &new_op,
+                ],
+            )
+            .map_err(storage)?;
+        tx.commit().map_err(storage)?;
+        Ok(started(attempt, &r, interrupted))
+    }
+
+    /// Finishes `claim` as `state` with `outcome`, by its fencing token.
+    fn finish(&self, claim: &PgClaim, state: i16, outcome: &[u8], any_fp: bool) -> Result<()> {
+        check_len("outcome", outcome.len(), MAX_OUTCOME)?;
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::Finish)?;
+        let (scope, id) = (claim.key.scope(), claim.key.id());
+        let n = c
+            .client
+            .execute(&st, &[&scope, &id, &claim.token, &state, &outcome, &any_fp])
+            .map_err(storage)?;
+        if n == 1 {
+            claim.finished.store(true, Ordering::Release);
+            Ok(())
+        } else {
+            Err(claim.lost())
+        }
+    }
+}
+
+/// What `begin` does with a key's row (read with `Q::Peek` or `Q::Lock`,
+/// the time in its last column).
+enum Decision {
+    /// Answer without writing (boxed: a record is large).
+    Answer(Box<Began<PgClaim>>),
+    /// Start the next attempt (under the row lock).
+    Take {
+        attempt: u32,
+        first_at: i64,
+        interrupted: bool,
+        new_op: bool,
+        now: i64,
+    },
+}
+
+fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Result<Decision> {
+    let row = Row::from(r)?;
+    let now: i64 = r.get(11);
+    let answer = |b| Ok(Decision::Answer(Box::new(b)));
+    match row.state {
+        FORGOTTEN => Ok(Decision::Take {
+            attempt: 1,
+            first_at: now,
+            interrupted: false,
+            new_op: true,
+            now,
+        }),
+        INSERTED => answer(Began::Completed(row.record(key.clone().into_owned())?)),
+        _ if row.fp != fpb && !(row.state == RETRYABLE && row.any_fp) => {
+            Err(Error::FingerprintMismatch {
+                key: format!("{key:?}"),
+                recorded: row.fingerprint(),
+                requested: fp,
+            })
+        }
+        COMPLETED | FAILED => answer(Began::Completed(row.record(key.clone().into_owned())?)),
+        IN_PROGRESS if now < row.lease_until => answer(Began::InProgress(row.in_progress())),
+        _ => Ok(Decision::Take {
+            attempt: row.attempt() + 1,
+            first_at: row.first_at,
+            interrupted: row.state == IN_PROGRESS || row.abandoned,
+            new_op: false,
+            now,
+        }),
+    }
+}
+
+impl Settle for PgStore {
+    type Waiter = ();
+
+    /// Every answer was committed before it was given: nothing to wait for.
+    fn wait(&self, _basis: dedupkv::contract::Basis) -> Result<()> {
+        Ok(())
+    }
+
+    fn poll_settled(
+        &self,
+        _basis: dedupkv::contract::Basis,
+        (): &mut (),
+        _cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn stop_waiting(&self, (): &mut ()) {}
+}
+
+impl Read for PgStore {
+    fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>> {
+        check_key(key)?;
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::Get)?;
+        let row = c
+            .client
+            .query_opt(&st, &[&key.scope(), &key.id()])
+            .map_err(storage)?;
+        let rec = match row {
+            Some(r) => Some(Row::from(&r)?.record(key.clone().into_owned())?),
+            None => None,
+        };
+        Ok(Pending::settled(rec))
+    }
+}
+
+impl Write for PgStore {
+    type Claim = PgClaim;
+
+    /// The retention is not kept by this build (records stay until
+    /// forgotten).
+    fn insert(&self, key: &Key<'_>, _retention: Option<Duration>) -> Result<Pending<bool>> {
+        let news = self.insert_batch(std::slice::from_ref(key))?;
+        Ok(news.map(|v| v.first().copied().unwrap_or(false)))
+    }
+
+    fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Pending<Vec<bool>>> {
+        keys.iter().try_for_each(check_key)?;
+        // A key repeated is new at its first position only: one row each.
+        let mut first: std::collections::HashMap<(&[u8], &[u8]), usize> =
+            std::collections::HashMap::with_capacity(keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            first.entry((k.scope(), k.id())).or_insert(i);
+        }
+        let (scopes, ids): (Vec<&[u8]>, Vec<&[u8]>) = first.keys().copied().unzip();
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::Insert)?;
+        let rows = c
+            .client
+            .query(&st, &[&sh.now(), &scopes, &ids])
+            .map_err(storage)?;
+        let mut new = vec![false; keys.len()];
+        for r in &rows {
+            let (s, i): (&[u8], &[u8]) = (r.get(0), r.get(1));
+            if let Some(&at) = first.get(&(s, i)) {
+                new[at] = true;
+            }
+        }
+        Ok(Pending::settled(new))
+    }
+
+    fn forget(&self, key: &Key<'_>) -> Result<Pending<Forget>> {
+        check_key(key)?;
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let (lock, forget) = (c.stmt(&sh.sql, Q::Lock)?, c.stmt(&sh.sql, Q::Forget)?);
+        let (scope, id) = (key.scope(), key.id());
+        let mut tx = c.client.transaction().map_err(storage)?;
+        let Some(locked) = tx
+            .query_opt(&lock, &[&sh.now(), &scope, &id])
+            .map_err(storage)?
+        else {
+            return Ok(Pending::settled(Forget::NotFound));
+        };
+        let row = Row::from(&locked)?;
+        let now: i64 = locked.get(11);
+        let answer = match row.state {
+            FORGOTTEN => Forget::NotFound,
+            IN_PROGRESS if now < row.lease_until => Forget::InProgress(row.in_progress()),
+            _ => {
+                tx.execute(&forget, &[&scope, &id]).map_err(storage)?;
+                Forget::Forgotten(row.record(key.clone().into_owned())?)
+            }
+        };
+        tx.commit().map_err(storage)?;
+        Ok(Pending::settled(answer))
+    }
+
+    /// The intent is not recorded by this build (intents are not yet
+    /// implemented here); the retention is not kept.
+    fn begin(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        intent: Option<Intent<'_>>,
+    ) -> Result<Pending<Began<PgClaim>>> {
+        if intent.is_some() {
+            return Err(Error::InvalidArgument {
+                what: "intent",
+                reason: "is not supported by the PostgreSQL backend yet".into(),
+            });
+        }
+        let lease = match options.requested_lease() {
+            Some(l) if l < Duration::from_millis(1) => {
+                return Err(Error::InvalidArgument {
+                    what: "lease",
+                    reason: format!("{l:?} is shorter than 1 ms"),
+                });
+            }
+            Some(l) => ms(l),
+            None => self.shared.lease_ms,
+        };
+        self.begin_one(key, fingerprint, lease)
+            .map(Pending::settled)
+    }
+
+    /// Each item in its own transaction (atomic per item).
+    fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<BegunBatch<PgClaim>> {
+        items.iter().try_for_each(|(k, _)| check_key(k))?;
+        let mut out = Vec::with_capacity(items.len());
+        for (k, fp) in items {
+            match self.begin_one(k, *fp, self.shared.lease_ms) {
+                Err(e @ Error::FingerprintMismatch { .. }) => out.push(Err(e)),
+                other => out.push(Ok(other?)),
+            }
+        }
+        Ok(Pending::settled(out))
+    }
+
+    /// The outcome's retention and amount are not kept by this build.
+    fn complete(&self, claim: &PgClaim, outcome: Outcome<'_>) -> Result<Pending<()>> {
+        self.finish(claim, COMPLETED, outcome.bytes(), false)
+            .map(Pending::settled)
+    }
+
+    /// One `UPDATE … FROM unnest(…)` statement for the whole batch.
+    fn complete_batch(&self, items: &[(&PgClaim, &[u8])]) -> Result<Pending<Vec<Result<()>>>> {
+        // A claim named twice completes at its first position only.
+        let mut seen = std::collections::HashSet::with_capacity(items.len());
+        let once: Vec<bool> = items.iter().map(|(c, _)| seen.insert(c.token)).collect();
+        let (mut scopes, mut ids, mut tokens, mut outcomes) = (vec![], vec![], vec![], vec![]);
+        let fits: Vec<bool> = items.iter().map(|(_, o)| o.len() <= MAX_OUTCOME).collect();
+        for ((claim, outcome), _) in items
+            .iter()
+            .zip(&once)
+            .filter(|(_, o)| **o)
+            .filter(|((_, o), _)| o.len() <= MAX_OUTCOME)
+        {
+            scopes.push(claim.key.scope());
+            ids.push(claim.key.id());
+            tokens.push(claim.token);
+            outcomes.push(*outcome);
+        }
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::CompleteBatch)?;
+        let rows = c
+            .client
+            .query(&st, &[&scopes, &ids, &tokens, &outcomes])
+            .map_err(storage)?;
+        let done: std::collections::HashSet<i64> = rows.iter().map(|r| r.get(0)).collect();
+        let answers = items
+            .iter()
+            .zip(&once)
+            .zip(&fits)
+            .map(|(((claim, outcome), first), fits)| {
+                if !fits {
+                    check_len("outcome", outcome.len(), MAX_OUTCOME)
+                } else if *first && done.contains(&claim.token) {
+                    claim.finished.store(true, Ordering::Release);
+                    Ok(())
+                } else {
+                    Err(claim.lost())
+                }
+            })
+            .collect();
+        Ok(Pending::settled(answers))
+    }
+
+    /// `Failure::Exhausted` (dead letters) is refused by this build.
+    fn fail(&self, claim: &PgClaim, failure: Failure<'_>) -> Result<Pending<()>> {
+        match failure {
+            Failure::Permanent(payload) => self.finish(claim, FAILED, payload, false),
+            Failure::Retryable => self.finish(claim, RETRYABLE, b"", false),
+            Failure::RetryableAnyRequest => self.finish(claim, RETRYABLE, b"", true),
+            _ => Err(Error::InvalidArgument {
+                what: "failure",
+                reason: "dead letters (Failure::Exhausted) are not supported by the PostgreSQL \
+                         backend yet"
+                    .into(),
+            }),
+        }
+        .map(Pending::settled)
+    }
+
+    fn renew(&self, claim: &PgClaim, by: Option<Duration>) -> Result<Pending<SystemTime>> {
+        let by = match by {
+            Some(d) if d < Duration::from_millis(1) => {
+                return Err(Error::InvalidArgument {
+                    what: "lease",
+                    reason: format!("{d:?} is shorter than 1 ms"),
+                });
+            }
+            other => other.map(ms),
+        };
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::Renew)?;
+        let row = c
+            .client
+            .query_opt(
+                &st,
+                &[
+                    &sh.now(),
+                    &claim.key.scope(),
+                    &claim.key.id(),
+                    &claim.token,
+                    &by,
+                ],
+            )
+            .map_err(storage)?;
+        match row {
+            Some(r) => Ok(Pending::settled(at(r.get(0)))),
+            None => Err(claim.lost()),
+        }
+    }
+}
+
+/// A started attempt on PostgreSQL: the key, the attempt and its fencing
+/// token. Dropped unfinished, it releases the key (one conditional
+/// `UPDATE`; the next attempt is told it was interrupted); if that fails,
+/// the lease lapses instead.
+///
+/// # Examples
+/// ```no_run
+/// use dedupkv::contract::{Handle, Settle, Write};
+/// use dedupkv::{Began, BeginOptions, Fingerprint, Key};
+/// use dedupkv_postgres::PgStore;
+///
+/// let store = PgStore::connect("host=127.0.0.1 user=postgres dbname=postgres")?;
+/// let p = store.begin(&Key::new("t", "op"), Fingerprint::NONE, &BeginOptions::new(), None)?;
+/// if let Began::Started(claim) = store.tell(p)? {
+///     assert_eq!(claim.attempt(), 1);
+///     let provider_key = claim.provider_key(); // the same on every instance
+///     # let _ = provider_key;
+/// }
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct PgClaim {
+    key: Key<'static>,
+    attempt: u32,
+    token: i64,
+    first_token: i64,
+    interrupted: bool,
+    finished: AtomicBool,
+    shared: Weak<Shared>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
+
+impl PgClaim {
+    /// The operation's idempotency key for an external provider: the same
+    /// for every attempt of the operation, from every instance, derived
+    /// from the row (the fencing token of its first attempt, which the
+    /// database handed out), never from the instance.
+    ///
+    /// # Examples
+    /// See [`PgClaim`].
+    pub fn provider_key(&self) -> String {
+        format!("{:032x}", self.first_token)
+    }
+
+    /// The attempt's fencing token (from the database's sequence).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use dedupkv::contract::{Settle, Write};
+    /// # use dedupkv::{Began, BeginOptions, Fingerprint, Key};
+    /// # let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
+    /// # let p = store.begin(&Key::new("t", "op"), Fingerprint::NONE, &BeginOptions::new(), None)?;
+    /// if let Began::Started(claim) = store.tell(p)? {
+    ///     assert!(claim.token() > 0);
+    /// }
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    fn lost(&self) -> Error {
+        Error::ClaimLost {
+            key: format!("{:?}", self.key),
+            attempt: self.attempt,
+            token: u64::try_from(self.token).unwrap_or(0),
+            reason: "another attempt holds the key, or this one finished",
+        }
+    }
+}
+
+impl Handle for PgClaim {
+    fn key(&self) -> &Key<'static> {
+        &self.key
+    }
+
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupted
+    }
+}
+
+impl Drop for PgClaim {
+    fn drop(&mut self) {
+        if self.finished.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(sh) = self.shared.upgrade() else {
+            return;
+        };
+        let release = || -> Result<u64> {
+            let mut pooled = sh.pooled()?;
+            let c = pooled.conn();
+            let st = c.stmt(&sh.sql, Q::Release)?;
+            c.client
+                .execute(&st, &[&self.key.scope(), &self.key.id(), &self.token])
+                .map_err(storage)
+        };
+        // A failed release leaves the lease to lapse: nothing is lost.
+        let _ = release();
+    }
+}

@@ -1,0 +1,373 @@
+//! The PostgreSQL backend against a server: the contract's conformance
+//! suite, two instances racing the same keys, a lease taken over across
+//! instances with the zombie refused by the database, and the schema's
+//! version check. The server is `DEDUPKV_PG_URL`'s (scripts/with-postgres.sh
+//! starts one); without it these tests say they skipped, and under CI
+//! (`CI` set, not `false` or `0`) they fail instead.
+
+#![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use dedupkv::contract::{Handle, Outcome, Read, Settle, Write};
+use dedupkv::{Began, BeginOptions, Error, Fingerprint, Key, State};
+use dedupkv_postgres::PgStore;
+use dedupkv_testkit::conformance::{self, Suite};
+
+/// The server's URL, or `None` (after saying so) when there is none and
+/// this is not CI.
+fn url(test: &str) -> Option<String> {
+    if let Ok(u) = std::env::var("DEDUPKV_PG_URL") {
+        return Some(u);
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "false" | "0"));
+    assert!(
+        !ci,
+        "{test}: DEDUPKV_PG_URL is not set under CI: run it under scripts/with-postgres.sh"
+    );
+    // Straight to stderr, past the test harness's capture: a skip is said.
+    let _ = writeln!(
+        std::io::stderr(),
+        "skip {test}: DEDUPKV_PG_URL is not set (run under scripts/with-postgres.sh)"
+    );
+    None
+}
+
+/// A schema no other test (or earlier run) uses.
+fn fresh_schema(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "t_{tag}_{}_{nanos}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn begin(
+    store: &PgStore,
+    key: &Key<'_>,
+    opts: &BeginOptions,
+) -> dedupkv::Result<Began<dedupkv_postgres::PgClaim>> {
+    store.tell(store.begin(key, Fingerprint::NONE, opts, None)?)
+}
+
+#[test]
+fn the_postgres_backend_passes_the_conformance_suite() -> Result<(), String> {
+    let Some(url) = url("conformance") else {
+        return Ok(());
+    };
+    conformance::run(
+        |clock| {
+            let store = PgStore::builder(url.as_str())
+                .schema(fresh_schema("conf"))
+                .clock(clock)
+                .open()?;
+            Ok((store, ()))
+        },
+        Suite::default(),
+    )
+}
+
+/// The scenario: two instances on one database, every key begun
+/// by both (4 threads each) at once: exactly one `Started` per key, and
+/// every later `begin` replays the winner's outcome.
+#[test]
+fn two_instances_racing_500_keys_start_each_once() -> Result<(), Error> {
+    const KEYS: usize = 500;
+    const THREADS: usize = 4;
+    let Some(url) = url("two_instances") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("race");
+    let a = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let b = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let keys: Vec<Key<'static>> = (0..KEYS)
+        .map(|i| Key::owned(b"orders".to_vec(), format!("o-{i}").into_bytes()))
+        .collect();
+    let started: Vec<Vec<(usize, String)>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..2 * THREADS)
+            .map(|t| {
+                let (store, keys) = (if t % 2 == 0 { &a } else { &b }, &keys);
+                s.spawn(move || -> dedupkv::Result<Vec<(usize, String)>> {
+                    let mut won = Vec::new();
+                    for (i, key) in keys.iter().enumerate() {
+                        if let Began::Started(claim) = begin(store, key, &BeginOptions::new())? {
+                            let pk = claim.provider_key();
+                            store.tell(store.complete(&claim, Outcome::raw(pk.as_bytes()))?)?;
+                            won.push((i, pk));
+                        }
+                    }
+                    Ok(won)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("racer panicked"))
+            .collect::<dedupkv::Result<_>>()
+    })?;
+    let mut per_key = vec![0usize; KEYS];
+    for (i, _) in started.iter().flatten() {
+        per_key[*i] += 1;
+    }
+    assert!(
+        per_key.iter().all(|&n| n == 1),
+        "keys started other than once: {:?}",
+        per_key
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n != 1)
+            .collect::<Vec<_>>()
+    );
+    for (i, pk) in started.iter().flatten() {
+        for store in [&a, &b] {
+            let Began::Completed(rec) = begin(store, &keys[*i], &BeginOptions::new())? else {
+                panic!("key {i} is not completed");
+            };
+            assert_eq!(rec.outcome(), Some(pk.as_bytes()));
+        }
+    }
+    Ok(())
+}
+
+/// Instance A's claim lapses (a 50 ms lease on the database's clock);
+/// instance B takes the key over as attempt 2 with the same provider key;
+/// A's late `complete` is refused by the database's conditional update.
+#[test]
+fn a_lapsed_claim_is_taken_over_across_instances_and_the_zombie_is_refused() -> Result<(), Error> {
+    let Some(url) = url("takeover") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("takeover");
+    let a = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let b = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let key = Key::new("payments", "charge-7");
+    let short = BeginOptions::new().lease(Duration::from_millis(50));
+    let Began::Started(zombie) = begin(&a, &key, &short)? else {
+        panic!("A did not start");
+    };
+    std::thread::sleep(Duration::from_millis(200)); // past the lease, on any clock
+    let Began::Started(taker) = begin(&b, &key, &BeginOptions::new())? else {
+        panic!("B did not take the lapsed claim over");
+    };
+    assert_eq!(taker.attempt(), 2);
+    assert!(taker.interrupted());
+    assert_eq!(taker.provider_key(), zombie.provider_key());
+    assert!(taker.token() > zombie.token());
+    let refused = a.complete(&zombie, Outcome::raw(b"zombie"));
+    assert!(
+        matches!(refused, Err(Error::ClaimLost { .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        a.renew(&zombie, None),
+        Err(Error::ClaimLost { .. })
+    ));
+    b.tell(b.complete(&taker, Outcome::raw(b"ch_2"))?)?;
+    drop(zombie); // its release matches no row
+    let rec = a.tell(a.get(&key)?)?.expect("recorded");
+    assert_eq!(rec.state(), State::Completed);
+    assert_eq!(rec.attempts(), 2);
+    assert_eq!(rec.outcome(), Some(&b"ch_2"[..]));
+    Ok(())
+}
+
+#[test]
+fn a_fingerprint_mismatch_is_the_same_error_from_either_instance() -> Result<(), Error> {
+    let Some(url) = url("fingerprint") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("fp");
+    let a = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let b = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let key = Key::new("t", "op");
+    let p = a.begin(
+        &key,
+        Fingerprint::of("card 4242"),
+        &BeginOptions::new(),
+        None,
+    )?;
+    let Began::Started(claim) = a.tell(p)? else {
+        panic!("not started")
+    };
+    let other = b.begin(
+        &key,
+        Fingerprint::of("card 5555"),
+        &BeginOptions::new(),
+        None,
+    );
+    match other {
+        Err(Error::FingerprintMismatch {
+            recorded,
+            requested,
+            ..
+        }) => {
+            assert_eq!(recorded, Fingerprint::of("card 4242"));
+            assert_eq!(requested, Fingerprint::of("card 5555"));
+        }
+        other => panic!("{other:?}"),
+    }
+    a.tell(a.complete(&claim, Outcome::raw(b""))?)?;
+    Ok(())
+}
+
+#[test]
+fn a_schema_from_a_newer_build_and_a_bad_schema_name_are_refused() -> Result<(), Error> {
+    let Some(url) = url("schema") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("ver");
+    drop(PgStore::builder(url.as_str()).schema(&schema).open()?);
+    let mut client = postgres::Client::connect(&url, postgres::NoTls)
+        .map_err(|e| Error::Storage(std::io::Error::other(e).into()))?;
+    client
+        .batch_execute(&format!(
+            "UPDATE {schema}.dedupkv_schema_version SET version = 99"
+        ))
+        .map_err(|e| Error::Storage(std::io::Error::other(e).into()))?;
+    let err = PgStore::builder(url.as_str())
+        .schema(&schema)
+        .open()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("{schema}.dedupkv_schema_version is 99")),
+        "{err}"
+    );
+    let err = PgStore::builder(url.as_str())
+        .schema("Bad-Name")
+        .open()
+        .unwrap_err();
+    assert!(err.to_string().contains("\"Bad-Name\""), "{err}");
+    Ok(())
+}
+
+/// The racer child of [`two_processes_racing_2000_keys_start_each_once`]:
+/// a no-op unless that test started this binary with `RACER_SCHEMA` set.
+/// It begins every key with 4 threads and prints the ones it started.
+#[test]
+fn racer_child() -> Result<(), Error> {
+    let (Ok(url), Ok(schema)) = (
+        std::env::var("DEDUPKV_PG_URL"),
+        std::env::var("RACER_SCHEMA"),
+    ) else {
+        return Ok(());
+    };
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let won: Vec<Vec<usize>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| -> dedupkv::Result<Vec<usize>> {
+                    let mut won = Vec::new();
+                    for i in 0..PROCESS_KEYS {
+                        let key = Key::owned(b"p".to_vec(), format!("k{i}").into_bytes());
+                        if let Began::Started(c) = begin(&store, &key, &BeginOptions::new())? {
+                            store.tell(store.complete(&c, Outcome::raw(b"done"))?)?;
+                            won.push(i);
+                        }
+                    }
+                    Ok(won)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("racer panicked"))
+            .collect::<dedupkv::Result<_>>()
+    })?;
+    let mut out = std::io::stdout().lock();
+    for i in won.iter().flatten() {
+        let _ = writeln!(out, "WON {i}");
+    }
+    Ok(())
+}
+
+const PROCESS_KEYS: usize = 2_000;
+
+/// Two processes (this test binary, run twice as [`racer_child`]) race
+/// the same keys on one schema: every key started exactly once overall.
+#[test]
+fn two_processes_racing_2000_keys_start_each_once() -> Result<(), Error> {
+    let Some(url) = url("two_processes") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("proc");
+    drop(PgStore::builder(url.as_str()).schema(&schema).open()?);
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["--exact", "racer_child", "--nocapture", "--test-threads=1"])
+                .env("DEDUPKV_PG_URL", &url)
+                .env("RACER_SCHEMA", &schema)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn a racer")
+        })
+        .collect();
+    let mut per_key = vec![0usize; PROCESS_KEYS];
+    for child in children {
+        let out = child.wait_with_output().expect("a racer's output");
+        assert!(out.status.success(), "a racer failed: {:?}", out.status);
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // The harness may start the first line ("test racer_child ... ").
+            if let Some((_, i)) = line.rsplit_once("WON ") {
+                per_key[i.parse::<usize>().expect("a key index")] += 1;
+            }
+        }
+    }
+    let wrong: Vec<_> = per_key
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n != 1)
+        .collect();
+    assert!(wrong.is_empty(), "keys started other than once: {wrong:?}");
+    Ok(())
+}
+
+/// Bad input fails that call alone, before anything is sent, with the
+/// engine's errors naming the argument.
+#[test]
+fn an_empty_id_and_an_outcome_over_the_limit_are_refused() -> Result<(), Error> {
+    let Some(url) = url("bad_input") else {
+        return Ok(());
+    };
+    let store = PgStore::builder(url.as_str())
+        .schema(fresh_schema("bad"))
+        .open()?;
+    let err = store.insert(&Key::new("t", ""), None).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument { what: "id", .. }),
+        "{err}"
+    );
+    let long = vec![b'x'; dedupkv_postgres::MAX_SCOPE + 1];
+    let err = begin(&store, &Key::new(&long[..], "a"), &BeginOptions::new()).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput { what: "scope", .. }),
+        "{err}"
+    );
+    let Began::Started(claim) = begin(&store, &Key::new("t", "a"), &BeginOptions::new())? else {
+        panic!("not started")
+    };
+    let huge = vec![0u8; dedupkv_postgres::MAX_OUTCOME + 1];
+    let err = store.complete(&claim, Outcome::raw(&huge)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput {
+                what: "outcome",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    store.tell(store.complete(&claim, Outcome::raw(b"ok"))?)?;
+    Ok(())
+}
