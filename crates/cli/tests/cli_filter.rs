@@ -135,10 +135,9 @@ fn sigkill_mid_filter_then_rerun_emits_no_line_twice() -> TestResult {
     let store = dir.path().join("f.redb");
     let input = dir.path().join("in.jsonl");
     let (n, unique) = (60_000u32, 40_000u32);
-    let mut text = String::new();
-    for i in 0..n {
-        text.push_str(&format!("{{\"id\":{},\"n\":{i}}}\n", i % unique));
-    }
+    let text: String = (0..n)
+        .map(|i| format!("{{\"id\":{},\"n\":{i}}}\n", i % unique))
+        .collect();
     std::fs::write(&input, &text)?;
     let batch = 100;
     let args = |store: &Path| {
