@@ -3,6 +3,7 @@
 //! mode; and a SIGKILL mid-stream, after which a rerun emits no line twice.
 
 use std::collections::HashSet;
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -135,9 +136,10 @@ fn sigkill_mid_filter_then_rerun_emits_no_line_twice() -> TestResult {
     let store = dir.path().join("f.redb");
     let input = dir.path().join("in.jsonl");
     let (n, unique) = (60_000u32, 40_000u32);
-    let text: String = (0..n)
-        .map(|i| format!("{{\"id\":{},\"n\":{i}}}\n", i % unique))
-        .collect();
+    let mut text = String::new();
+    for i in 0..n {
+        writeln!(text, "{{\"id\":{},\"n\":{i}}}", i % unique)?;
+    }
     std::fs::write(&input, &text)?;
     let batch = 100;
     let args = |store: &Path| {
