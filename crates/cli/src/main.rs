@@ -7,6 +7,7 @@
 
 mod filter;
 mod open;
+mod records;
 mod show;
 
 use std::path::{Path, PathBuf};
@@ -126,6 +127,39 @@ enum Command {
         common: Common,
         #[command(flatten)]
         filter: Filter,
+    },
+    /// Live records, by scope, state and age (each as `get` shows it).
+    Keys {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        filter: Filter,
+        /// Only this state: `Inserted`, `InProgress`, `Retryable`, `Completed`,
+        /// `Failed`, `DeadLettered`.
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Every live record as one JSON line (the `get --json` form) on
+    /// stdout, for audits and backups.
+    Export {
+        /// The store file.
+        #[arg(long, short = 's', env = "DEDUPKV_STORE")]
+        store: PathBuf,
+        /// JSON lines (the one format; required so a later format can be
+        /// added).
+        #[arg(long, required = true)]
+        jsonl: bool,
+        /// Only this scope.
+        #[arg(long)]
+        scope: Option<String>,
+    },
+    /// Reads `export --jsonl` lines (stdin or FILE) into a fresh store.
+    Import {
+        /// The new store file (refused if it exists).
+        #[arg(long, short = 's')]
+        store: PathBuf,
+        /// The export (default: stdin).
+        file: Option<PathBuf>,
     },
     /// Evicts keys past retention (needs --write).
     Evict {
@@ -288,6 +322,37 @@ fn run(command: Command) -> Result<(), Fail> {
                 s.release_held(k).map(|d| !d.is_empty())
             })
         }
+        Command::Keys {
+            common,
+            filter,
+            state,
+        } => keys(&common, &filter, state.as_deref(), now),
+        Command::Export {
+            store,
+            jsonl: _,
+            scope,
+        } => {
+            let s = open::read_only(&store)?;
+            let listing = scope.map_or_else(Listing::new, |sc| Listing::new().scope(sc));
+            let n = records::export(&s, listing)?;
+            eprintln!("dedupkv export: {n} records");
+            Ok(())
+        }
+        Command::Import { store, file } => {
+            let done = match &file {
+                Some(f) => {
+                    let input =
+                        std::fs::File::open(f).map_err(|e| format!("{}: {e}", f.display()))?;
+                    records::import(&store, std::io::BufReader::new(input))
+                }
+                None => records::import(&store, std::io::stdin().lock()),
+            }?;
+            eprintln!(
+                "dedupkv import: {} records, {} skipped",
+                done.records, done.skipped
+            );
+            Ok(())
+        }
         Command::Evict { common, write } => write_store(&common, &write, |s| {
             let e = s.evict_expired()?;
             Ok(json!({ "buckets": e.buckets, "keys": e.keys }))
@@ -419,6 +484,32 @@ fn list<T>(
         &Value::Array(items.iter().map(render).collect()),
         common.json,
     );
+    Ok(())
+}
+
+fn keys(
+    common: &Common,
+    filter: &Filter,
+    state: Option<&str>,
+    now: SystemTime,
+) -> Result<(), Fail> {
+    let store = open::read_only(&common.store)?;
+    let mut listing = Listing::new().limit(filter.limit.clamp(1, 1000));
+    if let Some(s) = &filter.scope {
+        listing = listing.scope(s);
+    }
+    if let Some(age) = filter.older_than {
+        listing = listing.older_than(age);
+    }
+    let mut items = Vec::new();
+    records::each_record(&store, listing, |r| {
+        if state.is_none_or(|s| records::state_name(r.state()).eq_ignore_ascii_case(s)) {
+            items.push(show::record(r, now));
+        }
+        Ok(items.len() < filter.limit)
+    })
+    .map_err(|e| open::named(&common.store, &e))??;
+    show::print(&Value::Array(items), common.json);
     Ok(())
 }
 
