@@ -70,6 +70,20 @@ struct Filter {
     limit: usize,
 }
 
+impl Filter {
+    /// The listing of these filters (the library's default page size).
+    fn listing(&self) -> Listing {
+        let mut listing = Listing::new();
+        if let Some(s) = &self.scope {
+            listing = listing.scope(s);
+        }
+        if let Some(age) = self.older_than {
+            listing = listing.older_than(age);
+        }
+        listing
+    }
+}
+
 /// A key.
 #[derive(Args)]
 struct KeyArg {
@@ -87,6 +101,35 @@ struct Write {
     /// process holds it). Without it, nothing is written.
     #[arg(long)]
     write: bool,
+}
+
+/// A listing's arguments.
+#[derive(Args)]
+struct ListArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    filter: Filter,
+}
+
+/// A write to the whole store.
+#[derive(Args)]
+struct StoreWrite {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    write: Write,
+}
+
+/// A write to one key.
+#[derive(Args)]
+struct KeyWrite {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    key: KeyArg,
+    #[command(flatten)]
+    write: Write,
 }
 
 #[derive(Subcommand)]
@@ -122,12 +165,7 @@ enum Command {
     #[command(subcommand)]
     Intents(Intents),
     /// Claims nobody came back for (lease lapsed or process gone).
-    Stranded {
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        filter: Filter,
-    },
+    Stranded(ListArgs),
     /// Live records, by scope, state and age (each as `get` shows it).
     Keys {
         #[command(flatten)]
@@ -162,26 +200,11 @@ enum Command {
         file: Option<PathBuf>,
     },
     /// Evicts keys past retention (needs --write).
-    Evict {
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        write: Write,
-    },
+    Evict(StoreWrite),
     /// Compacts the file (needs --write).
-    Compact {
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        write: Write,
-    },
+    Compact(StoreWrite),
     /// Upgrades the file to this build's format (needs --write).
-    Upgrade {
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        write: Write,
-    },
+    Upgrade(StoreWrite),
     /// Dedups JSON lines: each line whose key is new goes to stdout, in
     /// input order.
     #[command(after_help = filter::GUARANTEE)]
@@ -191,29 +214,13 @@ enum Command {
 #[derive(Subcommand)]
 enum DeadLetters {
     /// Dead letters, oldest first.
-    List {
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        filter: Filter,
-    },
+    List(ListArgs),
     /// Gives a dead-lettered key its attempts back (needs --write).
-    Requeue {
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        key: KeyArg,
-        #[command(flatten)]
-        write: Write,
-    },
+    Requeue(KeyWrite),
     /// Settles a dead-lettered key by hand (needs --write).
     Resolve {
         #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        key: KeyArg,
-        #[command(flatten)]
-        write: Write,
+        target: KeyWrite,
         /// It was done after all: store this outcome.
         #[arg(long, conflicts_with = "abandon", required_unless_present = "abandon")]
         completed: Option<String>,
@@ -226,32 +233,15 @@ enum DeadLetters {
 #[derive(Subcommand)]
 enum HeldCmd {
     /// Held events, oldest first.
-    List {
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        filter: Filter,
-    },
+    List(ListArgs),
     /// Delivers an entity's held events in order (needs --write).
-    Release {
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        key: KeyArg,
-        #[command(flatten)]
-        write: Write,
-    },
+    Release(KeyWrite),
 }
 
 #[derive(Subcommand)]
 enum Intents {
     /// Intents recorded and not answered, oldest first.
-    Pending {
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        filter: Filter,
-    },
+    Pending(ListArgs),
 }
 
 /// A failed command: its exit code and message.
@@ -284,44 +274,26 @@ fn run(command: Command) -> Result<(), Fail> {
             Ok(())
         }
         Command::Verify { common } => verify(&common),
-        Command::DeadLetters(DeadLetters::List { common, filter }) => {
-            list(&common, &filter, Store::dead_letters, |d| {
-                show::dead_letter(d, now)
-            })
+        Command::DeadLetters(DeadLetters::List(a)) => {
+            list(&a, Store::dead_letters, |d| show::dead_letter(d, now))
         }
-        Command::Held(HeldCmd::List { common, filter }) => {
-            list(&common, &filter, Store::holding_area, |h| {
-                show::held(h, now)
-            })
+        Command::Held(HeldCmd::List(a)) => list(&a, Store::holding_area, |h| show::held(h, now)),
+        Command::Intents(Intents::Pending(a)) => {
+            list(&a, Store::pending_intents, |i| show::intent(i, now))
         }
-        Command::Intents(Intents::Pending { common, filter }) => {
-            list(&common, &filter, Store::pending_intents, |i| {
-                show::intent(i, now)
-            })
-        }
-        Command::Stranded { common, filter } => {
-            list(&common, &filter, Store::stranded_claims, |r| {
-                show::record(r, now)
-            })
-        }
-        Command::DeadLetters(DeadLetters::Requeue { common, key, write }) => {
-            write_key(&common, &key, &write, "requeued", Store::requeue)
-        }
+        Command::Stranded(a) => list(&a, Store::stranded_claims, |r| show::record(r, now)),
+        Command::DeadLetters(DeadLetters::Requeue(w)) => write_key(&w, "requeued", Store::requeue),
         Command::DeadLetters(DeadLetters::Resolve {
-            common,
-            key,
-            write,
+            target,
             completed,
             abandon,
-        }) => write_key(&common, &key, &write, "resolved", |s, k| match &completed {
+        }) => write_key(&target, "resolved", |s, k| match &completed {
             Some(outcome) => s.resolve(k, Resolution::Completed(outcome.as_bytes())),
             None => s.resolve(k, Resolution::Abandoned(abandon.as_deref().unwrap_or(""))),
         }),
-        Command::Held(HeldCmd::Release { common, key, write }) => {
-            write_key(&common, &key, &write, "released", |s, k| {
-                s.release_held(k).map(|d| !d.is_empty())
-            })
-        }
+        Command::Held(HeldCmd::Release(w)) => write_key(&w, "released", |s, k| {
+            s.release_held(k).map(|d| !d.is_empty())
+        }),
         Command::Keys {
             common,
             filter,
@@ -353,16 +325,16 @@ fn run(command: Command) -> Result<(), Fail> {
             );
             Ok(())
         }
-        Command::Evict { common, write } => write_store(&common, &write, |s| {
+        Command::Evict(w) => write_store(&w.common, &w.write, |s| {
             let e = s.evict_expired()?;
             Ok(json!({ "buckets": e.buckets, "keys": e.keys }))
         }),
-        Command::Compact { common, write } => write_store(&common, &write, |s| {
+        Command::Compact(w) => write_store(&w.common, &w.write, |s| {
             Ok(json!({ "compacted": s.compact()? }))
         }),
-        Command::Upgrade { common, write } => {
-            write_store(&common, &write, |s| Ok(json!({ "upgraded": s.upgrade()? })))
-        }
+        Command::Upgrade(w) => write_store(&w.common, &w.write, |s| {
+            Ok(json!({ "upgraded": s.upgrade()? }))
+        }),
         Command::Filter(args) => filter::run(&args).map_err(Fail::from),
     }
 }
@@ -465,19 +437,12 @@ fn pages<T>(
 }
 
 fn list<T>(
-    common: &Common,
-    filter: &Filter,
+    ListArgs { common, filter }: &ListArgs,
     next: impl Fn(&Store, &Listing) -> dedupkv::Result<Page<T>>,
     render: impl Fn(&T) -> Value,
 ) -> Result<(), Fail> {
     let store = open::read_only(&common.store)?;
-    let mut listing = Listing::new();
-    if let Some(s) = &filter.scope {
-        listing = listing.scope(s);
-    }
-    if let Some(age) = filter.older_than {
-        listing = listing.older_than(age);
-    }
+    let listing = filter.listing();
     let items =
         pages(&store, listing, filter.limit, next).map_err(|e| open::named(&common.store, &e))?;
     show::print(
@@ -494,13 +459,7 @@ fn keys(
     now: SystemTime,
 ) -> Result<(), Fail> {
     let store = open::read_only(&common.store)?;
-    let mut listing = Listing::new().limit(filter.limit.clamp(1, 1000));
-    if let Some(s) = &filter.scope {
-        listing = listing.scope(s);
-    }
-    if let Some(age) = filter.older_than {
-        listing = listing.older_than(age);
-    }
+    let listing = filter.listing().limit(filter.limit.clamp(1, 1000));
     let mut items = Vec::new();
     records::each_record(&store, listing, |r| {
         if state.is_none_or(|s| records::state_name(r.state()).eq_ignore_ascii_case(s)) {
@@ -539,9 +498,7 @@ fn write_store(
 }
 
 fn write_key(
-    common: &Common,
-    key: &KeyArg,
-    write: &Write,
+    KeyWrite { common, key, write }: &KeyWrite,
     what: &str,
     act: impl FnOnce(&Store, &Key<'_>) -> dedupkv::Result<bool>,
 ) -> Result<(), Fail> {
