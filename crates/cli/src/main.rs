@@ -8,6 +8,7 @@
 mod filter;
 mod open;
 mod records;
+mod replica;
 mod show;
 
 use std::path::{Path, PathBuf};
@@ -205,6 +206,9 @@ enum Command {
     Compact(StoreWrite),
     /// Upgrades the file to this build's format (needs --write).
     Upgrade(StoreWrite),
+    /// A store's replica in a bucket, read without taking it over.
+    #[command(subcommand)]
+    Replica(ReplicaCmd),
     /// Dedups JSON lines: each line whose key is new goes to stdout, in
     /// input order.
     #[command(after_help = filter::GUARANTEE)]
@@ -236,6 +240,14 @@ enum HeldCmd {
     List(ListArgs),
     /// Delivers an entity's held events in order (needs --write).
     Release(KeyWrite),
+}
+
+#[derive(Subcommand)]
+enum ReplicaCmd {
+    /// Its owner, epoch, newest segment and its age (the lag), newest
+    /// snapshot; with `--scope S ID` a key's record from a scratch copy.
+    /// Never writes to the bucket, never fences the owner.
+    Inspect(replica::InspectArgs),
 }
 
 #[derive(Subcommand)]
@@ -335,6 +347,10 @@ fn run(command: Command) -> Result<(), Fail> {
         Command::Upgrade(w) => write_store(&w.common, &w.write, |s| {
             Ok(json!({ "upgraded": s.upgrade()? }))
         }),
+        Command::Replica(ReplicaCmd::Inspect(args)) => {
+            show::print(&replica::inspect(&args)?, args.json);
+            Ok(())
+        }
         Command::Filter(args) => filter::run(&args).map_err(Fail::from),
     }
 }
