@@ -16,6 +16,7 @@ pub(crate) mod intents;
 pub(crate) mod listings;
 pub(crate) mod order;
 pub(crate) mod reconcile;
+pub(crate) mod records;
 pub(crate) mod store;
 #[cfg(feature = "async")]
 pub(crate) mod timer;

@@ -33,6 +33,7 @@ pub(crate) enum ListingKind {
     HoldingArea = 3,
     PendingIntents = 4,
     DuplicateCandidates = 5,
+    Records = 6,
 }
 
 impl ListingKind {
@@ -43,6 +44,7 @@ impl ListingKind {
             ListingKind::HoldingArea => "holding_area",
             ListingKind::PendingIntents => "pending_intents",
             ListingKind::DuplicateCandidates => "duplicate_candidates",
+            ListingKind::Records => "records",
         }
     }
 
@@ -53,6 +55,7 @@ impl ListingKind {
             ListingKind::HoldingArea,
             ListingKind::PendingIntents,
             ListingKind::DuplicateCandidates,
+            ListingKind::Records,
         ]
         .into_iter()
         .find(|k| *k as u8 == n)

@@ -70,6 +70,7 @@ pub(crate) mod order;
 pub(crate) mod read;
 pub(crate) mod reconcile;
 pub(crate) mod reconcile_keys;
+pub(crate) mod records;
 pub(crate) mod recover;
 pub(crate) mod rounds;
 pub(crate) mod start;

@@ -201,6 +201,11 @@ impl Shard {
         }
     }
 
+    /// Every key's slot in this shard (the listing of live records).
+    pub(crate) fn slots(&self) -> impl Iterator<Item = &Slot> {
+        self.slots.iter()
+    }
+
     /// Every pending entry with its key's slot state.
     pub(crate) fn pending_entries(&self) -> impl Iterator<Item = (&Pending, Option<SlotState>)> {
         self.pending

@@ -118,6 +118,11 @@ impl SlotTable {
         self.find(h).map(|p| &self.slots[p])
     }
 
+    /// Every occupied slot, in table order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Slot> {
+        self.slots.iter().filter(|s| !s.is_empty())
+    }
+
     /// Reads the key's home slot and the two cache lines after it: the
     /// slots an insert walks and shifts (a run at 75–90 % full reaches
     /// about 15 slots, six lines, past a new key's home). Independent
