@@ -654,6 +654,14 @@ fn a_read_only_open_checks_the_settings_the_file_fixed() -> Result<()> {
 
 #[test]
 fn a_read_only_open_racing_a_writer_answers_right_or_fails_naming_the_path() -> Result<()> {
+    // Stops the writer however the rounds end (a failed assertion too),
+    // so a failure fails the test instead of hanging it.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     let dir = tempdir();
     let path = dir.path().join("s.redb");
     let writer = Store::builder().background_eviction(false).open(&path)?;
@@ -671,6 +679,7 @@ fn a_read_only_open_racing_a_writer_answers_right_or_fails_naming_the_path() -> 
             }
             Ok(n)
         });
+        let _stop = Stop(&stop);
         let (mut opened, mut failed) = (0, 0);
         for _ in 0..10 {
             // Either every key written before the open reads back, or the

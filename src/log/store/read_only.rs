@@ -254,12 +254,23 @@ impl Drop for Guarded {
 fn guard<T>(watch: &Watch, f: impl FnOnce() -> StoreResult<T>) -> StoreResult<T> {
     let res = catch_unwind(AssertUnwindSafe(f))
         .unwrap_or_else(|panic| Err(panicked(&watch.path, &*panic)));
-    if res.is_err() {
-        watch
-            .damaged
-            .store(true, std::sync::atomic::Ordering::Release);
+    match res {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            watch
+                .damaged
+                .store(true, std::sync::atomic::Ordering::Release);
+            // An I/O error on a file that changed since the open (a read
+            // past the end a writer moved) is that change, not the disk.
+            if matches!(e, LogError::Storage(_)) && stamp(&watch.path) != watch.opened {
+                return Err(LogError::Corrupt(format!(
+                    "{} changed under this read-only handle ({e}): reopen it",
+                    watch.path.display()
+                )));
+            }
+            Err(e)
+        }
     }
-    res
 }
 
 /// What a panic of the storage engine reading `path` is.

@@ -523,7 +523,10 @@ fn open_read_only(builder: &redb::Builder, path: &Path) -> StoreResult<Database>
         .create_with_backend(Pages(std::sync::Arc::clone(&image)))
         .map_err(|e| {
             let ours = looks_like_a_store(|at, buf| read_some(&*image, at, buf));
-            with_path(path, not_a_store_or(e.into(), ours))
+            match with_path(path, not_a_store_or(e.into(), ours)) {
+                LogError::Corrupt(why) => LogError::Corrupt(format!("{}: {why}", path.display())),
+                e => e,
+            }
         })
 }
 
