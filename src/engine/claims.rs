@@ -18,11 +18,11 @@ use super::input::{CLAIM_BYTES, key_bytes};
 use super::intents::IntentWrite;
 use super::reconcile::Completion;
 use super::time::Op;
-use super::write::{Next, Write};
+use super::write::{Batch, Next, Write};
 use crate::clock::to_system_time;
 use crate::codec::TAG_RAW;
 use crate::index::intent::IntentState;
-use crate::index::{Pending, Round, SlotState};
+use crate::index::{Pending, Round, Shard, SlotState};
 use crate::key::KeyHash;
 use crate::records::{
     ClaimFields, DeadLetterBody, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
@@ -98,6 +98,17 @@ impl Drop for Ticket {
             engine.release_dropped(self);
         }
     }
+}
+
+/// What a begin meets on its key (see [`Engine::next_attempt`]).
+enum Attempt {
+    /// A new attempt: its number, the operation's first claim time,
+    /// whether it takes over an interrupted one, and its round.
+    Start((u32, u64, bool, Round)),
+    /// A finished record, answered from the log: its state and place.
+    Recorded((SlotState, u64, u64)),
+    /// A live attempt of another caller, and the row of its claim.
+    Running(InProgress, u64),
 }
 
 /// What `begin` found.
@@ -241,65 +252,19 @@ impl Engine {
         let (h, now, nb) = this.write_start(key)?;
         let mut shard = this.index.lock(h);
         let mut w = Write::new(&mut shard, h, nb);
-        let (attempt, first_at, interrupted, round) = match w.recorded() {
-            None => (1, now, false, Round::first(now)),
-            Some(s) => match s.state() {
-                // A new operation, first claimed later than the forgotten
-                // one (even within its millisecond, or while the store's
-                // time stands still), so its provider key differs.
-                SlotState::Forgotten => {
-                    let after = w.pending().map_or(0, |p| p.first_at.saturating_add(1));
-                    let first_at = now.max(after);
-                    (1, first_at, false, Round::first(first_at))
-                }
-                SlotState::Inserted
-                | SlotState::Completed
-                | SlotState::Failed
-                | SlotState::DeadLettered => {
-                    let (bucket, row) = (s.bucket(nb), s.row(this.log.open_row()));
+        let (attempt, first_at, interrupted, round) =
+            match this.next_attempt(&mut w, key, fingerprint, now)? {
+                Attempt::Start(start) => start,
+                Attempt::Recorded(recorded) => {
                     drop(shard);
-                    return this.replay(key, h, (s.state(), bucket, row), fingerprint);
+                    return this.replay(key, h, recorded, fingerprint);
                 }
-                SlotState::Claimed | SlotState::Released => {
-                    let p = w.pending().ok_or_else(|| super::read::lost_details(key))?;
-                    let freed = s.state() == SlotState::Released && p.any_request;
-                    if p.params != fingerprint.0 && !freed {
-                        w.shard().counters.conflicts += 1;
-                        return Err(mismatch(key, Fingerprint(p.params), fingerprint));
-                    }
-                    // A claim of an earlier process is taken over at once:
-                    // its holder is gone, and waiting out its lease only
-                    // stalls the restarted consumer.
-                    if s.state() == SlotState::Claimed
-                        && now < p.lease_until
-                        && !this.orphaned(p.token)
-                    {
-                        let row = s.row(this.log.open_row());
-                        w.shard().counters.in_progress += 1;
-                        drop(shard);
-                        waits.seen = waits.seen.max(row);
-                        return Ok(Some(Begun::InProgress(InProgress {
-                            attempt: p.attempt,
-                            lease_until: p.lease_until,
-                            first_at: p.first_at,
-                        })));
-                    }
-                    // An attempt that never answered: its process died,
-                    // its lease lapsed, or its claim was dropped.
-                    let interrupted = s.state() == SlotState::Claimed || p.abandoned;
-                    if interrupted {
-                        took_over(&mut w, key, s.state(), &p, now);
-                    }
-                    let mut round = p.round.next(interrupted);
-                    if s.state() == SlotState::Claimed {
-                        // It failed when it became stranded (a released
-                        // one's failure came with its release).
-                        round = round.failed(this.stranded_since(p.token, p.lease_until).min(now));
-                    }
-                    (p.attempt.saturating_add(1), p.first_at, interrupted, round)
+                Attempt::Running(running, row) => {
+                    drop(shard);
+                    waits.seen = waits.seen.max(row);
+                    return Ok(Some(Begun::InProgress(running)));
                 }
-            },
-        };
+            };
         let unanswered = w
             .shard()
             .intent(h)
@@ -348,6 +313,70 @@ impl Engine {
             &p,
             (interrupted, unanswered),
         ))))
+    }
+
+    /// What a begin on the key `w` points at meets: a new attempt to
+    /// start (its number, the operation's first claim time, whether it
+    /// takes over an interrupted one, its round), a finished record to
+    /// answer from, or a live attempt still running (and its row).
+    fn next_attempt(
+        &self,
+        w: &mut Write<'_>,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        now: u64,
+    ) -> Result<Attempt> {
+        let this = self;
+        let start = match w.recorded() {
+            None => (1, now, false, Round::first(now)),
+            // A new operation, first claimed later than the forgotten one
+            // (even within its millisecond, or while the store's time
+            // stands still), so its provider key differs.
+            Some(s) if s.state() == SlotState::Forgotten => {
+                let after = w.pending().map_or(0, |p| p.first_at.saturating_add(1));
+                let first_at = now.max(after);
+                (1, first_at, false, Round::first(first_at))
+            }
+            Some(s) if !matches!(s.state(), SlotState::Claimed | SlotState::Released) => {
+                let (bucket, row) = (s.bucket(w.now_bucket()), s.row(this.log.open_row()));
+                return Ok(Attempt::Recorded((s.state(), bucket, row)));
+            }
+            Some(s) => {
+                let p = w.pending().ok_or_else(|| super::read::lost_details(key))?;
+                let freed = s.state() == SlotState::Released && p.any_request;
+                if p.params != fingerprint.0 && !freed {
+                    w.shard().counters.conflicts += 1;
+                    return Err(mismatch(key, Fingerprint(p.params), fingerprint));
+                }
+                // A claim of an earlier process is taken over at once: its
+                // holder is gone, and waiting out its lease only stalls
+                // the restarted consumer.
+                if s.state() == SlotState::Claimed && now < p.lease_until && !this.orphaned(p.token)
+                {
+                    w.shard().counters.in_progress += 1;
+                    let running = InProgress {
+                        attempt: p.attempt,
+                        lease_until: p.lease_until,
+                        first_at: p.first_at,
+                    };
+                    return Ok(Attempt::Running(running, s.row(this.log.open_row())));
+                }
+                // An attempt that never answered: its process died, its
+                // lease lapsed, or its claim was dropped.
+                let interrupted = s.state() == SlotState::Claimed || p.abandoned;
+                if interrupted {
+                    took_over(w, key, s.state(), &p, now);
+                }
+                let mut round = p.round.next(interrupted);
+                if s.state() == SlotState::Claimed {
+                    // It failed when it became stranded (a released one's
+                    // failure came with its release).
+                    round = round.failed(this.stranded_since(p.token, p.lease_until).min(now));
+                }
+                (p.attempt.saturating_add(1), p.first_at, interrupted, round)
+            }
+        };
+        Ok(Attempt::Start(start))
     }
 
     /// The handle of claim `p` just recorded on `key`, in log row `row`.
@@ -527,26 +556,7 @@ impl Engine {
             now.saturating_add(retention_ms.unwrap_or(p.retention_ms)),
         );
         let (scope, id) = (claim.key.scope(), claim.key.id());
-        let next = match kind {
-            Kind::Complete => Next::Completed,
-            Kind::Fail => Next::Failed,
-            Kind::DeadLetter => Next::DeadLettered(Pending {
-                lease_until: 0,
-                any_request: false,
-                abandoned: false,
-                failed_at: DeadLetterBody::decode(outcome).map_or(now, |b| b.failed_at),
-                ..p
-            }),
-            // A retryable failure, or a dropped claim: the round failed.
-            _ => Next::Released(Pending {
-                lease_until: 0,
-                any_request: tag == RELEASE_ANY_REQUEST,
-                abandoned: tag == RELEASE_ABANDONED,
-                failed_at: 0,
-                round: p.round.failed(now),
-                ..p
-            }),
-        };
+        let next = next_state(&p, kind, (tag, outcome), now);
         let dead_body = (kind == Kind::DeadLetter)
             .then(|| self.dead_letter_body(outcome, p.round))
             .flatten();
@@ -564,45 +574,7 @@ impl Engine {
         let row = {
             let mut batch = self.log.batch()?;
             let row = w.append(self, &mut batch, next, &mut rec);
-            match kind {
-                // Counted for reconciliation, with the outcome.
-                Kind::Complete => row
-                    .max(self.count_completion(
-                        &mut shard,
-                        &mut batch,
-                        &Completion {
-                            scope,
-                            id,
-                            provider_key: claim.provider_key,
-                            at,
-                            amount,
-                        },
-                    ))
-                    .max(self.close_intent(
-                        &mut shard,
-                        &mut batch,
-                        ((h, claim.key.scope(), claim.key.id()), false),
-                        fields(&p),
-                        at,
-                    )),
-                // The operation is settled: its intent is no longer open.
-                Kind::Fail => row.max(self.close_intent(
-                    &mut shard,
-                    &mut batch,
-                    ((h, claim.key.scope(), claim.key.id()), false),
-                    fields(&p),
-                    at,
-                )),
-                // Given up after asking: nothing happened.
-                Kind::DeadLetter => row.max(self.settle_asked_intent(
-                    &mut shard,
-                    &mut batch,
-                    (h, claim.key.scope(), claim.key.id()),
-                    fields(&p),
-                    at,
-                )),
-                _ => row,
-            }
+            row.max(self.settle_records(&mut shard, &mut batch, claim, (kind, &p), at, amount))
         };
         match kind {
             Kind::Complete => shard.counters.completed += 1,
@@ -613,6 +585,42 @@ impl Engine {
         claim.finished.store(true, Ordering::Release);
         self.finished(claim, kind);
         Ok(row)
+    }
+
+    /// The records a finish writes beside its own in the same commit: a
+    /// completion counted for reconciliation, the operation's intent
+    /// closed or settled. Returns the highest row written (0 if none).
+    fn settle_records(
+        &self,
+        shard: &mut Shard,
+        batch: &mut Batch,
+        claim: &Ticket,
+        (kind, p): (Kind, &Pending),
+        at: (u64, u64),
+        amount: i64,
+    ) -> u64 {
+        let (scope, id) = (claim.key.scope(), claim.key.id());
+        let key = (claim.hash, scope, id);
+        match kind {
+            // Counted for reconciliation, with the outcome.
+            Kind::Complete => {
+                let provider_key = claim.provider_key;
+                let done = Completion {
+                    scope,
+                    id,
+                    provider_key,
+                    at,
+                    amount,
+                };
+                let counted = self.count_completion(shard, batch, &done);
+                counted.max(self.close_intent(shard, batch, (key, false), fields(p), at))
+            }
+            // The operation is settled: its intent is no longer open.
+            Kind::Fail => self.close_intent(shard, batch, (key, false), fields(p), at),
+            // Given up after asking: nothing happened.
+            Kind::DeadLetter => self.settle_asked_intent(shard, batch, key, fields(p), at),
+            _ => 0,
+        }
     }
 
     /// After a claim's finish is appended (the caller still holds the
@@ -714,6 +722,31 @@ impl Engine {
 
 /// Counts and logs a claim started over an attempt that never answered
 /// (a lapsed or orphaned claim, or a dropped one) on the key `w` writes.
+/// The state a finish of `kind` leaves the key in, from the claim `p`
+/// it finishes (a dead letter's time comes from its body).
+fn next_state(p: &Pending, kind: Kind, (tag, outcome): (u8, &[u8]), now: u64) -> Next {
+    match kind {
+        Kind::Complete => Next::Completed,
+        Kind::Fail => Next::Failed,
+        Kind::DeadLetter => Next::DeadLettered(Pending {
+            lease_until: 0,
+            any_request: false,
+            abandoned: false,
+            failed_at: DeadLetterBody::decode(outcome).map_or(now, |b| b.failed_at),
+            ..*p
+        }),
+        // A retryable failure, or a dropped claim: the round failed.
+        _ => Next::Released(Pending {
+            lease_until: 0,
+            any_request: tag == RELEASE_ANY_REQUEST,
+            abandoned: tag == RELEASE_ABANDONED,
+            failed_at: 0,
+            round: p.round.failed(now),
+            ..*p
+        }),
+    }
+}
+
 fn took_over(w: &mut Write<'_>, key: &Key<'_>, state: SlotState, p: &Pending, now: u64) {
     let counters = &mut w.shard().counters;
     counters.interrupted += 1;

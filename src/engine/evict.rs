@@ -56,17 +56,7 @@ impl Engine {
         let g = self.cfg.granularity_ms;
         let nb = now / g;
         let write_bucket = now.saturating_add(self.cfg.retention_ms) / g;
-        // Close the expired buckets to writers and commit what was written
-        // to them before: a caller that read the time before this pass (or
-        // an entity retention shorter than a bucket) could otherwise append
-        // to a bucket after its index pass read it, and its deletion would
-        // take a record nobody re-logs. After the flush, every bucket with
-        // a record is listed, so `evicted_through` below holds for slots.
-        if nb > 0 && self.closed_bucket.load(crate::sync::Ordering::Acquire) < nb - 1 {
-            self.closed_bucket
-                .fetch_max(nb - 1, crate::sync::Ordering::SeqCst);
-            self.log.flush()?;
-        }
+        self.close_expired(nb)?;
         // Windows that ended leave the shards; those past their retention go.
         self.fold_tallies(now, nb);
         let buckets = self.log.buckets();
@@ -120,11 +110,41 @@ impl Engine {
         // The counts and keys of kept windows these buckets hold go into
         // the open batch: committed by the first deletion below, or before.
         self.carry_tallies(&tallies, now)?;
-        // Bucket by bucket, oldest first: what a crash part-way has deleted
-        // is a prefix of the log in (bucket, row) order, so an expired
-        // Park record outlives no later record that consumed it (recovery
-        // applies the entity records of expired tables).
-        for &b in &victims {
+        self.delete_evicted(&victims, &slices)?;
+        tracing::debug!(
+            keys = out.keys,
+            buckets = out.buckets,
+            "dedupkv eviction pass"
+        );
+        Ok(out)
+    }
+
+    /// Closes the expired buckets to writers and commits what was written
+    /// to them before: a caller that read the time before this pass (or
+    /// an entity retention shorter than a bucket) could otherwise append
+    /// to a bucket after its index pass read it, and its deletion would
+    /// take a record nobody re-logs. After the flush, every bucket with
+    /// a record is listed, so `evicted_through` below holds for slots.
+    fn close_expired(&self, nb: u64) -> Result<()> {
+        if nb > 0 && self.closed_bucket.load(crate::sync::Ordering::Acquire) < nb - 1 {
+            self.closed_bucket
+                .fetch_max(nb - 1, crate::sync::Ordering::SeqCst);
+            self.log.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the evicted buckets' rows and tables, bucket by bucket,
+    /// oldest first: what a crash part-way has deleted is a prefix of the
+    /// log in (bucket, row) order, so an expired Park record outlives no
+    /// later record that consumed it (recovery applies the entity records
+    /// of expired tables).
+    fn delete_evicted(
+        &self,
+        victims: &[u64],
+        slices: &[(u64, std::ops::RangeInclusive<u64>)],
+    ) -> Result<()> {
+        for &b in victims {
             for (_, rows) in slices.iter().filter(|(sb, _)| *sb == b) {
                 self.log.trim_bucket(b, rows.clone())?;
             }
@@ -133,12 +153,7 @@ impl Engine {
         if !victims.is_empty() {
             self.compact_due.store(true, crate::sync::Ordering::Release);
         }
-        tracing::debug!(
-            keys = out.keys,
-            buckets = out.buckets,
-            "dedupkv eviction pass"
-        );
-        Ok(out)
+        Ok(())
     }
 
     /// The keys `max_keys` bounds: every key's slot but the dead letters'.

@@ -279,29 +279,7 @@ impl Engine {
         }
         let h = claim.hash;
         loop {
-            // The previous record is read before the shard lock is taken
-            // (a row read, not to be done under it).
-            let slot = {
-                let (_, nb) = self.time()?;
-                let mut shard = self.index.lock(h);
-                Self::active_claim(&mut shard, h, nb, claim)?;
-                shard.intent(h).copied()
-            };
-            let Some(slot) = slot else {
-                return Err(Error::InvalidArgument {
-                    what: "claim",
-                    reason: format!(
-                        "{} recorded no intent (begin it with begin_with_intent)",
-                        claim.key
-                    ),
-                });
-            };
-            let (target, data) = self
-                .load_of((&claim.key, true), slot.bucket, slot.row, |r| {
-                    let b = r.intent_body()?;
-                    Ok((b.target.to_owned(), b.data.to_vec()))
-                })?
-                .unwrap_or_default();
+            let (slot, target, data) = self.recorded_intent(claim)?;
             let calls = slot.calls.answered(answer);
             let data: &[u8] = match *answer {
                 Answer::Accepted(reference) | Answer::Found(reference) => reference,
@@ -352,6 +330,36 @@ impl Engine {
             drop(shard);
             return Ok(contract::Pending::new((), Basis::written(row)));
         }
+    }
+
+    /// The intent `claim`'s operation recorded, and its target and data
+    /// from the intent's latest record. The record is read before the
+    /// shard lock is taken again (a row read, not to be done under it):
+    /// the caller checks the slot is still the same once it holds it.
+    fn recorded_intent(&self, claim: &Ticket) -> Result<(IntentSlot, String, Vec<u8>)> {
+        let h = claim.hash;
+        let slot = {
+            let (_, nb) = self.time()?;
+            let mut shard = self.index.lock(h);
+            Self::active_claim(&mut shard, h, nb, claim)?;
+            shard.intent(h).copied()
+        };
+        let Some(slot) = slot else {
+            return Err(Error::InvalidArgument {
+                what: "claim",
+                reason: format!(
+                    "{} recorded no intent (begin it with begin_with_intent)",
+                    claim.key
+                ),
+            });
+        };
+        let (target, data) = self
+            .load_of((&claim.key, true), slot.bucket, slot.row, |r| {
+                let b = r.intent_body()?;
+                Ok((b.target.to_owned(), b.data.to_vec()))
+            })?
+            .unwrap_or_default();
+        Ok((slot, target, data))
     }
 
     /// The operation's intent, if it recorded one that is pending or

@@ -271,49 +271,9 @@ impl Engine {
         } else if seq < next || e.parked.contains_key(&seq) || e.held.contains_key(&seq) {
             Sequenced::Duplicate
         } else if seq == next {
-            // Stored like a parked event until it is acknowledged.
-            let mut ev = Stored {
-                state: EventState::Parked { at: now },
-                payload: payload.to_vec(),
-                bucket: 0,
-                handed_until: 0,
-            };
-            let key = e.key.clone();
-            ev.bucket = self.log_event(&mut batch, &key, seq, &ev, now);
-            let mut out = vec![Delivered {
-                seq,
-                payload: payload.to_vec(),
-            }];
-            e.deliver(seq, ev, until);
-            let mut n = seq + 1;
-            while let Some(ev) = e.parked.remove(&n).or_else(|| e.held.remove(&n)) {
-                out.push(Delivered {
-                    seq: n,
-                    payload: ev.payload.clone(),
-                });
-                e.deliver(n, ev, until);
-                n += 1;
-            }
-            e.next = n;
-            e.gap_since = if e.parked.is_empty() { 0 } else { now };
-            Sequenced::Delivered(out)
+            self.deliver_from(&mut batch, e, (seq, payload), now, until)
         } else {
-            if e.gap_since == 0 {
-                e.gap_since = now;
-            }
-            let ev = Stored {
-                state: EventState::Parked { at: now },
-                payload: payload.to_vec(),
-                bucket: 0,
-                handed_until: 0,
-            };
-            let key = e.key.clone();
-            let bucket = self.log_event(&mut batch, &key, seq, &ev, now);
-            e.parked.insert(seq, Stored { bucket, ..ev });
-            if e.next == 0 {
-                e.next = 1;
-            }
-            Sequenced::Parked
+            self.park(&mut batch, e, (seq, payload), now)
         };
         let row = if (again || matches!(answer, Sequenced::Duplicate)) && moved == 0 {
             let row = e.row;
@@ -338,6 +298,71 @@ impl Engine {
         shard.counters.seq_held += moved as u64;
         drop(shard);
         Ok(Pending::new(answer, Basis::written(row)))
+    }
+
+    /// Delivers event `seq`, the one its entity expects next, with every
+    /// parked or held event that follows it without a gap; each is stored
+    /// until it is acknowledged.
+    fn deliver_from(
+        &self,
+        batch: &mut Batch,
+        e: &mut Entity,
+        (seq, payload): (u64, &[u8]),
+        now: u64,
+        until: u64,
+    ) -> Sequenced {
+        let mut ev = Stored {
+            state: EventState::Parked { at: now },
+            payload: payload.to_vec(),
+            bucket: 0,
+            handed_until: 0,
+        };
+        let key = e.key.clone();
+        ev.bucket = self.log_event(batch, &key, seq, &ev, now);
+        let mut out = vec![Delivered {
+            seq,
+            payload: payload.to_vec(),
+        }];
+        e.deliver(seq, ev, until);
+        let mut n = seq + 1;
+        while let Some(ev) = e.parked.remove(&n).or_else(|| e.held.remove(&n)) {
+            out.push(Delivered {
+                seq: n,
+                payload: ev.payload.clone(),
+            });
+            e.deliver(n, ev, until);
+            n += 1;
+        }
+        e.next = n;
+        e.gap_since = if e.parked.is_empty() { 0 } else { now };
+        Sequenced::Delivered(out)
+    }
+
+    /// Parks event `seq`, which arrived before its predecessor: stored,
+    /// never dropped, until the gap closes or it is held.
+    fn park(
+        &self,
+        batch: &mut Batch,
+        e: &mut Entity,
+        (seq, payload): (u64, &[u8]),
+        now: u64,
+    ) -> Sequenced {
+        if e.gap_since == 0 {
+            e.gap_since = now;
+        }
+        let ev = Stored {
+            state: EventState::Parked { at: now },
+            payload: payload.to_vec(),
+            bucket: 0,
+            handed_until: 0,
+        };
+        let key = e.key.clone();
+        let bucket = self.log_event(batch, &key, seq, &ev, now);
+        e.parked.insert(seq, Stored { bucket, ..ev });
+        if e.next == 0 {
+            e.next = 1;
+        }
+        Sequenced::Parked
     }
 
     pub(crate) fn held(&self, entity: &Key<'_>) -> Result<Vec<Held>> {
