@@ -4,7 +4,7 @@
 use crate::index::MAX_BUCKET_SPAN;
 use crate::{Durability, Error, KeyHashing, Result};
 
-use crate::log::{LogSettings, ROW_SPLIT_BYTES, RedbOptions, Ship};
+use super::{ROW_SPLIT_BYTES, Ship};
 pub(crate) use crate::records::{FORMAT_MAX_KEY_PART, FORMAT_MAX_OUTCOME};
 
 /// Settings the store reads on every call.
@@ -59,28 +59,6 @@ pub(crate) struct Config {
     pub clock_behind: crate::clock::ClockBehind,
 }
 
-impl Config {
-    /// How the log commits, from these settings.
-    /// The storage's own options (the cache, the page checks, quick repair).
-    pub(crate) fn store_options(&self) -> RedbOptions {
-        RedbOptions {
-            cache_bytes: self.cache_bytes,
-            verify_pages: self.verify_pages,
-            quick_repair: self.quick_repair,
-        }
-    }
-
-    pub(crate) fn log_settings(&self) -> LogSettings {
-        LogSettings {
-            durability: self.durability,
-            split_at: self.row_split_bytes,
-            time_step: self.granularity_ms,
-            upgrade: self.upgrade,
-            ship: self.ship.clone(),
-        }
-    }
-}
-
 impl Default for Config {
     /// The defaults each builder setting documents.
     fn default() -> Self {
@@ -126,14 +104,15 @@ impl Config {
     /// Checks the settings against each other and against what the
     /// format and the index can represent.
     pub(crate) fn validate(&self) -> Result<()> {
+        self.validate_times()?;
+        self.validate_sizes()
+    }
+
+    /// The lease, retention and reconcile times, against each other and
+    /// against the buckets a slot can name.
+    fn validate_times(&self) -> Result<()> {
         let c = self;
         let bad = |m: String| Err(Error::InvalidConfig(m));
-        if !c.shards.is_power_of_two() || c.shards > 65_536 {
-            return bad(format!(
-                "shards must be a power of two from 1 to 65536, not {}",
-                c.shards
-            ));
-        }
         if c.lease_ms == 0 {
             return bad("the lease must be at least 1 ms".into());
         }
@@ -175,17 +154,6 @@ impl Config {
                 c.retention_ms
             ));
         }
-        if let Some(f) = c.compact_when_free
-            && !(0.0..1.0).contains(&f)
-        {
-            return bad(format!("compact_when_free must be in 0.0..1.0, not {f}"));
-        }
-        if c.max_batch_bytes == 0 {
-            return bad("max_batch_bytes must be at least 1".into());
-        }
-        if c.evict_slice_bytes == 0 {
-            return bad("evict_slice_bytes must be at least 1".into());
-        }
         if c.entity_retention_ms == 0 {
             return bad(
                 "entity_retention must be at least 1 ms: an entity's version and sequencer \
@@ -206,6 +174,31 @@ impl Config {
                 c.retention_ms / c.granularity_ms,
                 MAX_BUCKET_SPAN - 1
             ));
+        }
+        Ok(())
+    }
+
+    /// Sizes and counts: shards, batches, key parts and outcomes within
+    /// what the format and the index can represent.
+    fn validate_sizes(&self) -> Result<()> {
+        let c = self;
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if !c.shards.is_power_of_two() || c.shards > 65_536 {
+            return bad(format!(
+                "shards must be a power of two from 1 to 65536, not {}",
+                c.shards
+            ));
+        }
+        if let Some(f) = c.compact_when_free
+            && !(0.0..1.0).contains(&f)
+        {
+            return bad(format!("compact_when_free must be in 0.0..1.0, not {f}"));
+        }
+        if c.max_batch_bytes == 0 {
+            return bad("max_batch_bytes must be at least 1".into());
+        }
+        if c.evict_slice_bytes == 0 {
+            return bad("evict_slice_bytes must be at least 1".into());
         }
         for (what, v, max) in [
             ("max_scope_len", c.max_scope, FORMAT_MAX_KEY_PART),

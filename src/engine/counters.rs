@@ -42,7 +42,7 @@ impl Engine {
 
     /// Sets the observer told of every durable commit.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(crate) fn observe_commits(&self, observer: crate::log::CommitObserver) {
+    pub(crate) fn observe_commits(&self, observer: super::CommitObserver) {
         self.log.observed().observe(observer);
     }
 

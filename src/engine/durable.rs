@@ -16,7 +16,7 @@ use crate::types::Basis;
 /// result and the rows to await; `blocking(f)` runs `f` with no deferring
 /// scope, even inside one (work whose waits must happen in order, such as
 /// eviction).
-pub(crate) use crate::log::{Scope, Waiting, blocking, deferring};
+pub(crate) use super::{Scope, Waiting, blocking, deferring};
 
 impl Engine {
     /// Waits until an answer resting on `basis` may be told: its own rows

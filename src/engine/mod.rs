@@ -85,7 +85,13 @@ use crate::key::KeyHasher;
 use crate::log::Log;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
 
-pub(crate) use crate::log::Location;
+/// What the engine's rooms take from the log, named in one place (the open,
+/// in `recover.rs` and `start.rs`, uses the log's opening vocabulary too):
+/// where a log lives, its open batch, the deferring scope of the async
+/// front's waits, what the replica ships through, and the commit observer.
+pub(crate) use crate::log::{
+    Batch, CommitObserver, Location, ROW_SPLIT_BYTES, Scope, Ship, Waiting, blocking, deferring,
+};
 pub(crate) use background::Threads;
 pub(crate) use claims::{Begun, Ticket};
 pub(crate) use config::Config;

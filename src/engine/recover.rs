@@ -30,7 +30,7 @@ use crate::clock::Clock;
 use crate::index::intent::{IntentSlot, IntentState};
 use crate::index::{Pending, Round, Shard, ShardedIndex, SlotState};
 use crate::key::{KeyHash, KeyHasher};
-use crate::log::{FileMeta, Location, Replay, Replayed, Storage, open_database};
+use crate::log::{FileMeta, Location, RedbOptions, Replay, Replayed, Storage, open_database};
 use crate::records::{
     INTENT_PENDING, INTENT_SETTLED, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,
     SUMMARIES_FORMAT,
@@ -423,4 +423,15 @@ fn apply_record(
         shard.remove_pending(h);
     }
     Ok(())
+}
+
+impl Config {
+    /// The storage's own options (the cache, the page checks, quick repair).
+    pub(crate) fn store_options(&self) -> RedbOptions {
+        RedbOptions {
+            cache_bytes: self.cache_bytes,
+            verify_pages: self.verify_pages,
+            quick_repair: self.quick_repair,
+        }
+    }
 }

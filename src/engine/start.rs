@@ -30,7 +30,7 @@ use super::time::StoreTime;
 use super::tokens::{TOKEN_BLOCK, Tokens};
 use super::{Config, Engine, Threads};
 use crate::clock::Clock;
-use crate::log::{Found, Location, Log};
+use crate::log::{Found, Location, Log, LogSettings};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
 use crate::{Durability, Result};
 
@@ -134,5 +134,18 @@ impl Engine {
         engine.carry_tallies(&r.tally_carry, engine.now())?;
         engine.log.drop_buckets(&r.replayed.expired)?;
         Ok(engine)
+    }
+}
+
+impl Config {
+    /// How the log commits, from these settings.
+    pub(crate) fn log_settings(&self) -> LogSettings {
+        LogSettings {
+            durability: self.durability,
+            split_at: self.row_split_bytes,
+            time_step: self.granularity_ms,
+            upgrade: self.upgrade,
+            ship: self.ship.clone(),
+        }
     }
 }

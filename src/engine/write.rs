@@ -18,13 +18,13 @@
 //!   those states and
 //!   only for those, and every other append removes them.
 
+/// The log's open batch: what every room of the engine appends its
+/// records to, through this write primitive.
+pub(crate) use super::Batch;
 use super::Engine;
 use super::buckets::unexpired;
 use crate::index::{Pending, Probe, Shard, Slot, SlotState};
 use crate::key::KeyHash;
-/// The log's open batch: what every room of the engine appends its
-/// records to, through this write primitive.
-pub(crate) use crate::log::Batch;
 use crate::records::RecordRef;
 use crate::{Key, Result};
 
