@@ -9,14 +9,51 @@ use super::Engine;
 use super::write::Batch;
 use crate::index::{MAX_BUCKET_SPAN, Slot};
 use crate::records::RecordRef;
-use crate::sync::Ordering;
+use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
+
+/// The buckets' shared state: where records go now, and how far eviction
+/// closed and evicted.
+pub(crate) struct Buckets {
+    /// The latest bucket `bucket_of` computed.
+    current: AtomicU64,
+    /// The current bucket at the last complete eviction pass (at open: at
+    /// replay): no slot points at an earlier bucket. Slots keep 24 bits
+    /// of their bucket, so a clock that jumps far past this must evict
+    /// before any slot is read (see [`Engine::time`]).
+    pub(super) evicted_through: AtomicU64,
+    /// No record is written into this bucket or an earlier one: an early
+    /// eviction closes its victims here before it reads them (see
+    /// [`Engine::writable_bucket`]). Only grows.
+    pub(super) closed: AtomicU64,
+    /// One eviction pass at a time.
+    pub(super) evicting: Mutex<()>,
+    /// Set when tables were deleted (at open, by eviction): only then can
+    /// the file have grown free space worth the automatic compaction check,
+    /// which walks every page under the write lock.
+    pub(super) compact_due: AtomicBool,
+}
+
+impl Buckets {
+    /// A store's buckets after replay at bucket `now_bucket`.
+    pub(super) fn after_replay(now_bucket: u64) -> Self {
+        Self {
+            current: AtomicU64::new(0),
+            evicted_through: AtomicU64::new(now_bucket),
+            // Replay wrote nothing before the current bucket: it is closed
+            // already (an eviction pass need not flush for it).
+            closed: AtomicU64::new(now_bucket.saturating_sub(1)),
+            evicting: Mutex::new(()),
+            compact_due: AtomicBool::new(true),
+        }
+    }
+}
 
 impl Engine {
     /// The bucket of a time. The current bucket and its start are cached, so
     /// the hot path compares instead of dividing.
     #[inline]
     pub(crate) fn bucket_of(&self, ms: u64) -> u64 {
-        let cached = self.cur_bucket.load(Ordering::Relaxed);
+        let cached = self.buckets.current.load(Ordering::Relaxed);
         let g = self.cfg.granularity_ms;
         let start = cached.saturating_mul(g);
         if ms >= start && ms - start < g {
@@ -24,7 +61,7 @@ impl Engine {
         }
         let b = ms / g;
         if b > cached {
-            self.cur_bucket.store(b, Ordering::Relaxed);
+            self.buckets.current.store(b, Ordering::Relaxed);
         }
         b
     }
@@ -80,7 +117,7 @@ impl Engine {
     /// close-then-flush.
     #[inline]
     pub(crate) fn writable_bucket(&self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
-        let closed = self.closed_bucket.load(Ordering::Acquire);
+        let closed = self.buckets.closed.load(Ordering::Acquire);
         if bucket > closed {
             return bucket;
         }

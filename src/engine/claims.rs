@@ -41,13 +41,8 @@ pub(crate) struct Ticket {
     pub(crate) hash: KeyHash,
     pub(crate) attempt: u32,
     pub(crate) token: u64,
-    /// Given out only once `row` is kept (see [`Ticket::provider_key`]).
-    provider_key: u128,
-    /// The log row of this attempt's claim record, which carries the
-    /// `first_at` and fingerprint the provider key hashes.
-    row: u64,
-    /// `row` was seen kept: the key is given out without asking the log.
-    kept: AtomicBool,
+    /// The provider key, given out only once its claim record is kept.
+    provider: ProviderKey,
     pub(crate) first_at: u64,
     lease_until: AtomicU64,
     finished: AtomicBool,
@@ -56,6 +51,15 @@ pub(crate) struct Ticket {
     pub(crate) unanswered_intent: bool,
     /// The round of attempts this one belongs to.
     pub(crate) round: Round,
+}
+
+/// A claim's provider key, and the log row of the claim record it
+/// derives from (which carries the `first_at` and fingerprint it hashes).
+struct ProviderKey {
+    key: u128,
+    row: u64,
+    /// `row` was seen kept: the key is given out without asking the log.
+    kept: AtomicBool,
 }
 
 impl Ticket {
@@ -69,24 +73,26 @@ impl Ticket {
     /// then restores that record and derives the same key. Never a key
     /// that record could still be lost with.
     pub(crate) fn provider_key(&self) -> Result<u128> {
-        if !self.kept.load(Ordering::Acquire) {
+        let provider = &self.provider;
+        if !provider.kept.load(Ordering::Acquire) {
             let engine = self.engine.upgrade().ok_or(Error::Closed)?;
-            engine.log.wait_kept(self.row)?;
-            self.kept.store(true, Ordering::Release);
+            engine.log.wait_kept(provider.row)?;
+            provider.kept.store(true, Ordering::Release);
         }
-        Ok(self.provider_key)
+        Ok(provider.key)
     }
 
     /// The provider key's parts for an awaited [`Ticket::provider_key`]:
     /// the store, the row to await (0 once kept), the key.
     #[cfg(feature = "async")]
     pub(crate) fn provider_key_parts(&self) -> (Weak<Engine>, u64, u128) {
-        let row = if self.kept.load(Ordering::Acquire) {
+        let provider = &self.provider;
+        let row = if provider.kept.load(Ordering::Acquire) {
             0
         } else {
-            self.row
+            provider.row
         };
-        (self.engine.clone(), row, self.provider_key)
+        (self.engine.clone(), row, provider.key)
     }
 }
 
@@ -392,15 +398,17 @@ impl Engine {
             hash: p.hash,
             attempt: p.attempt,
             token: p.token,
-            provider_key: crate::key::provider_key(
-                &this.hasher.secret(),
-                key.scope(),
-                key.id(),
-                p.first_at,
-                p.params,
-            ),
-            row,
-            kept: AtomicBool::new(false),
+            provider: ProviderKey {
+                key: crate::key::provider_key(
+                    &this.hasher.secret(),
+                    key.scope(),
+                    key.id(),
+                    p.first_at,
+                    p.params,
+                ),
+                row,
+                kept: AtomicBool::new(false),
+            },
             first_at: p.first_at,
             lease_until: AtomicU64::new(p.lease_until),
             finished: AtomicBool::new(false),
@@ -604,7 +612,7 @@ impl Engine {
         match kind {
             // Counted for reconciliation, with the outcome.
             Kind::Complete => {
-                let provider_key = claim.provider_key;
+                let provider_key = claim.provider.key;
                 let done = Completion {
                     scope,
                     id,

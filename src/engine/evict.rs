@@ -50,7 +50,7 @@ impl Engine {
     /// live ones; then deletes their tables in one commit.
     pub(crate) fn evict(&self) -> Result<Eviction> {
         self.log.check()?;
-        let _one_at_a_time = self.evicting.lock();
+        let _one_at_a_time = self.buckets.evicting.lock();
         let _span = tracing::debug_span!("dedupkv.evict").entered();
         let now = self.now();
         let g = self.cfg.granularity_ms;
@@ -81,7 +81,8 @@ impl Engine {
                 // or entity retention): close it, and commit what was
                 // written before, so the read below sees every record the
                 // deletion will take.
-                self.closed_bucket
+                self.buckets
+                    .closed
                     .fetch_max(b, crate::sync::Ordering::SeqCst);
                 self.log.flush()?;
                 let removed = self.evict_index(b, now, true, (&mut slices, &mut tallies))?;
@@ -102,7 +103,8 @@ impl Engine {
             }
         }
         out.buckets = victims.len();
-        self.evicted_through
+        self.buckets
+            .evicted_through
             .fetch_max(nb, crate::sync::Ordering::Relaxed);
         self.counters
             .evicted_keys
@@ -126,8 +128,9 @@ impl Engine {
     /// take a record nobody re-logs. After the flush, every bucket with
     /// a record is listed, so `evicted_through` below holds for slots.
     fn close_expired(&self, nb: u64) -> Result<()> {
-        if nb > 0 && self.closed_bucket.load(crate::sync::Ordering::Acquire) < nb - 1 {
-            self.closed_bucket
+        if nb > 0 && self.buckets.closed.load(crate::sync::Ordering::Acquire) < nb - 1 {
+            self.buckets
+                .closed
                 .fetch_max(nb - 1, crate::sync::Ordering::SeqCst);
             self.log.flush()?;
         }
@@ -151,7 +154,9 @@ impl Engine {
             self.log.drop_buckets(&[b])?;
         }
         if !victims.is_empty() {
-            self.compact_due.store(true, crate::sync::Ordering::Release);
+            self.buckets
+                .compact_due
+                .store(true, crate::sync::Ordering::Release);
         }
         Ok(())
     }
@@ -279,7 +284,11 @@ impl Engine {
         let (Some(path), Some(threshold)) = (&self.path, self.cfg.compact_when_free) else {
             return Ok(false);
         };
-        if !self.compact_due.swap(false, crate::sync::Ordering::AcqRel) {
+        if !self
+            .buckets
+            .compact_due
+            .swap(false, crate::sync::Ordering::AcqRel)
+        {
             return Ok(false);
         }
         let file = std::fs::metadata(path).map_or(0, |m| m.len());

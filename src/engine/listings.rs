@@ -177,7 +177,7 @@ impl Engine {
     /// reopen, however long their leases were.
     pub(crate) fn stranded_since(&self, token: u64, lease_until: u64) -> u64 {
         if self.orphaned(token) {
-            lease_until.min(self.opened_at)
+            lease_until.min(self.time.opened_at())
         } else {
             lease_until
         }

@@ -83,7 +83,7 @@ use crate::clock::Clock;
 use crate::index::ShardedIndex;
 use crate::key::KeyHasher;
 use crate::log::Log;
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
+use crate::sync::Arc;
 
 /// What the engine's rooms take from the log, named in one place (the open,
 /// in `recover.rs` and `start.rs`, uses the log's opening vocabulary too):
@@ -107,26 +107,12 @@ pub(crate) struct Engine {
     /// Fencing tokens: the next one, the first of this run, and the floor
     /// (see [`tokens`]).
     tokens: tokens::Tokens,
-    /// The latest bucket `bucket_of` computed.
-    cur_bucket: AtomicU64,
+    /// Where records go, and how far eviction closed and evicted (see
+    /// [`buckets`]).
+    buckets: buckets::Buckets,
     /// The store's time: the highest time it has used (at open, at least
     /// the latest time it recorded). Only grows (see [`time`](mod@time)).
     time: time::StoreTime,
-    /// The current bucket at the last complete eviction pass (at open: at
-    /// replay): no slot points at an earlier bucket. Slots keep 24 bits
-    /// of their bucket, so a clock that jumps far past this must evict
-    /// before any slot is read (see [`Engine::time`]).
-    evicted_through: AtomicU64,
-    /// No record is written into this bucket or an earlier one: an early
-    /// eviction closes its victims here before it reads them (see
-    /// [`Engine::writable_bucket`]). Only grows.
-    closed_bucket: AtomicU64,
-    /// One eviction pass at a time.
-    evicting: Mutex<()>,
-    /// Set when tables were deleted (at open, by eviction): only then can
-    /// the file have grown free space worth the automatic compaction check,
-    /// which walks every page under the write lock.
-    compact_due: AtomicBool,
     counters: counters::StoreCounters,
     /// Callers waiting for an in-flight result, per key (see [`waiters`]).
     /// Shared with the log's poison hook, which wakes them all.
@@ -135,9 +121,6 @@ pub(crate) struct Engine {
     tick_hook: std::sync::OnceLock<counters::TickHook>,
     /// The file, for a store opened by path (compaction checks its size).
     path: Option<std::path::PathBuf>,
-    /// The store's time when this run opened it: claims of earlier
-    /// processes are stranded from then at the latest.
-    opened_at: u64,
 }
 
 impl Engine {

@@ -52,13 +52,9 @@ pub(crate) struct Recovery {
     /// What replay found: the newest row, live and expired buckets, the
     /// tables' summaries.
     pub(super) replayed: Replayed,
-    /// Dead letters and pending intents of expired tables that no later
-    /// record superseded (the start carries them).
-    pub(super) expired_dead: ExpiredDeadLetters,
-    pub(super) expired_intents: ExpiredIntents,
-    /// The counts and keys of kept reconciliation windows that expired
-    /// tables hold (the start carries them).
-    pub(super) tally_carry: TallyCarry,
+    /// What expired tables hold that must outlive them (the start
+    /// carries it into the open batch).
+    pub(super) carried: Carried,
     /// The first fencing token of this run: above every recorded token
     /// and the persisted floor.
     pub(super) first_token: u64,
@@ -69,6 +65,16 @@ pub(crate) struct Recovery {
     pub(super) opened_at: u64,
     /// The bucket of `opened_at`: tables before it have expired.
     pub(super) now_bucket: u64,
+}
+
+/// What expired tables hold that must outlive them.
+pub(crate) struct Carried {
+    /// Dead letters no later record of their key superseded.
+    pub(super) dead_letters: ExpiredDeadLetters,
+    /// Pending intents no later record of their key superseded.
+    pub(super) intents: ExpiredIntents,
+    /// The counts and keys of kept reconciliation windows.
+    pub(super) tallies: TallyCarry,
 }
 
 /// Runs `open` (recovery and start) for the store at `place`, in its
@@ -194,9 +200,11 @@ impl Engine {
             meta,
             index,
             replayed,
-            expired_dead,
-            expired_intents,
-            tally_carry,
+            carried: Carried {
+                dead_letters: expired_dead,
+                intents: expired_intents,
+                tallies: tally_carry,
+            },
             first_token,
             time_floor,
             opened_at,

@@ -24,6 +24,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::buckets::Buckets;
 use super::counters::StoreCounters;
 use super::recover::{Recovery, guarded};
 use super::time::StoreTime;
@@ -31,7 +32,7 @@ use super::tokens::{TOKEN_BLOCK, Tokens};
 use super::{Config, Engine, Threads};
 use crate::clock::Clock;
 use crate::log::{Found, Location, Log, LogSettings};
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex};
+use crate::sync::Arc;
 use crate::{Durability, Result};
 
 impl Engine {
@@ -106,19 +107,12 @@ impl Engine {
             clock: r.clock,
             cfg: r.cfg,
             tokens: Tokens::starting_at(r.first_token),
-            cur_bucket: AtomicU64::new(0),
             time,
-            evicted_through: AtomicU64::new(r.now_bucket),
-            // Replay wrote nothing before the current bucket: it is closed
-            // already (an eviction pass need not flush for it).
-            closed_bucket: AtomicU64::new(r.now_bucket.saturating_sub(1)),
-            evicting: Mutex::new(()),
-            compact_due: AtomicBool::new(true),
+            buckets: Buckets::after_replay(r.now_bucket),
             counters: StoreCounters::default(),
             waiters: Arc::default(),
             tick_hook: std::sync::OnceLock::new(),
             path: r.path,
-            opened_at: r.opened_at.max(r.time_floor),
         };
         // A poisoned log (a failed commit, the replica's fence) wakes every
         // `begin_or_wait` at once, to answer the poison. A poison before
@@ -129,9 +123,9 @@ impl Engine {
         // are carried out of them: the carried records are committed in the
         // deletion's commit or before it.
         engine.carry_expired(r.now_bucket)?;
-        engine.carry_expired_dead_letters(r.expired_dead)?;
-        engine.carry_expired_intents(r.expired_intents)?;
-        engine.carry_tallies(&r.tally_carry, engine.now())?;
+        engine.carry_expired_dead_letters(r.carried.dead_letters)?;
+        engine.carry_expired_intents(r.carried.intents)?;
+        engine.carry_tallies(&r.carried.tallies, engine.now())?;
         engine.log.drop_buckets(&r.replayed.expired)?;
         Ok(engine)
     }

@@ -57,6 +57,9 @@ pub(crate) struct StoreTime {
     /// The monotonic clock's reading at the open: only its differences
     /// count, whatever it started from.
     opened: u64,
+    /// The store's time when this run opened it: claims of earlier
+    /// processes are stranded from then at the latest.
+    opened_at: u64,
 }
 
 impl StoreTime {
@@ -68,7 +71,13 @@ impl StoreTime {
             behind: AtomicBool::new(false),
             ahead: AtomicU64::new(time),
             opened: elapsed,
+            opened_at: time,
         }
+    }
+
+    /// The store's time when this run opened it.
+    pub(crate) fn opened_at(&self) -> u64 {
+        self.opened_at
     }
 
     /// The monotonic time since the open, in ms, given its reading now (0
@@ -164,6 +173,7 @@ impl Engine {
         let nb = self.bucket_of(now);
         if nb
             >= self
+                .buckets
                 .evicted_through
                 .load(Ordering::Relaxed)
                 .saturating_add(FORCE_EVICT_SPAN)

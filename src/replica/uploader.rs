@@ -64,13 +64,34 @@ enum Item {
     View(View),
 }
 
+/// The uploader's state, under one lock.
 #[derive(Default)]
-#[allow(clippy::struct_excessive_bools)] // independent conditions of one queue
 struct State {
-    queue: VecDeque<Item>,
+    queue: Queue,
+    chain: Chain,
+    control: Control,
+    health: Health,
+    snap: Snapshots,
+    /// The segment being uploaded, kept whole until it is in the object
+    /// store: a retry sends the same bytes (see `Cut`).
+    cut: Option<Cut>,
+    /// A RESET segment whose snapshot is written, kept until it is in the
+    /// object store: a retry creates only it, the same bytes again.
+    reset_cut: Option<ResetCut>,
+}
+
+/// The commits and views handed over and not yet shipped.
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Item>,
     bytes: usize,
     /// Views in the queue.
     views: usize,
+}
+
+/// Where the chain of segments stands.
+#[derive(Default)]
+struct Chain {
     /// The place of the next segment.
     next_seq: u64,
     /// The newest row any shipped commit wrote (see `SegmentHead::max_row`).
@@ -81,6 +102,12 @@ struct State {
     shipped_row: u64,
     /// The next view starts the chain afresh (a RESET segment).
     reset_pending: bool,
+}
+
+/// What callers asked of the thread, and its end.
+#[derive(Default)]
+#[allow(clippy::struct_excessive_bools)] // independent conditions of one thread
+struct Control {
     /// A caller waits for everything handed over (`sync_replica`).
     flush: bool,
     /// A caller waits for this row (`Sink::hurry`): ship without waiting
@@ -94,10 +121,21 @@ struct State {
     close_by: Option<Instant>,
     /// The thread has exited.
     done: bool,
+}
+
+/// What the replica's status reports: fencing, failures, lag.
+#[derive(Default)]
+struct Health {
     fenced: Option<String>,
     last_segment: Option<u64>,
     failures: u64,
     last_error: Option<String>,
+    lag_samples: Vec<Duration>,
+}
+
+/// The snapshots: when the next is due, and how the last went.
+#[derive(Default)]
+struct Snapshots {
     since_snapshot: u64,
     /// Segments shipped since the last snapshot.
     since_segments: u64,
@@ -106,13 +144,6 @@ struct State {
     last_snapshot_bytes: u64,
     snapshotting: bool,
     snapshots: u64,
-    lag_samples: Vec<Duration>,
-    /// The segment being uploaded, kept whole until it is in the object
-    /// store: a retry sends the same bytes (see `Cut`).
-    cut: Option<Cut>,
-    /// A RESET segment whose snapshot is written, kept until it is in the
-    /// object store: a retry creates only it, the same bytes again.
-    reset_cut: Option<ResetCut>,
 }
 
 /// A segment cut from the front of the queue. An upload whose response
@@ -174,10 +205,16 @@ impl Uploader {
             objects,
             cfg,
             state: Mutex::new(State {
-                next_seq,
-                max_row,
-                last_snapshot_at: Some(Instant::now()),
-                reset_pending: reset,
+                chain: Chain {
+                    next_seq,
+                    max_row,
+                    reset_pending: reset,
+                    ..Chain::default()
+                },
+                snap: Snapshots {
+                    last_snapshot_at: Some(Instant::now()),
+                    ..Snapshots::default()
+                },
                 ..State::default()
             }),
             more: Condvar::new(),
@@ -215,18 +252,18 @@ impl Uploader {
     /// and in the local file).
     pub(crate) fn sync_until(&self, deadline: Option<Instant>) -> Result<bool> {
         let mut st = self.state.lock();
-        let target = st.handed_row;
-        st.flush = true;
+        let target = st.chain.handed_row;
+        st.control.flush = true;
         self.more.notify_all();
         loop {
-            if let Some(why) = &st.fenced {
+            if let Some(why) = &st.health.fenced {
                 return Err(Error::Fenced(why.clone()));
             }
-            if st.shipped_row >= target && !st.reset_pending {
-                st.flush = false;
+            if st.chain.shipped_row >= target && !st.chain.reset_pending {
+                st.control.flush = false;
                 return Ok(true);
             }
-            if st.done {
+            if st.control.done {
                 return Err(Error::Closed);
             }
             match deadline {
@@ -244,14 +281,14 @@ impl Uploader {
     /// (or the close timeout, if that ends sooner).
     pub(crate) fn close_by(&self, at: Instant) {
         let mut st = self.state.lock();
-        st.close_by = Some(st.close_by.map_or(at, |c| c.min(at)));
+        st.control.close_by = Some(st.control.close_by.map_or(at, |c| c.min(at)));
     }
 
     /// Stops the uploader of a store whose open failed (the log never
     /// started, so nothing will close it).
     pub(crate) fn abandon(&self) {
         let mut st = self.state.lock();
-        st.stop = true;
+        st.control.stop = true;
         self.more.notify_all();
         drop(st);
         if let Some(h) = self.thread.lock().take() {
@@ -262,27 +299,27 @@ impl Uploader {
     /// What the replica is doing.
     pub(crate) fn status(&self) -> ReplicaStatus {
         let st = self.state.lock();
-        let lag = st.queue.iter().find_map(|i| match i {
+        let lag = st.queue.items.iter().find_map(|i| match i {
             Item::Commit(_, at) => Some(at.elapsed()),
             Item::View(_) => None,
         });
         ReplicaStatus {
             epoch: self.cfg.epoch,
             restored: self.restored.clone(),
-            last_segment: st.last_segment,
-            lag_bytes: st.bytes as u64,
+            last_segment: st.health.last_segment,
+            lag_bytes: st.queue.bytes as u64,
             lag: lag.unwrap_or_default(),
-            upload_failures: st.failures,
-            last_error: st.last_error.clone(),
-            snapshots: st.snapshots,
-            fenced: st.fenced.is_some(),
+            upload_failures: st.health.failures,
+            last_error: st.health.last_error.clone(),
+            snapshots: st.snap.snapshots,
+            fenced: st.health.fenced.is_some(),
         }
     }
 
     /// How long each shipped segment's oldest commit waited (the latest
     /// samples), for the lag measurement.
     pub(crate) fn lag_samples(&self) -> Vec<Duration> {
-        self.state.lock().lag_samples.clone()
+        self.state.lock().health.lag_samples.clone()
     }
 
     /// The thread: cut and ship segments until closed and drained.
@@ -292,35 +329,35 @@ impl Uploader {
             let mut st = self.state.lock();
             // Wait for a segment's worth, its time, a view, or the end.
             loop {
-                if st.stop || st.fenced.is_some() {
+                if st.control.stop || st.health.fenced.is_some() {
                     return self.exit(st, false);
                 }
-                if st.queue.is_empty() {
-                    if st.closed {
+                if st.queue.items.is_empty() {
+                    if st.control.closed {
                         return self.exit(st, true);
                     }
                     self.more.wait(&mut st);
                     continue;
                 }
-                let age = match st.queue.front() {
+                let age = match st.queue.items.front() {
                     Some(Item::Commit(_, at)) => at.elapsed(),
                     _ => Duration::MAX,
                 };
-                let due = st.closed
-                    || st.flush
-                    || st.wanted > st.shipped_row
-                    || st.reset_pending
+                let due = st.control.closed
+                    || st.control.flush
+                    || st.control.wanted > st.chain.shipped_row
+                    || st.chain.reset_pending
                     || self.synchronous()
-                    || st.bytes >= self.cfg.segment_bytes
+                    || st.queue.bytes >= self.cfg.segment_bytes
                     || age >= self.cfg.interval
-                    || st.views > 0;
+                    || st.queue.views > 0;
                 if due {
                     break;
                 }
                 let left = self.cfg.interval.saturating_sub(age);
                 self.more.wait_for(&mut st, left);
             }
-            let shipped = if st.reset_pending {
+            let shipped = if st.chain.reset_pending {
                 self.ship_reset(st)
             } else {
                 self.ship_segment(st)
@@ -331,8 +368,8 @@ impl Uploader {
                 Err(e) => {
                     {
                         let mut st = self.state.lock();
-                        st.failures += 1;
-                        st.last_error = Some(e.to_string());
+                        st.health.failures += 1;
+                        st.health.last_error = Some(e.to_string());
                     }
                     tracing::warn!(error = %e, "dedupkv replica upload failed; retrying");
                     std::thread::sleep(backoff);
@@ -374,23 +411,23 @@ impl Uploader {
             return Ok(false);
         };
         for _ in 0..commits {
-            st.queue.pop_front();
+            st.queue.items.pop_front();
         }
-        st.bytes -= bytes;
-        st.next_seq += 1;
-        st.max_row = max_row;
-        st.shipped_row = st.shipped_row.max(row);
-        st.last_segment = Some(seq);
-        st.since_snapshot += len;
-        st.since_segments += 1;
+        st.queue.bytes -= bytes;
+        st.chain.next_seq += 1;
+        st.chain.max_row = max_row;
+        st.chain.shipped_row = st.chain.shipped_row.max(row);
+        st.health.last_segment = Some(seq);
+        st.snap.since_snapshot += len;
+        st.snap.since_segments += 1;
         if let Some(at) = oldest {
-            if st.lag_samples.len() >= LAG_SAMPLES {
-                st.lag_samples.clear();
+            if st.health.lag_samples.len() >= LAG_SAMPLES {
+                st.health.lag_samples.clear();
             }
-            st.lag_samples.push(at.elapsed());
+            st.health.lag_samples.push(at.elapsed());
         }
         self.take_view(&mut st);
-        if self.snapshot_due(&st) && !st.snapshotting {
+        if self.snapshot_due(&st) && !st.snap.snapshotting {
             self.want_view.store(true, Ordering::Release);
         }
         self.progress.notify_all();
@@ -411,19 +448,21 @@ impl Uploader {
     /// records leave the replica too.
     fn snapshot_due(&self, st: &State) -> bool {
         let by_bytes = if let Some(n) = self.cfg.snapshot_after {
-            st.since_snapshot >= n
+            st.snap.since_snapshot >= n
         } else {
             let cost = st
+                .snap
                 .since_snapshot
-                .saturating_add(st.since_segments.saturating_mul(OBJECT_COST));
-            cost >= st.last_snapshot_bytes.max(64 << 20)
+                .saturating_add(st.snap.since_segments.saturating_mul(OBJECT_COST));
+            cost >= st.snap.last_snapshot_bytes.max(64 << 20)
         };
         let by_count = self
             .cfg
             .snapshot_after_segments
-            .is_some_and(|n| st.since_segments >= n);
-        let by_age = st.since_segments > 0
+            .is_some_and(|n| st.snap.since_segments >= n);
+        let by_age = st.snap.since_segments > 0
             && st
+                .snap
                 .last_snapshot_at
                 .is_some_and(|at| at.elapsed() >= self.cfg.snapshot_interval);
         by_bytes || by_count || by_age
@@ -436,8 +475,8 @@ impl Uploader {
         let mut commits = Vec::new();
         let mut bytes = 0;
         let mut oldest = None;
-        let mut max_row = st.max_row;
-        for item in &st.queue {
+        let mut max_row = st.chain.max_row;
+        for item in &st.queue.items {
             let Item::Commit(c, at) = item else { break };
             if !commits.is_empty() && bytes + c.bytes() > self.cfg.segment_bytes {
                 break;
@@ -451,7 +490,7 @@ impl Uploader {
         let head = SegmentHead {
             flags: 0,
             epoch: self.cfg.epoch,
-            seq: st.next_seq,
+            seq: st.chain.next_seq,
             max_row,
             commits: commits.len() as u32,
         };
@@ -470,17 +509,17 @@ impl Uploader {
     /// segment shipped (on a thread of its own); a second one while a
     /// snapshot is being written is dropped.
     fn take_view(self: &Arc<Self>, st: &mut State) {
-        if !matches!(st.queue.front(), Some(Item::View(_))) {
+        if !matches!(st.queue.items.front(), Some(Item::View(_))) {
             return;
         }
-        let Some(Item::View(view)) = st.queue.pop_front() else {
+        let Some(Item::View(view)) = st.queue.items.pop_front() else {
             return;
         };
-        st.views -= 1;
-        let (Some(seq), false) = (st.last_segment, st.snapshotting) else {
+        st.queue.views -= 1;
+        let (Some(seq), false) = (st.health.last_segment, st.snap.snapshotting) else {
             return;
         };
-        st.snapshotting = true;
+        st.snap.snapshotting = true;
         let me = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name("dedupkv-snapshot".into())
@@ -492,7 +531,7 @@ impl Uploader {
                 }
             }
             Err(e) => {
-                st.snapshotting = false;
+                st.snap.snapshotting = false;
                 tracing::warn!(error = %e, "dedupkv replica could not start a snapshot");
             }
         }
@@ -510,21 +549,21 @@ impl Uploader {
             &self.stop_snapshot,
         );
         let mut st = self.state.lock();
-        st.snapshotting = false;
+        st.snap.snapshotting = false;
         match written {
             Ok(ix) => {
-                st.snapshots += 1;
-                st.last_snapshot_bytes = ix.bytes;
-                st.since_snapshot = 0;
-                st.since_segments = 0;
-                st.last_snapshot_at = Some(Instant::now());
+                st.snap.snapshots += 1;
+                st.snap.last_snapshot_bytes = ix.bytes;
+                st.snap.since_snapshot = 0;
+                st.snap.since_segments = 0;
+                st.snap.last_snapshot_at = Some(Instant::now());
                 drop(st);
                 if let Err(e) = snapshot::prune(&self.objects, seq) {
                     tracing::warn!(error = %e, "dedupkv replica could not prune");
                 }
             }
             Err(e) => {
-                st.last_error = Some(e.to_string());
+                st.health.last_error = Some(e.to_string());
                 tracing::warn!(error = %e, "dedupkv replica snapshot failed; the next one retries");
             }
         }
@@ -542,22 +581,22 @@ impl Uploader {
         }
         let mut row = 0;
         let mut view = None;
-        while let Some(item) = st.queue.pop_front() {
+        while let Some(item) = st.queue.items.pop_front() {
             match item {
                 Item::Commit(c, _) => {
-                    st.bytes -= c.bytes();
+                    st.queue.bytes -= c.bytes();
                     row = row.max(c.row);
-                    st.handed_row = st.handed_row.max(c.row);
+                    st.chain.handed_row = st.chain.handed_row.max(c.row);
                 }
                 Item::View(v) => {
-                    st.views -= 1;
+                    st.queue.views -= 1;
                     view = Some(v);
                     break;
                 }
             }
         }
         // Commits dropped here are in the coming view; what it covers.
-        st.shipped_row = st.shipped_row.max(row);
+        st.chain.shipped_row = st.chain.shipped_row.max(row);
         let Some(view) = view else {
             // The view is still to come: with the commit being handed
             // over, or with one the log makes for it.
@@ -569,7 +608,7 @@ impl Uploader {
             std::thread::sleep(Duration::from_millis(1));
             return Ok(false);
         };
-        let seq = st.next_seq;
+        let seq = st.chain.next_seq;
         drop(st);
         let ix = match snapshot::write(
             &self.objects,
@@ -612,16 +651,16 @@ impl Uploader {
         }
         let seq = cut.seq;
         let mut st = self.state.lock();
-        st.reset_pending = false;
-        st.next_seq = seq + 1;
-        st.max_row = cut.max_row;
-        st.last_segment = Some(seq);
-        st.snapshots += 1;
-        st.last_snapshot_bytes = cut.snapshot_bytes;
-        st.since_snapshot = 0;
-        st.since_segments = 0;
-        st.last_snapshot_at = Some(Instant::now());
-        let row = st.shipped_row;
+        st.chain.reset_pending = false;
+        st.chain.next_seq = seq + 1;
+        st.chain.max_row = cut.max_row;
+        st.health.last_segment = Some(seq);
+        st.snap.snapshots += 1;
+        st.snap.last_snapshot_bytes = cut.snapshot_bytes;
+        st.snap.since_snapshot = 0;
+        st.snap.since_segments = 0;
+        st.snap.last_snapshot_at = Some(Instant::now());
+        let row = st.chain.shipped_row;
         self.progress.notify_all();
         drop(st);
         if let Err(e) = snapshot::prune(&self.objects, seq) {
@@ -664,7 +703,7 @@ impl Uploader {
                 // The log is poisoned under the state lock: whoever hears
                 // of the fencing here finds the store refusing every call.
                 let mut st = self.state.lock();
-                st.fenced = Some(why.clone());
+                st.health.fenced = Some(why.clone());
                 if let Some(a) = self.acks.get() {
                     a.fence(why.clone());
                 }
@@ -678,10 +717,10 @@ impl Uploader {
     /// The thread ends: with `drained`, the file holds exactly the chain,
     /// which the local state file then says.
     fn exit(&self, mut st: parking_lot::MutexGuard<'_, State>, drained: bool) {
-        if drained && !st.reset_pending {
+        if drained && !st.chain.reset_pending {
             let local = Local {
                 epoch: self.cfg.epoch,
-                seq: st.next_seq.saturating_sub(1),
+                seq: st.chain.next_seq.saturating_sub(1),
                 clean: true,
                 claiming: 0,
             };
@@ -689,7 +728,7 @@ impl Uploader {
                 tracing::warn!(error = %e, "dedupkv replica could not record its clean close");
             }
         }
-        st.done = true;
+        st.control.done = true;
         self.progress.notify_all();
     }
 }
@@ -713,29 +752,34 @@ impl Sink for Uploader {
             None
         };
         let mut st = self.state.lock();
-        st.handed_row = st.handed_row.max(commit.row);
-        while st.bytes >= self.cfg.max_lag_bytes && st.fenced.is_none() && !st.done {
+        st.chain.handed_row = st.chain.handed_row.max(commit.row);
+        while st.queue.bytes >= self.cfg.max_lag_bytes
+            && st.health.fenced.is_none()
+            && !st.control.done
+        {
             self.progress.wait(&mut st);
         }
-        if st.fenced.is_some() || st.done {
+        if st.health.fenced.is_some() || st.control.done {
             return;
         }
         // The uploader needs waking only when this changes what it waits
         // for: a first commit (its interval starts), a full segment, a
         // view, or any commit of a synchronous replica.
-        let was_empty = st.queue.is_empty();
-        let was_short = st.bytes < self.cfg.segment_bytes;
-        st.bytes += commit.bytes();
-        st.queue.push_back(Item::Commit(commit, Instant::now()));
+        let was_empty = st.queue.items.is_empty();
+        let was_short = st.queue.bytes < self.cfg.segment_bytes;
+        st.queue.bytes += commit.bytes();
+        st.queue
+            .items
+            .push_back(Item::Commit(commit, Instant::now()));
         let wake = self.synchronous()
             || was_empty
-            || st.flush
-            || st.wanted > st.shipped_row
+            || st.control.flush
+            || st.control.wanted > st.chain.shipped_row
             || view.is_some()
-            || (was_short && st.bytes >= self.cfg.segment_bytes);
+            || (was_short && st.queue.bytes >= self.cfg.segment_bytes);
         if let Some(v) = view {
-            st.queue.push_back(Item::View(v));
-            st.views += 1;
+            st.queue.items.push_back(Item::View(v));
+            st.queue.views += 1;
         }
         if wake {
             self.more.notify_one();
@@ -744,42 +788,42 @@ impl Sink for Uploader {
 
     fn hurry(&self, row: u64) {
         let mut st = self.state.lock();
-        if row > st.wanted {
-            st.wanted = row;
+        if row > st.control.wanted {
+            st.control.wanted = row;
             self.more.notify_all();
         }
     }
 
     fn closed(&self) {
         let mut st = self.state.lock();
-        st.closed = true;
+        st.control.closed = true;
         self.more.notify_all();
         // A close timeout too long to add to now is no limit.
         let deadline = match (
             Instant::now().checked_add(self.cfg.close_timeout),
-            st.close_by,
+            st.control.close_by,
         ) {
             (Some(t), Some(c)) => Some(t.min(c)),
             (t, c) => t.or(c),
         };
-        while !st.done {
+        while !st.control.done {
             let timed_out = if let Some(d) = deadline {
                 self.progress.wait_until(&mut st, d).timed_out()
             } else {
                 self.progress.wait(&mut st);
                 false
             };
-            if timed_out && !st.done {
+            if timed_out && !st.control.done {
                 tracing::error!(
                     "dedupkv replica: the uploader did not finish within the close timeout; \
                      the unshipped tail stays in the local file until its next open"
                 );
-                st.stop = true;
+                st.control.stop = true;
                 self.more.notify_all();
                 break;
             }
         }
-        let done = st.done;
+        let done = st.control.done;
         drop(st);
         self.stop_snapshot.store(true, Ordering::Release);
         if let Some(h) = self.snapshot_thread.lock().take() {
