@@ -765,8 +765,8 @@ impl StoreBuilder {
     /// keeps its pages in place: if its commits race the open, the open may
     /// fail with [`Error::Corrupt`] naming the path, and later reads may
     /// fail the same way once its commits reuse pages the snapshot reads.
-    /// The file is not damaged: retry, or use the live admin endpoint
-    /// (planned).
+    /// The file is not damaged: retry, or ask that process's live admin
+    /// endpoint (feature "admin", [`admin_socket`](Self::admin_socket)).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] with a replica or
