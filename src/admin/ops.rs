@@ -85,7 +85,9 @@ pub(crate) fn run(
         "dead_letters" => list(store, request, Store::dead_letters, |d| {
             render::dead_letter(d, now)
         }),
-        "held" => list(store, request, Store::holding_area, |h| render::held(h, now)),
+        "held" => list(store, request, Store::holding_area, |h| {
+            render::held(h, now)
+        }),
         "intents_pending" => list(store, request, Store::pending_intents, |i| {
             render::intent(i, now)
         }),
@@ -147,7 +149,10 @@ fn text<'a>(request: &'a Value, name: &str) -> Result<Option<&'a str>, Refusal> 
 /// The request's key: `scope` and `id`.
 pub(crate) fn key_of(request: &Value) -> Result<Key<'static>, Refusal> {
     match (text(request, "scope")?, text(request, "id")?) {
-        (Some(scope), Some(id)) => Ok(Key::owned(scope.as_bytes().to_vec(), id.as_bytes().to_vec())),
+        (Some(scope), Some(id)) => Ok(Key::owned(
+            scope.as_bytes().to_vec(),
+            id.as_bytes().to_vec(),
+        )),
         _ => Err(Refusal::bad("this op takes a key: `scope` and `id`")),
     }
 }
@@ -202,7 +207,8 @@ fn list<T>(
     each: impl Fn(&T) -> Value,
 ) -> Result<Value, Refusal> {
     let (listing, limit) = filters(request)?;
-    let items = pages(store, listing, limit, next).map_err(|e| Refusal::new("failed", e.to_string()))?;
+    let items =
+        pages(store, listing, limit, next).map_err(|e| Refusal::new("failed", e.to_string()))?;
     Ok(Value::Array(items.iter().map(each).collect()))
 }
 
@@ -212,11 +218,7 @@ fn state_name(s: State) -> String {
 }
 
 /// `keys`: live records by scope, `state` and age.
-fn keys(
-    store: &Store,
-    request: &Value,
-    now: SystemTime,
-) -> crate::Result<Result<Value, Refusal>> {
+fn keys(store: &Store, request: &Value, now: SystemTime) -> crate::Result<Result<Value, Refusal>> {
     let (listing, limit) = match filters(request) {
         Ok(f) => f,
         Err(r) => return Ok(Err(r)),

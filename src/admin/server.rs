@@ -16,8 +16,8 @@ use std::io::{BufRead, BufReader, Read as _, Write as _};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -104,7 +104,10 @@ fn bind(path: &Path) -> Result<UnixListener> {
         _ => Path::new("."),
     };
     let named = |e: std::io::Error, p: &Path| io(e.kind(), format!("{}: {e}", p.display()));
-    let mode = std::fs::metadata(dir).map_err(|e| named(e, dir))?.permissions().mode();
+    let mode = std::fs::metadata(dir)
+        .map_err(|e| named(e, dir))?
+        .permissions()
+        .mode();
     if mode & 0o022 != 0 {
         return Err(io(
             K::PermissionDenied,
@@ -161,7 +164,7 @@ fn serve(listener: &UnixListener, stop: &AtomicBool, max_request: usize, answer:
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((stream, _)) => {
-                let _ = one(stream, max_request, answer);
+                let _ = one(&stream, max_request, answer);
             }
             // Nobody waiting (or the accept failed, say out of file
             // descriptors): look again shortly.
@@ -171,13 +174,17 @@ fn serve(listener: &UnixListener, stop: &AtomicBool, max_request: usize, answer:
 }
 
 /// Serves one connection: one request line, one answer line.
-fn one(stream: UnixStream, max_request: usize, answer: &Answer) -> std::io::Result<()> {
+fn one(stream: &UnixStream, max_request: usize, answer: &Answer) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     let mut line = Vec::new();
-    let limit = u64::try_from(max_request).unwrap_or(u64::MAX).saturating_add(1);
-    BufReader::new(&stream).take(limit).read_until(b'\n', &mut line)?;
+    let limit = u64::try_from(max_request)
+        .unwrap_or(u64::MAX)
+        .saturating_add(1);
+    BufReader::new(stream)
+        .take(limit)
+        .read_until(b'\n', &mut line)?;
     if line.last() == Some(&b'\n') {
         line.pop();
     }
@@ -193,6 +200,7 @@ fn one(stream: UnixStream, max_request: usize, answer: &Answer) -> std::io::Resu
     };
     let mut out = serde_json::to_vec(&ops::answer_of(outcome)).unwrap_or_default();
     out.push(b'\n');
-    (&stream).write_all(&out)?;
-    (&stream).flush()
+    let mut stream = stream;
+    stream.write_all(&out)?;
+    stream.flush()
 }

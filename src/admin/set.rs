@@ -43,14 +43,19 @@ impl AdminServer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn partitions(set: &PartitionSet, opts: AdminOptions) -> Result<AdminServer> {
-        let socket = opts.path.clone().unwrap_or_else(|| set_socket_path(set.base()));
+        let AdminOptions {
+            path,
+            writes,
+            max_request,
+        } = opts;
+        let socket = path.unwrap_or_else(|| set_socket_path(set.base()));
         std::fs::create_dir_all(set.base()).map_err(|e| crate::Error::Io {
             what: "starting the admin endpoint",
             source: std::io::Error::new(e.kind(), format!("{}: {e}", set.base().display())),
         })?;
-        let (set, writes) = (set.clone(), opts.writes);
+        let set = set.clone();
         let answer = move |r: &Value| run(&set, r, writes);
-        let running = server::start(&socket, opts.max_request, Box::new(answer))?;
+        let running = server::start(&socket, max_request, Box::new(answer))?;
         Ok(AdminServer { running })
     }
 }
@@ -120,7 +125,11 @@ fn partition_of(set: &PartitionSet, path: &Path) -> std::result::Result<i32, Ref
 }
 
 /// `get` on every assigned partition: the first that holds the key.
-fn get_all(set: &PartitionSet, request: &Value, writes: bool) -> std::result::Result<Value, Refusal> {
+fn get_all(
+    set: &PartitionSet,
+    request: &Value,
+    writes: bool,
+) -> std::result::Result<Value, Refusal> {
     let key = ops::key_of(request)?;
     let assigned = set.assigned();
     for &p in &assigned {

@@ -766,7 +766,7 @@ impl StoreBuilder {
     /// fail with [`Error::Corrupt`] naming the path, and later reads may
     /// fail the same way once its commits reuse pages the snapshot reads.
     /// The file is not damaged: retry, or ask that process's live admin
-    /// endpoint (feature "admin", [`admin_socket`](Self::admin_socket)).
+    /// endpoint (feature "admin", `StoreBuilder::admin_socket`).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] with a replica or

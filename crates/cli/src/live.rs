@@ -48,16 +48,22 @@ fn send(socket: &Path, mut conn: UnixStream, request: &Value) -> Result<Value, S
     conn.write_all(line.as_bytes()).map_err(at)?;
     let mut answer = String::new();
     BufReader::new(conn).read_line(&mut answer).map_err(at)?;
-    serde_json::from_str(&answer)
-        .map_err(|e| format!("{}: the endpoint's answer is not JSON: {e}", socket.display()))
+    serde_json::from_str(&answer).map_err(|e| {
+        format!(
+            "{}: the endpoint's answer is not JSON: {e}",
+            socket.display()
+        )
+    })
 }
 
 /// An answer's value, or its error as a failed command.
-fn value(answer: Value) -> Result<Value, Fail> {
+fn value(answer: &Value) -> Result<Value, Fail> {
     if let Some(v) = answer.get("ok") {
         return Ok(v.clone());
     }
-    let msg = answer["error"].as_str().unwrap_or("the answer has neither ok nor error");
+    let msg = answer["error"]
+        .as_str()
+        .unwrap_or("the answer has neither ok nor error");
     let code = match answer["kind"].as_str() {
         Some("not_found") => exit::NOT_FOUND,
         _ => exit::ERROR,
@@ -73,7 +79,7 @@ pub fn ask(store: &Path, mut request: Value, write: bool) -> Result<Value, Fail>
             let path = store.canonicalize().unwrap_or_else(|_| store.to_path_buf());
             request["store"] = Value::String(path.display().to_string());
         }
-        return value(send(&socket, conn, &request)?);
+        return value(&send(&socket, conn, &request)?);
     }
     if request.get("all").is_some() || request.get("partition").is_some() {
         return Err(Fail(
@@ -92,5 +98,5 @@ pub fn ask(store: &Path, mut request: Value, write: bool) -> Result<Value, Fail>
         open::read_only(store)?
     };
     let answer = dedupkv::admin::answer(&s, store, &request.to_string(), write);
-    value(serde_json::from_str(&answer).map_err(|e| format!("answer: {e}"))?)
+    value(&serde_json::from_str(&answer).map_err(|e| format!("answer: {e}"))?)
 }

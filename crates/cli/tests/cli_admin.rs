@@ -55,7 +55,13 @@ fn serving(dir: &Path, opts: AdminOptions) -> Result<(Store, PathBuf), Error> {
     store.insert_if_absent(&Key::new("orders", "4711"))?;
     if let Begin::Started(c) = store.begin(&Key::new("pay", "p-9"), Fingerprint::of("x"))? {
         let reason = "card declined 3 times";
-        store.fail(&c, Failure::Exhausted { reason, payload: None })?;
+        store.fail(
+            &c,
+            Failure::Exhausted {
+                reason,
+                payload: None,
+            },
+        )?;
     }
     Ok((store, path))
 }
@@ -94,19 +100,28 @@ fn the_cli_reads_through_the_endpoint_of_the_process_that_holds_the_store() -> T
     let (store, path) = serving(dir.path(), AdminOptions::new())?;
     let p = path.to_str().ok_or("path")?;
     // The store is held here: an offline open would be refused.
-    assert!(matches!(Store::open_existing(&path), Err(Error::AlreadyOpen)));
+    assert!(matches!(
+        Store::open_existing(&path),
+        Err(Error::AlreadyOpen)
+    ));
 
-    let live = json(&dedupkv(&["get", "-s", p, "--scope", "orders", "4711", "--json"])?)?;
+    let live = json(&dedupkv(&[
+        "get", "-s", p, "--scope", "orders", "4711", "--json",
+    ])?)?;
     assert_eq!(live["state"], "Inserted");
     assert_eq!(live["id"], "4711");
-    let dead = json(&dedupkv(&["get", "-s", p, "--scope", "pay", "p-9", "--json"])?)?;
+    let dead = json(&dedupkv(&[
+        "get", "-s", p, "--scope", "pay", "p-9", "--json",
+    ])?)?;
     assert_eq!(dead["dead_letter"]["reason"], "card declined 3 times");
     let stats = json(&dedupkv(&["stats", "-s", p, "--json"])?)?;
     assert_eq!(stats["keys"], 2);
     assert_eq!(stats["dead_letters"], 1);
     let listed = json(&dedupkv(&["dead-letters", "list", "-s", p, "--json"])?)?;
     assert_eq!(listed[0]["reason"], "card declined 3 times");
-    let keys = json(&dedupkv(&["keys", "-s", p, "--state", "inserted", "--json"])?)?;
+    let keys = json(&dedupkv(&[
+        "keys", "-s", p, "--state", "inserted", "--json",
+    ])?)?;
     assert_eq!(keys.as_array().map(Vec::len), Some(1));
     let text = dedupkv(&["get", "-s", p, "--scope", "orders", "4711"])?;
     assert!(String::from_utf8_lossy(&text.stdout).contains("state: Inserted"));
@@ -116,15 +131,23 @@ fn the_cli_reads_through_the_endpoint_of_the_process_that_holds_the_store() -> T
     // The same answers offline, once the holder is gone (ages aside).
     let held_stats = without_ages(stats);
     drop(store);
-    assert!(!socket_path(&path).exists(), "the socket goes with the store");
-    let offline = json(&dedupkv(&["get", "-s", p, "--scope", "orders", "4711", "--json"])?)?;
+    assert!(
+        !socket_path(&path).exists(),
+        "the socket goes with the store"
+    );
+    let offline = json(&dedupkv(&[
+        "get", "-s", p, "--scope", "orders", "4711", "--json",
+    ])?)?;
     assert_eq!(without_ages(offline), without_ages(live));
     let offline_stats = json(&dedupkv(&["stats", "-s", p, "--json"])?)?;
     let mut a = without_ages(offline_stats);
     let mut b = held_stats;
-    // The file grows when the store closes; its size is not the point.
-    a["file_bytes"] = Value::Null;
-    b["file_bytes"] = Value::Null;
+    // The file grows when the store closes, and the effective window and
+    // the oldest dead letter's age move with the clock: not the point.
+    for moving in ["file_bytes", "effective_window", "oldest_dead_letter"] {
+        a[moving] = Value::Null;
+        b[moving] = Value::Null;
+    }
     assert_eq!(a, b);
     Ok(())
 }
@@ -134,22 +157,47 @@ fn operator_writes_go_through_only_when_the_endpoint_allows_them() -> TestResult
     let dir = private_dir()?;
     let (store, path) = serving(dir.path(), AdminOptions::new())?;
     let p = path.to_str().ok_or("path")?;
-    let requeue = ["dead-letters", "requeue", "-s", p, "--scope", "pay", "p-9", "--write"];
+    let requeue = [
+        "dead-letters",
+        "requeue",
+        "-s",
+        p,
+        "--scope",
+        "pay",
+        "p-9",
+        "--write",
+    ];
     let refused = dedupkv(&requeue)?;
     assert_eq!(refused.status.code(), Some(1));
     let msg = String::from_utf8_lossy(&refused.stderr);
     assert!(msg.contains("allow_writes(true)"), "{msg}");
-    assert!(store.get(&Key::new("pay", "p-9"))?.is_some_and(|r| r.state()
-        == dedupkv::State::DeadLettered));
+    assert!(
+        store
+            .get(&Key::new("pay", "p-9"))?
+            .is_some_and(|r| r.state() == dedupkv::State::DeadLettered)
+    );
     drop(store);
 
     // The same store, served by a process that allows writes.
     let (store, _) = serving(dir.path(), AdminOptions::new().allow_writes(true))?;
-    let requeue = ["dead-letters", "requeue", "-s", p, "--scope", "pay", "p-9", "--write", "--json"];
+    let requeue = [
+        "dead-letters",
+        "requeue",
+        "-s",
+        p,
+        "--scope",
+        "pay",
+        "p-9",
+        "--write",
+        "--json",
+    ];
     let done = json(&dedupkv(&requeue)?)?;
     assert_eq!(done["requeued"], true);
     let state = store.get(&Key::new("pay", "p-9"))?.map(|r| r.state());
-    assert!(state.is_some_and(|s| s != dedupkv::State::DeadLettered), "{state:?}");
+    assert!(
+        state.is_some_and(|s| s != dedupkv::State::DeadLettered),
+        "{state:?}"
+    );
     // Without --write nothing is sent.
     let usage = dedupkv(&["evict", "-s", p])?;
     assert_eq!(usage.status.code(), Some(2));
@@ -197,7 +245,10 @@ fn a_stale_socket_is_replaced_and_a_live_one_refused() -> TestResult {
     let err = serving(dir.path(), AdminOptions::new()).expect_err("refused");
     let msg = err.to_string();
     assert!(msg.contains("a live admin endpoint answers there"), "{msg}");
-    assert!(msg.contains(&socket_path(&path).display().to_string()), "{msg}");
+    assert!(
+        msg.contains(&socket_path(&path).display().to_string()),
+        "{msg}"
+    );
     assert!(socket_path(&path).exists());
     drop(live);
     // Not a socket: never removed.
@@ -217,19 +268,34 @@ fn bad_requests_get_an_error_answer_and_the_server_goes_on() -> TestResult {
     let socket = socket_path(&path);
     let garbage = raw(&socket, b"garbage\n")?;
     assert_eq!(garbage["kind"], "bad_request");
-    assert!(garbage["error"].as_str().is_some_and(|e| e.contains("not JSON")));
+    assert!(
+        garbage["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not JSON"))
+    );
     let mut big = vec![b'x'; 100_000];
     big.push(b'\n');
     let oversized = raw(&socket, &big)?;
-    assert!(oversized["error"].as_str().is_some_and(|e| e.contains("longer than 1024")));
+    assert!(
+        oversized["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("longer than 1024"))
+    );
     let unknown = raw(&socket, b"{\"op\":\"drop_table\"}\n")?;
-    assert!(unknown["error"].as_str().is_some_and(|e| e.contains("unknown op")));
+    assert!(
+        unknown["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("unknown op"))
+    );
     let no_key = raw(&socket, b"{\"op\":\"get\",\"scope\":7}\n")?;
     assert_eq!(no_key["kind"], "bad_request");
     // A client that connects and says nothing, then goes.
     drop(UnixStream::connect(&socket)?);
     // Still served, and the store still works.
-    let next = raw(&socket, b"{\"op\":\"get\",\"scope\":\"orders\",\"id\":\"4711\"}\n")?;
+    let next = raw(
+        &socket,
+        b"{\"op\":\"get\",\"scope\":\"orders\",\"id\":\"4711\"}\n",
+    )?;
     assert_eq!(next["ok"]["state"], "Inserted");
     assert!(store.insert_if_absent(&Key::new("orders", "4712"))?);
     Ok(())
@@ -254,7 +320,10 @@ fn reads_through_the_endpoint_never_write() -> TestResult {
         json(&dedupkv(args)?)?;
     }
     let after = (std::fs::read(&path)?, std::fs::metadata(&path)?.modified()?);
-    assert!(before == after, "a read through the endpoint changed the file");
+    assert!(
+        before == after,
+        "a read through the endpoint changed the file"
+    );
     Ok(())
 }
 
@@ -277,7 +346,9 @@ fn get_all_finds_the_partition_that_holds_the_key() -> TestResult {
     let admin = AdminServer::partitions(&set, AdminOptions::new())?;
     let b = base.to_str().ok_or("path")?;
 
-    let found = json(&dedupkv(&["get", "-s", b, "--all", "--scope", "orders", "4711", "--json"])?)?;
+    let found = json(&dedupkv(&[
+        "get", "-s", b, "--all", "--scope", "orders", "4711", "--json",
+    ])?)?;
     assert_eq!(found["partition"], 2);
     assert_eq!(found["state"], "Inserted");
     let missing = dedupkv(&["get", "-s", b, "--all", "--scope", "orders", "none"])?;
@@ -285,7 +356,9 @@ fn get_all_finds_the_partition_that_holds_the_key() -> TestResult {
     // A partition's file names its partition.
     let file = set.path_of(0);
     let f = file.to_str().ok_or("path")?;
-    let one = json(&dedupkv(&["get", "-s", f, "--scope", "orders", "1", "--json"])?)?;
+    let one = json(&dedupkv(&[
+        "get", "-s", f, "--scope", "orders", "1", "--json",
+    ])?)?;
     assert_eq!(one["state"], "Inserted");
     let by_number = dedupkv(&["get", "-s", b, "--partition", "1", "--scope", "orders", "1"])?;
     assert_eq!(by_number.status.code(), Some(4));
