@@ -10,7 +10,6 @@ use std::io::{BufRead, BufReader, Write as _};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
 
 use dedupkv::admin::{AdminOptions, AdminServer, socket_path};
@@ -22,20 +21,8 @@ use serde_json::Value;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-fn dedupkv(args: &[&str]) -> std::io::Result<Output> {
-    Command::new(env!("CARGO_BIN_EXE_dedupkv"))
-        .args(args)
-        .output()
-}
-
-fn json(out: &Output) -> Result<Value, Box<dyn std::error::Error>> {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(serde_json::from_slice(&out.stdout)?)
-}
+mod common;
+use common::{dedupkv, json};
 
 /// An owner-only directory for the store and its socket.
 fn private_dir() -> std::io::Result<tempfile::TempDir> {
@@ -166,6 +153,7 @@ fn operator_writes_go_through_only_when_the_endpoint_allows_them() -> TestResult
         "pay",
         "p-9",
         "--write",
+        "--json",
     ];
     let refused = dedupkv(&requeue)?;
     assert_eq!(refused.status.code(), Some(1));
@@ -180,17 +168,6 @@ fn operator_writes_go_through_only_when_the_endpoint_allows_them() -> TestResult
 
     // The same store, served by a process that allows writes.
     let (store, _) = serving(dir.path(), AdminOptions::new().allow_writes(true))?;
-    let requeue = [
-        "dead-letters",
-        "requeue",
-        "-s",
-        p,
-        "--scope",
-        "pay",
-        "p-9",
-        "--write",
-        "--json",
-    ];
     let done = json(&dedupkv(&requeue)?)?;
     assert_eq!(done["requeued"], true);
     let state = store.get(&Key::new("pay", "p-9"))?.map(|r| r.state());
