@@ -3,14 +3,15 @@
 //! operator's `dedupkv` command reads (and, when allowed, works) a store
 //! while its consumer runs. Opt in per store with
 //! [`StoreBuilder::admin_socket`](crate::StoreBuilder::admin_socket), or
-//! once for a whole [`PartitionSet`](crate::partitions::PartitionSet)
-//! with [`AdminServer::partitions`]. Without it there is no thread and no
+//! once for a whole `PartitionSet` with `AdminServer::partitions`
+//! (feature "replica" too). Without it there is no thread and no
 //! socket.
 //!
 //! **Protocol.** One request per connection: one JSON object on one line
 //! (at most [`AdminOptions::max_request_bytes`]), answered by one JSON
 //! object on one line, `{"ok": VALUE}` or `{"error": MESSAGE, "kind":
-//! KIND}` (`bad_request`, `not_found`, `refused`, `failed`). `op` is one
+//! KIND}` (`bad_request`, `not_found`, `refused`, `not_assigned`,
+//! `failed`). `op` is one
 //! of `get` (`scope`, `id`), `stats`, `keys` (`scope`, `state`,
 //! `older_than` such as `"7d"`, `limit`), `dead_letters`, `held`,
 //! `intents_pending`, `stranded` (the listing filters), and the writes
@@ -186,7 +187,8 @@ pub fn answer(store: &Store, path: &Path, request: &str, writes: bool) -> String
 /// A running admin endpoint; dropping it stops its thread and removes its
 /// socket. A store's endpoint lives inside the store (see
 /// [`StoreBuilder::admin_socket`](crate::StoreBuilder::admin_socket));
-/// a partition set's is this handle ([`partitions`](Self::partitions)).
+/// a partition set's is this handle (`AdminServer::partitions`, feature
+/// "replica" too).
 pub struct AdminServer {
     running: server::Running,
 }
@@ -212,7 +214,7 @@ impl AdminServer {
     /// The socket's path.
     ///
     /// # Examples
-    /// See [`partitions`](Self::partitions).
+    /// See `AdminServer::partitions` (feature "replica").
     pub fn path(&self) -> &Path {
         self.running.path()
     }

@@ -100,7 +100,13 @@ fn on(
     let answered = set
         .work(partition)
         .and_then(|w| w.with(|store| Ok(ops::run(store, &path, request, writes))));
-    answered.map_err(|e| Refusal::new("failed", format!("partition {partition}: {e}")))?
+    answered.map_err(|e| {
+        let kind = match e {
+            crate::Error::NotAssigned { .. } => "not_assigned",
+            _ => "failed",
+        };
+        Refusal::new(kind, format!("partition {partition}: {e}"))
+    })?
 }
 
 /// The assigned partition whose store is at `path`.
@@ -138,7 +144,8 @@ fn get_all(
                 v["partition"] = json!(p);
                 return Ok(v);
             }
-            Err(r) if r.kind == "not_found" => {}
+            // Not there, or revoked since the list was taken.
+            Err(r) if r.kind == "not_found" || r.kind == "not_assigned" => {}
             Err(r) => return Err(r),
         }
     }
