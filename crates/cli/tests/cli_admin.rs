@@ -347,3 +347,46 @@ fn get_all_finds_the_partition_that_holds_the_key() -> TestResult {
     assert!(!base.join("admin.sock").exists());
     Ok(())
 }
+
+#[test]
+fn reads_see_the_live_store_while_its_holder_keeps_writing() -> TestResult {
+    let dir = private_dir()?;
+    let (store, path) = serving(dir.path(), AdminOptions::new())?;
+    let p = path.to_str().ok_or("path")?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || -> Result<u64, Error> {
+            let mut n = 0u64;
+            loop {
+                store.insert_if_absent(&Key::new("load", &n.to_string()))?;
+                n += 1;
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+            }
+            Ok(n)
+        })
+    };
+    for round in 0..3 {
+        // Written just now by the holder: the endpoint answers from the
+        // live store, not a snapshot of the file.
+        let id = format!("new-{round}");
+        store.insert_if_absent(&Key::new("orders", &id))?;
+        let v = json(&dedupkv(&[
+            "get", "-s", p, "--scope", "orders", &id, "--json",
+        ])?)?;
+        assert_eq!(v["state"], "Inserted");
+        let stats = json(&dedupkv(&["stats", "-s", p, "--json"])?)?;
+        assert!(stats["keys"].as_u64().is_some_and(|k| k >= 3 + round));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.join().map_err(|_| "writer panicked")??;
+    // The holder went on acknowledging throughout.
+    assert!(
+        store
+            .get(&Key::new("load", &(written - 1).to_string()))?
+            .is_some()
+    );
+    Ok(())
+}
