@@ -11,9 +11,9 @@
 //! (at most [`AdminOptions::max_request_bytes`]), answered by one JSON
 //! object on one line, `{"ok": VALUE}` or `{"error": MESSAGE, "kind":
 //! KIND}` (`bad_request`, `not_found`, `refused`, `not_assigned`,
-//! `failed`). `op` is one
-//! of `get` (`scope`, `id`), `stats`, `keys` (`scope`, `state`,
-//! `older_than` such as `"7d"`, `limit`), `dead_letters`, `held`,
+//! `failed`). `op` is one of `get` (`scope`, `id`), `stats`, `keys`
+//! (`scope`, `state`, `older_than` such as `"7d"`, `limit`),
+//! `dead_letters`, `held`,
 //! `intents_pending`, `stranded` (the listing filters), and the writes
 //! `requeue`, `resolve` (`completed` or `abandon`), `release`, `evict`,
 //! refused unless [`AdminOptions::allow_writes`]. A partition set's

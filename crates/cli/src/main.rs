@@ -39,9 +39,11 @@ pub mod exit {
 const EXIT_CODES: &str =
     "Exit codes: 0 ok, 1 error, 2 usage, 3 damaged (verify), 4 not found (get).";
 
-/// Works a dedupkv store from a terminal: reads offline through the
-/// read-only open (also beside a running writer, never writing to the
-/// file), writes only with `--write`, and dedups JSON lines (`filter`).
+/// Works a dedupkv store from a terminal: reads through the live admin
+/// endpoint of the process that holds the store when one answers beside
+/// it (`STORE.admin.sock`), else offline through the read-only open (never
+/// writing to the file); writes only with `--write`; dedups JSON lines
+/// (`filter`).
 #[derive(Parser)]
 #[command(name = "dedupkv", version, after_help = EXIT_CODES)]
 struct Cli {
@@ -99,8 +101,10 @@ struct KeyArg {
 /// A write's opt-in.
 #[derive(Args)]
 struct Write {
-    /// Open the store writable for this write (refused while another
-    /// process holds it). Without it, nothing is written.
+    /// Write: through the live endpoint of the process that holds the
+    /// store (when it allows writes), else by opening the store writable
+    /// (refused while another process holds it). Without it, nothing is
+    /// written.
     #[arg(long)]
     write: bool,
 }
