@@ -19,7 +19,9 @@ impl AdminServer {
     /// Serves every store of `set` on one socket (default
     /// [`set_socket_path`] of the set's base directory) until the handle
     /// is dropped; partitions assigned or revoked meanwhile are served or
-    /// not as they come and go.
+    /// not as they come and go. Each request reaches its store through
+    /// [`PartitionSet::work`], so a revoke waits for it like for any
+    /// handler. The handle keeps a clone of the set: drop it with the set.
     ///
     /// # Errors
     /// [`Error::Io`](crate::Error::Io) naming the directory when it is

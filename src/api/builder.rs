@@ -689,31 +689,28 @@ impl StoreBuilder {
         self.open_at(Location::Existing(path.clone()), &path)
     }
 
-    /// `open` and `open_existing`: the replica's take-over if any, the
-    /// engine, then the admin endpoint if any (a store whose endpoint
-    /// cannot start is closed again).
+    /// `open` and `open_existing`: the engine, then the admin endpoint if
+    /// any (a store whose endpoint cannot start is closed again).
     fn open_at(self, location: Location, path: &Path) -> Result<Store> {
         self.validate()?;
         #[cfg(feature = "admin")]
-        let mut this = self;
-        #[cfg(not(feature = "admin"))]
-        let this = self;
-        #[cfg(feature = "admin")]
-        let admin = this.admin.take();
-        #[cfg(feature = "replica")]
-        let store = if this.replica.is_some() {
-            this.open_replicated(location, path)?
-        } else {
-            Store::open_with(this.cfg, this.clock, location)?
-        };
-        #[cfg(not(feature = "replica"))]
-        let store = Store::open_with(this.cfg, this.clock, location)?;
+        let admin = self.admin.clone();
+        let store = self.open_engine(location, path)?;
         #[cfg(feature = "admin")]
         if let Some(opts) = admin {
             return store.with_admin(path, &opts);
         }
-        let _ = path;
         Ok(store)
+    }
+
+    /// The replica's take-over if any, then the engine.
+    #[cfg_attr(not(feature = "replica"), allow(unused_variables))]
+    fn open_engine(self, location: Location, path: &Path) -> Result<Store> {
+        #[cfg(feature = "replica")]
+        if self.replica.is_some() {
+            return self.open_replicated(location, path);
+        }
+        Store::open_with(self.cfg, self.clock, location)
     }
 
     /// Opens the store at `path` read-only: it answers every read —
