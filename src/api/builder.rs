@@ -30,6 +30,8 @@ pub struct StoreBuilder {
     clock: Arc<dyn Clock>,
     #[cfg(feature = "replica")]
     replica: Option<crate::replica::Replica>,
+    #[cfg(feature = "admin")]
+    admin: Option<crate::admin::AdminOptions>,
 }
 
 impl Default for StoreBuilder {
@@ -39,6 +41,8 @@ impl Default for StoreBuilder {
             clock: Arc::new(SystemClock),
             #[cfg(feature = "replica")]
             replica: None,
+            #[cfg(feature = "admin")]
+            admin: None,
         }
     }
 }
@@ -603,6 +607,40 @@ impl StoreBuilder {
         self
     }
 
+    /// Serves the store's live admin endpoint (feature "admin", Unix
+    /// only): a Unix socket beside the file (`STORE.admin.sock`, see
+    /// [`admin::socket_path`](crate::admin::socket_path)), mode 0600,
+    /// answered by a thread of the store's until its last handle is
+    /// dropped, when the socket is removed. The `dedupkv` command line
+    /// reads there while this process holds the store; operator writes
+    /// only with [`AdminOptions::allow_writes`](crate::admin::AdminOptions::allow_writes).
+    /// Default: none (no thread, no socket). Only with `open` and
+    /// `open_existing`.
+    ///
+    /// # Errors
+    /// The open fails (and closes the store again) with
+    /// [`Error::Io`] naming the directory when it is writable by group or
+    /// others, naming the socket when a live endpoint answers there (a
+    /// socket whose process is gone is replaced) or another kind of file
+    /// is in the way; `open_read_only` and `open_with_backend` fail with
+    /// [`Error::InvalidConfig`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::admin::AdminOptions;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("s.redb");
+    /// let store = dedupkv::Store::builder().admin_socket(AdminOptions::new()).open(&path)?;
+    /// assert!(dedupkv::admin::socket_path(&path).exists());
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    #[cfg(feature = "admin")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+    pub fn admin_socket(mut self, options: crate::admin::AdminOptions) -> Self {
+        self.admin = Some(options);
+        self
+    }
+
     /// Opens the store at `path`, creating it if it does not exist, and
     /// rebuilds the index from its log. (Use
     /// [`open_existing`](Self::open_existing) where a missing file must be
@@ -624,17 +662,8 @@ impl StoreBuilder {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {
-        self.validate()?;
-        #[cfg(feature = "replica")]
-        if self.replica.is_some() {
-            let path = path.as_ref().to_path_buf();
-            return self.open_replicated(Location::Path(path.clone()), &path);
-        }
-        Store::open_with(
-            self.cfg,
-            self.clock,
-            Location::Path(path.as_ref().to_path_buf()),
-        )
+        let path = path.as_ref().to_path_buf();
+        self.open_at(Location::Path(path.clone()), &path)
     }
 
     /// Opens the store at `path`, which must already hold one: unlike
@@ -656,17 +685,32 @@ impl StoreBuilder {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Store> {
+        let path = path.as_ref().to_path_buf();
+        self.open_at(Location::Existing(path.clone()), &path)
+    }
+
+    /// `open` and `open_existing`: the engine, then the admin endpoint if
+    /// any (a store whose endpoint cannot start is closed again).
+    fn open_at(self, location: Location, path: &Path) -> Result<Store> {
         self.validate()?;
+        #[cfg(feature = "admin")]
+        let admin = self.admin.clone();
+        let store = self.open_engine(location, path)?;
+        #[cfg(feature = "admin")]
+        if let Some(opts) = admin {
+            return store.with_admin(path, &opts);
+        }
+        Ok(store)
+    }
+
+    /// The replica's take-over if any, then the engine.
+    #[cfg_attr(not(feature = "replica"), allow(unused_variables))]
+    fn open_engine(self, location: Location, path: &Path) -> Result<Store> {
         #[cfg(feature = "replica")]
         if self.replica.is_some() {
-            let path = path.as_ref().to_path_buf();
-            return self.open_replicated(Location::Existing(path.clone()), &path);
+            return self.open_replicated(location, path);
         }
-        Store::open_with(
-            self.cfg,
-            self.clock,
-            Location::Existing(path.as_ref().to_path_buf()),
-        )
+        Store::open_with(self.cfg, self.clock, location)
     }
 
     /// Opens the store at `path` read-only: it answers every read —
@@ -718,8 +762,8 @@ impl StoreBuilder {
     /// keeps its pages in place: if its commits race the open, the open may
     /// fail with [`Error::Corrupt`] naming the path, and later reads may
     /// fail the same way once its commits reuse pages the snapshot reads.
-    /// The file is not damaged: retry, or use the live admin endpoint
-    /// (planned).
+    /// The file is not damaged: retry, or ask that process's live admin
+    /// endpoint (feature "admin", `StoreBuilder::admin_socket`).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] with a replica or
@@ -748,6 +792,12 @@ impl StoreBuilder {
     /// ```
     pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<Store> {
         self.validate()?;
+        #[cfg(feature = "admin")]
+        if self.admin.is_some() {
+            return Err(Error::InvalidConfig(
+                "a read-only open serves no admin endpoint (the process that holds the store writable does)".into(),
+            ));
+        }
         #[cfg(feature = "replica")]
         if self.replica.is_some() {
             return Err(Error::InvalidConfig(
@@ -795,6 +845,12 @@ impl StoreBuilder {
     /// ```
     pub fn open_with_backend(self, backend: impl crate::PageBackend) -> Result<Store> {
         self.validate()?;
+        #[cfg(feature = "admin")]
+        if self.admin.is_some() {
+            return Err(Error::InvalidConfig(
+                "a store on a page backend has no path to put an admin socket beside".into(),
+            ));
+        }
         #[cfg(feature = "replica")]
         if self.replica.is_some() {
             return Err(Error::InvalidConfig(

@@ -29,6 +29,10 @@ use crate::{Key, Result, StoreBuilder};
 /// ```
 #[derive(Clone)]
 pub struct Store {
+    /// The live admin endpoint (feature "admin"), stopped when the last
+    /// handle goes; the endpoint's own handle has none.
+    #[cfg(feature = "admin")]
+    admin: Option<Arc<crate::admin::AdminServer>>,
     // Declared first so they are dropped (stopped and joined) before the
     // engine.
     _threads: Threads,
@@ -73,6 +77,8 @@ impl Store {
 
     fn serving(engine: Arc<Engine>, threads: Threads) -> Store {
         Store {
+            #[cfg(feature = "admin")]
+            admin: None,
             _threads: threads,
             #[cfg(feature = "metrics")]
             metrics: crate::metrics::Bridge::install(&engine),
@@ -80,6 +86,18 @@ impl Store {
             #[cfg(feature = "replica")]
             replica: None,
         }
+    }
+
+    /// This store, serving its admin endpoint until its last handle goes.
+    #[cfg(feature = "admin")]
+    pub(crate) fn with_admin(
+        mut self,
+        path: &Path,
+        opts: &crate::admin::AdminOptions,
+    ) -> Result<Store> {
+        let server = crate::admin::AdminServer::store(self.clone(), path, opts)?;
+        self.admin = Some(Arc::new(server));
+        Ok(self)
     }
 
     /// This store, with the replica it ships to.

@@ -1,22 +1,25 @@
 //! `dedupkv`: the command-line tool for a dedupkv store (docs/cli.md).
 //!
-//! Reads go through the read-only open: they never write a byte to the
-//! file and never take a lock that blocks a live writer. Writes need
-//! `--write`, which opens the store writable (refused while another
-//! process holds it). `filter` dedups JSON lines in a shell pipeline.
+//! Reads go to the live admin endpoint of the process that holds the
+//! store when one answers beside it, else through the read-only open:
+//! they never write a byte to the file and never take a lock that blocks
+//! a live writer. Writes need `--write`, and go to the live endpoint
+//! (when it allows them) or open the store writable. `filter` dedups
+//! JSON lines in a shell pipeline.
 
 mod filter;
+mod live;
 mod open;
 mod records;
 mod replica;
 mod show;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use dedupkv::{Error, Key, Listing, Page, Resolution, Store};
+use dedupkv::{Error, Listing, Store};
 use serde_json::{Value, json};
 
 /// Exit codes, also in `--help` and docs/cli.md.
@@ -36,9 +39,11 @@ pub mod exit {
 const EXIT_CODES: &str =
     "Exit codes: 0 ok, 1 error, 2 usage, 3 damaged (verify), 4 not found (get).";
 
-/// Works a dedupkv store from a terminal: reads offline through the
-/// read-only open (also beside a running writer, never writing to the
-/// file), writes only with `--write`, and dedups JSON lines (`filter`).
+/// Works a dedupkv store from a terminal: reads through the live admin
+/// endpoint of the process that holds the store when one answers beside
+/// it (`STORE.admin.sock`), else offline through the read-only open (never
+/// writing to the file); writes only with `--write`; dedups JSON lines
+/// (`filter`).
 #[derive(Parser)]
 #[command(name = "dedupkv", version, after_help = EXIT_CODES)]
 struct Cli {
@@ -72,16 +77,14 @@ struct Filter {
 }
 
 impl Filter {
-    /// The listing of these filters (the library's default page size).
-    fn listing(&self) -> Listing {
-        let mut listing = Listing::new();
-        if let Some(s) = &self.scope {
-            listing = listing.scope(s);
-        }
-        if let Some(age) = self.older_than {
-            listing = listing.older_than(age);
-        }
-        listing
+    /// The request of `op` with these filters.
+    fn request(&self, op: &str) -> Value {
+        json!({
+            "op": op,
+            "scope": self.scope,
+            "older_than": self.older_than.map(|d| humantime::format_duration(d).to_string()),
+            "limit": self.limit,
+        })
     }
 }
 
@@ -98,8 +101,10 @@ struct KeyArg {
 /// A write's opt-in.
 #[derive(Args)]
 struct Write {
-    /// Open the store writable for this write (refused while another
-    /// process holds it). Without it, nothing is written.
+    /// Write: through the live endpoint of the process that holds the
+    /// store (when it allows writes), else by opening the store writable
+    /// (refused while another process holds it). Without it, nothing is
+    /// written.
     #[arg(long)]
     write: bool,
 }
@@ -143,6 +148,13 @@ enum Command {
         common: Common,
         #[command(flatten)]
         key: KeyArg,
+        /// A partition set (`--store BASE` or a partition's file): find the
+        /// key in whichever assigned partition holds it (live endpoint).
+        #[arg(long, conflicts_with = "partition")]
+        all: bool,
+        /// A partition set: this partition's store (live endpoint).
+        #[arg(long)]
+        partition: Option<i32>,
     },
     /// Keys, states, dead letters, stranded claims, pending intents,
     /// retention window and file size.
@@ -277,40 +289,47 @@ fn main() -> ExitCode {
 }
 
 fn run(command: Command) -> Result<(), Fail> {
-    let now = SystemTime::now();
     match command {
-        Command::Get { common, key } => get(&common, &key, now),
-        Command::Stats { common } => {
-            let store = open::read_only(&common.store)?;
-            show::print(&stats(&store, &common.store)?, common.json);
-            Ok(())
+        Command::Get {
+            common,
+            key,
+            all,
+            partition,
+        } => {
+            let mut request = json!({ "op": "get", "scope": key.scope, "id": key.id });
+            if all {
+                request["all"] = json!(true);
+            }
+            if let Some(p) = partition {
+                request["partition"] = json!(p);
+            }
+            read(&common, request)
         }
+        Command::Stats { common } => read(&common, json!({ "op": "stats" })),
         Command::Verify { common } => verify(&common),
-        Command::DeadLetters(DeadLetters::List(a)) => {
-            list(&a, Store::dead_letters, |d| show::dead_letter(d, now))
-        }
-        Command::Held(HeldCmd::List(a)) => list(&a, Store::holding_area, |h| show::held(h, now)),
-        Command::Intents(Intents::Pending(a)) => {
-            list(&a, Store::pending_intents, |i| show::intent(i, now))
-        }
-        Command::Stranded(a) => list(&a, Store::stranded_claims, |r| show::record(r, now)),
-        Command::DeadLetters(DeadLetters::Requeue(w)) => write_key(&w, "requeued", Store::requeue),
+        Command::DeadLetters(DeadLetters::List(a)) => list(&a, "dead_letters"),
+        Command::Held(HeldCmd::List(a)) => list(&a, "held"),
+        Command::Intents(Intents::Pending(a)) => list(&a, "intents_pending"),
+        Command::Stranded(a) => list(&a, "stranded"),
+        Command::DeadLetters(DeadLetters::Requeue(w)) => write_key(&w, json!({ "op": "requeue" })),
         Command::DeadLetters(DeadLetters::Resolve {
             target,
             completed,
             abandon,
-        }) => write_key(&target, "resolved", |s, k| match &completed {
-            Some(outcome) => s.resolve(k, Resolution::Completed(outcome.as_bytes())),
-            None => s.resolve(k, Resolution::Abandoned(abandon.as_deref().unwrap_or(""))),
-        }),
-        Command::Held(HeldCmd::Release(w)) => write_key(&w, "released", |s, k| {
-            s.release_held(k).map(|d| !d.is_empty())
-        }),
+        }) => write_key(
+            &target,
+            json!({ "op": "resolve", "completed": completed, "abandon": abandon }),
+        ),
+        Command::Held(HeldCmd::Release(w)) => write_key(&w, json!({ "op": "release" })),
         Command::Keys {
             common,
             filter,
             state,
-        } => keys(&common, &filter, state.as_deref(), now),
+        } => {
+            let mut request = filter.request("keys");
+            request["state"] = json!(state);
+            read(&common, request)
+        }
         Command::Export {
             store,
             jsonl: _,
@@ -337,14 +356,16 @@ fn run(command: Command) -> Result<(), Fail> {
             );
             Ok(())
         }
-        Command::Evict(w) => write_store(&w.common, &w.write, |s| {
-            let e = s.evict_expired()?;
-            Ok(json!({ "buckets": e.buckets, "keys": e.keys }))
-        }),
-        Command::Compact(w) => write_store(&w.common, &w.write, |s| {
+        Command::Evict(w) => {
+            check_write(&w.write)?;
+            let v = live::ask(&w.common.store, json!({ "op": "evict" }), true)?;
+            show::print(&v, w.common.json);
+            Ok(())
+        }
+        Command::Compact(w) => write_offline(&w.common, &w.write, |s| {
             Ok(json!({ "compacted": s.compact()? }))
         }),
-        Command::Upgrade(w) => write_store(&w.common, &w.write, |s| {
+        Command::Upgrade(w) => write_offline(&w.common, &w.write, |s| {
             Ok(json!({ "upgraded": s.upgrade()? }))
         }),
         Command::Replica(ReplicaCmd::Inspect(args)) => {
@@ -355,58 +376,15 @@ fn run(command: Command) -> Result<(), Fail> {
     }
 }
 
-fn get(common: &Common, key: &KeyArg, now: SystemTime) -> Result<(), Fail> {
-    let store = open::read_only(&common.store)?;
-    let k = Key::new(&key.scope, &key.id);
-    let named = |e: Error| open::named(&common.store, &e);
-    let Some(record) = store.get(&k).map_err(named)? else {
-        return Err(Fail(
-            exit::NOT_FOUND,
-            format!("{}: no record of {k}", common.store.display()),
-        ));
-    };
-    let mut v = show::record(&record, now);
-    let intent = store.intent(&k).map_err(named)?;
-    v["intent"] = intent.map_or(Value::Null, |i| show::intent(&i, now));
-    let mut dead = Value::Null;
-    if record.state() == dedupkv::State::DeadLettered {
-        let all = pages(
-            &store,
-            Listing::new().scope(k.scope()),
-            usize::MAX,
-            Store::dead_letters,
-        )
-        .map_err(named)?;
-        if let Some(d) = all.iter().find(|d| d.key() == &k) {
-            dead = json!({ "reason": d.reason(), "failed": show::time(d.failed_at(), now) });
-        }
-    }
-    v["dead_letter"] = dead;
+/// A read: through the live endpoint when one answers, else offline.
+fn read(common: &Common, request: Value) -> Result<(), Fail> {
+    let v = live::ask(&common.store, request, false)?;
     show::print(&v, common.json);
     Ok(())
 }
 
-fn stats(store: &Store, path: &Path) -> Result<Value, String> {
-    let s = store.stats();
-    let size = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(json!({
-        "file": path.display().to_string(),
-        "file_bytes": size.len(),
-        "format": s.format,
-        "keys": s.keys,
-        "in_progress": s.in_progress,
-        "dead_letters": s.dead_letters_now,
-        "oldest_dead_letter": s.oldest_dead_letter.map(show::human),
-        "stranded_claims": s.stranded_claims,
-        "intents_pending": s.intents_pending,
-        "parked_events": s.parked_now,
-        "held_events": s.held_now,
-        "unacked_events": s.unacked_now,
-        "entities": s.entities,
-        "retention": show::human(s.retention),
-        "effective_window": show::human(s.effective_window),
-        "index_bytes": s.index_bytes,
-    }))
+fn list(ListArgs { common, filter }: &ListArgs, op: &str) -> Result<(), Fail> {
+    read(common, filter.request(op))
 }
 
 fn verify(common: &Common) -> Result<(), Fail> {
@@ -431,77 +409,22 @@ fn verify(common: &Common) -> Result<(), Fail> {
     }
 }
 
-/// Up to `limit` items of a listing, page after page.
-fn pages<T>(
-    store: &Store,
-    listing: Listing,
-    limit: usize,
-    next: impl Fn(&Store, &Listing) -> dedupkv::Result<Page<T>>,
-) -> dedupkv::Result<Vec<T>> {
-    let mut all = Vec::new();
-    let mut listing = listing.limit(limit.min(1000));
-    loop {
-        let page = next(store, &listing)?;
-        all.extend(page.items);
-        match page.next {
-            Some(c) if all.len() < limit => listing = listing.after(c),
-            _ => break,
-        }
-    }
-    all.truncate(limit);
-    Ok(all)
-}
-
-fn list<T>(
-    ListArgs { common, filter }: &ListArgs,
-    next: impl Fn(&Store, &Listing) -> dedupkv::Result<Page<T>>,
-    render: impl Fn(&T) -> Value,
-) -> Result<(), Fail> {
-    let store = open::read_only(&common.store)?;
-    let listing = filter.listing();
-    let items =
-        pages(&store, listing, filter.limit, next).map_err(|e| open::named(&common.store, &e))?;
-    show::print(
-        &Value::Array(items.iter().map(render).collect()),
-        common.json,
-    );
-    Ok(())
-}
-
-fn keys(
-    common: &Common,
-    filter: &Filter,
-    state: Option<&str>,
-    now: SystemTime,
-) -> Result<(), Fail> {
-    let store = open::read_only(&common.store)?;
-    let listing = filter.listing().limit(filter.limit.clamp(1, 1000));
-    let mut items = Vec::new();
-    records::each_record(&store, listing, |r| {
-        if state.is_none_or(|s| records::state_name(r.state()).eq_ignore_ascii_case(s)) {
-            items.push(show::record(r, now));
-        }
-        Ok(items.len() < filter.limit)
-    })
-    .map_err(|e| open::named(&common.store, &e))??;
-    show::print(&Value::Array(items), common.json);
-    Ok(())
-}
-
 fn check_write(write: &Write) -> Result<(), Fail> {
     if write.write {
         Ok(())
     } else {
         Err(Fail(
             exit::USAGE,
-            "this command writes: add --write to open the store writable (refused while \
-             another process holds it)"
+            "this command writes: add --write (it goes to the live admin endpoint of the \
+             process that holds the store when that allows writes, else opens the store \
+             writable)"
                 .into(),
         ))
     }
 }
 
-fn write_store(
+/// A write the endpoint does not serve: the store opened writable here.
+fn write_offline(
     common: &Common,
     write: &Write,
     act: impl FnOnce(&Store) -> dedupkv::Result<Value>,
@@ -513,13 +436,14 @@ fn write_store(
     Ok(())
 }
 
-fn write_key(
-    KeyWrite { common, key, write }: &KeyWrite,
-    what: &str,
-    act: impl FnOnce(&Store, &Key<'_>) -> dedupkv::Result<bool>,
-) -> Result<(), Fail> {
-    let k = Key::new(&key.scope, &key.id);
-    write_store(common, write, |s| Ok(json!({ what: act(s, &k)? })))
+/// A write to one key, live or offline.
+fn write_key(KeyWrite { common, key, write }: &KeyWrite, mut request: Value) -> Result<(), Fail> {
+    check_write(write)?;
+    request["scope"] = json!(key.scope);
+    request["id"] = json!(key.id);
+    let v = live::ask(&common.store, request, true)?;
+    show::print(&v, common.json);
+    Ok(())
 }
 
 /// A human duration: `90s`, `36h`, `7d`, `1h 30m`.

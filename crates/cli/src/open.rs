@@ -11,7 +11,8 @@ pub fn read_only(path: &Path) -> Result<Store, String> {
     Store::open_read_only(path).map_err(|e| named(path, &e))
 }
 
-/// Opens the existing store at `path` writable (never creates one).
+/// Opens the existing store at `path` writable (never creates one): for
+/// a write when no live endpoint answers beside it.
 pub fn writable(path: &Path) -> Result<Store, String> {
     if !path.is_file() {
         return Err(format!(
@@ -22,8 +23,8 @@ pub fn writable(path: &Path) -> Result<Store, String> {
     Store::open_existing(path).map_err(|e| match e {
         Error::AlreadyOpen => format!(
             "{}: the store is open in another process (AlreadyOpen); an offline write needs \
-             it closed. Stop that process first; writes beside a running process will go \
-             through its live admin endpoint (planned, not built yet)",
+             it closed, or that process's live admin endpoint: serve one with \
+             StoreBuilder::admin_socket(AdminOptions::new().allow_writes(true))",
             path.display()
         ),
         e => named(path, &e),

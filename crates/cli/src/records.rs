@@ -98,7 +98,7 @@ pub fn import(path: &Path, input: impl BufRead) -> Result<Imported, String> {
     Ok(done)
 }
 
-/// Bytes back from [`show::bytes`]: a string, or `{"hex": ...}`.
+/// Bytes back from `dedupkv::admin::json::bytes`: a string, or `{"hex": ...}`.
 fn bytes_of(v: &Value, what: &str) -> Result<Vec<u8>, String> {
     match v {
         Value::String(s) => Ok(s.as_bytes().to_vec()),

@@ -4,27 +4,14 @@
 //! `--write` and are refused while another handle holds the store.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
 use serde_json::Value;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-fn dedupkv(args: &[&str]) -> std::io::Result<Output> {
-    Command::new(env!("CARGO_BIN_EXE_dedupkv"))
-        .args(args)
-        .output()
-}
-
-fn json(out: &Output) -> Result<Value, Box<dyn std::error::Error>> {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(serde_json::from_slice(&out.stdout)?)
-}
+mod common;
+use common::{dedupkv, json};
 
 /// A store with an inserted key, a completed claim with a fingerprint and
 /// an outcome, a failed attempt, and a stranded claim (its process gone).
