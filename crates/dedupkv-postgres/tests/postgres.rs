@@ -15,7 +15,7 @@ use std::time::Duration;
 use dedupkv::contract::{Handle, Outcome, Read, Settle, Write};
 use dedupkv::{Began, BeginOptions, Error, Fingerprint, Key, State};
 use dedupkv_postgres::PgStore;
-use dedupkv_testkit::conformance::{self, Suite};
+use dedupkv_testkit::conformance::{self, History, Suite};
 
 /// The server's URL, or `None` (after saying so) when there is none and
 /// this is not CI.
@@ -72,6 +72,39 @@ fn the_postgres_backend_passes_the_conformance_suite() -> Result<(), String> {
         },
         Suite::default(),
     )
+}
+
+/// The conformance suite's concurrent history check: 8 threads on one
+/// instance (each call on a pooled connection of its own, so the races
+/// are the database's), leases lapsing between rounds, every key's calls
+/// explained by the specification in some real-time order.
+#[test]
+fn the_postgres_backend_passes_the_concurrent_history_check() -> Result<(), String> {
+    let Some(url) = url("history") else {
+        return Ok(());
+    };
+    let (mut takeovers, mut refused) = (0, 0);
+    for seed in [1, 2, 3] {
+        let done = conformance::history(
+            |clock| {
+                let store = PgStore::builder(url.as_str())
+                    .schema(fresh_schema("hist"))
+                    .clock(clock)
+                    .open()?;
+                Ok((store, ()))
+            },
+            History::seed(seed),
+        )
+        .map_err(|e| format!("seed {seed}: {e}"))?;
+        eprintln!("seed {seed}: {done:?}");
+        takeovers += done.takeovers;
+        refused += done.refused;
+    }
+    assert!(
+        takeovers > 0 && refused > 0,
+        "{takeovers} takeovers, {refused} refused"
+    );
+    Ok(())
 }
 
 /// The scenario: two instances on one database, every key begun
