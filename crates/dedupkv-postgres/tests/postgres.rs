@@ -282,9 +282,9 @@ fn a_schema_from_a_newer_build_and_a_bad_schema_name_are_refused() -> Result<(),
     Ok(())
 }
 
-/// The racer child of [`two_processes_racing_2000_keys_start_each_once`]:
+/// The racer child of [`two_processes_racing_10000_keys_start_each_once`]:
 /// a no-op unless that test started this binary with `RACER_SCHEMA` set.
-/// It begins every key with 4 threads and prints the ones it started.
+/// It begins every key with 2 threads and prints the ones it started.
 #[test]
 fn racer_child() -> Result<(), Error> {
     let (Ok(url), Ok(schema)) = (
@@ -295,7 +295,7 @@ fn racer_child() -> Result<(), Error> {
     };
     let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
     let won: Vec<Vec<usize>> = std::thread::scope(|s| {
-        let threads: Vec<_> = (0..4)
+        let threads: Vec<_> = (0..2)
             .map(|_| {
                 s.spawn(|| -> dedupkv::Result<Vec<usize>> {
                     let mut won = Vec::new();
@@ -322,12 +322,12 @@ fn racer_child() -> Result<(), Error> {
     Ok(())
 }
 
-const PROCESS_KEYS: usize = 2_000;
+const PROCESS_KEYS: usize = 10_000;
 
 /// Two processes (this test binary, run twice as [`racer_child`]) race
 /// the same keys on one schema: every key started exactly once overall.
 #[test]
-fn two_processes_racing_2000_keys_start_each_once() -> Result<(), Error> {
+fn two_processes_racing_10000_keys_start_each_once() -> Result<(), Error> {
     let Some(url) = url("two_processes") else {
         return Ok(());
     };
