@@ -91,6 +91,8 @@ use dedupkv::{
 use parking_lot::Mutex;
 use postgres::{Client, NoTls, Statement};
 
+mod wait;
+
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: i32 = 1;
 
@@ -198,21 +200,35 @@ impl Sql {
                  WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token"
             ),
             // Q::Finish: $1 scope, $2 id, $3 token, $4 state, $5 outcome, $6 any fingerprint next.
-            format!(
-                "UPDATE {k} SET state = $4::int2, outcome = $5::bytea, abandoned = false, any_fp = $6::bool \
-                 WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
+            notifying(
+                schema,
+                &format!(
+                    "UPDATE {k} SET state = $4::int2, outcome = $5::bytea, abandoned = false, any_fp = $6::bool \
+                     WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
+                ),
+                "",
+                false,
             ),
             // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes.
-            format!(
-                "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false \
-                 FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[]) AS u(s, i, t, o) \
-                 WHERE k.scope = u.s AND k.id = u.i AND k.token = u.t AND k.state = {IN_PROGRESS} \
-                 RETURNING k.token"
+            notifying(
+                schema,
+                &format!(
+                    "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false \
+                     FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[]) AS u(s, i, t, o) \
+                     WHERE k.scope = u.s AND k.id = u.i AND k.token = u.t AND k.state = {IN_PROGRESS}"
+                ),
+                "k.",
+                true,
             ),
             // Q::Release: $1 scope, $2 id, $3 token.
-            format!(
-                "UPDATE {k} SET state = {RETRYABLE}, abandoned = true \
-                 WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
+            notifying(
+                schema,
+                &format!(
+                    "UPDATE {k} SET state = {RETRYABLE}, abandoned = true \
+                     WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
+                ),
+                "",
+                false,
             ),
             // Q::Renew: $1 now, $2 scope, $3 id, $4 token, $5 lease ms or null.
             format!(
@@ -231,10 +247,32 @@ impl Sql {
     }
 }
 
+/// `update` (an `UPDATE` of rows of `dedupkv_keys`, whose columns are
+/// qualified by `alias`: `""` or `"k."`) made to notify
+/// [`wait::CHANNEL`] of each key it updated, in the same statement (the
+/// notification goes out when it commits): a `SELECT` of the updated
+/// rows, their token first if `token`, so its row count is the
+/// `UPDATE`'s.
+fn notifying(schema: &str, update: &str, alias: &str, token: bool) -> String {
+    let (ret, first) = if token {
+        (format!(", {alias}token AS t"), "done.t, ")
+    } else {
+        (String::new(), "")
+    };
+    format!(
+        "WITH done AS ({update} RETURNING {alias}scope AS s, {alias}id AS i{ret}) \
+         SELECT {first}pg_notify('{chan}', {payload}) FROM done",
+        chan = wait::CHANNEL,
+        payload = wait::payload_sql(schema, "done.s", "done.i"),
+    )
+}
+
 /// What the instance shares with its claims: the pool, the statements,
 /// the settings.
 struct Shared {
     url: String,
+    /// The schema's name (waiters match notifications by it).
+    schema: String,
     sql: Sql,
     idle: Mutex<Vec<Conn>>,
     max_idle: usize,
@@ -546,6 +584,7 @@ impl PgStoreBuilder {
         create_schema(&mut client, s)?;
         let shared = Shared {
             url: self.url,
+            schema: s.clone(),
             sql: Sql::new(s),
             idle: Mutex::new(Vec::new()),
             max_idle: self.max_idle,

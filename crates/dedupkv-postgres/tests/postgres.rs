@@ -211,6 +211,127 @@ fn a_lapsed_claim_is_taken_over_across_instances_and_the_zombie_is_refused() -> 
     Ok(())
 }
 
+/// Blocks until a session of `url` is listening for finishes (a waiter
+/// of `begin_or_wait` got as far as its `LISTEN`).
+fn until_someone_listens(url: &str) -> Result<(), Error> {
+    let mut c = postgres::Client::connect(url, postgres::NoTls)
+        .map_err(|e| Error::Storage(std::io::Error::other(e).into()))?;
+    loop {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN dedupkv_done'",
+                &[],
+            )
+            .map_err(|e| Error::Storage(std::io::Error::other(e).into()))?
+            .get(0);
+        if n > 0 {
+            // Past its LISTEN; let it reach its sleep (either way the
+            // answer below must hold).
+            std::thread::sleep(Duration::from_millis(200));
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Instance B waits (up to a minute) on a key instance A holds with an
+/// hour's lease; A completes: B is woken by the database's NOTIFY and
+/// replays A's outcome. (Without the notification B would sleep to its
+/// timeout and answer `InProgress`.)
+#[test]
+fn a_waiter_on_one_instance_is_woken_by_a_complete_on_another() -> Result<(), Error> {
+    let Some(url) = url("wait_complete") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("wait");
+    let a = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let b = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let key = Key::new("shop-42", "charge-7");
+    let hour = BeginOptions::new().lease(Duration::from_secs(3_600));
+    let Began::Started(claim) = begin(&a, &key, &hour)? else {
+        panic!("A did not start");
+    };
+    std::thread::scope(|s| -> Result<(), Error> {
+        let waiter = s.spawn(|| {
+            b.begin_or_wait(
+                &key,
+                Fingerprint::NONE,
+                &BeginOptions::new(),
+                Duration::from_secs(60),
+            )
+        });
+        until_someone_listens(&url)?;
+        a.tell(a.complete(&claim, Outcome::raw(b"ch_1"))?)?;
+        let got = waiter.join().expect("the waiter panicked")?;
+        let Began::Completed(rec) = got else {
+            panic!("B was not told A's outcome: {got:?}");
+        };
+        assert_eq!(rec.outcome(), Some(&b"ch_1"[..]));
+        Ok(())
+    })
+}
+
+/// A's claim dropped unfinished (its release notifies too): B, waiting,
+/// starts the next attempt, marked interrupted.
+#[test]
+fn a_waiter_starts_when_a_claim_on_another_instance_is_dropped() -> Result<(), Error> {
+    let Some(url) = url("wait_release") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("waitrel");
+    let a = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let b = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let key = Key::new("shop-42", "charge-8");
+    let hour = BeginOptions::new().lease(Duration::from_secs(3_600));
+    let Began::Started(claim) = begin(&a, &key, &hour)? else {
+        panic!("A did not start");
+    };
+    std::thread::scope(|s| -> Result<(), Error> {
+        let waiter = s.spawn(|| {
+            b.begin_or_wait(
+                &key,
+                Fingerprint::NONE,
+                &BeginOptions::new(),
+                Duration::from_secs(60),
+            )
+        });
+        until_someone_listens(&url)?;
+        drop(claim);
+        let got = waiter.join().expect("the waiter panicked")?;
+        let Began::Started(next) = &got else {
+            panic!("B did not start after the release: {got:?}");
+        };
+        assert_eq!((next.attempt(), next.interrupted()), (2, true));
+        Ok(())
+    })
+}
+
+/// With nobody finishing, the wait ends at its timeout and answers
+/// `InProgress`, as `begin` would.
+#[test]
+fn a_wait_that_times_out_answers_in_progress() -> Result<(), Error> {
+    let Some(url) = url("wait_timeout") else {
+        return Ok(());
+    };
+    let store = PgStore::builder(url.as_str())
+        .schema(fresh_schema("waitto"))
+        .open()?;
+    let key = Key::new("shop-42", "charge-9");
+    let _held = begin(
+        &store,
+        &key,
+        &BeginOptions::new().lease(Duration::from_secs(60)),
+    )?;
+    let got = store.begin_or_wait(
+        &key,
+        Fingerprint::NONE,
+        &BeginOptions::new(),
+        Duration::from_millis(100),
+    )?;
+    assert!(matches!(got, Began::InProgress(_)), "{got:?}");
+    Ok(())
+}
+
 #[test]
 fn a_fingerprint_mismatch_is_the_same_error_from_either_instance() -> Result<(), Error> {
     let Some(url) = url("fingerprint") else {

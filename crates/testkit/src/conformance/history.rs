@@ -21,6 +21,7 @@
 //! times, eviction and listings).
 
 use std::collections::{BTreeMap, HashSet};
+use std::fmt::Write as _;
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -293,7 +294,6 @@ impl<B: Write> Worker<'_, B> {
     }
 
     fn one(&mut self, round: usize) {
-        let b = self.backend;
         let mut act = self.rng.pick(&[5, 1, 3, 1, 2, 2, 1, 1, 1, 2]);
         if (2..=6).contains(&act) && self.held.is_empty() {
             act = 0;
@@ -310,142 +310,148 @@ impl<B: Write> Worker<'_, B> {
             Fingerprint::NONE
         };
         match act {
-            0 => {
-                let k = self.key();
-                let (got, inv, resp) = self.timed(|| {
-                    b.begin(&hkey(self.h.seed, k), fp, &BeginOptions::new(), None)
-                        .and_then(|p| b.tell(p))
-                });
-                self.began((round, k, inv, resp), fp, got);
-            }
-            1 => {
-                // Two different keys, so each item's answer is its key's.
-                let k1 = self.key();
-                let k2 = (k1 + 1 + self.rng.below(self.h.keys - 1)) % self.h.keys;
-                let items = [(hkey(self.h.seed, k1), fp), (hkey(self.h.seed, k2), fp)];
-                let (got, inv, resp) = self.timed(|| b.begin_batch(&items).and_then(|p| b.tell(p)));
-                match got {
-                    Ok(all) => {
-                        for (k, got) in [k1, k2].into_iter().zip(all) {
-                            self.began((round, k, inv, resp), fp, got);
-                        }
-                    }
-                    Err(e) => {
-                        for k in [k1, k2] {
-                            self.push((round, k, inv, resp), Call::Begin(fp), Err(e.to_string()));
-                        }
-                    }
-                }
-            }
-            2 | 3 => {
-                let i = self.rng.below(self.held.len());
-                let (id, k, claim) = self.held.swap_remove(i);
-                let outcome = format!("w{}-{id:x}-{round}", self.w).into_bytes();
-                let permanent = (act == 3 && self.rng.below(2) == 0).then(|| outcome.clone());
-                let (got, inv, resp) = self.timed(|| {
-                    let p = match (act, &permanent) {
-                        (2, _) => b.complete(&claim, Outcome::raw(&outcome)),
-                        (_, Some(p)) => b.fail(&claim, Failure::Permanent(p)),
-                        _ => b.fail(&claim, Failure::Retryable),
-                    };
-                    p.and_then(|p| b.tell(p))
-                });
-                let call = if act == 2 {
-                    Call::Complete { claim: id, outcome }
-                } else {
-                    Call::Fail {
-                        claim: id,
-                        permanent,
-                    }
-                };
-                self.push((round, k, inv, resp), call, view(&got, |()| View::Unit));
-            }
-            4 => {
-                let i = self.rng.below(self.held.len());
-                let by = [None, Some(Duration::from_secs(45))][self.rng.below(2)];
-                let (id, k) = (self.held[i].0, self.held[i].1);
-                let claim = &self.held[i].2;
-                let (got, inv, resp) = self.timed(|| b.renew(claim, by).and_then(|p| b.tell(p)));
-                self.push(
-                    (round, k, inv, resp),
-                    Call::Renew { claim: id, by },
-                    view(&got, |t| View::Renewed(*t)),
-                );
-            }
+            0 => self.begin(round, fp),
+            1 => self.begin_batch(round, fp),
+            2 | 3 => self.finish(round, act == 2),
+            4 => self.renew(round),
             5 => {
                 let i = self.rng.below(self.held.len());
                 let (id, k, claim) = self.held.swap_remove(i);
                 let ((), inv, resp) = self.timed(|| drop(claim));
-                self.push(
-                    (round, k, inv, resp),
-                    Call::Drop { claim: id },
-                    Ok(View::Nothing),
-                );
+                let call = Call::Drop { claim: id };
+                self.push((round, k, inv, resp), call, Ok(View::Nothing));
             }
-            6 => {
-                // Both claims of this worker in one batch (or the one).
-                let n = self.held.len().min(2);
-                let picked: Vec<_> = self.held.drain(..n).collect();
-                let outcomes: Vec<Vec<u8>> = picked
-                    .iter()
-                    .map(|(id, _, _)| format!("b{}-{id:x}-{round}", self.w).into_bytes())
-                    .collect();
-                let items: Vec<_> = picked
-                    .iter()
-                    .zip(&outcomes)
-                    .map(|((_, _, c), o)| (c, &o[..]))
-                    .collect();
-                let (got, inv, resp) =
-                    self.timed(|| b.complete_batch(&items).and_then(|p| b.tell(p)));
-                drop(items);
-                for (i, ((id, k, _), outcome)) in picked.iter().zip(outcomes).enumerate() {
-                    let one = match &got {
-                        Ok(all) => all.get(i).map_or_else(
-                            || Err("no answer for the item".to_owned()),
-                            |r| view(r, |()| View::Unit),
-                        ),
-                        Err(e) => Err(e.to_string()),
-                    };
-                    self.push(
-                        (round, *k, inv, resp),
-                        Call::Complete {
-                            claim: *id,
-                            outcome,
-                        },
-                        one,
-                    );
+            6 => self.complete_batch(round),
+            _ => self.key_call(round, act),
+        }
+    }
+
+    fn begin(&mut self, round: usize, fp: Fingerprint) {
+        let (b, k) = (self.backend, self.key());
+        let (got, inv, resp) = self.timed(|| {
+            b.begin(&hkey(self.h.seed, k), fp, &BeginOptions::new(), None)
+                .and_then(|p| b.tell(p))
+        });
+        self.began((round, k, inv, resp), fp, got);
+    }
+
+    /// `begin_batch` of two different keys, so each item's answer is its
+    /// key's.
+    fn begin_batch(&mut self, round: usize, fp: Fingerprint) {
+        let b = self.backend;
+        let k1 = self.key();
+        let k2 = (k1 + 1 + self.rng.below(self.h.keys - 1)) % self.h.keys;
+        let items = [(hkey(self.h.seed, k1), fp), (hkey(self.h.seed, k2), fp)];
+        let (got, inv, resp) = self.timed(|| b.begin_batch(&items).and_then(|p| b.tell(p)));
+        match got {
+            Ok(all) => {
+                for (k, got) in [k1, k2].into_iter().zip(all) {
+                    self.began((round, k, inv, resp), fp, got);
                 }
             }
-            7 => {
-                let k = self.key();
-                let (got, inv, resp) =
-                    self.timed(|| b.forget(&hkey(self.h.seed, k)).and_then(|p| b.tell(p)));
-                self.push(
-                    (round, k, inv, resp),
-                    Call::Forget,
-                    view(&got, |f| View::Forget(forget_view(f))),
-                );
-            }
-            8 => {
-                let k = self.key();
-                let (got, inv, resp) = self.timed(|| {
-                    b.insert(&hkey(self.h.seed, k), None)
-                        .and_then(|p| b.tell(p))
-                });
-                self.push(
-                    (round, k, inv, resp),
-                    Call::Insert,
-                    view(&got, |n| View::Bool(*n)),
-                );
-            }
-            _ => {
-                let k = self.key();
-                let (got, inv, resp) =
-                    self.timed(|| b.get(&hkey(self.h.seed, k)).and_then(|p| b.tell(p)));
-                let v = |r: &Option<Record>| View::Record(r.as_ref().map(record_view));
-                self.push((round, k, inv, resp), Call::Get, view(&got, v));
+            Err(e) => {
+                for k in [k1, k2] {
+                    self.push((round, k, inv, resp), Call::Begin(fp), Err(e.to_string()));
+                }
             }
         }
+    }
+
+    /// Completes a held claim, or fails it (permanently or for a retry).
+    fn finish(&mut self, round: usize, complete: bool) {
+        let b = self.backend;
+        let i = self.rng.below(self.held.len());
+        let (id, k, claim) = self.held.swap_remove(i);
+        let outcome = format!("w{}-{id:x}-{round}", self.w).into_bytes();
+        let permanent = (!complete && self.rng.below(2) == 0).then(|| outcome.clone());
+        let (got, inv, resp) = self.timed(|| {
+            let p = match (complete, &permanent) {
+                (true, _) => b.complete(&claim, Outcome::raw(&outcome)),
+                (_, Some(p)) => b.fail(&claim, Failure::Permanent(p)),
+                _ => b.fail(&claim, Failure::Retryable),
+            };
+            p.and_then(|p| b.tell(p))
+        });
+        let call = if complete {
+            Call::Complete { claim: id, outcome }
+        } else {
+            Call::Fail {
+                claim: id,
+                permanent,
+            }
+        };
+        self.push((round, k, inv, resp), call, view(&got, |()| View::Unit));
+    }
+
+    fn renew(&mut self, round: usize) {
+        let b = self.backend;
+        let i = self.rng.below(self.held.len());
+        let by = [None, Some(Duration::from_secs(45))][self.rng.below(2)];
+        let (id, k) = (self.held[i].0, self.held[i].1);
+        let claim = &self.held[i].2;
+        let (got, inv, resp) = self.timed(|| b.renew(claim, by).and_then(|p| b.tell(p)));
+        let got = view(&got, |t| View::Renewed(*t));
+        self.push((round, k, inv, resp), Call::Renew { claim: id, by }, got);
+    }
+
+    /// Both claims of this worker in one `complete_batch` (or the one).
+    fn complete_batch(&mut self, round: usize) {
+        let b = self.backend;
+        let n = self.held.len().min(2);
+        let picked: Vec<_> = self.held.drain(..n).collect();
+        let outcomes: Vec<Vec<u8>> = picked
+            .iter()
+            .map(|(id, _, _)| format!("b{}-{id:x}-{round}", self.w).into_bytes())
+            .collect();
+        let items: Vec<_> = picked
+            .iter()
+            .zip(&outcomes)
+            .map(|((_, _, c), o)| (c, &o[..]))
+            .collect();
+        let (got, inv, resp) = self.timed(|| b.complete_batch(&items).and_then(|p| b.tell(p)));
+        drop(items);
+        for (i, ((id, k, _), outcome)) in picked.iter().zip(outcomes).enumerate() {
+            let one = match &got {
+                Ok(all) => all.get(i).map_or_else(
+                    || Err("no answer for the item".to_owned()),
+                    |r| view(r, |()| View::Unit),
+                ),
+                Err(e) => Err(e.to_string()),
+            };
+            let call = Call::Complete {
+                claim: *id,
+                outcome,
+            };
+            self.push((round, *k, inv, resp), call, one);
+        }
+    }
+
+    /// `forget` (act 7), `insert` (8) or `get` of a key.
+    fn key_call(&mut self, round: usize, act: usize) {
+        let (b, k) = (self.backend, self.key());
+        let key = hkey(self.h.seed, k);
+        let ((call, got), inv, resp) = self.timed(|| match act {
+            7 => (
+                Call::Forget,
+                view(&b.forget(&key).and_then(|p| b.tell(p)), |f| {
+                    View::Forget(forget_view(f))
+                }),
+            ),
+            8 => (
+                Call::Insert,
+                view(&b.insert(&key, None).and_then(|p| b.tell(p)), |n| {
+                    View::Bool(*n)
+                }),
+            ),
+            _ => (
+                Call::Get,
+                view(
+                    &b.get(&key).and_then(|p| b.tell(p)),
+                    |r: &Option<Record>| View::Record(r.as_ref().map(record_view)),
+                ),
+            ),
+        });
+        self.push((round, k, inv, resp), call, got);
     }
 }
 
@@ -679,8 +685,9 @@ fn report(
         states.first().map(Model::digest).unwrap_or_default(),
     );
     for e in evs {
-        out.push_str(&format!(
-            "  w{} [{}..{}] {:?} -> {:?}{}\n",
+        let _ = writeln!(
+            out,
+            "  w{} [{}..{}] {:?} -> {:?}{}",
             e.worker,
             e.inv,
             e.resp,
@@ -689,7 +696,7 @@ fn report(
             e.claim
                 .map(|c| format!(" (claim {c:x})"))
                 .unwrap_or_default()
-        ));
+        );
     }
     out
 }
