@@ -83,18 +83,21 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+#[cfg(doc)]
+use dedupkv::contract::DeadLetters;
 use dedupkv::contract::{BegunBatch, Handle, Outcome, Pending, Read, Settle, Write};
 use dedupkv::{
-    Began, BeginOptions, Clock, Error, Failure, Fingerprint, Forget, InProgress, Intent, Key,
-    Record, Result, State,
+    Began, BeginOptions, Clock, DeadLetter, Error, Failure, Fingerprint, Forget, InProgress,
+    Intent, Key, Record, Result, State,
 };
 use parking_lot::Mutex;
 use postgres::{Client, NoTls, Statement};
 
+mod dead_letters;
 mod wait;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The store's default claim lease (the engine's default).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -136,6 +139,7 @@ const RETRYABLE: i16 = 2;
 const COMPLETED: i16 = 3;
 const FAILED: i16 = 4;
 const FORGOTTEN: i16 = 5;
+const DEAD_LETTERED: i16 = 6;
 
 /// The statements, by index into [`Sql`] and each connection's cache.
 #[derive(Clone, Copy)]
@@ -151,8 +155,10 @@ enum Q {
     Renew,
     Get,
     Forget,
+    Requeue,
+    Resolve,
 }
-const STATEMENTS: usize = 11;
+const STATEMENTS: usize = 13;
 
 /// The statements' text for one schema.
 struct Sql([String; STATEMENTS]);
@@ -161,11 +167,22 @@ struct Sql([String; STATEMENTS]);
 /// database's.
 const NOW: &str = "coalesce($1::int8, (extract(epoch from clock_timestamp()) * 1000)::int8)";
 const COLUMNS: &str = "state, fingerprint, attempt, token, first_token, first_at, lease_until, lease_ms, abandoned, any_fp, outcome";
+/// The dead-letter columns (schema version 2), read after [`COLUMNS`] and
+/// the time (columns 12 to 14): when the key was dead-lettered, its
+/// round's first failure (0: none yet), the payload of
+/// `Failure::Exhausted` (its reason is the row's outcome).
+const DEAD_COLUMNS: &str = "failed_at, first_failed_at, payload";
+
+/// [`NOW`] with the clock's reading in parameter `$n`.
+fn now_at(n: u8) -> String {
+    NOW.replace("$1", &format!("${n}"))
+}
 
 impl Sql {
     fn new(schema: &str) -> Sql {
         let k = format!("{schema}.dedupkv_keys");
         let seq = format!("{schema}.dedupkv_token");
+        let (now4, now7) = (now_at(4), now_at(7));
         Sql([
             // Q::Insert: $1 now, $2 scopes, $3 ids.
             format!(
@@ -174,7 +191,7 @@ impl Sql {
                  FROM (SELECT {NOW} AS now) n, unnest($2::bytea[], $3::bytea[]) AS u(s, i) \
                  ON CONFLICT (scope, id) DO UPDATE SET state = {INSERTED}, fingerprint = ''::bytea, attempt = 0, \
                  token = 0, first_token = 0, first_at = excluded.first_at, lease_until = 0, lease_ms = 0, \
-                 abandoned = false, any_fp = false, outcome = ''::bytea \
+                 abandoned = false, any_fp = false, outcome = ''::bytea, failed_at = 0, first_failed_at = 0, payload = NULL \
                  WHERE k.state = {FORGOTTEN} RETURNING k.scope, k.id"
             ),
             // Q::Begin1: $1 now, $2 scope, $3 id, $4 fingerprint, $5 lease ms.
@@ -186,24 +203,36 @@ impl Sql {
             ),
             // Q::Lock: $1 now, $2 scope, $3 id.
             format!(
-                "SELECT {COLUMNS}, {NOW} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"
+                "SELECT {COLUMNS}, {NOW}, {DEAD_COLUMNS} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"
             ),
             // Q::Peek: Q::Lock without the lock (an answer that writes nothing).
-            format!("SELECT {COLUMNS}, {NOW} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea"),
+            format!(
+                "SELECT {COLUMNS}, {NOW}, {DEAD_COLUMNS} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea"
+            ),
             // Q::Take: $1 scope, $2 id, $3 fingerprint, $4 attempt, $5
-            // first_at, $6 lease_until, $7 lease ms, $8 a new operation.
+            // first_at, $6 lease_until, $7 lease ms, $8 a new operation,
+            // $9 the previous attempt was stranded (its lease lapsed), $10 now.
             format!(
                 "UPDATE {k} SET state = {IN_PROGRESS}, fingerprint = $3::bytea, attempt = $4::int4, token = t.v, \
                  first_token = CASE WHEN $8::bool THEN t.v ELSE first_token END, first_at = $5::int8, \
-                 lease_until = $6::int8, lease_ms = $7::int8, abandoned = false, any_fp = false, outcome = ''::bytea \
+                 lease_until = $6::int8, lease_ms = $7::int8, abandoned = false, any_fp = false, outcome = ''::bytea, \
+                 first_failed_at = CASE WHEN $8::bool THEN 0 \
+                     WHEN $9::bool THEN coalesce(nullif(first_failed_at, 0), $10::int8) ELSE first_failed_at END, \
+                 payload = NULL \
                  FROM (SELECT nextval('{seq}') AS v) t \
                  WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token"
             ),
-            // Q::Finish: $1 scope, $2 id, $3 token, $4 state, $5 outcome, $6 any fingerprint next.
+            // Q::Finish: $1 scope, $2 id, $3 token, $4 state, $5 outcome (a
+            // dead letter's reason), $6 any fingerprint next, $7 now, $8 a
+            // dead letter's payload.
             notifying(
                 schema,
                 &format!(
-                    "UPDATE {k} SET state = $4::int2, outcome = $5::bytea, abandoned = false, any_fp = $6::bool \
+                    "UPDATE {k} SET state = $4::int2, outcome = $5::bytea, abandoned = false, any_fp = $6::bool, \
+                     failed_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN {now7} ELSE failed_at END, \
+                     first_failed_at = CASE WHEN $4::int2 IN ({RETRYABLE}, {DEAD_LETTERED}) \
+                         THEN coalesce(nullif(first_failed_at, 0), {now7}) ELSE first_failed_at END, \
+                     payload = $8::bytea \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
                 "",
@@ -220,11 +249,12 @@ impl Sql {
                 "k.",
                 true,
             ),
-            // Q::Release: $1 scope, $2 id, $3 token.
+            // Q::Release: $1 scope, $2 id, $3 token, $4 now.
             notifying(
                 schema,
                 &format!(
-                    "UPDATE {k} SET state = {RETRYABLE}, abandoned = true \
+                    "UPDATE {k} SET state = {RETRYABLE}, abandoned = true, \
+                     first_failed_at = coalesce(nullif(first_failed_at, 0), {now4}) \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
                 "",
@@ -238,10 +268,24 @@ impl Sql {
                  RETURNING lease_until"
             ),
             // Q::Get: $1 scope, $2 id.
-            format!("SELECT {COLUMNS} FROM {k} WHERE scope = $1::bytea AND id = $2::bytea"),
+            format!(
+                "SELECT {COLUMNS}, NULL::int8, {DEAD_COLUMNS} FROM {k} WHERE scope = $1::bytea AND id = $2::bytea"
+            ),
             // Q::Forget: $1 scope, $2 id (under the lock of Q::Lock).
             format!(
                 "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false WHERE scope = $1::bytea AND id = $2::bytea"
+            ),
+            // Q::Requeue: $1 scope, $2 id. The next attempt is numbered
+            // after the last; a new round of failures starts.
+            format!(
+                "UPDATE {k} SET state = {RETRYABLE}, abandoned = false, any_fp = false, outcome = ''::bytea, \
+                 first_failed_at = 0, payload = NULL \
+                 WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
+            ),
+            // Q::Resolve: $1 scope, $2 id, $3 state (completed or failed), $4 outcome or note.
+            format!(
+                "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL \
+                 WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
             ),
         ])
     }
@@ -379,6 +423,7 @@ fn state_of(s: i16) -> Result<State> {
         COMPLETED => State::Completed,
         FAILED => State::Failed,
         FORGOTTEN => State::Forgotten,
+        DEAD_LETTERED => State::DeadLettered,
         other => return Err(Error::Corrupt(format!("unknown row state {other}"))),
     })
 }
@@ -393,6 +438,9 @@ struct Row {
     abandoned: bool,
     any_fp: bool,
     outcome: Vec<u8>,
+    failed_at: i64,
+    first_failed_at: i64,
+    payload: Option<Vec<u8>>,
 }
 
 impl Row {
@@ -407,6 +455,9 @@ impl Row {
             abandoned: r.try_get(8).map_err(get)?,
             any_fp: r.try_get(9).map_err(get)?,
             outcome: r.try_get(10).map_err(get)?,
+            failed_at: r.try_get(12).map_err(get)?,
+            first_failed_at: r.try_get(13).map_err(get)?,
+            payload: r.try_get(14).map_err(get)?,
         })
     }
 
@@ -431,9 +482,28 @@ impl Row {
             rec.with_fingerprint(self.fingerprint())
         };
         Ok(match state {
-            State::Completed | State::Failed => rec.with_outcome(self.outcome.clone()),
+            State::Completed | State::Failed | State::DeadLettered => {
+                rec.with_outcome(self.outcome.clone())
+            }
             _ => rec,
         })
+    }
+
+    /// The dead letter of a `DEAD_LETTERED` row (its reason is the
+    /// outcome; a round with no earlier failure began at the last).
+    fn dead_letter(&self, key: Key<'static>) -> Result<DeadLetter> {
+        let first = if self.first_failed_at > 0 {
+            self.first_failed_at
+        } else {
+            self.failed_at
+        };
+        Ok(DeadLetter::new(
+            self.record(key)?,
+            at(first),
+            at(self.failed_at),
+            String::from_utf8_lossy(&self.outcome).into_owned(),
+            self.payload.clone(),
+        ))
     }
 
     fn in_progress(&self) -> InProgress {
@@ -627,7 +697,8 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
                  (this build knows up to {SCHEMA_VERSION}); upgrade this instance"
             )));
         }
-        Some(_) => {}
+        Some(v) if v >= SCHEMA_VERSION => {}
+        Some(_) => migrate(&mut tx, s)?,
         None => {
             tx.batch_execute(&format!(
                 "CREATE SEQUENCE {s}.dedupkv_token;
@@ -646,12 +717,28 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
                      any_fp bool NOT NULL,
                      outcome bytea NOT NULL,
                      PRIMARY KEY (scope, id));
-                 INSERT INTO {s}.dedupkv_schema_version VALUES ({SCHEMA_VERSION});"
+                 INSERT INTO {s}.dedupkv_schema_version VALUES (1);"
             ))
             .map_err(storage)?;
+            migrate(&mut tx, s)?;
         }
     }
     tx.commit().map_err(storage)
+}
+
+/// Brings a version-1 schema to version 2 (the dead-letter columns), in
+/// the creating transaction, under its advisory lock. Instances of the
+/// older build keep working on it: they never write these columns and
+/// never meet a dead-lettered row unless a newer instance made one.
+fn migrate(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
+    tx.batch_execute(&format!(
+        "ALTER TABLE {s}.dedupkv_keys
+             ADD COLUMN IF NOT EXISTS failed_at int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS first_failed_at int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS payload bytea;
+         INSERT INTO {s}.dedupkv_schema_version VALUES (2);"
+    ))
+    .map_err(storage)
 }
 
 impl PgStore {
@@ -731,19 +818,21 @@ impl PgStore {
                 std::io::Error::other(format!("{key:?}: its row vanished during begin")).into(),
             ));
         };
-        let (attempt, first_at, interrupted, new_op, now) = match decide(key, fp, &fpb, &locked)? {
-            Decision::Answer(answer) => {
-                tx.commit().map_err(storage)?;
-                return Ok(*answer);
-            }
-            Decision::Take {
-                attempt,
-                first_at,
-                interrupted,
-                new_op,
-                now,
-            } => (attempt, first_at, interrupted, new_op, now),
-        };
+        let (attempt, first_at, interrupted, stranded, new_op, now) =
+            match decide(key, fp, &fpb, &locked)? {
+                Decision::Answer(answer) => {
+                    tx.commit().map_err(storage)?;
+                    return Ok(*answer);
+                }
+                Decision::Take {
+                    attempt,
+                    first_at,
+                    interrupted,
+                    stranded,
+                    new_op,
+                    now,
+                } => (attempt, first_at, interrupted, stranded, new_op, now),
+            };
         let attempt_i = i32::try_from(attempt).unwrap_or(i32::MAX);
         let r = tx
             .query_one(
@@ -757,6 +846,8 @@ impl PgStore {
                     &now.saturating_add(lease_ms),
                     &lease_ms,
                     &new_op,
+                    &stranded,
+                    &now,
                 ],
             )
             .map_err(storage)?;
@@ -765,8 +856,17 @@ impl PgStore {
     }
 
     /// Finishes `claim` as `state` with `outcome`, by its fencing token.
-    fn finish(&self, claim: &PgClaim, state: i16, outcome: &[u8], any_fp: bool) -> Result<()> {
+    /// Finishes `claim` as `state` with `outcome` (for a dead letter: its
+    /// reason, with `payload`), by its fencing token.
+    fn finish(
+        &self,
+        claim: &PgClaim,
+        (state, outcome): (i16, &[u8]),
+        any_fp: bool,
+        payload: Option<&[u8]>,
+    ) -> Result<()> {
         check_len("outcome", outcome.len(), MAX_OUTCOME)?;
+        check_len("payload", payload.map_or(0, <[u8]>::len), MAX_OUTCOME)?;
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
@@ -774,7 +874,19 @@ impl PgStore {
         let (scope, id) = (claim.key.scope(), claim.key.id());
         let n = c
             .client
-            .execute(&st, &[&scope, &id, &claim.token, &state, &outcome, &any_fp])
+            .execute(
+                &st,
+                &[
+                    &scope,
+                    &id,
+                    &claim.token,
+                    &state,
+                    &outcome,
+                    &any_fp,
+                    &sh.now(),
+                    &payload,
+                ],
+            )
             .map_err(storage)?;
         if n == 1 {
             claim.finished.store(true, Ordering::Release);
@@ -786,7 +898,7 @@ impl PgStore {
 }
 
 /// What `begin` does with a key's row (read with `Q::Peek` or `Q::Lock`,
-/// the time in its last column).
+/// the time in column 11).
 enum Decision {
     /// Answer without writing (boxed: a record is large).
     Answer(Box<Began<PgClaim>>),
@@ -795,6 +907,9 @@ enum Decision {
         attempt: u32,
         first_at: i64,
         interrupted: bool,
+        /// The previous attempt's lease lapsed: its round's first failure
+        /// (if it is the first).
+        stranded: bool,
         new_op: bool,
         now: i64,
     },
@@ -809,6 +924,7 @@ fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Resu
             attempt: 1,
             first_at: now,
             interrupted: false,
+            stranded: false,
             new_op: true,
             now,
         }),
@@ -821,11 +937,15 @@ fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Resu
             })
         }
         COMPLETED | FAILED => answer(Began::Completed(row.record(key.clone().into_owned())?)),
+        DEAD_LETTERED => answer(Began::DeadLettered(
+            row.dead_letter(key.clone().into_owned())?,
+        )),
         IN_PROGRESS if now < row.lease_until => answer(Began::InProgress(row.in_progress())),
         _ => Ok(Decision::Take {
             attempt: row.attempt() + 1,
             first_at: row.first_at,
             interrupted: row.state == IN_PROGRESS || row.abandoned,
+            stranded: row.state == IN_PROGRESS,
             new_op: false,
             now,
         }),
@@ -980,7 +1100,7 @@ impl Write for PgStore {
 
     /// The outcome's retention and amount are not kept by this build.
     fn complete(&self, claim: &PgClaim, outcome: Outcome<'_>) -> Result<Pending<()>> {
-        self.finish(claim, COMPLETED, outcome.bytes(), false)
+        self.finish(claim, (COMPLETED, outcome.bytes()), false, None)
             .map(Pending::settled)
     }
 
@@ -1029,17 +1149,19 @@ impl Write for PgStore {
         Ok(Pending::settled(answers))
     }
 
-    /// `Failure::Exhausted` (dead letters) is refused by this build.
+    /// `Failure::Exhausted` moves the key to the dead-letter area (see
+    /// [`DeadLetters`]).
     fn fail(&self, claim: &PgClaim, failure: Failure<'_>) -> Result<Pending<()>> {
         match failure {
-            Failure::Permanent(payload) => self.finish(claim, FAILED, payload, false),
-            Failure::Retryable => self.finish(claim, RETRYABLE, b"", false),
-            Failure::RetryableAnyRequest => self.finish(claim, RETRYABLE, b"", true),
-            _ => Err(Error::InvalidArgument {
+            Failure::Permanent(payload) => self.finish(claim, (FAILED, payload), false, None),
+            Failure::Retryable => self.finish(claim, (RETRYABLE, b""), false, None),
+            Failure::RetryableAnyRequest => self.finish(claim, (RETRYABLE, b""), true, None),
+            Failure::Exhausted { reason, payload } => {
+                self.finish(claim, (DEAD_LETTERED, reason.as_bytes()), false, payload)
+            }
+            other => Err(Error::InvalidArgument {
                 what: "failure",
-                reason: "dead letters (Failure::Exhausted) are not supported by the PostgreSQL \
-                         backend yet"
-                    .into(),
+                reason: format!("{other:?} is not known to this build of the PostgreSQL backend"),
             }),
         }
         .map(Pending::settled)
@@ -1182,7 +1304,10 @@ impl Drop for PgClaim {
             let c = pooled.conn();
             let st = c.stmt(&sh.sql, Q::Release)?;
             c.client
-                .execute(&st, &[&self.key.scope(), &self.key.id(), &self.token])
+                .execute(
+                    &st,
+                    &[&self.key.scope(), &self.key.id(), &self.token, &sh.now()],
+                )
                 .map_err(storage)
         };
         // A failed release leaves the lease to lapse: nothing is lost.

@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use dedupkv::contract::{Handle, Outcome, Read, Settle, Write};
-use dedupkv::{Began, BeginOptions, Error, Fingerprint, Key, State};
+use dedupkv::contract::{DeadLetters, Handle, Outcome, Read, Settle, Write};
+use dedupkv::{Began, BeginOptions, Error, Failure, Fingerprint, Key, Resolution, State};
 use dedupkv_postgres::PgStore;
 use dedupkv_testkit::conformance::{self, History, Suite};
 
@@ -400,6 +400,165 @@ fn a_schema_from_a_newer_build_and_a_bad_schema_name_are_refused() -> Result<(),
         .open()
         .unwrap_err();
     assert!(err.to_string().contains("\"Bad-Name\""), "{err}");
+    Ok(())
+}
+
+fn sql_error(e: postgres::Error) -> Error {
+    Error::Storage(std::io::Error::other(e).into())
+}
+
+/// A schema made by the first build (version 1: no dead-letter columns)
+/// is migrated by the next open: the columns added, version 2 recorded,
+/// its rows kept and dead-letterable.
+#[test]
+fn a_version_1_schema_is_migrated_to_version_2_with_its_rows() -> Result<(), Error> {
+    let Some(url) = url("migrate") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("mig");
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let key = Key::new("t", "old");
+    store.tell(store.insert(&key, None)?)?;
+    drop(store);
+    // Back to what version 1 wrote.
+    let mut client = postgres::Client::connect(&url, postgres::NoTls).map_err(sql_error)?;
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {schema}.dedupkv_keys DROP COLUMN failed_at, DROP COLUMN first_failed_at, \
+             DROP COLUMN payload; DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
+        ))
+        .map_err(sql_error)?;
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let version: i32 = client
+        .query_one(
+            &format!("SELECT max(version) FROM {schema}.dedupkv_schema_version"),
+            &[],
+        )
+        .map_err(sql_error)?
+        .get(0);
+    assert_eq!(version, dedupkv_postgres::SCHEMA_VERSION);
+    assert!(
+        !store.tell(store.insert(&key, None)?)?,
+        "the old row is kept"
+    );
+    let other = Key::new("t", "new");
+    let Began::Started(c) = begin(&store, &other, &BeginOptions::new())? else {
+        panic!("not started");
+    };
+    let exhausted = Failure::Exhausted {
+        reason: "gave up",
+        payload: None,
+    };
+    store.tell(store.fail(&c, exhausted)?)?;
+    assert!(matches!(
+        begin(&store, &other, &BeginOptions::new())?,
+        Began::DeadLettered(_)
+    ));
+    Ok(())
+}
+
+/// Dead letters across instances, on a manual clock: A's attempts fail
+/// (retryable at +10 s, exhausted at +60 s); B is told `DeadLettered`
+/// with the reason, payload, attempts and both failure times, and
+/// `insert` is a duplicate; B requeues it (the next attempt is 3, a new
+/// round), and it is dead-lettered again and resolved by A, both ways.
+/// Requeue and resolve of a key that is not a dead letter answer `false`.
+#[test]
+fn dead_letters_are_shared_by_instances_requeued_and_resolved() -> Result<(), Error> {
+    let Some(url) = url("dead_letters") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("dead");
+    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
+    let open = || {
+        PgStore::builder(url.as_str())
+            .schema(&schema)
+            .clock(clock.clone())
+            .open()
+    };
+    let (a, b) = (open()?, open()?);
+    let at = |ms: u64| std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + ms);
+    let key = Key::new("shop-42", "ship-7");
+    let none = BeginOptions::new();
+    assert!(!a.tell(DeadLetters::requeue(&a, &key)?)?);
+    assert!(!a.tell(a.resolve(&key, Resolution::Completed(b"x"))?)?);
+    clock.advance(Duration::from_secs(10));
+    let Began::Started(c) = begin(&a, &key, &none)? else {
+        panic!("not started")
+    };
+    a.tell(a.fail(&c, Failure::Retryable)?)?;
+    clock.advance(Duration::from_secs(50));
+    let Began::Started(c) = begin(&a, &key, &none)? else {
+        panic!("not started")
+    };
+    let exhausted = Failure::Exhausted {
+        reason: "carrier down",
+        payload: Some(b"order 7"),
+    };
+    a.tell(a.fail(&c, exhausted)?)?;
+    let got = begin(&b, &key, &none)?;
+    let Began::DeadLettered(dl) = &got else {
+        panic!("B was told {got:?}")
+    };
+    assert_eq!(
+        (dl.attempts(), dl.reason(), dl.payload()),
+        (2, "carrier down", Some(&b"order 7"[..]))
+    );
+    assert_eq!(
+        (dl.first_failed_at(), dl.failed_at()),
+        (at(10_000), at(60_000))
+    );
+    let rec = b.tell(b.get(&key)?)?.expect("recorded");
+    assert_eq!(rec.state(), State::DeadLettered);
+    assert!(!b.tell(b.insert(&key, None)?)?, "a dead letter is present");
+    // Requeued by B: attempt 3, a new round of failures.
+    assert!(b.tell(DeadLetters::requeue(&b, &key)?)?);
+    assert!(
+        !b.tell(DeadLetters::requeue(&b, &key)?)?,
+        "no longer a dead letter"
+    );
+    clock.advance(Duration::from_secs(5));
+    let Began::Started(c) = begin(&a, &key, &none)? else {
+        panic!("not started after requeue")
+    };
+    assert_eq!((c.attempt(), c.interrupted()), (3, false));
+    a.tell(a.fail(
+        &c,
+        Failure::Exhausted {
+            reason: "still down",
+            payload: None,
+        },
+    )?)?;
+    let Began::DeadLettered(dl) = begin(&b, &key, &none)? else {
+        panic!("not dead-lettered")
+    };
+    assert_eq!((dl.first_failed_at(), dl.payload()), (at(65_000), None));
+    // Resolved as done: every later begin replays the outcome.
+    assert!(a.tell(a.resolve(&key, Resolution::Completed(b"shipped by hand"))?)?);
+    let Began::Completed(rec) = begin(&b, &key, &none)? else {
+        panic!("not completed")
+    };
+    assert_eq!(rec.outcome(), Some(&b"shipped by hand"[..]));
+    // Another key abandoned: a final failure with the note.
+    let other = Key::new("shop-42", "ship-8");
+    let Began::Started(c) = begin(&a, &other, &none)? else {
+        panic!("not started")
+    };
+    a.tell(a.fail(
+        &c,
+        Failure::Exhausted {
+            reason: "r",
+            payload: None,
+        },
+    )?)?;
+    assert!(b.tell(b.resolve(&other, Resolution::Abandoned("refunded"))?)?);
+    let Began::Completed(rec) = begin(&a, &other, &none)? else {
+        panic!("not final")
+    };
+    assert_eq!(
+        (rec.state(), rec.outcome()),
+        (State::Failed, Some(&b"refunded"[..]))
+    );
     Ok(())
 }
 
