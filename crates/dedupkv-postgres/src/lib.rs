@@ -12,9 +12,12 @@
 //! [`Read`], [`Write`] and [`Settle`]: `insert` / `insert_batch`, `begin` /
 //! `begin_batch` with leases, fencing tokens and fingerprints, `complete` /
 //! `complete_batch` / `fail` / `renew` keyed by the fencing token, `forget`,
-//! `get`. Not yet: retention (records are kept until forgotten, and then
-//! the row stays, marked forgotten), dead letters (`Failure::Exhausted` is
-//! refused), intents, versions and the sequencer, waiting across instances.
+//! `get`. [`DeadLetters`]: `fail` with
+//! `Failure::Exhausted`, `requeue`, `resolve`.
+//! [`PgStore::begin_or_wait`]: waiting across instances, woken by
+//! `LISTEN`/`NOTIFY`. Not yet: retention (records are kept until
+//! forgotten, and then the row stays, marked forgotten), intents, versions
+//! and the sequencer, the dead-letter listing.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
@@ -31,6 +34,12 @@
 //!   progress` each; no row updated is [`Error::ClaimLost`]. A zombie is
 //!   refused by the database, not by a local check.
 //! - `forget`: `SELECT … FOR UPDATE`, then the `UPDATE`, in one transaction.
+//! - `fail` with `Failure::Exhausted`: the conditional `UPDATE` of
+//!   `complete`, to state dead-lettered; `requeue` and `resolve`: one
+//!   `UPDATE … WHERE state = dead-lettered` each.
+//! - Every statement that ends an attempt also notifies the channel
+//!   `dedupkv_done` (`pg_notify` in the same statement, sent at its
+//!   commit): what [`PgStore::begin_or_wait`] sleeps on.
 //!
 //! Nothing is read and then written without the row lock. Every answer is
 //! given after its transaction committed, so every [`Pending`] is
@@ -49,7 +58,8 @@
 //! protocol and has: `INSERT … ON CONFLICT (…) DO NOTHING` and `DO UPDATE
 //! … WHERE` atomic under concurrent inserts of one key; `RETURNING`;
 //! `SELECT … FOR UPDATE` row locks; `UPDATE … FROM unnest(…)`; sequences;
-//! transaction-scoped advisory locks (schema creation only); at least READ
+//! transaction-scoped advisory locks (schema creation only); `LISTEN` and
+//! `pg_notify` (`begin_or_wait` only); at least READ
 //! COMMITTED isolation (the default; a conditional `UPDATE` re-checks its
 //! `WHERE` on the row's latest version). Answers are durable as the
 //! server's `synchronous_commit` makes commits (on, by default).
@@ -57,8 +67,10 @@
 //! # Schema
 //! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
 //! `dedupkv_schema_version`, `dedupkv_keys` and the sequence
-//! `dedupkv_token`. A schema written by a newer build is refused with
-//! [`Error::InvalidConfig`] naming it.
+//! `dedupkv_token`, at [`SCHEMA_VERSION`] 2. A version-1 schema (the first
+//! landing's) is migrated in place by the next open, under the same
+//! advisory lock: the dead-letter columns are added. A schema written by
+//! a newer build is refused with [`Error::InvalidConfig`] naming it.
 //!
 //! # Examples
 //! ```no_run
