@@ -15,7 +15,8 @@ impl DeadLetters for PgStore {
     /// after the last, a new round of failures begun.
     fn requeue(&self, key: &Key<'_>) -> Result<Pending<bool>> {
         check_key(key)?;
-        self.dead_letter_update(Q::Requeue, &[&key.scope(), &key.id()])
+        let now = self.shared.now();
+        self.dead_letter_update(Q::Requeue, &[&key.scope(), &key.id(), &now])
     }
 
     /// One `UPDATE`: `Completed` stores the outcome (every later `begin`
@@ -35,7 +36,8 @@ impl DeadLetters for PgStore {
             }
         };
         check_len("outcome", bytes.len(), MAX_OUTCOME)?;
-        self.dead_letter_update(Q::Resolve, &[&key.scope(), &key.id(), &state, &bytes])
+        let now = self.shared.now();
+        self.dead_letter_update(Q::Resolve, &[&key.scope(), &key.id(), &state, &bytes, &now])
     }
 }
 

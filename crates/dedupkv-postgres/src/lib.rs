@@ -114,6 +114,13 @@ pub const SCHEMA_VERSION: i32 = 2;
 /// The store's default claim lease (the engine's default).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// The store's default retention: how long a record is kept after its
+/// last write (a day).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(86_400);
+
+/// Rows [`PgStore::evict_expired`] deletes per statement.
+pub const EVICT_BATCH: i64 = 10_000;
+
 /// The longest scope, id and outcome accepted, in bytes (the engine's
 /// defaults; a key is part of the primary key's B-tree entry).
 pub const MAX_SCOPE: usize = 256;
@@ -165,7 +172,7 @@ enum Q {
     CompleteBatch,
     Release,
     Renew,
-    Get,
+    Evict,
     Forget,
     Requeue,
     Resolve,
@@ -183,7 +190,16 @@ const COLUMNS: &str = "state, fingerprint, attempt, token, first_token, first_at
 /// the time (columns 12 to 14): when the key was dead-lettered, its
 /// round's first failure (0: none yet), the payload of
 /// `Failure::Exhausted` (its reason is the row's outcome).
-const DEAD_COLUMNS: &str = "failed_at, first_failed_at, payload";
+///
+/// Then (column 15) when the row expires (0: never; a dead letter), by
+/// the store's time: a row past it is absent to every call and deleted by
+/// [`PgStore::evict_expired`].
+const DEAD_COLUMNS: &str = "failed_at, first_failed_at, payload, expires_at";
+
+/// Whether the row `k` (an alias, `"k."` or `""`) expired at `now`.
+fn expired(k: &str, now: &str) -> String {
+    format!("({k}expires_at > 0 AND {k}expires_at <= {now} AND {k}state <> {DEAD_LETTERED})")
+}
 
 /// [`NOW`] with the clock's reading in parameter `$n`.
 fn now_at(n: u8) -> String {
@@ -191,25 +207,34 @@ fn now_at(n: u8) -> String {
 }
 
 impl Sql {
+    // One table of statements, in `Q`'s order: split, the order would be
+    // kept in two places.
+    #[allow(clippy::too_many_lines)]
     fn new(schema: &str) -> Sql {
         let k = format!("{schema}.dedupkv_keys");
         let seq = format!("{schema}.dedupkv_token");
-        let (now4, now7) = (now_at(4), now_at(7));
+        let (now3, now4, now5, now7) = (now_at(3), now_at(4), now_at(5), now_at(7));
+        let gone = expired("k.", "excluded.first_at");
         Sql([
-            // Q::Insert: $1 now, $2 scopes, $3 ids.
+            // Q::Insert: $1 now, $2 scopes, $3 ids, $4 retention ms. A
+            // forgotten or expired row is absent: it is taken.
             format!(
-                "INSERT INTO {k} AS k ({COLUMNS}, scope, id) \
-                 SELECT {INSERTED}::int2, ''::bytea, 0, 0::int8, 0::int8, n.now, 0::int8, 0::int8, false, false, ''::bytea, u.s, u.i \
+                "INSERT INTO {k} AS k ({COLUMNS}, scope, id, expires_at, retention_ms) \
+                 SELECT {INSERTED}::int2, ''::bytea, 0, 0::int8, 0::int8, n.now, 0::int8, 0::int8, false, false, ''::bytea, u.s, u.i, \
+                 n.now + $4::int8, $4::int8 \
                  FROM (SELECT {NOW} AS now) n, unnest($2::bytea[], $3::bytea[]) AS u(s, i) \
                  ON CONFLICT (scope, id) DO UPDATE SET state = {INSERTED}, fingerprint = ''::bytea, attempt = 0, \
                  token = 0, first_token = 0, first_at = excluded.first_at, lease_until = 0, lease_ms = 0, \
-                 abandoned = false, any_fp = false, outcome = ''::bytea, failed_at = 0, first_failed_at = 0, payload = NULL \
-                 WHERE k.state = {FORGOTTEN} RETURNING k.scope, k.id"
+                 abandoned = false, any_fp = false, outcome = ''::bytea, failed_at = 0, first_failed_at = 0, payload = NULL, \
+                 expires_at = excluded.expires_at, retention_ms = excluded.retention_ms \
+                 WHERE k.state = {FORGOTTEN} OR {gone} RETURNING k.scope, k.id"
             ),
-            // Q::Begin1: $1 now, $2 scope, $3 id, $4 fingerprint, $5 lease ms.
+            // Q::Begin1: $1 now, $2 scope, $3 id, $4 fingerprint, $5 lease
+            // ms, $6 retention ms (a claim is kept to its lease end at least).
             format!(
-                "INSERT INTO {k} ({COLUMNS}, scope, id) \
-                 SELECT {IN_PROGRESS}::int2, $4::bytea, 1, t.v, t.v, n.now, n.now + $5::int8, $5::int8, false, false, ''::bytea, $2::bytea, $3::bytea \
+                "INSERT INTO {k} ({COLUMNS}, scope, id, expires_at, retention_ms) \
+                 SELECT {IN_PROGRESS}::int2, $4::bytea, 1, t.v, t.v, n.now, n.now + $5::int8, $5::int8, false, false, ''::bytea, $2::bytea, $3::bytea, \
+                 n.now + greatest($5::int8, $6::int8), $6::int8 \
                  FROM (SELECT {NOW} AS now) n, (SELECT nextval('{seq}') AS v) t \
                  ON CONFLICT (scope, id) DO NOTHING RETURNING token, first_token"
             ),
@@ -223,14 +248,15 @@ impl Sql {
             ),
             // Q::Take: $1 scope, $2 id, $3 fingerprint, $4 attempt, $5
             // first_at, $6 lease_until, $7 lease ms, $8 a new operation,
-            // $9 the previous attempt was stranded (its lease lapsed), $10 now.
+            // $9 the previous attempt was stranded (its lease lapsed), $10 now,
+            // $11 retention ms.
             format!(
                 "UPDATE {k} SET state = {IN_PROGRESS}, fingerprint = $3::bytea, attempt = $4::int4, token = t.v, \
                  first_token = CASE WHEN $8::bool THEN t.v ELSE first_token END, first_at = $5::int8, \
                  lease_until = $6::int8, lease_ms = $7::int8, abandoned = false, any_fp = false, outcome = ''::bytea, \
                  first_failed_at = CASE WHEN $8::bool THEN 0 \
                      WHEN $9::bool THEN coalesce(nullif(first_failed_at, 0), $10::int8) ELSE first_failed_at END, \
-                 payload = NULL \
+                 payload = NULL, expires_at = greatest($10::int8 + $11::int8, $6::int8), retention_ms = $11::int8 \
                  FROM (SELECT nextval('{seq}') AS v) t \
                  WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token"
             ),
@@ -244,17 +270,19 @@ impl Sql {
                      failed_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN {now7} ELSE failed_at END, \
                      first_failed_at = CASE WHEN $4::int2 IN ({RETRYABLE}, {DEAD_LETTERED}) \
                          THEN coalesce(nullif(first_failed_at, 0), {now7}) ELSE first_failed_at END, \
-                     payload = $8::bytea \
+                     payload = $8::bytea, \
+                     expires_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN 0 ELSE {now7} + retention_ms END \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
                 "",
                 false,
             ),
-            // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes.
+            // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes, $5 now.
             notifying(
                 schema,
                 &format!(
-                    "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false \
+                    "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false, \
+                     expires_at = {now5} + k.retention_ms \
                      FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[]) AS u(s, i, t, o) \
                      WHERE k.scope = u.s AND k.id = u.i AND k.token = u.t AND k.state = {IN_PROGRESS}"
                 ),
@@ -266,7 +294,8 @@ impl Sql {
                 schema,
                 &format!(
                     "UPDATE {k} SET state = {RETRYABLE}, abandoned = true, \
-                     first_failed_at = coalesce(nullif(first_failed_at, 0), {now4}) \
+                     first_failed_at = coalesce(nullif(first_failed_at, 0), {now4}), \
+                     expires_at = {now4} + retention_ms \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
                 "",
@@ -275,28 +304,36 @@ impl Sql {
             // Q::Renew: $1 now, $2 scope, $3 id, $4 token, $5 lease ms or null.
             format!(
                 "UPDATE {k} SET lease_ms = coalesce($5::int8, lease_ms), \
-                 lease_until = {NOW} + coalesce($5::int8, lease_ms) \
+                 lease_until = {NOW} + coalesce($5::int8, lease_ms), \
+                 expires_at = greatest(expires_at, {NOW} + coalesce($5::int8, lease_ms)) \
                  WHERE scope = $2::bytea AND id = $3::bytea AND token = $4::int8 AND state = {IN_PROGRESS} \
                  RETURNING lease_until"
             ),
-            // Q::Get: $1 scope, $2 id.
+            // Q::Evict: $1 now, $2 batch size. Expired rows (never a dead
+            // letter), a batch at a time; a row another call holds locked
+            // is skipped (it is being decided) and met by a later pass.
             format!(
-                "SELECT {COLUMNS}, NULL::int8, {DEAD_COLUMNS} FROM {k} WHERE scope = $1::bytea AND id = $2::bytea"
+                "DELETE FROM {k} WHERE (scope, id) IN (SELECT scope, id FROM {k} WHERE {e} \
+                 LIMIT $2::int8 FOR UPDATE SKIP LOCKED) AND {e}",
+                e = expired("", NOW),
             ),
-            // Q::Forget: $1 scope, $2 id (under the lock of Q::Lock).
+            // Q::Forget: $1 scope, $2 id, $3 now (under the lock of Q::Lock):
+            // the forgotten record is kept for the operation's retention.
             format!(
-                "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false WHERE scope = $1::bytea AND id = $2::bytea"
+                "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false, expires_at = $3::int8 + retention_ms \
+                 WHERE scope = $1::bytea AND id = $2::bytea"
             ),
-            // Q::Requeue: $1 scope, $2 id. The next attempt is numbered
-            // after the last; a new round of failures starts.
+            // Q::Requeue: $1 scope, $2 id, $3 now. The next attempt is
+            // numbered after the last; a new round of failures starts.
             format!(
                 "UPDATE {k} SET state = {RETRYABLE}, abandoned = false, any_fp = false, outcome = ''::bytea, \
-                 first_failed_at = 0, payload = NULL \
+                 first_failed_at = 0, payload = NULL, expires_at = {now3} + retention_ms \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
             ),
-            // Q::Resolve: $1 scope, $2 id, $3 state (completed or failed), $4 outcome or note.
+            // Q::Resolve: $1 scope, $2 id, $3 state (completed or failed), $4
+            // outcome or note, $5 now.
             format!(
-                "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL \
+                "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, expires_at = {now5} + retention_ms \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
             ),
         ])
@@ -334,6 +371,9 @@ struct Shared {
     max_idle: usize,
     clock: Option<Arc<dyn Clock>>,
     lease_ms: i64,
+    /// How long a record is kept after its last write, when the call
+    /// names no retention.
+    retention_ms: i64,
 }
 
 /// One pooled connection and its prepared statements.
@@ -395,6 +435,18 @@ impl Shared {
         })
     }
 
+    /// A call's retention in ms: its own, or the store's.
+    fn retention_of(&self, retention: Option<Duration>) -> Result<i64> {
+        match retention {
+            Some(r) if r < Duration::from_millis(1) => Err(Error::InvalidArgument {
+                what: "retention",
+                reason: format!("{r:?} is shorter than 1 ms"),
+            }),
+            Some(r) => Ok(ms(r)),
+            None => Ok(self.retention_ms),
+        }
+    }
+
     /// The time passed to statements: the clock's, or `None` for the
     /// database's own.
     fn now(&self) -> Option<i64> {
@@ -453,6 +505,7 @@ struct Row {
     failed_at: i64,
     first_failed_at: i64,
     payload: Option<Vec<u8>>,
+    expires_at: i64,
 }
 
 impl Row {
@@ -470,7 +523,13 @@ impl Row {
             failed_at: r.try_get(12).map_err(get)?,
             first_failed_at: r.try_get(13).map_err(get)?,
             payload: r.try_get(14).map_err(get)?,
+            expires_at: r.try_get(15).map_err(get)?,
         })
+    }
+
+    /// Whether the row expired at `now` (then it is absent).
+    fn expired(&self, now: i64) -> bool {
+        self.expires_at > 0 && self.expires_at <= now && self.state != DEAD_LETTERED
     }
 
     fn attempt(&self) -> u32 {
@@ -544,7 +603,7 @@ pub struct PgStore {
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
-            .field("statements_for", &self.shared.sql.0[Q::Get as usize])
+            .field("statements_for", &self.shared.sql.0[Q::Peek as usize])
             .finish_non_exhaustive()
     }
 }
@@ -568,6 +627,7 @@ pub struct PgStoreBuilder {
     url: String,
     schema: String,
     lease: Duration,
+    retention: Duration,
     clock: Option<Arc<dyn Clock>>,
     max_idle: usize,
 }
@@ -581,6 +641,26 @@ impl PgStoreBuilder {
     /// See [`PgStoreBuilder`].
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
+        self
+    }
+
+    /// How long a record is kept after its last write when the call names
+    /// no retention (default [`DEFAULT_RETENTION`]); at least 1 ms. A
+    /// claim is kept to its lease end at least; a dead letter never
+    /// expires. Expiry is by the database's clock; an expired row is
+    /// absent to every call at once and deleted by
+    /// [`PgStore::evict_expired`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// let store = dedupkv_postgres::PgStore::builder("host=127.0.0.1 user=postgres")
+    ///     .retention(Duration::from_secs(7 * 86_400))
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
         self
     }
 
@@ -656,6 +736,12 @@ impl PgStoreBuilder {
                  not starting with a digit, at most 63 bytes"
             )));
         }
+        if self.retention < Duration::from_millis(1) {
+            return Err(Error::InvalidConfig(format!(
+                "retention {:?}: must be at least 1 ms",
+                self.retention
+            )));
+        }
         if self.lease < Duration::from_millis(1) {
             return Err(Error::InvalidConfig(format!(
                 "lease {:?}: must be at least 1 ms",
@@ -672,6 +758,7 @@ impl PgStoreBuilder {
             max_idle: self.max_idle,
             clock: self.clock,
             lease_ms: ms(self.lease),
+            retention_ms: ms(self.retention),
         };
         shared.idle.lock().push(Conn {
             client,
@@ -738,7 +825,8 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
     tx.commit().map_err(storage)
 }
 
-/// Brings a version-1 schema to version 2 (the dead-letter columns), in
+/// Brings a version-1 schema to version 2 (the dead-letter and expiry
+/// columns and the expiry index; a version-1 row never expires), in
 /// the creating transaction, under its advisory lock. Instances of the
 /// older build keep working on it: they never write these columns and
 /// never meet a dead-lettered row unless a newer instance made one.
@@ -747,7 +835,11 @@ fn migrate(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
         "ALTER TABLE {s}.dedupkv_keys
              ADD COLUMN IF NOT EXISTS failed_at int8 NOT NULL DEFAULT 0,
              ADD COLUMN IF NOT EXISTS first_failed_at int8 NOT NULL DEFAULT 0,
-             ADD COLUMN IF NOT EXISTS payload bytea;
+             ADD COLUMN IF NOT EXISTS payload bytea,
+             ADD COLUMN IF NOT EXISTS expires_at int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS retention_ms int8 NOT NULL DEFAULT 0;
+         CREATE INDEX IF NOT EXISTS dedupkv_keys_expiry ON {s}.dedupkv_keys (expires_at)
+             WHERE expires_at > 0;
          INSERT INTO {s}.dedupkv_schema_version VALUES (2);"
     ))
     .map_err(storage)
@@ -775,8 +867,52 @@ impl PgStore {
             url: url.into(),
             schema: "dedupkv".into(),
             lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
             clock: None,
             max_idle: 16,
+        }
+    }
+
+    /// Deletes every expired row (never a dead letter), [`EVICT_BATCH`]
+    /// at a time, each batch its own statement, so no transaction holds
+    /// many row locks or runs long; the value is how many were deleted.
+    /// Rows a concurrent call holds locked are skipped and left to a later
+    /// pass. Calls need no eviction to be correct (an expired row is
+    /// absent to them already); it only reclaims the space. Run it from
+    /// one instance on a timer (several at once only share the work).
+    ///
+    /// Batched deletes rather than time partitions dropped whole: the
+    /// table's primary key is the key, which every `INSERT … ON CONFLICT`
+    /// relies on; a partitioned table's unique key must contain the
+    /// partition key (the expiry), and a row's expiry moves with each
+    /// write, so partitioning by time would split one key over partitions
+    /// and move rows between them.
+    ///
+    /// # Errors
+    /// Storage errors; the batches deleted before one stay deleted.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
+    /// let deleted = store.evict_expired()?;
+    /// # let _ = deleted;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn evict_expired(&self) -> Result<u64> {
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::Evict)?;
+        let mut total = 0;
+        loop {
+            let n = c
+                .client
+                .execute(&st, &[&sh.now(), &EVICT_BATCH])
+                .map_err(storage)?;
+            total += n;
+            if n < u64::try_from(EVICT_BATCH).unwrap_or(u64::MAX) {
+                return Ok(total);
+            }
         }
     }
 
@@ -784,7 +920,12 @@ impl PgStore {
     /// NOTHING` (autocommit); else the answer from a plain read when it
     /// writes nothing (a replay, a live lease, a mismatch); else, in a
     /// transaction, the decision again on the locked row and the takeover.
-    fn begin_one(&self, key: &Key<'_>, fp: Fingerprint, lease_ms: i64) -> Result<Began<PgClaim>> {
+    fn begin_one(
+        &self,
+        key: &Key<'_>,
+        fp: Fingerprint,
+        (lease_ms, retention_ms): (i64, i64),
+    ) -> Result<Began<PgClaim>> {
         check_key(key)?;
         let sh = &*self.shared;
         let now = sh.now();
@@ -810,7 +951,7 @@ impl PgStore {
         };
         if let Some(r) = c
             .client
-            .query_opt(&ins, &[&now, &scope, &id, &fpb, &lease_ms])
+            .query_opt(&ins, &[&now, &scope, &id, &fpb, &lease_ms, &retention_ms])
             .map_err(storage)?
         {
             return Ok(started(1, &r, false));
@@ -825,10 +966,11 @@ impl PgStore {
         }
         let mut tx = c.client.transaction().map_err(storage)?;
         let Some(locked) = tx.query_opt(&lock, &[&now, &scope, &id]).map_err(storage)? else {
-            // Rows are never deleted by this build: another one did.
-            return Err(Error::Storage(
-                std::io::Error::other(format!("{key:?}: its row vanished during begin")).into(),
-            ));
+            // Expired and deleted by an eviction since the insert met it:
+            // absent now, so the insert decides (a new row is not expired).
+            drop(tx);
+            drop(pooled);
+            return self.begin_one(key, fp, (lease_ms, retention_ms));
         };
         let (attempt, first_at, interrupted, stranded, new_op, now) =
             match decide(key, fp, &fpb, &locked)? {
@@ -860,6 +1002,7 @@ impl PgStore {
                     &new_op,
                     &stranded,
                     &now,
+                    &retention_ms,
                 ],
             )
             .map_err(storage)?;
@@ -932,7 +1075,7 @@ fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Resu
     let now: i64 = r.get(11);
     let answer = |b| Ok(Decision::Answer(Box::new(b)));
     match row.state {
-        FORGOTTEN => Ok(Decision::Take {
+        _ if row.expired(now) || row.state == FORGOTTEN => Ok(Decision::Take {
             attempt: 1,
             first_at: now,
             interrupted: false,
@@ -990,30 +1133,29 @@ impl Read for PgStore {
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
-        let st = c.stmt(&sh.sql, Q::Get)?;
+        let st = c.stmt(&sh.sql, Q::Peek)?;
         let row = c
             .client
-            .query_opt(&st, &[&key.scope(), &key.id()])
+            .query_opt(&st, &[&sh.now(), &key.scope(), &key.id()])
             .map_err(storage)?;
         let rec = match row {
-            Some(r) => Some(Row::from(&r)?.record(key.clone().into_owned())?),
+            Some(r) => {
+                let row = Row::from(&r)?;
+                let now: i64 = r.get(11);
+                (!row.expired(now))
+                    .then(|| row.record(key.clone().into_owned()))
+                    .transpose()?
+            }
             None => None,
         };
         Ok(Pending::settled(rec))
     }
 }
 
-impl Write for PgStore {
-    type Claim = PgClaim;
-
-    /// The retention is not kept by this build (records stay until
-    /// forgotten).
-    fn insert(&self, key: &Key<'_>, _retention: Option<Duration>) -> Result<Pending<bool>> {
-        let news = self.insert_batch(std::slice::from_ref(key))?;
-        Ok(news.map(|v| v.first().copied().unwrap_or(false)))
-    }
-
-    fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Pending<Vec<bool>>> {
+impl PgStore {
+    /// `insert` of every key, kept `retention_ms` after: one multi-row
+    /// statement.
+    fn insert_keys(&self, keys: &[Key<'_>], retention_ms: i64) -> Result<Pending<Vec<bool>>> {
         keys.iter().try_for_each(check_key)?;
         // A key repeated is new at its first position only: one row each.
         let mut first: std::collections::HashMap<(&[u8], &[u8]), usize> =
@@ -1028,7 +1170,7 @@ impl Write for PgStore {
         let st = c.stmt(&sh.sql, Q::Insert)?;
         let rows = c
             .client
-            .query(&st, &[&sh.now(), &scopes, &ids])
+            .query(&st, &[&sh.now(), &scopes, &ids, &retention_ms])
             .map_err(storage)?;
         let mut new = vec![false; keys.len()];
         for r in &rows {
@@ -1038,6 +1180,20 @@ impl Write for PgStore {
             }
         }
         Ok(Pending::settled(new))
+    }
+}
+
+impl Write for PgStore {
+    type Claim = PgClaim;
+
+    fn insert(&self, key: &Key<'_>, retention: Option<Duration>) -> Result<Pending<bool>> {
+        let retention = self.shared.retention_of(retention)?;
+        let news = self.insert_keys(std::slice::from_ref(key), retention)?;
+        Ok(news.map(|v| v.first().copied().unwrap_or(false)))
+    }
+
+    fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Pending<Vec<bool>>> {
+        self.insert_keys(keys, self.shared.retention_ms)
     }
 
     fn forget(&self, key: &Key<'_>) -> Result<Pending<Forget>> {
@@ -1057,10 +1213,11 @@ impl Write for PgStore {
         let row = Row::from(&locked)?;
         let now: i64 = locked.get(11);
         let answer = match row.state {
+            _ if row.expired(now) => Forget::NotFound,
             FORGOTTEN => Forget::NotFound,
             IN_PROGRESS if now < row.lease_until => Forget::InProgress(row.in_progress()),
             _ => {
-                tx.execute(&forget, &[&scope, &id]).map_err(storage)?;
+                tx.execute(&forget, &[&scope, &id, &now]).map_err(storage)?;
                 Forget::Forgotten(row.record(key.clone().into_owned())?)
             }
         };
@@ -1069,7 +1226,7 @@ impl Write for PgStore {
     }
 
     /// The intent is not recorded by this build (intents are not yet
-    /// implemented here); the retention is not kept.
+    /// implemented here).
     fn begin(
         &self,
         key: &Key<'_>,
@@ -1093,7 +1250,8 @@ impl Write for PgStore {
             Some(l) => ms(l),
             None => self.shared.lease_ms,
         };
-        self.begin_one(key, fingerprint, lease)
+        let retention = self.shared.retention_of(options.requested_retention())?;
+        self.begin_one(key, fingerprint, (lease, retention))
             .map(Pending::settled)
     }
 
@@ -1102,7 +1260,7 @@ impl Write for PgStore {
         items.iter().try_for_each(|(k, _)| check_key(k))?;
         let mut out = Vec::with_capacity(items.len());
         for (k, fp) in items {
-            match self.begin_one(k, *fp, self.shared.lease_ms) {
+            match self.begin_one(k, *fp, (self.shared.lease_ms, self.shared.retention_ms)) {
                 Err(e @ Error::FingerprintMismatch { .. }) => out.push(Err(e)),
                 other => out.push(Ok(other?)),
             }
@@ -1140,7 +1298,7 @@ impl Write for PgStore {
         let st = c.stmt(&sh.sql, Q::CompleteBatch)?;
         let rows = c
             .client
-            .query(&st, &[&scopes, &ids, &tokens, &outcomes])
+            .query(&st, &[&scopes, &ids, &tokens, &outcomes, &sh.now()])
             .map_err(storage)?;
         let done: std::collections::HashSet<i64> = rows.iter().map(|r| r.get(0)).collect();
         let answers = items

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dedupkv::contract::{DeadLetters, Handle, Outcome, Read, Settle, Write};
-use dedupkv::{Began, BeginOptions, Error, Failure, Fingerprint, Key, Resolution, State};
+use dedupkv::{Began, BeginOptions, Error, Failure, Fingerprint, Forget, Key, Resolution, State};
 use dedupkv_postgres::PgStore;
 use dedupkv_testkit::conformance::{self, History, Suite};
 
@@ -559,6 +559,98 @@ fn dead_letters_are_shared_by_instances_requeued_and_resolved() -> Result<(), Er
         (rec.state(), rec.outcome()),
         (State::Failed, Some(&b"refunded"[..]))
     );
+    Ok(())
+}
+
+/// Retention by the store's time (a manual clock here, the database's in
+/// production), across instances: a record is present until its
+/// retention after its last write and absent after (a key inserted again
+/// is new, a claim's key begins attempt 1 of a new operation, `get` and
+/// `forget` find nothing); a claim is kept to its lease end at least; a
+/// dead letter never expires. `evict_expired` deletes exactly the expired
+/// rows.
+#[test]
+fn records_expire_by_the_store_time_and_eviction_deletes_only_expired_rows() -> Result<(), Error> {
+    let Some(url) = url("retention") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("ret");
+    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
+    let open = || {
+        PgStore::builder(url.as_str())
+            .schema(&schema)
+            .clock(clock.clone())
+            .retention(Duration::from_secs(3_600))
+            .open()
+    };
+    let (a, b) = (open()?, open()?);
+    let none = BeginOptions::new();
+    let (ins, done, short, dead, held) = (
+        Key::new("t", "inserted"),
+        Key::new("t", "completed"),
+        Key::new("t", "short"),
+        Key::new("t", "dead"),
+        Key::new("t", "held"),
+    );
+    assert!(a.tell(a.insert(&ins, None)?)?);
+    let Began::Started(c) = begin(&a, &done, &none)? else {
+        panic!("not started")
+    };
+    a.tell(a.complete(&c, Outcome::raw(b"ok"))?)?;
+    let ten_s = BeginOptions::new().retention(Duration::from_secs(10));
+    let Began::Started(c) = begin(&a, &short, &ten_s)? else {
+        panic!("not started")
+    };
+    a.tell(a.complete(&c, Outcome::raw(b"ok"))?)?;
+    let Began::Started(c) = begin(&a, &dead, &none)? else {
+        panic!("not started")
+    };
+    a.tell(a.fail(
+        &c,
+        Failure::Exhausted {
+            reason: "r",
+            payload: None,
+        },
+    )?)?;
+    // A lease longer than the retention: kept to its lease end.
+    let two_h = BeginOptions::new().lease(Duration::from_secs(7_200));
+    let Began::Started(_held) = begin(&a, &held, &two_h)? else {
+        panic!("not started")
+    };
+    clock.advance(Duration::from_secs(10));
+    assert!(b.tell(b.get(&short)?)?.is_none(), "past its own retention");
+    assert!(b.tell(b.get(&done)?)?.is_some());
+    assert_eq!(a.evict_expired()?, 1, "only the short one");
+    clock.advance(Duration::from_secs(3_580));
+    assert!(
+        !b.tell(b.insert(&ins, None)?)?,
+        "present (a duplicate writes nothing)"
+    );
+    assert!(b.tell(b.get(&done)?)?.is_some());
+    clock.advance(Duration::from_secs(10)); // an hour after the writes
+    assert!(b.tell(b.get(&done)?)?.is_none());
+    assert!(matches!(b.tell(b.forget(&done)?)?, Forget::NotFound));
+    let Began::Started(again) = begin(&b, &done, &none)? else {
+        panic!("not a new operation")
+    };
+    assert_eq!((again.attempt(), again.interrupted()), (1, false));
+    drop(again); // released: kept an hour from now
+    assert!(
+        matches!(begin(&b, &held, &none)?, Began::InProgress(_)),
+        "lease outlives retention"
+    );
+    assert!(matches!(begin(&b, &dead, &none)?, Began::DeadLettered(_)));
+    clock.advance(Duration::from_secs(30 * 86_400));
+    assert!(
+        matches!(begin(&b, &dead, &none)?, Began::DeadLettered(_)),
+        "never expires"
+    );
+    // Expired now: inserted, completed-then-released, held. Kept: the
+    // dead letter.
+    let deleted = b.evict_expired()?;
+    assert_eq!(deleted, 3);
+    assert_eq!(b.evict_expired()?, 0);
+    assert!(a.tell(a.insert(&ins, None)?)?, "absent, so new");
     Ok(())
 }
 
