@@ -15,9 +15,10 @@
 //! `get`. [`DeadLetters`]: `fail` with
 //! `Failure::Exhausted`, `requeue`, `resolve`.
 //! [`PgStore::begin_or_wait`]: waiting across instances, woken by
-//! `LISTEN`/`NOTIFY`. Not yet: retention (records are kept until
-//! forgotten, and then the row stays, marked forgotten), intents, versions
-//! and the sequencer, the dead-letter listing.
+//! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
+//! [`PgStore::evict_expired`] (batched deletes; why not time partitions:
+//! see there). Not yet: intents, versions and the sequencer, the
+//! dead-letter listing.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
