@@ -15,7 +15,7 @@ use std::time::Duration;
 use dedupkv::contract::{DeadLetters, Handle, Outcome, Read, Settle, Write};
 use dedupkv::{Began, BeginOptions, Error, Failure, Fingerprint, Forget, Key, Resolution, State};
 use dedupkv_postgres::PgStore;
-use dedupkv_testkit::conformance::{self, History, Suite};
+use dedupkv_testkit::conformance::{self, Suite};
 
 /// The server's URL, or `None` (after saying so) when there is none and
 /// this is not CI.
@@ -83,27 +83,17 @@ fn the_postgres_backend_passes_the_concurrent_history_check() -> Result<(), Stri
     let Some(url) = url("history") else {
         return Ok(());
     };
-    let (mut takeovers, mut refused) = (0, 0);
-    for seed in [1, 2, 3] {
-        let done = conformance::history(
-            |clock| {
-                let store = PgStore::builder(url.as_str())
-                    .schema(fresh_schema("hist"))
-                    .clock(clock)
-                    .open()?;
-                Ok((store, ()))
-            },
-            History::seed(seed),
-        )
-        .map_err(|e| format!("seed {seed}: {e}"))?;
-        eprintln!("seed {seed}: {done:?}");
-        takeovers += done.takeovers;
-        refused += done.refused;
-    }
-    assert!(
-        takeovers > 0 && refused > 0,
-        "{takeovers} takeovers, {refused} refused"
-    );
+    let done = conformance::histories(
+        |clock| {
+            let store = PgStore::builder(url.as_str())
+                .schema(fresh_schema("hist"))
+                .clock(clock)
+                .open()?;
+            Ok((store, ()))
+        },
+        &[1, 2, 3],
+    )?;
+    eprintln!("{done:?}");
     Ok(())
 }
 
@@ -234,41 +224,48 @@ fn until_someone_listens(url: &str) -> Result<(), Error> {
     }
 }
 
-/// Instance B waits (up to a minute) on a key instance A holds with an
-/// hour's lease; A completes: B is woken by the database's NOTIFY and
-/// replays A's outcome. (Without the notification B would sleep to its
-/// timeout and answer `InProgress`.)
+/// Instance A begins `id` with an hour's lease; instance B waits on it
+/// (up to a minute) in `begin_or_wait`; once B listens, `finish` ends A's
+/// attempt. B's answer.
+fn wait_on_another_instance(
+    url: &str,
+    id: &str,
+    finish: impl FnOnce(&PgStore, dedupkv_postgres::PgClaim) -> Result<(), Error>,
+) -> Result<Began<dedupkv_postgres::PgClaim>, Error> {
+    let schema = fresh_schema("wait");
+    let a = PgStore::builder(url).schema(&schema).open()?;
+    let b = PgStore::builder(url).schema(&schema).open()?;
+    let key = Key::owned(b"shop-42".to_vec(), id.as_bytes().to_vec());
+    let hour = BeginOptions::new().lease(Duration::from_secs(3_600));
+    let Began::Started(claim) = begin(&a, &key, &hour)? else {
+        panic!("A did not start");
+    };
+    let minute = Duration::from_secs(60);
+    std::thread::scope(|s| {
+        let waiter =
+            s.spawn(|| b.begin_or_wait(&key, Fingerprint::NONE, &BeginOptions::new(), minute));
+        until_someone_listens(url)?;
+        finish(&a, claim)?;
+        waiter.join().expect("the waiter panicked")
+    })
+}
+
+/// B waits on a key A holds; A completes: B is woken by the database's
+/// NOTIFY and replays A's outcome. (Without the notification B would
+/// sleep to its timeout and answer `InProgress`.)
 #[test]
 fn a_waiter_on_one_instance_is_woken_by_a_complete_on_another() -> Result<(), Error> {
     let Some(url) = url("wait_complete") else {
         return Ok(());
     };
-    let schema = fresh_schema("wait");
-    let a = PgStore::builder(url.as_str()).schema(&schema).open()?;
-    let b = PgStore::builder(url.as_str()).schema(&schema).open()?;
-    let key = Key::new("shop-42", "charge-7");
-    let hour = BeginOptions::new().lease(Duration::from_secs(3_600));
-    let Began::Started(claim) = begin(&a, &key, &hour)? else {
-        panic!("A did not start");
+    let got = wait_on_another_instance(&url, "charge-7", |a, claim| {
+        a.tell(a.complete(&claim, Outcome::raw(b"ch_1"))?)
+    })?;
+    let Began::Completed(rec) = got else {
+        panic!("B was not told A's outcome: {got:?}");
     };
-    std::thread::scope(|s| -> Result<(), Error> {
-        let waiter = s.spawn(|| {
-            b.begin_or_wait(
-                &key,
-                Fingerprint::NONE,
-                &BeginOptions::new(),
-                Duration::from_secs(60),
-            )
-        });
-        until_someone_listens(&url)?;
-        a.tell(a.complete(&claim, Outcome::raw(b"ch_1"))?)?;
-        let got = waiter.join().expect("the waiter panicked")?;
-        let Began::Completed(rec) = got else {
-            panic!("B was not told A's outcome: {got:?}");
-        };
-        assert_eq!(rec.outcome(), Some(&b"ch_1"[..]));
-        Ok(())
-    })
+    assert_eq!(rec.outcome(), Some(&b"ch_1"[..]));
+    Ok(())
 }
 
 /// A's claim dropped unfinished (its release notifies too): B, waiting,
@@ -278,32 +275,15 @@ fn a_waiter_starts_when_a_claim_on_another_instance_is_dropped() -> Result<(), E
     let Some(url) = url("wait_release") else {
         return Ok(());
     };
-    let schema = fresh_schema("waitrel");
-    let a = PgStore::builder(url.as_str()).schema(&schema).open()?;
-    let b = PgStore::builder(url.as_str()).schema(&schema).open()?;
-    let key = Key::new("shop-42", "charge-8");
-    let hour = BeginOptions::new().lease(Duration::from_secs(3_600));
-    let Began::Started(claim) = begin(&a, &key, &hour)? else {
-        panic!("A did not start");
-    };
-    std::thread::scope(|s| -> Result<(), Error> {
-        let waiter = s.spawn(|| {
-            b.begin_or_wait(
-                &key,
-                Fingerprint::NONE,
-                &BeginOptions::new(),
-                Duration::from_secs(60),
-            )
-        });
-        until_someone_listens(&url)?;
+    let got = wait_on_another_instance(&url, "charge-8", |_, claim| {
         drop(claim);
-        let got = waiter.join().expect("the waiter panicked")?;
-        let Began::Started(next) = &got else {
-            panic!("B did not start after the release: {got:?}");
-        };
-        assert_eq!((next.attempt(), next.interrupted()), (2, true));
         Ok(())
-    })
+    })?;
+    let Began::Started(next) = &got else {
+        panic!("B did not start after the release: {got:?}");
+    };
+    assert_eq!((next.attempt(), next.interrupted()), (2, true));
+    Ok(())
 }
 
 /// With nobody finishing, the wait ends at its timeout and answers
@@ -457,6 +437,41 @@ fn a_version_1_schema_is_migrated_to_version_2_with_its_rows() -> Result<(), Err
     Ok(())
 }
 
+/// Two instances on a fresh schema, both on one manual clock (and the
+/// given retention).
+fn two_on_a_manual_clock(
+    url: &str,
+    tag: &str,
+    retention: Option<Duration>,
+) -> Result<(PgStore, PgStore, dedupkv::ManualClock), Error> {
+    let schema = fresh_schema(tag);
+    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
+    let open = || {
+        let mut b = PgStore::builder(url).schema(&schema).clock(clock.clone());
+        if let Some(r) = retention {
+            b = b.retention(r);
+        }
+        b.open()
+    };
+    Ok((open()?, open()?, clock))
+}
+
+/// The claim of a `begin` that started.
+///
+/// # Panics
+/// On any other answer.
+#[track_caller]
+fn started(
+    store: &PgStore,
+    key: &Key<'_>,
+    opts: &BeginOptions,
+) -> Result<dedupkv_postgres::PgClaim, Error> {
+    match begin(store, key, opts)? {
+        Began::Started(c) => Ok(c),
+        other => panic!("not started: {other:?}"),
+    }
+}
+
 /// Dead letters across instances, on a manual clock: A's attempts fail
 /// (retryable at +10 s, exhausted at +60 s); B is told `DeadLettered`
 /// with the reason, payload, attempts and both failure times, and
@@ -468,29 +483,17 @@ fn dead_letters_are_shared_by_instances_requeued_and_resolved() -> Result<(), Er
     let Some(url) = url("dead_letters") else {
         return Ok(());
     };
-    let schema = fresh_schema("dead");
-    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
-    let open = || {
-        PgStore::builder(url.as_str())
-            .schema(&schema)
-            .clock(clock.clone())
-            .open()
-    };
-    let (a, b) = (open()?, open()?);
+    let (a, b, clock) = two_on_a_manual_clock(&url, "dead", None)?;
     let at = |ms: u64| std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + ms);
     let key = Key::new("shop-42", "ship-7");
     let none = BeginOptions::new();
     assert!(!a.tell(DeadLetters::requeue(&a, &key)?)?);
     assert!(!a.tell(a.resolve(&key, Resolution::Completed(b"x"))?)?);
     clock.advance(Duration::from_secs(10));
-    let Began::Started(c) = begin(&a, &key, &none)? else {
-        panic!("not started")
-    };
+    let c = started(&a, &key, &none)?;
     a.tell(a.fail(&c, Failure::Retryable)?)?;
     clock.advance(Duration::from_secs(50));
-    let Began::Started(c) = begin(&a, &key, &none)? else {
-        panic!("not started")
-    };
+    let c = started(&a, &key, &none)?;
     let exhausted = Failure::Exhausted {
         reason: "carrier down",
         payload: Some(b"order 7"),
@@ -518,9 +521,7 @@ fn dead_letters_are_shared_by_instances_requeued_and_resolved() -> Result<(), Er
         "no longer a dead letter"
     );
     clock.advance(Duration::from_secs(5));
-    let Began::Started(c) = begin(&a, &key, &none)? else {
-        panic!("not started after requeue")
-    };
+    let c = started(&a, &key, &none)?;
     assert_eq!((c.attempt(), c.interrupted()), (3, false));
     a.tell(a.fail(
         &c,
@@ -541,9 +542,7 @@ fn dead_letters_are_shared_by_instances_requeued_and_resolved() -> Result<(), Er
     assert_eq!(rec.outcome(), Some(&b"shipped by hand"[..]));
     // Another key abandoned: a final failure with the note.
     let other = Key::new("shop-42", "ship-8");
-    let Began::Started(c) = begin(&a, &other, &none)? else {
-        panic!("not started")
-    };
+    let c = started(&a, &other, &none)?;
     a.tell(a.fail(
         &c,
         Failure::Exhausted {
@@ -574,16 +573,7 @@ fn records_expire_by_the_store_time_and_eviction_deletes_only_expired_rows() -> 
     let Some(url) = url("retention") else {
         return Ok(());
     };
-    let schema = fresh_schema("ret");
-    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
-    let open = || {
-        PgStore::builder(url.as_str())
-            .schema(&schema)
-            .clock(clock.clone())
-            .retention(Duration::from_secs(3_600))
-            .open()
-    };
-    let (a, b) = (open()?, open()?);
+    let (a, b, clock) = two_on_a_manual_clock(&url, "ret", Some(Duration::from_secs(3_600)))?;
     let none = BeginOptions::new();
     let (ins, done, short, dead, held) = (
         Key::new("t", "inserted"),
@@ -593,18 +583,12 @@ fn records_expire_by_the_store_time_and_eviction_deletes_only_expired_rows() -> 
         Key::new("t", "held"),
     );
     assert!(a.tell(a.insert(&ins, None)?)?);
-    let Began::Started(c) = begin(&a, &done, &none)? else {
-        panic!("not started")
-    };
+    let c = started(&a, &done, &none)?;
     a.tell(a.complete(&c, Outcome::raw(b"ok"))?)?;
     let ten_s = BeginOptions::new().retention(Duration::from_secs(10));
-    let Began::Started(c) = begin(&a, &short, &ten_s)? else {
-        panic!("not started")
-    };
+    let c = started(&a, &short, &ten_s)?;
     a.tell(a.complete(&c, Outcome::raw(b"ok"))?)?;
-    let Began::Started(c) = begin(&a, &dead, &none)? else {
-        panic!("not started")
-    };
+    let c = started(&a, &dead, &none)?;
     a.tell(a.fail(
         &c,
         Failure::Exhausted {
@@ -614,9 +598,7 @@ fn records_expire_by_the_store_time_and_eviction_deletes_only_expired_rows() -> 
     )?)?;
     // A lease longer than the retention: kept to its lease end.
     let two_h = BeginOptions::new().lease(Duration::from_secs(7_200));
-    let Began::Started(_held) = begin(&a, &held, &two_h)? else {
-        panic!("not started")
-    };
+    let _held = started(&a, &held, &two_h)?;
     clock.advance(Duration::from_secs(10));
     assert!(b.tell(b.get(&short)?)?.is_none(), "past its own retention");
     assert!(b.tell(b.get(&done)?)?.is_some());

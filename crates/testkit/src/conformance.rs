@@ -62,7 +62,9 @@ use crate::model::T0;
 mod history;
 mod spec;
 
-pub use history::{Checked, History, history};
+use crate::history::workload::Rng;
+
+pub use history::{Checked, History, histories, history};
 pub use spec::{Spec, SpecClaim};
 
 /// The claim lease the specification assumes (the store's default).
@@ -125,7 +127,7 @@ where
             spec: &spec,
             clock: &clock,
             claims: Vec::new(),
-            rng: Rng(case.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            rng: Rng::new(case.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
             calls: 0,
         };
         for step in 0..suite.steps {
@@ -550,34 +552,5 @@ impl<B: Write> Driver<'_, B> {
         let want = told(s, want);
         let what = format!("{what} of k{} attempt {}", h.key, h.spec.attempt());
         same(&what, &view(&got, |()| ()), &view(&want, |()| ()))
-    }
-}
-
-/// A small, seeded generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    /// Index into `weights`, chosen by weight.
-    fn pick(&mut self, weights: &[u32]) -> usize {
-        let total: u32 = weights.iter().sum();
-        let mut r = (self.next() % u64::from(total)) as u32;
-        for (i, w) in weights.iter().enumerate() {
-            if r < *w {
-                return i;
-            }
-            r -= w;
-        }
-        weights.len() - 1
     }
 }

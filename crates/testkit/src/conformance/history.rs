@@ -176,7 +176,7 @@ where
     let (backend, _keep) = open(clock.clone()).map_err(|e| format!("open failed: {e}"))?;
     let seq = AtomicU64::new(0);
     let barrier = Barrier::new(h.workers + 1);
-    let mut rng = Rng(h.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(h.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut times = Vec::with_capacity(h.rounds);
     let events: Vec<Event> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..h.workers)
@@ -188,7 +188,7 @@ where
                         seq,
                         h,
                         w,
-                        rng: Rng((h.seed ^ (w as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9)) | 1),
+                        rng: Rng::new(h.seed ^ (w as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9)),
                         held: Vec::new(),
                         events: Vec::new(),
                         next_claim: 0,
@@ -226,6 +226,51 @@ where
         ));
     }
     check(&events, &times, h)
+}
+
+/// [`history`] of each seed (`History::seed`), each on a fresh backend;
+/// the counts summed. Fails unless the runs together took a lapsed claim
+/// over and refused a zombie: a run that never made them did not check
+/// them.
+///
+/// # Errors
+/// The first failing seed's report; or no takeover or no refusal.
+///
+/// # Examples
+/// ```
+/// use dedupkv_testkit::conformance::{self, Spec};
+///
+/// let done = conformance::histories(|clock| Ok((Spec::new(clock), ())), &[1, 2])?;
+/// assert!(done.takeovers > 0 && done.refused > 0);
+/// # Ok::<(), String>(())
+/// ```
+pub fn histories<B, G>(
+    mut open: impl FnMut(ManualClock) -> dedupkv::Result<(B, G)>,
+    seeds: &[u64],
+) -> Result<Checked, String>
+where
+    B: Write + Sync,
+    B::Claim: Send,
+{
+    let mut all = Checked {
+        calls: 0,
+        takeovers: 0,
+        refused: 0,
+    };
+    for &seed in seeds {
+        let done =
+            history(&mut open, History::seed(seed)).map_err(|e| format!("seed {seed}: {e}"))?;
+        all.calls += done.calls;
+        all.takeovers += done.takeovers;
+        all.refused += done.refused;
+    }
+    if all.takeovers == 0 || all.refused == 0 {
+        return Err(format!(
+            "seeds {seeds:?}: {} takeovers and {} refused zombies; the runs checked neither",
+            all.takeovers, all.refused
+        ));
+    }
+    Ok(all)
 }
 
 /// One worker thread: its choices, the claims it holds, its record.
