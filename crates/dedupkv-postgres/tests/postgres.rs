@@ -719,6 +719,93 @@ fn two_processes_racing_10000_keys_start_each_once() -> Result<(), Error> {
     Ok(())
 }
 
+/// The zombie of [`a_zombie_process_s_complete_is_refused_by_the_database`]:
+/// a no-op unless that test started this binary with `ZOMBIE_SCHEMA` set.
+/// It begins the key with a 50 ms lease, says so, waits for a line on
+/// stdin (sent once another process took the key over), then completes
+/// and prints what it was told.
+#[test]
+fn zombie_child() -> Result<(), Error> {
+    let (Ok(url), Ok(schema)) = (
+        std::env::var("DEDUPKV_PG_URL"),
+        std::env::var("ZOMBIE_SCHEMA"),
+    ) else {
+        return Ok(());
+    };
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let short = BeginOptions::new().lease(Duration::from_millis(50));
+    let claim = started(&store, &Key::new("pay", "zombie"), &short)?;
+    println!("STARTED");
+    std::io::stdout()
+        .flush()
+        .map_err(|e| Error::Storage(e.into()))?;
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(|e| Error::Storage(e.into()))?;
+    match store.complete(&claim, Outcome::raw(b"zombie")) {
+        Err(Error::ClaimLost { .. }) => println!("COMPLETE ClaimLost"),
+        other => println!("COMPLETE {other:?}"),
+    }
+    Ok(())
+}
+
+/// Across processes: a child process begins a key with a 50 ms lease;
+/// once it lapsed this process takes the key over (attempt 2,
+/// interrupted); then the child, still holding its claim, completes: the
+/// database refuses it (`ClaimLost`, in the child), and the key keeps
+/// this process's outcome.
+#[test]
+fn a_zombie_process_s_complete_is_refused_by_the_database() -> Result<(), Error> {
+    use std::io::{BufRead, BufReader};
+    let Some(url) = url("zombie_process") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("zombie");
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut child = Command::new(&exe)
+        .args(["--exact", "zombie_child", "--nocapture", "--test-threads=1"])
+        .env("DEDUPKV_PG_URL", &url)
+        .env("ZOMBIE_SCHEMA", &schema)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the zombie");
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    let mut stdin = child.stdin.take().expect("piped");
+    let key = Key::new("pay", "zombie");
+    let mut race = || -> Result<(dedupkv_postgres::PgClaim, String), Error> {
+        let mut seen = String::new();
+        while !seen.contains("STARTED") {
+            let mut line = String::new();
+            let n = out.read_line(&mut line).expect("the zombie's output");
+            assert!(n > 0, "the zombie ended before it started: {seen}");
+            seen.push_str(&line);
+        }
+        std::thread::sleep(Duration::from_millis(200)); // past its lease, on any clock
+        let taker = started(&store, &key, &BeginOptions::new())?;
+        writeln!(stdin, "go").expect("tell the zombie");
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).expect("the zombie's output");
+        Ok((taker, rest))
+    };
+    let raced = race();
+    drop(stdin);
+    let status = child.wait().expect("the zombie's status");
+    let (taker, rest) = raced?;
+    assert!(status.success());
+    assert_eq!((taker.attempt(), taker.interrupted()), (2, true));
+    assert!(
+        rest.contains("COMPLETE ClaimLost"),
+        "the zombie was told: {rest}"
+    );
+    store.tell(store.complete(&taker, Outcome::raw(b"taker"))?)?;
+    let rec = store.tell(store.get(&key)?)?.expect("recorded");
+    assert_eq!((rec.attempts(), rec.outcome()), (2, Some(&b"taker"[..])));
+    Ok(())
+}
+
 /// Bad input fails that call alone, before anything is sent, with the
 /// engine's errors naming the argument.
 #[test]
