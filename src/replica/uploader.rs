@@ -143,7 +143,8 @@ struct Snapshots {
     last_snapshot_at: Option<Instant>,
     last_snapshot_bytes: u64,
     snapshotting: bool,
-    snapshots: u64,
+    /// Snapshots made whole.
+    taken: u64,
 }
 
 /// A segment cut from the front of the queue. An upload whose response
@@ -311,7 +312,7 @@ impl Uploader {
             lag: lag.unwrap_or_default(),
             upload_failures: st.health.failures,
             last_error: st.health.last_error.clone(),
-            snapshots: st.snap.snapshots,
+            snapshots: st.snap.taken,
             fenced: st.health.fenced.is_some(),
         }
     }
@@ -552,7 +553,7 @@ impl Uploader {
         st.snap.snapshotting = false;
         match written {
             Ok(ix) => {
-                st.snap.snapshots += 1;
+                st.snap.taken += 1;
                 st.snap.last_snapshot_bytes = ix.bytes;
                 st.snap.since_snapshot = 0;
                 st.snap.since_segments = 0;
@@ -655,7 +656,7 @@ impl Uploader {
         st.chain.next_seq = seq + 1;
         st.chain.max_row = cut.max_row;
         st.health.last_segment = Some(seq);
-        st.snap.snapshots += 1;
+        st.snap.taken += 1;
         st.snap.last_snapshot_bytes = cut.snapshot_bytes;
         st.snap.since_snapshot = 0;
         st.snap.since_segments = 0;

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::clock::to_system_time;
+use crate::clock::{to_ms, to_system_time};
 use crate::key::Key;
 use crate::types::record::Record;
 
@@ -34,6 +34,40 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
+    /// A dead letter of `record`'s key (its state `DeadLettered`, its
+    /// attempts and first attempt's time), dead-lettered at `failed_at`,
+    /// its round's first failure at `first_failed_at`, with the reason
+    /// and payload of [`Failure::Exhausted`](crate::Failure::Exhausted)
+    /// (for a backend of the [contract](crate::contract) building its
+    /// answer, as [`InProgress::new`](crate::InProgress::new)).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{DeadLetter, Key, Record, State};
+    /// use std::time::{Duration, UNIX_EPOCH};
+    ///
+    /// let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    /// let rec = Record::new(Key::new("t", "op"), State::DeadLettered).with_attempts(3);
+    /// let dl = DeadLetter::new(rec, at, at, "carrier down".into(), None);
+    /// assert_eq!((dl.attempts(), dl.reason(), dl.failed_at()), (3, "carrier down", at));
+    /// ```
+    #[must_use]
+    pub fn new(
+        record: Record,
+        first_failed_at: SystemTime,
+        failed_at: SystemTime,
+        reason: String,
+        payload: Option<Vec<u8>>,
+    ) -> DeadLetter {
+        DeadLetter {
+            record,
+            first_failed_at: to_ms(first_failed_at),
+            failed_at: to_ms(failed_at),
+            reason,
+            payload,
+        }
+    }
+
     /// The operation's key.
     ///
     /// # Examples

@@ -12,9 +12,13 @@
 //! [`Read`], [`Write`] and [`Settle`]: `insert` / `insert_batch`, `begin` /
 //! `begin_batch` with leases, fencing tokens and fingerprints, `complete` /
 //! `complete_batch` / `fail` / `renew` keyed by the fencing token, `forget`,
-//! `get`. Not yet: retention (records are kept until forgotten, and then
-//! the row stays, marked forgotten), dead letters (`Failure::Exhausted` is
-//! refused), intents, versions and the sequencer, waiting across instances.
+//! `get`. [`DeadLetters`]: `fail` with
+//! `Failure::Exhausted`, `requeue`, `resolve`.
+//! [`PgStore::begin_or_wait`]: waiting across instances, woken by
+//! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
+//! [`PgStore::evict_expired`] (batched deletes; why not time partitions:
+//! see there). Not yet: intents, versions and the sequencer, the
+//! dead-letter listing.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
@@ -31,6 +35,12 @@
 //!   progress` each; no row updated is [`Error::ClaimLost`]. A zombie is
 //!   refused by the database, not by a local check.
 //! - `forget`: `SELECT … FOR UPDATE`, then the `UPDATE`, in one transaction.
+//! - `fail` with `Failure::Exhausted`: the conditional `UPDATE` of
+//!   `complete`, to state dead-lettered; `requeue` and `resolve`: one
+//!   `UPDATE … WHERE state = dead-lettered` each.
+//! - Every statement that ends an attempt also notifies the channel
+//!   `dedupkv_done` (`pg_notify` in the same statement, sent at its
+//!   commit): what [`PgStore::begin_or_wait`] sleeps on.
 //!
 //! Nothing is read and then written without the row lock. Every answer is
 //! given after its transaction committed, so every [`Pending`] is
@@ -49,7 +59,8 @@
 //! protocol and has: `INSERT … ON CONFLICT (…) DO NOTHING` and `DO UPDATE
 //! … WHERE` atomic under concurrent inserts of one key; `RETURNING`;
 //! `SELECT … FOR UPDATE` row locks; `UPDATE … FROM unnest(…)`; sequences;
-//! transaction-scoped advisory locks (schema creation only); at least READ
+//! transaction-scoped advisory locks (schema creation only); `LISTEN` and
+//! `pg_notify` (`begin_or_wait` only); at least READ
 //! COMMITTED isolation (the default; a conditional `UPDATE` re-checks its
 //! `WHERE` on the row's latest version). Answers are durable as the
 //! server's `synchronous_commit` makes commits (on, by default).
@@ -57,8 +68,10 @@
 //! # Schema
 //! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
 //! `dedupkv_schema_version`, `dedupkv_keys` and the sequence
-//! `dedupkv_token`. A schema written by a newer build is refused with
-//! [`Error::InvalidConfig`] naming it.
+//! `dedupkv_token`, at [`SCHEMA_VERSION`] 2. A version-1 schema (the first
+//! landing's) is migrated in place by the next open, under the same
+//! advisory lock: the dead-letter columns are added. A schema written by
+//! a newer build is refused with [`Error::InvalidConfig`] naming it.
 //!
 //! # Examples
 //! ```no_run
@@ -83,19 +96,37 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+#[cfg(doc)]
+use dedupkv::contract::DeadLetters;
 use dedupkv::contract::{BegunBatch, Handle, Outcome, Pending, Read, Settle, Write};
 use dedupkv::{
-    Began, BeginOptions, Clock, Error, Failure, Fingerprint, Forget, InProgress, Intent, Key,
-    Record, Result, State,
+    Began, BeginOptions, Clock, DeadLetter, Error, Failure, Fingerprint, Forget, InProgress,
+    Intent, Key, Record, Result, State,
 };
 use parking_lot::Mutex;
 use postgres::{Client, NoTls, Statement};
 
+mod dead_letters;
+mod sql;
+mod wait;
+
+use sql::{
+    COMPLETED, DEAD_LETTERED, FAILED, FORGOTTEN, IN_PROGRESS, INSERTED, Q, RETRYABLE, STATEMENTS,
+    Sql,
+};
+
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The store's default claim lease (the engine's default).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The store's default retention: how long a record is kept after its
+/// last write (a day).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(86_400);
+
+/// Rows [`PgStore::evict_expired`] deletes per statement.
+pub const EVICT_BATCH: i64 = 10_000;
 
 /// The longest scope, id and outcome accepted, in bytes (the engine's
 /// defaults; a key is part of the primary key's B-tree entry).
@@ -127,119 +158,20 @@ fn check_len(what: &'static str, len: usize, limit: usize) -> Result<()> {
     Ok(())
 }
 
-// Row states, as stored (`smallint`).
-const INSERTED: i16 = 0;
-const IN_PROGRESS: i16 = 1;
-const RETRYABLE: i16 = 2;
-const COMPLETED: i16 = 3;
-const FAILED: i16 = 4;
-const FORGOTTEN: i16 = 5;
-
-/// The statements, by index into [`Sql`] and each connection's cache.
-#[derive(Clone, Copy)]
-enum Q {
-    Insert,
-    Begin1,
-    Lock,
-    Peek,
-    Take,
-    Finish,
-    CompleteBatch,
-    Release,
-    Renew,
-    Get,
-    Forget,
-}
-const STATEMENTS: usize = 11;
-
-/// The statements' text for one schema.
-struct Sql([String; STATEMENTS]);
-
-/// The deciding statement's time: the given clock's reading (`$1`) or the
-/// database's.
-const NOW: &str = "coalesce($1::int8, (extract(epoch from clock_timestamp()) * 1000)::int8)";
-const COLUMNS: &str = "state, fingerprint, attempt, token, first_token, first_at, lease_until, lease_ms, abandoned, any_fp, outcome";
-
-impl Sql {
-    fn new(schema: &str) -> Sql {
-        let k = format!("{schema}.dedupkv_keys");
-        let seq = format!("{schema}.dedupkv_token");
-        Sql([
-            // Q::Insert: $1 now, $2 scopes, $3 ids.
-            format!(
-                "INSERT INTO {k} AS k ({COLUMNS}, scope, id) \
-                 SELECT {INSERTED}::int2, ''::bytea, 0, 0::int8, 0::int8, n.now, 0::int8, 0::int8, false, false, ''::bytea, u.s, u.i \
-                 FROM (SELECT {NOW} AS now) n, unnest($2::bytea[], $3::bytea[]) AS u(s, i) \
-                 ON CONFLICT (scope, id) DO UPDATE SET state = {INSERTED}, fingerprint = ''::bytea, attempt = 0, \
-                 token = 0, first_token = 0, first_at = excluded.first_at, lease_until = 0, lease_ms = 0, \
-                 abandoned = false, any_fp = false, outcome = ''::bytea \
-                 WHERE k.state = {FORGOTTEN} RETURNING k.scope, k.id"
-            ),
-            // Q::Begin1: $1 now, $2 scope, $3 id, $4 fingerprint, $5 lease ms.
-            format!(
-                "INSERT INTO {k} ({COLUMNS}, scope, id) \
-                 SELECT {IN_PROGRESS}::int2, $4::bytea, 1, t.v, t.v, n.now, n.now + $5::int8, $5::int8, false, false, ''::bytea, $2::bytea, $3::bytea \
-                 FROM (SELECT {NOW} AS now) n, (SELECT nextval('{seq}') AS v) t \
-                 ON CONFLICT (scope, id) DO NOTHING RETURNING token, first_token"
-            ),
-            // Q::Lock: $1 now, $2 scope, $3 id.
-            format!(
-                "SELECT {COLUMNS}, {NOW} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"
-            ),
-            // Q::Peek: Q::Lock without the lock (an answer that writes nothing).
-            format!("SELECT {COLUMNS}, {NOW} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea"),
-            // Q::Take: $1 scope, $2 id, $3 fingerprint, $4 attempt, $5
-            // first_at, $6 lease_until, $7 lease ms, $8 a new operation.
-            format!(
-                "UPDATE {k} SET state = {IN_PROGRESS}, fingerprint = $3::bytea, attempt = $4::int4, token = t.v, \
-                 first_token = CASE WHEN $8::bool THEN t.v ELSE first_token END, first_at = $5::int8, \
-                 lease_until = $6::int8, lease_ms = $7::int8, abandoned = false, any_fp = false, outcome = ''::bytea \
-                 FROM (SELECT nextval('{seq}') AS v) t \
-                 WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token"
-            ),
-            // Q::Finish: $1 scope, $2 id, $3 token, $4 state, $5 outcome, $6 any fingerprint next.
-            format!(
-                "UPDATE {k} SET state = $4::int2, outcome = $5::bytea, abandoned = false, any_fp = $6::bool \
-                 WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
-            ),
-            // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes.
-            format!(
-                "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false \
-                 FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[]) AS u(s, i, t, o) \
-                 WHERE k.scope = u.s AND k.id = u.i AND k.token = u.t AND k.state = {IN_PROGRESS} \
-                 RETURNING k.token"
-            ),
-            // Q::Release: $1 scope, $2 id, $3 token.
-            format!(
-                "UPDATE {k} SET state = {RETRYABLE}, abandoned = true \
-                 WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
-            ),
-            // Q::Renew: $1 now, $2 scope, $3 id, $4 token, $5 lease ms or null.
-            format!(
-                "UPDATE {k} SET lease_ms = coalesce($5::int8, lease_ms), \
-                 lease_until = {NOW} + coalesce($5::int8, lease_ms) \
-                 WHERE scope = $2::bytea AND id = $3::bytea AND token = $4::int8 AND state = {IN_PROGRESS} \
-                 RETURNING lease_until"
-            ),
-            // Q::Get: $1 scope, $2 id.
-            format!("SELECT {COLUMNS} FROM {k} WHERE scope = $1::bytea AND id = $2::bytea"),
-            // Q::Forget: $1 scope, $2 id (under the lock of Q::Lock).
-            format!(
-                "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false WHERE scope = $1::bytea AND id = $2::bytea"
-            ),
-        ])
-    }
-}
-
 /// What the instance shares with its claims: the pool, the statements,
 /// the settings.
 struct Shared {
     url: String,
+    /// The schema's name (waiters match notifications by it).
+    schema: String,
     sql: Sql,
     idle: Mutex<Vec<Conn>>,
     max_idle: usize,
     clock: Option<Arc<dyn Clock>>,
     lease_ms: i64,
+    /// How long a record is kept after its last write, when the call
+    /// names no retention.
+    retention_ms: i64,
 }
 
 /// One pooled connection and its prepared statements.
@@ -301,6 +233,18 @@ impl Shared {
         })
     }
 
+    /// A call's retention in ms: its own, or the store's.
+    fn retention_of(&self, retention: Option<Duration>) -> Result<i64> {
+        match retention {
+            Some(r) if r < Duration::from_millis(1) => Err(Error::InvalidArgument {
+                what: "retention",
+                reason: format!("{r:?} is shorter than 1 ms"),
+            }),
+            Some(r) => Ok(ms(r)),
+            None => Ok(self.retention_ms),
+        }
+    }
+
     /// The time passed to statements: the clock's, or `None` for the
     /// database's own.
     fn now(&self) -> Option<i64> {
@@ -341,6 +285,7 @@ fn state_of(s: i16) -> Result<State> {
         COMPLETED => State::Completed,
         FAILED => State::Failed,
         FORGOTTEN => State::Forgotten,
+        DEAD_LETTERED => State::DeadLettered,
         other => return Err(Error::Corrupt(format!("unknown row state {other}"))),
     })
 }
@@ -355,6 +300,10 @@ struct Row {
     abandoned: bool,
     any_fp: bool,
     outcome: Vec<u8>,
+    failed_at: i64,
+    first_failed_at: i64,
+    payload: Option<Vec<u8>>,
+    expires_at: i64,
 }
 
 impl Row {
@@ -369,7 +318,16 @@ impl Row {
             abandoned: r.try_get(8).map_err(get)?,
             any_fp: r.try_get(9).map_err(get)?,
             outcome: r.try_get(10).map_err(get)?,
+            failed_at: r.try_get(12).map_err(get)?,
+            first_failed_at: r.try_get(13).map_err(get)?,
+            payload: r.try_get(14).map_err(get)?,
+            expires_at: r.try_get(15).map_err(get)?,
         })
+    }
+
+    /// Whether the row expired at `now` (then it is absent).
+    fn expired(&self, now: i64) -> bool {
+        self.expires_at > 0 && self.expires_at <= now && self.state != DEAD_LETTERED
     }
 
     fn attempt(&self) -> u32 {
@@ -393,9 +351,28 @@ impl Row {
             rec.with_fingerprint(self.fingerprint())
         };
         Ok(match state {
-            State::Completed | State::Failed => rec.with_outcome(self.outcome.clone()),
+            State::Completed | State::Failed | State::DeadLettered => {
+                rec.with_outcome(self.outcome.clone())
+            }
             _ => rec,
         })
+    }
+
+    /// The dead letter of a `DEAD_LETTERED` row (its reason is the
+    /// outcome; a round with no earlier failure began at the last).
+    fn dead_letter(&self, key: Key<'static>) -> Result<DeadLetter> {
+        let first = if self.first_failed_at > 0 {
+            self.first_failed_at
+        } else {
+            self.failed_at
+        };
+        Ok(DeadLetter::new(
+            self.record(key)?,
+            at(first),
+            at(self.failed_at),
+            String::from_utf8_lossy(&self.outcome).into_owned(),
+            self.payload.clone(),
+        ))
     }
 
     fn in_progress(&self) -> InProgress {
@@ -424,7 +401,7 @@ pub struct PgStore {
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
-            .field("statements_for", &self.shared.sql.0[Q::Get as usize])
+            .field("statements_for", &self.shared.sql.0[Q::Peek as usize])
             .finish_non_exhaustive()
     }
 }
@@ -448,6 +425,7 @@ pub struct PgStoreBuilder {
     url: String,
     schema: String,
     lease: Duration,
+    retention: Duration,
     clock: Option<Arc<dyn Clock>>,
     max_idle: usize,
 }
@@ -461,6 +439,26 @@ impl PgStoreBuilder {
     /// See [`PgStoreBuilder`].
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
+        self
+    }
+
+    /// How long a record is kept after its last write when the call names
+    /// no retention (default [`DEFAULT_RETENTION`]); at least 1 ms. A
+    /// claim is kept to its lease end at least; a dead letter never
+    /// expires. Expiry is by the database's clock; an expired row is
+    /// absent to every call at once and deleted by
+    /// [`PgStore::evict_expired`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// let store = dedupkv_postgres::PgStore::builder("host=127.0.0.1 user=postgres")
+    ///     .retention(Duration::from_secs(7 * 86_400))
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
         self
     }
 
@@ -536,6 +534,12 @@ impl PgStoreBuilder {
                  not starting with a digit, at most 63 bytes"
             )));
         }
+        if self.retention < Duration::from_millis(1) {
+            return Err(Error::InvalidConfig(format!(
+                "retention {:?}: must be at least 1 ms",
+                self.retention
+            )));
+        }
         if self.lease < Duration::from_millis(1) {
             return Err(Error::InvalidConfig(format!(
                 "lease {:?}: must be at least 1 ms",
@@ -546,11 +550,13 @@ impl PgStoreBuilder {
         create_schema(&mut client, s)?;
         let shared = Shared {
             url: self.url,
+            schema: s.clone(),
             sql: Sql::new(s),
             idle: Mutex::new(Vec::new()),
             max_idle: self.max_idle,
             clock: self.clock,
             lease_ms: ms(self.lease),
+            retention_ms: ms(self.retention),
         };
         shared.idle.lock().push(Conn {
             client,
@@ -588,7 +594,8 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
                  (this build knows up to {SCHEMA_VERSION}); upgrade this instance"
             )));
         }
-        Some(_) => {}
+        Some(v) if v >= SCHEMA_VERSION => {}
+        Some(_) => migrate(&mut tx, s)?,
         None => {
             tx.batch_execute(&format!(
                 "CREATE SEQUENCE {s}.dedupkv_token;
@@ -607,12 +614,33 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
                      any_fp bool NOT NULL,
                      outcome bytea NOT NULL,
                      PRIMARY KEY (scope, id));
-                 INSERT INTO {s}.dedupkv_schema_version VALUES ({SCHEMA_VERSION});"
+                 INSERT INTO {s}.dedupkv_schema_version VALUES (1);"
             ))
             .map_err(storage)?;
+            migrate(&mut tx, s)?;
         }
     }
     tx.commit().map_err(storage)
+}
+
+/// Brings a version-1 schema to version 2 (the dead-letter and expiry
+/// columns and the expiry index; a version-1 row never expires), in
+/// the creating transaction, under its advisory lock. Instances of the
+/// older build keep working on it: they never write these columns and
+/// never meet a dead-lettered row unless a newer instance made one.
+fn migrate(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
+    tx.batch_execute(&format!(
+        "ALTER TABLE {s}.dedupkv_keys
+             ADD COLUMN IF NOT EXISTS failed_at int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS first_failed_at int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS payload bytea,
+             ADD COLUMN IF NOT EXISTS expires_at int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS retention_ms int8 NOT NULL DEFAULT 0;
+         CREATE INDEX IF NOT EXISTS dedupkv_keys_expiry ON {s}.dedupkv_keys (expires_at)
+             WHERE expires_at > 0;
+         INSERT INTO {s}.dedupkv_schema_version VALUES (2);"
+    ))
+    .map_err(storage)
 }
 
 impl PgStore {
@@ -637,8 +665,52 @@ impl PgStore {
             url: url.into(),
             schema: "dedupkv".into(),
             lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
             clock: None,
             max_idle: 16,
+        }
+    }
+
+    /// Deletes every expired row (never a dead letter), [`EVICT_BATCH`]
+    /// at a time, each batch its own statement, so no transaction holds
+    /// many row locks or runs long; the value is how many were deleted.
+    /// Rows a concurrent call holds locked are skipped and left to a later
+    /// pass. Calls need no eviction to be correct (an expired row is
+    /// absent to them already); it only reclaims the space. Run it from
+    /// one instance on a timer (several at once only share the work).
+    ///
+    /// Batched deletes rather than time partitions dropped whole: the
+    /// table's primary key is the key, which every `INSERT … ON CONFLICT`
+    /// relies on; a partitioned table's unique key must contain the
+    /// partition key (the expiry), and a row's expiry moves with each
+    /// write, so partitioning by time would split one key over partitions
+    /// and move rows between them.
+    ///
+    /// # Errors
+    /// Storage errors; the batches deleted before one stay deleted.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
+    /// let deleted = store.evict_expired()?;
+    /// # let _ = deleted;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn evict_expired(&self) -> Result<u64> {
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::Evict)?;
+        let mut total = 0;
+        loop {
+            let n = c
+                .client
+                .execute(&st, &[&sh.now(), &EVICT_BATCH])
+                .map_err(storage)?;
+            total += n;
+            if n < u64::try_from(EVICT_BATCH).unwrap_or(u64::MAX) {
+                return Ok(total);
+            }
         }
     }
 
@@ -646,7 +718,12 @@ impl PgStore {
     /// NOTHING` (autocommit); else the answer from a plain read when it
     /// writes nothing (a replay, a live lease, a mismatch); else, in a
     /// transaction, the decision again on the locked row and the takeover.
-    fn begin_one(&self, key: &Key<'_>, fp: Fingerprint, lease_ms: i64) -> Result<Began<PgClaim>> {
+    fn begin_one(
+        &self,
+        key: &Key<'_>,
+        fp: Fingerprint,
+        (lease_ms, retention_ms): (i64, i64),
+    ) -> Result<Began<PgClaim>> {
         check_key(key)?;
         let sh = &*self.shared;
         let now = sh.now();
@@ -672,7 +749,7 @@ impl PgStore {
         };
         if let Some(r) = c
             .client
-            .query_opt(&ins, &[&now, &scope, &id, &fpb, &lease_ms])
+            .query_opt(&ins, &[&now, &scope, &id, &fpb, &lease_ms, &retention_ms])
             .map_err(storage)?
         {
             return Ok(started(1, &r, false));
@@ -687,24 +764,27 @@ impl PgStore {
         }
         let mut tx = c.client.transaction().map_err(storage)?;
         let Some(locked) = tx.query_opt(&lock, &[&now, &scope, &id]).map_err(storage)? else {
-            // Rows are never deleted by this build: another one did.
-            return Err(Error::Storage(
-                std::io::Error::other(format!("{key:?}: its row vanished during begin")).into(),
-            ));
+            // Expired and deleted by an eviction since the insert met it:
+            // absent now, so the insert decides (a new row is not expired).
+            drop(tx);
+            drop(pooled);
+            return self.begin_one(key, fp, (lease_ms, retention_ms));
         };
-        let (attempt, first_at, interrupted, new_op, now) = match decide(key, fp, &fpb, &locked)? {
-            Decision::Answer(answer) => {
-                tx.commit().map_err(storage)?;
-                return Ok(*answer);
-            }
-            Decision::Take {
-                attempt,
-                first_at,
-                interrupted,
-                new_op,
-                now,
-            } => (attempt, first_at, interrupted, new_op, now),
-        };
+        let (attempt, first_at, interrupted, stranded, new_op, now) =
+            match decide(key, fp, &fpb, &locked)? {
+                Decision::Answer(answer) => {
+                    tx.commit().map_err(storage)?;
+                    return Ok(*answer);
+                }
+                Decision::Take {
+                    attempt,
+                    first_at,
+                    interrupted,
+                    stranded,
+                    new_op,
+                    now,
+                } => (attempt, first_at, interrupted, stranded, new_op, now),
+            };
         let attempt_i = i32::try_from(attempt).unwrap_or(i32::MAX);
         let r = tx
             .query_one(
@@ -718,6 +798,9 @@ impl PgStore {
                     &now.saturating_add(lease_ms),
                     &lease_ms,
                     &new_op,
+                    &stranded,
+                    &now,
+                    &retention_ms,
                 ],
             )
             .map_err(storage)?;
@@ -726,8 +809,17 @@ impl PgStore {
     }
 
     /// Finishes `claim` as `state` with `outcome`, by its fencing token.
-    fn finish(&self, claim: &PgClaim, state: i16, outcome: &[u8], any_fp: bool) -> Result<()> {
+    /// Finishes `claim` as `state` with `outcome` (for a dead letter: its
+    /// reason, with `payload`), by its fencing token.
+    fn finish(
+        &self,
+        claim: &PgClaim,
+        (state, outcome): (i16, &[u8]),
+        any_fp: bool,
+        payload: Option<&[u8]>,
+    ) -> Result<()> {
         check_len("outcome", outcome.len(), MAX_OUTCOME)?;
+        check_len("payload", payload.map_or(0, <[u8]>::len), MAX_OUTCOME)?;
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
@@ -735,7 +827,19 @@ impl PgStore {
         let (scope, id) = (claim.key.scope(), claim.key.id());
         let n = c
             .client
-            .execute(&st, &[&scope, &id, &claim.token, &state, &outcome, &any_fp])
+            .execute(
+                &st,
+                &[
+                    &scope,
+                    &id,
+                    &claim.token,
+                    &state,
+                    &outcome,
+                    &any_fp,
+                    &sh.now(),
+                    &payload,
+                ],
+            )
             .map_err(storage)?;
         if n == 1 {
             claim.finished.store(true, Ordering::Release);
@@ -747,7 +851,7 @@ impl PgStore {
 }
 
 /// What `begin` does with a key's row (read with `Q::Peek` or `Q::Lock`,
-/// the time in its last column).
+/// the time in column 11).
 enum Decision {
     /// Answer without writing (boxed: a record is large).
     Answer(Box<Began<PgClaim>>),
@@ -756,6 +860,9 @@ enum Decision {
         attempt: u32,
         first_at: i64,
         interrupted: bool,
+        /// The previous attempt's lease lapsed: its round's first failure
+        /// (if it is the first).
+        stranded: bool,
         new_op: bool,
         now: i64,
     },
@@ -766,10 +873,11 @@ fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Resu
     let now: i64 = r.get(11);
     let answer = |b| Ok(Decision::Answer(Box::new(b)));
     match row.state {
-        FORGOTTEN => Ok(Decision::Take {
+        _ if row.expired(now) || row.state == FORGOTTEN => Ok(Decision::Take {
             attempt: 1,
             first_at: now,
             interrupted: false,
+            stranded: false,
             new_op: true,
             now,
         }),
@@ -782,11 +890,15 @@ fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Resu
             })
         }
         COMPLETED | FAILED => answer(Began::Completed(row.record(key.clone().into_owned())?)),
+        DEAD_LETTERED => answer(Began::DeadLettered(
+            row.dead_letter(key.clone().into_owned())?,
+        )),
         IN_PROGRESS if now < row.lease_until => answer(Began::InProgress(row.in_progress())),
         _ => Ok(Decision::Take {
             attempt: row.attempt() + 1,
             first_at: row.first_at,
             interrupted: row.state == IN_PROGRESS || row.abandoned,
+            stranded: row.state == IN_PROGRESS,
             new_op: false,
             now,
         }),
@@ -819,30 +931,29 @@ impl Read for PgStore {
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
-        let st = c.stmt(&sh.sql, Q::Get)?;
+        let st = c.stmt(&sh.sql, Q::Peek)?;
         let row = c
             .client
-            .query_opt(&st, &[&key.scope(), &key.id()])
+            .query_opt(&st, &[&sh.now(), &key.scope(), &key.id()])
             .map_err(storage)?;
         let rec = match row {
-            Some(r) => Some(Row::from(&r)?.record(key.clone().into_owned())?),
+            Some(r) => {
+                let row = Row::from(&r)?;
+                let now: i64 = r.get(11);
+                (!row.expired(now))
+                    .then(|| row.record(key.clone().into_owned()))
+                    .transpose()?
+            }
             None => None,
         };
         Ok(Pending::settled(rec))
     }
 }
 
-impl Write for PgStore {
-    type Claim = PgClaim;
-
-    /// The retention is not kept by this build (records stay until
-    /// forgotten).
-    fn insert(&self, key: &Key<'_>, _retention: Option<Duration>) -> Result<Pending<bool>> {
-        let news = self.insert_batch(std::slice::from_ref(key))?;
-        Ok(news.map(|v| v.first().copied().unwrap_or(false)))
-    }
-
-    fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Pending<Vec<bool>>> {
+impl PgStore {
+    /// `insert` of every key, kept `retention_ms` after: one multi-row
+    /// statement.
+    fn insert_keys(&self, keys: &[Key<'_>], retention_ms: i64) -> Result<Pending<Vec<bool>>> {
         keys.iter().try_for_each(check_key)?;
         // A key repeated is new at its first position only: one row each.
         let mut first: std::collections::HashMap<(&[u8], &[u8]), usize> =
@@ -857,7 +968,7 @@ impl Write for PgStore {
         let st = c.stmt(&sh.sql, Q::Insert)?;
         let rows = c
             .client
-            .query(&st, &[&sh.now(), &scopes, &ids])
+            .query(&st, &[&sh.now(), &scopes, &ids, &retention_ms])
             .map_err(storage)?;
         let mut new = vec![false; keys.len()];
         for r in &rows {
@@ -867,6 +978,20 @@ impl Write for PgStore {
             }
         }
         Ok(Pending::settled(new))
+    }
+}
+
+impl Write for PgStore {
+    type Claim = PgClaim;
+
+    fn insert(&self, key: &Key<'_>, retention: Option<Duration>) -> Result<Pending<bool>> {
+        let retention = self.shared.retention_of(retention)?;
+        let news = self.insert_keys(std::slice::from_ref(key), retention)?;
+        Ok(news.map(|v| v.first().copied().unwrap_or(false)))
+    }
+
+    fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Pending<Vec<bool>>> {
+        self.insert_keys(keys, self.shared.retention_ms)
     }
 
     fn forget(&self, key: &Key<'_>) -> Result<Pending<Forget>> {
@@ -886,10 +1011,11 @@ impl Write for PgStore {
         let row = Row::from(&locked)?;
         let now: i64 = locked.get(11);
         let answer = match row.state {
+            _ if row.expired(now) => Forget::NotFound,
             FORGOTTEN => Forget::NotFound,
             IN_PROGRESS if now < row.lease_until => Forget::InProgress(row.in_progress()),
             _ => {
-                tx.execute(&forget, &[&scope, &id]).map_err(storage)?;
+                tx.execute(&forget, &[&scope, &id, &now]).map_err(storage)?;
                 Forget::Forgotten(row.record(key.clone().into_owned())?)
             }
         };
@@ -898,7 +1024,7 @@ impl Write for PgStore {
     }
 
     /// The intent is not recorded by this build (intents are not yet
-    /// implemented here); the retention is not kept.
+    /// implemented here).
     fn begin(
         &self,
         key: &Key<'_>,
@@ -922,7 +1048,8 @@ impl Write for PgStore {
             Some(l) => ms(l),
             None => self.shared.lease_ms,
         };
-        self.begin_one(key, fingerprint, lease)
+        let retention = self.shared.retention_of(options.requested_retention())?;
+        self.begin_one(key, fingerprint, (lease, retention))
             .map(Pending::settled)
     }
 
@@ -931,7 +1058,7 @@ impl Write for PgStore {
         items.iter().try_for_each(|(k, _)| check_key(k))?;
         let mut out = Vec::with_capacity(items.len());
         for (k, fp) in items {
-            match self.begin_one(k, *fp, self.shared.lease_ms) {
+            match self.begin_one(k, *fp, (self.shared.lease_ms, self.shared.retention_ms)) {
                 Err(e @ Error::FingerprintMismatch { .. }) => out.push(Err(e)),
                 other => out.push(Ok(other?)),
             }
@@ -941,7 +1068,7 @@ impl Write for PgStore {
 
     /// The outcome's retention and amount are not kept by this build.
     fn complete(&self, claim: &PgClaim, outcome: Outcome<'_>) -> Result<Pending<()>> {
-        self.finish(claim, COMPLETED, outcome.bytes(), false)
+        self.finish(claim, (COMPLETED, outcome.bytes()), false, None)
             .map(Pending::settled)
     }
 
@@ -969,7 +1096,7 @@ impl Write for PgStore {
         let st = c.stmt(&sh.sql, Q::CompleteBatch)?;
         let rows = c
             .client
-            .query(&st, &[&scopes, &ids, &tokens, &outcomes])
+            .query(&st, &[&scopes, &ids, &tokens, &outcomes, &sh.now()])
             .map_err(storage)?;
         let done: std::collections::HashSet<i64> = rows.iter().map(|r| r.get(0)).collect();
         let answers = items
@@ -990,17 +1117,19 @@ impl Write for PgStore {
         Ok(Pending::settled(answers))
     }
 
-    /// `Failure::Exhausted` (dead letters) is refused by this build.
+    /// `Failure::Exhausted` moves the key to the dead-letter area (see
+    /// [`DeadLetters`]).
     fn fail(&self, claim: &PgClaim, failure: Failure<'_>) -> Result<Pending<()>> {
         match failure {
-            Failure::Permanent(payload) => self.finish(claim, FAILED, payload, false),
-            Failure::Retryable => self.finish(claim, RETRYABLE, b"", false),
-            Failure::RetryableAnyRequest => self.finish(claim, RETRYABLE, b"", true),
-            _ => Err(Error::InvalidArgument {
+            Failure::Permanent(payload) => self.finish(claim, (FAILED, payload), false, None),
+            Failure::Retryable => self.finish(claim, (RETRYABLE, b""), false, None),
+            Failure::RetryableAnyRequest => self.finish(claim, (RETRYABLE, b""), true, None),
+            Failure::Exhausted { reason, payload } => {
+                self.finish(claim, (DEAD_LETTERED, reason.as_bytes()), false, payload)
+            }
+            other => Err(Error::InvalidArgument {
                 what: "failure",
-                reason: "dead letters (Failure::Exhausted) are not supported by the PostgreSQL \
-                         backend yet"
-                    .into(),
+                reason: format!("{other:?} is not known to this build of the PostgreSQL backend"),
             }),
         }
         .map(Pending::settled)
@@ -1143,7 +1272,10 @@ impl Drop for PgClaim {
             let c = pooled.conn();
             let st = c.stmt(&sh.sql, Q::Release)?;
             c.client
-                .execute(&st, &[&self.key.scope(), &self.key.id(), &self.token])
+                .execute(
+                    &st,
+                    &[&self.key.scope(), &self.key.id(), &self.token, &sh.now()],
+                )
                 .map_err(storage)
         };
         // A failed release leaves the lease to lapse: nothing is lost.

@@ -29,6 +29,12 @@
 //! once the winner completes every racer's `begin` replays its outcome
 //! (so a backend must be `Sync`, its claims `Send`).
 //!
+//! [`history`] is the concurrent half: 8 threads make the contract's
+//! calls at once on a few keys while the clock moves between rounds (by a
+//! whole lease, often), and each key's recorded calls must have an order,
+//! consistent with real time, in which [`Spec`] answers as the backend
+//! did: races, lease takeovers and zombies' refused `complete`s included.
+//!
 //! Each answer is told through both faces of [`Settle`]: the blocking
 //! [`Settle::tell`] and, for every other call, the future of
 //! [`Settle::settled`] run to completion on this thread; both must give
@@ -53,8 +59,12 @@ use dedupkv::{
 
 use crate::model::T0;
 
+mod history;
 mod spec;
 
+use crate::history::workload::Rng;
+
+pub use history::{Checked, History, histories, history};
 pub use spec::{Spec, SpecClaim};
 
 /// The claim lease the specification assumes (the store's default).
@@ -117,7 +127,7 @@ where
             spec: &spec,
             clock: &clock,
             claims: Vec::new(),
-            rng: case.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            rng: Rng::new(case.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
             calls: 0,
         };
         for step in 0..suite.steps {
@@ -228,7 +238,7 @@ fn record_view(r: &Record) -> RecordView {
 }
 
 /// An answer of `begin` as compared.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum BeginView {
     Started { attempt: u32, interrupted: bool },
     Completed(RecordView),
@@ -288,7 +298,7 @@ struct Driver<'a, B: Write> {
     spec: &'a Spec,
     clock: &'a ManualClock,
     claims: Vec<Held<B::Claim>>,
-    rng: u64,
+    rng: Rng,
     calls: u64,
 }
 
@@ -330,11 +340,7 @@ fn same<V: PartialEq + std::fmt::Debug>(what: &str, got: &V, want: &V) -> Result
 
 impl<B: Write> Driver<'_, B> {
     fn next(&mut self, n: u64) -> u64 {
-        // xorshift64*
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+        self.rng.next() % n
     }
 
     /// Tells the backend's `pending` value through the blocking face or,

@@ -33,7 +33,7 @@
 
 mod check;
 mod record;
-mod workload;
+pub(crate) mod workload;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -49,7 +49,7 @@ struct Rec {
     outcome: Vec<u8>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Keys {
     recs: HashMap<Key<'static>, Rec>,
     /// The last fencing token given out.
@@ -105,13 +105,59 @@ impl Handle for SpecClaim {
 
 impl Drop for SpecClaim {
     fn drop(&mut self) {
-        if let Some(keys) = self.keys.upgrade()
-            && let Some(r) = keys.lock().recs.get_mut(&self.key)
-            && r.state == State::InProgress
-            && r.token == self.token
-        {
-            r.state = State::Retryable;
-            r.abandoned = true;
+        if let Some(keys) = self.keys.upgrade() {
+            release(&keys, &self.key, self.token);
+        }
+    }
+}
+
+/// What a dropped claim does: an unfinished, active one releases its key
+/// (the next attempt is interrupted).
+fn release(keys: &Shared, key: &Key<'static>, token: u64) {
+    if let Some(r) = keys.lock().recs.get_mut(key)
+        && r.state == State::InProgress
+        && r.token == token
+    {
+        r.state = State::Retryable;
+        r.abandoned = true;
+    }
+}
+
+/// A claim of the specification as the history check keeps it between
+/// the calls it replays: no handle, so nothing is released when the
+/// check drops it.
+#[derive(Clone, Debug)]
+pub(super) struct Detached {
+    key: Key<'static>,
+    attempt: u32,
+    token: u64,
+    interrupted: bool,
+}
+
+impl SpecClaim {
+    /// The claim without its handle: dropping what is returned releases
+    /// nothing (the history check drops claims only when a drop is
+    /// replayed, by [`Spec::release`]).
+    pub(super) fn detach(mut self) -> Detached {
+        self.keys = Weak::new();
+        Detached {
+            key: self.key.clone(),
+            attempt: self.attempt,
+            token: self.token,
+            interrupted: self.interrupted,
+        }
+    }
+}
+
+impl Detached {
+    /// A handle for one replayed call; dropped, it releases nothing.
+    pub(super) fn claim(&self) -> SpecClaim {
+        SpecClaim {
+            key: self.key.clone(),
+            attempt: self.attempt,
+            token: self.token,
+            interrupted: self.interrupted,
+            keys: Weak::new(),
         }
     }
 }
@@ -151,6 +197,35 @@ impl Spec {
 
     fn now(&self) -> u64 {
         self.clock.now_millis()
+    }
+
+    /// A copy of the records whose time is `now` (ms since the epoch) on a
+    /// clock of its own: the history check tries each order of calls on
+    /// a copy.
+    pub(super) fn fork_at(&self, now: u64) -> Spec {
+        Spec {
+            clock: ManualClock::new(now),
+            keys: Arc::new(Mutex::new(self.keys.lock().clone())),
+        }
+    }
+
+    /// A fork of this specification at its own time.
+    pub(super) fn fork(&self) -> Spec {
+        self.fork_at(self.now())
+    }
+
+    /// The records, as text that is equal for equal records (the history
+    /// check keeps each distinct state once).
+    pub(super) fn digest(&self) -> String {
+        let keys = self.keys.lock();
+        let mut recs: Vec<_> = keys.recs.iter().collect();
+        recs.sort_by(|a, b| (a.0.scope(), a.0.id()).cmp(&(b.0.scope(), b.0.id())));
+        format!("{recs:?}")
+    }
+
+    /// What dropping `claim`'s handle does.
+    pub(super) fn release(&self, claim: &Detached) {
+        release(&self.keys, &claim.key, claim.token);
     }
 
     /// Finishes the active attempt `claim` as `state` with `outcome`.

@@ -26,7 +26,7 @@ impl Rng {
         Rng(seed)
     }
 
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -40,7 +40,7 @@ impl Rng {
     }
 
     /// Index into `weights`, chosen by weight.
-    fn pick(&mut self, weights: &[u32]) -> usize {
+    pub(crate) fn pick(&mut self, weights: &[u32]) -> usize {
         let total: u32 = weights.iter().sum();
         let mut r = (self.next() % u64::from(total)) as u32;
         for (i, w) in weights.iter().enumerate() {

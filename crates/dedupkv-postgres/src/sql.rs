@@ -1,0 +1,214 @@
+//! The SQL: the row states as stored, and every statement's text, one
+//! table per schema, in [`Q`]'s order (each connection prepares them
+//! once, on first use).
+
+use crate::wait;
+
+// Row states, as stored (`smallint`).
+pub(crate) const INSERTED: i16 = 0;
+pub(crate) const IN_PROGRESS: i16 = 1;
+pub(crate) const RETRYABLE: i16 = 2;
+pub(crate) const COMPLETED: i16 = 3;
+pub(crate) const FAILED: i16 = 4;
+pub(crate) const FORGOTTEN: i16 = 5;
+pub(crate) const DEAD_LETTERED: i16 = 6;
+
+/// The statements, by index into [`Sql`] and each connection's cache.
+#[derive(Clone, Copy)]
+pub(crate) enum Q {
+    Insert,
+    Begin1,
+    Lock,
+    Peek,
+    Take,
+    Finish,
+    CompleteBatch,
+    Release,
+    Renew,
+    Evict,
+    Forget,
+    Requeue,
+    Resolve,
+}
+pub(crate) const STATEMENTS: usize = 13;
+
+/// The statements' text for one schema.
+pub(crate) struct Sql(pub(crate) [String; STATEMENTS]);
+
+/// The deciding statement's time: the given clock's reading (`$1`) or the
+/// database's.
+const NOW: &str = "coalesce($1::int8, (extract(epoch from clock_timestamp()) * 1000)::int8)";
+const COLUMNS: &str = "state, fingerprint, attempt, token, first_token, first_at, lease_until, lease_ms, abandoned, any_fp, outcome";
+/// The dead-letter columns (schema version 2), read after [`COLUMNS`] and
+/// the time (columns 12 to 14): when the key was dead-lettered, its
+/// round's first failure (0: none yet), the payload of
+/// `Failure::Exhausted` (its reason is the row's outcome).
+///
+/// Then (column 15) when the row expires (0: never; a dead letter), by
+/// the store's time: a row past it is absent to every call and deleted by
+/// [`PgStore::evict_expired`].
+const DEAD_COLUMNS: &str = "failed_at, first_failed_at, payload, expires_at";
+
+/// Whether the row `k` (an alias, `"k."` or `""`) expired at `now`.
+fn expired(k: &str, now: &str) -> String {
+    format!("({k}expires_at > 0 AND {k}expires_at <= {now} AND {k}state <> {DEAD_LETTERED})")
+}
+
+/// [`NOW`] with the clock's reading in parameter `$n`.
+fn now_at(n: u8) -> String {
+    NOW.replace("$1", &format!("${n}"))
+}
+
+impl Sql {
+    // One table of statements, in `Q`'s order: split, the order would be
+    // kept in two places.
+    #[allow(clippy::too_many_lines)]
+    pub(crate) fn new(schema: &str) -> Sql {
+        let k = format!("{schema}.dedupkv_keys");
+        let seq = format!("{schema}.dedupkv_token");
+        let (now3, now4, now5, now7) = (now_at(3), now_at(4), now_at(5), now_at(7));
+        let gone = expired("k.", "excluded.first_at");
+        Sql([
+            // Q::Insert: $1 now, $2 scopes, $3 ids, $4 retention ms. A
+            // forgotten or expired row is absent: it is taken.
+            format!(
+                "INSERT INTO {k} AS k ({COLUMNS}, scope, id, expires_at, retention_ms) \
+                 SELECT {INSERTED}::int2, ''::bytea, 0, 0::int8, 0::int8, n.now, 0::int8, 0::int8, false, false, ''::bytea, u.s, u.i, \
+                 n.now + $4::int8, $4::int8 \
+                 FROM (SELECT {NOW} AS now) n, unnest($2::bytea[], $3::bytea[]) AS u(s, i) \
+                 ON CONFLICT (scope, id) DO UPDATE SET state = {INSERTED}, fingerprint = ''::bytea, attempt = 0, \
+                 token = 0, first_token = 0, first_at = excluded.first_at, lease_until = 0, lease_ms = 0, \
+                 abandoned = false, any_fp = false, outcome = ''::bytea, failed_at = 0, first_failed_at = 0, payload = NULL, \
+                 expires_at = excluded.expires_at, retention_ms = excluded.retention_ms \
+                 WHERE k.state = {FORGOTTEN} OR {gone} RETURNING k.scope, k.id"
+            ),
+            // Q::Begin1: $1 now, $2 scope, $3 id, $4 fingerprint, $5 lease
+            // ms, $6 retention ms (a claim is kept to its lease end at least).
+            format!(
+                "INSERT INTO {k} ({COLUMNS}, scope, id, expires_at, retention_ms) \
+                 SELECT {IN_PROGRESS}::int2, $4::bytea, 1, t.v, t.v, n.now, n.now + $5::int8, $5::int8, false, false, ''::bytea, $2::bytea, $3::bytea, \
+                 n.now + greatest($5::int8, $6::int8), $6::int8 \
+                 FROM (SELECT {NOW} AS now) n, (SELECT nextval('{seq}') AS v) t \
+                 ON CONFLICT (scope, id) DO NOTHING RETURNING token, first_token"
+            ),
+            // Q::Lock: $1 now, $2 scope, $3 id.
+            format!(
+                "SELECT {COLUMNS}, {NOW}, {DEAD_COLUMNS} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"
+            ),
+            // Q::Peek: Q::Lock without the lock (an answer that writes nothing).
+            format!(
+                "SELECT {COLUMNS}, {NOW}, {DEAD_COLUMNS} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea"
+            ),
+            // Q::Take: $1 scope, $2 id, $3 fingerprint, $4 attempt, $5
+            // first_at, $6 lease_until, $7 lease ms, $8 a new operation,
+            // $9 the previous attempt was stranded (its lease lapsed), $10 now,
+            // $11 retention ms.
+            format!(
+                "UPDATE {k} SET state = {IN_PROGRESS}, fingerprint = $3::bytea, attempt = $4::int4, token = t.v, \
+                 first_token = CASE WHEN $8::bool THEN t.v ELSE first_token END, first_at = $5::int8, \
+                 lease_until = $6::int8, lease_ms = $7::int8, abandoned = false, any_fp = false, outcome = ''::bytea, \
+                 first_failed_at = CASE WHEN $8::bool THEN 0 \
+                     WHEN $9::bool THEN coalesce(nullif(first_failed_at, 0), $10::int8) ELSE first_failed_at END, \
+                 payload = NULL, expires_at = greatest($10::int8 + $11::int8, $6::int8), retention_ms = $11::int8 \
+                 FROM (SELECT nextval('{seq}') AS v) t \
+                 WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token"
+            ),
+            // Q::Finish: $1 scope, $2 id, $3 token, $4 state, $5 outcome (a
+            // dead letter's reason), $6 any fingerprint next, $7 now, $8 a
+            // dead letter's payload.
+            notifying(
+                schema,
+                &format!(
+                    "UPDATE {k} SET state = $4::int2, outcome = $5::bytea, abandoned = false, any_fp = $6::bool, \
+                     failed_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN {now7} ELSE failed_at END, \
+                     first_failed_at = CASE WHEN $4::int2 IN ({RETRYABLE}, {DEAD_LETTERED}) \
+                         THEN coalesce(nullif(first_failed_at, 0), {now7}) ELSE first_failed_at END, \
+                     payload = $8::bytea, \
+                     expires_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN 0 ELSE {now7} + retention_ms END \
+                     WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
+                ),
+                "",
+                false,
+            ),
+            // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes, $5 now.
+            notifying(
+                schema,
+                &format!(
+                    "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false, \
+                     expires_at = {now5} + k.retention_ms \
+                     FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[]) AS u(s, i, t, o) \
+                     WHERE k.scope = u.s AND k.id = u.i AND k.token = u.t AND k.state = {IN_PROGRESS}"
+                ),
+                "k.",
+                true,
+            ),
+            // Q::Release: $1 scope, $2 id, $3 token, $4 now.
+            notifying(
+                schema,
+                &format!(
+                    "UPDATE {k} SET state = {RETRYABLE}, abandoned = true, \
+                     first_failed_at = coalesce(nullif(first_failed_at, 0), {now4}), \
+                     expires_at = {now4} + retention_ms \
+                     WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
+                ),
+                "",
+                false,
+            ),
+            // Q::Renew: $1 now, $2 scope, $3 id, $4 token, $5 lease ms or null.
+            format!(
+                "UPDATE {k} SET lease_ms = coalesce($5::int8, lease_ms), \
+                 lease_until = {NOW} + coalesce($5::int8, lease_ms), \
+                 expires_at = greatest(expires_at, {NOW} + coalesce($5::int8, lease_ms)) \
+                 WHERE scope = $2::bytea AND id = $3::bytea AND token = $4::int8 AND state = {IN_PROGRESS} \
+                 RETURNING lease_until"
+            ),
+            // Q::Evict: $1 now, $2 batch size. Expired rows (never a dead
+            // letter), a batch at a time; a row another call holds locked
+            // is skipped (it is being decided) and met by a later pass.
+            format!(
+                "DELETE FROM {k} WHERE (scope, id) IN (SELECT scope, id FROM {k} WHERE {e} \
+                 LIMIT $2::int8 FOR UPDATE SKIP LOCKED) AND {e}",
+                e = expired("", NOW),
+            ),
+            // Q::Forget: $1 scope, $2 id, $3 now (under the lock of Q::Lock):
+            // the forgotten record is kept for the operation's retention.
+            format!(
+                "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false, expires_at = $3::int8 + retention_ms \
+                 WHERE scope = $1::bytea AND id = $2::bytea"
+            ),
+            // Q::Requeue: $1 scope, $2 id, $3 now. The next attempt is
+            // numbered after the last; a new round of failures starts.
+            format!(
+                "UPDATE {k} SET state = {RETRYABLE}, abandoned = false, any_fp = false, outcome = ''::bytea, \
+                 first_failed_at = 0, payload = NULL, expires_at = {now3} + retention_ms \
+                 WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
+            ),
+            // Q::Resolve: $1 scope, $2 id, $3 state (completed or failed), $4
+            // outcome or note, $5 now.
+            format!(
+                "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, expires_at = {now5} + retention_ms \
+                 WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
+            ),
+        ])
+    }
+}
+
+/// `update` (an `UPDATE` of rows of `dedupkv_keys`, whose columns are
+/// qualified by `alias`: `""` or `"k."`) made to notify
+/// [`wait::CHANNEL`] of each key it updated, in the same statement (the
+/// notification goes out when it commits): a `SELECT` of the updated
+/// rows, their token first if `token`, so its row count is the
+/// `UPDATE`'s.
+fn notifying(schema: &str, update: &str, alias: &str, token: bool) -> String {
+    let (ret, first) = if token {
+        (format!(", {alias}token AS t"), "done.t, ")
+    } else {
+        (String::new(), "")
+    };
+    format!(
+        "WITH done AS ({update} RETURNING {alias}scope AS s, {alias}id AS i{ret}) \
+         SELECT {first}pg_notify('{chan}', {payload}) FROM done",
+        chan = wait::CHANNEL,
+        payload = wait::payload_sql(schema, "done.s", "done.i"),
+    )
+}
