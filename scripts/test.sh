@@ -30,4 +30,5 @@ cargo test --locked --features replica --doc partitions "$@"
 exec cargo test --locked --features replica \
     --test replica_restore --test replica_fencing --test replica_ownership --test replica_faults --test replica_crash \
     --test replica_async --test replica_reader --test replica_bad_input \
-    --test replica_provider_key --test replica_provider_key_sigkill --test partitions_handover "$@"
+    --test replica_provider_key --test replica_provider_key_sigkill --test partitions_handover \
+    --test api_metrics "$@"

@@ -193,10 +193,48 @@ const COMMIT_SECONDS: &str = "dedupkv_commit_duration_seconds";
 const COMMIT_RECORDS: &str = "dedupkv_commit_records";
 const BATCH_SIZE: &str = "dedupkv_batch_size";
 
+/// The replica's gauges (feature "replica"), from its status.
+#[cfg(feature = "replica")]
+const REPLICA_GAUGES: &[(&str, Unit, &str, fn(&crate::replica::ReplicaStatus) -> f64)] = &[
+    (
+        "dedupkv_replica_epoch",
+        Unit::Count,
+        "the ownership epoch this store holds",
+        |r| r.epoch as f64,
+    ),
+    (
+        "dedupkv_replica_lag_seconds",
+        Unit::Seconds,
+        "how long the oldest commit not shipped yet has waited",
+        |r| r.lag.as_secs_f64(),
+    ),
+    (
+        "dedupkv_replica_lag_bytes",
+        Unit::Bytes,
+        "bytes of commits not shipped yet",
+        |r| r.lag_bytes as f64,
+    ),
+    (
+        "dedupkv_replica_upload_failures",
+        Unit::Count,
+        "uploads that failed and were retried, since the open",
+        |r| r.upload_failures as f64,
+    ),
+    (
+        "dedupkv_replica_fenced",
+        Unit::Count,
+        "1 once a later owner fenced this one (every call fails)",
+        |r| f64::from(u8::from(r.fenced)),
+    ),
+];
+
 /// One store's bridge: its label and what was last published.
 pub(crate) struct Bridge {
     label: SharedString,
     last: Mutex<Stats>,
+    /// The replica's uploader, once the store has one.
+    #[cfg(feature = "replica")]
+    replica: std::sync::OnceLock<crate::sync::Weak<crate::replica::uploader::Uploader>>,
 }
 
 impl Bridge {
@@ -206,6 +244,8 @@ impl Bridge {
         let bridge = Arc::new(Bridge {
             label: SharedString::from_owned(engine.config().metrics_label.clone()),
             last: Mutex::new(Stats::default()),
+            #[cfg(feature = "replica")]
+            replica: std::sync::OnceLock::new(),
         });
         for (name, help, _) in COUNTERS {
             describe_counter!(*name, Unit::Count, *help);
@@ -248,7 +288,23 @@ impl Bridge {
         for (name, _, _, field) in GAUGES {
             gauge!(*name, "store" => self.label.clone()).set(field(now));
         }
+        #[cfg(feature = "replica")]
+        if let Some(up) = self.replica.get().and_then(crate::sync::Weak::upgrade) {
+            let status = up.status();
+            for (name, _, _, field) in REPLICA_GAUGES {
+                gauge!(*name, "store" => self.label.clone()).set(field(&status));
+            }
+        }
         *last = *now;
+    }
+
+    /// Publishes the replica's gauges too, from now on.
+    #[cfg(feature = "replica")]
+    pub(crate) fn watch_replica(&self, up: &Arc<crate::replica::uploader::Uploader>) {
+        for (name, unit, help, _) in REPLICA_GAUGES {
+            describe_gauge!(*name, *unit, *help);
+        }
+        let _ = self.replica.set(Arc::downgrade(up));
     }
 
     /// Records the size of a batch call.

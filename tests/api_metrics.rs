@@ -302,3 +302,37 @@ fn early_evictions_are_counted() -> Result<()> {
     );
     Ok(())
 }
+
+/// The replica's gauges (features "metrics" and "replica"; scripts/test.sh
+/// runs this file with "replica" too).
+#[cfg(feature = "replica")]
+#[test]
+fn a_store_with_a_replica_publishes_its_epoch_lag_and_fencing() -> Result<()> {
+    use dedupkv::replica::object_store::local::LocalFileSystem;
+    use dedupkv::replica::{Replica, ReplicaMode};
+    recorder();
+    let dir = tempdir();
+    let bucket = dir.path().join("bucket");
+    std::fs::create_dir(&bucket).expect("bucket");
+    let objects = Arc::new(LocalFileSystem::new_with_prefix(&bucket).expect("local"));
+    let store = Store::builder()
+        .background_eviction(false)
+        .metrics_label("replicated")
+        .replica(Replica::new(objects, "s").mode(ReplicaMode::Synchronous))
+        .open(dir.path().join("s.redb"))?;
+    store.insert_if_absent(&Key::new("t", "a"))?;
+    store.publish_metrics();
+    assert_eq!(value("dedupkv_replica_epoch{store=replicated}"), 1.0);
+    assert_eq!(value("dedupkv_replica_fenced{store=replicated}"), 0.0);
+    assert_eq!(value("dedupkv_replica_lag_bytes{store=replicated}"), 0.0);
+    assert_eq!(value("dedupkv_replica_upload_failures{store=replicated}"), 0.0);
+    assert!(value("dedupkv_replica_lag_seconds{store=replicated}") >= 0.0);
+    // A store without a replica publishes none of them.
+    let plain = Store::builder()
+        .background_eviction(false)
+        .metrics_label("plain")
+        .open(dir.path().join("p.redb"))?;
+    plain.publish_metrics();
+    assert_eq!(value("dedupkv_replica_epoch{store=plain}"), -1.0);
+    Ok(())
+}

@@ -274,7 +274,7 @@ fn stats(store: &Store, path: &Path) -> Result<Value, Refusal> {
     let size = std::fs::metadata(path)
         .map_err(|e| Refusal::new("failed", format!("{}: {e}", path.display())))?;
     let human = |d: Duration| render::human(d);
-    Ok(json!({
+    let mut v = json!({
         "file": path.display().to_string(),
         "file_bytes": size.len(),
         "format": s.format,
@@ -291,5 +291,19 @@ fn stats(store: &Store, path: &Path) -> Result<Value, Refusal> {
         "retention": human(s.retention),
         "effective_window": human(s.effective_window),
         "index_bytes": s.index_bytes,
-    }))
+    });
+    #[cfg(feature = "replica")]
+    if let Some(r) = store.replica_status() {
+        v["replica"] = json!({
+            "epoch": r.epoch,
+            "fenced": r.fenced,
+            "last_segment": r.last_segment,
+            "lag": human(r.lag),
+            "lag_bytes": r.lag_bytes,
+            "upload_failures": r.upload_failures,
+            "last_error": r.last_error,
+            "snapshots": r.snapshots,
+        });
+    }
+    Ok(v)
 }

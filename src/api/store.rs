@@ -103,6 +103,8 @@ impl Store {
     /// This store, with the replica it ships to.
     #[cfg(feature = "replica")]
     pub(crate) fn with_replica(mut self, up: Arc<crate::replica::uploader::Uploader>) -> Store {
+        #[cfg(feature = "metrics")]
+        self.metrics.watch_replica(&up);
         self.replica = Some(up);
         self
     }

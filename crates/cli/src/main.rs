@@ -257,6 +257,14 @@ enum HeldCmd {
 #[derive(Subcommand)]
 enum ReplicaCmd {
     /// Its owner, epoch, newest segment and its age (the lag), newest
+    /// snapshot, read from the bucket. Never writes to the bucket, never
+    /// fences the owner. (The owner's own view, upload failures and
+    /// fencing included, is in `dedupkv stats` through its live endpoint.)
+    Status(replica::StatusArgs),
+    /// Makes a store file from the replica and takes ownership of it:
+    /// only with --take-ownership, since its owner now is fenced.
+    Restore(replica::RestoreArgs),
+    /// Its owner, epoch, newest segment and its age (the lag), newest
     /// snapshot; with `--scope S ID` a key's record from a scratch copy.
     /// Never writes to the bucket, never fences the owner.
     Inspect(replica::InspectArgs),
@@ -368,6 +376,14 @@ fn run(command: Command) -> Result<(), Fail> {
         Command::Upgrade(w) => write_offline(&w.common, &w.write, |s| {
             Ok(json!({ "upgraded": s.upgrade()? }))
         }),
+        Command::Replica(ReplicaCmd::Status(args)) => {
+            show::print(&replica::status(&args)?, args.json);
+            Ok(())
+        }
+        Command::Replica(ReplicaCmd::Restore(args)) => {
+            show::print(&replica::restore(&args)?, args.json);
+            Ok(())
+        }
         Command::Replica(ReplicaCmd::Inspect(args)) => {
             show::print(&replica::inspect(&args)?, args.json);
             Ok(())
