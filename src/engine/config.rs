@@ -57,6 +57,8 @@ pub(crate) struct Config {
     pub verify_pages: bool,
     /// What the store's time does while the clock reads behind it.
     pub clock_behind: crate::clock::ClockBehind,
+    /// The journal in front of the file (off: `None`).
+    pub journal: Option<crate::log::JournalSetting>,
 }
 
 impl Config {
@@ -67,6 +69,7 @@ impl Config {
             cache_bytes: self.cache_bytes,
             verify_pages: self.verify_pages,
             quick_repair: self.quick_repair,
+            journal: self.journal.clone(),
         }
     }
 
@@ -116,6 +119,7 @@ impl Default for Config {
             upgrade: false,
             verify_pages: true,
             clock_behind: crate::clock::ClockBehind::StandStill,
+            journal: None,
             ship: None,
             token_base: 0,
         }

@@ -56,6 +56,7 @@ pub(crate) use ship::Ship;
 #[cfg(feature = "replica")]
 pub(crate) use ship::{Acks, LocalFile, Restorer, Shipped, Sink, inspect};
 pub use store::PageBackend;
+pub(crate) use store::journal::{DEFAULT_BYTES as JOURNAL_BYTES, JournalSetting};
 pub(crate) use store::redb::RedbOptions;
 pub(crate) use store::{Location, LogStore};
 #[cfg(feature = "replica")]
@@ -75,11 +76,14 @@ fn open_store(location: Location, options: RedbOptions) -> Result<Storage> {
         .is_read_only()
         .then(|| location.path().map(Path::to_path_buf))
         .flatten();
+    let path = location.path().map(Path::to_path_buf);
+    let journal = options.journal.clone();
     let db: Storage = Box::new(store::redb::RedbStore::open(location, options)?);
-    Ok(match read_only {
-        Some(path) => Box::new(store::read_only::Guarded::new(db, path)),
+    let db: Storage = match &read_only {
+        Some(path) => Box::new(store::read_only::Guarded::new(db, path.clone())),
         None => db,
-    })
+    };
+    store::journal::wrap(db, path.as_deref(), read_only.is_some(), journal.as_ref())
 }
 
 /// Opens (or creates) the storage at `location` with a small page cache,
@@ -93,6 +97,7 @@ fn open_plain(location: Location, cache_bytes: usize) -> Result<Storage> {
             cache_bytes,
             verify_pages: false,
             quick_repair: false,
+            journal: None,
         },
     )
 }
