@@ -125,11 +125,12 @@ pub(crate) fn wrap(
         return Ok(base);
     };
     let len = segment.len().map_err(|e| io_err(&name, &e))?;
+    if len == 0 && mark.is_some() {
+        // The mark is written after the segment was made whole.
+        return Err(missing(&name));
+    }
     if len == 0 && setting.is_none() {
         // A segment never made whole: it never held a record.
-        if mark.is_some() {
-            return Err(missing(&name));
-        }
         return Ok(with_filter(base));
     }
     let seg_bytes = if len == 0 {
