@@ -3,7 +3,7 @@
 //! checkpoint, a torn last record at every 512-byte boundary, failed
 //! writes and syncs, recycled segments, the read-only open, and damage.
 
-use dedupkv::{Error, Key, ManualClock, Result, Store, StoreBuilder};
+use dedupkv::{Error, Key, ManualClock, Result, State, Store, StoreBuilder};
 use dedupkv_testkit::{FaultBackend, FaultFile, Plan, is_fault};
 
 /// A builder with a manual clock (records of the same shape have the same
@@ -111,3 +111,169 @@ fn a_crash_without_a_checkpoint_replays_the_journal() -> TestResult {
     Ok(())
 }
 
+
+/// A store with `acked` keys inserted one commit each, on fresh bytes.
+fn seeded(acked: &[String]) -> Result<(FaultBackend, FaultFile, Store)> {
+    let (db, j) = (FaultBackend::new(), FaultFile::new());
+    let store = open(&db, &j, 1 << 20)?;
+    for id in acked {
+        assert!(store.insert_if_absent(&key(id))?);
+    }
+    Ok((db, j, store))
+}
+
+#[test]
+fn a_torn_last_record_at_every_512_byte_boundary_loses_only_itself() -> TestResult {
+    let acked: Vec<String> = (0..20).map(|i| format!("a{i}")).collect();
+    let batch_ids: Vec<String> = (0..300).map(|i| format!("batch-key-{i:04}")).collect();
+    let batch: Vec<Key<'_>> = batch_ids.iter().map(|id| key(id)).collect();
+    // The batch's record, written whole: its length.
+    let (_db, j, store) = seeded(&acked)?;
+    store.insert_batch(&batch)?;
+    let len = last_record_len(&j.healthy().contents()?);
+    drop(store);
+    assert!(len > 4096, "a record of several blocks ({len} bytes)");
+    let mut cuts = 0;
+    for keep in (0..len).step_by(512) {
+        let (db, j, store) = seeded(&acked)?;
+        j.arm(Plan::after(0).torn(keep));
+        let err = store.insert_batch(&batch).map(|_| ());
+        assert!(matches!(&err, Err(e) if is_fault(e)), "{keep}: {err:?}");
+        // The process dies with the torn bytes in the file.
+        let (db2, j2) = (db.crash_image(), killed(&j)?);
+        drop(store);
+        let reopened = open(&db2, &j2, 1 << 20)?;
+        assert_present(&reopened, &acked)?;
+        for id in &batch_ids {
+            assert!(
+                reopened.get(&key(id))?.is_none(),
+                "torn at {keep}: {id} of the unacknowledged batch is there"
+            );
+        }
+        assert!(reopened.insert_if_absent(&key("next"))?, "writable after");
+        cuts += 1;
+    }
+    assert!(cuts >= 8, "{cuts} cuts");
+    Ok(())
+}
+
+#[test]
+fn a_failed_journal_write_or_sync_acknowledges_nothing_and_poisons() -> TestResult {
+    let acked: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+    for plan in [Plan::after(0), Plan::after(0).syncs_only(), Plan::after(0).disk_full()] {
+        let (db, j, store) = seeded(&acked)?;
+        j.arm(plan);
+        let err = store.insert_if_absent(&key("failed"));
+        assert!(matches!(&err, Err(e) if is_fault(e)), "{err:?}");
+        j.disarm();
+        let again = store.insert_if_absent(&key("later"));
+        assert!(matches!(&again, Err(e) if is_fault(e)), "sticky: {again:?}");
+        // The power fails: what was synced.
+        let (db2, j2) = (db.crash_image(), j.crash_image());
+        // The process dies: what was written.
+        let (db3, j3) = (db.crash_image(), killed(&j)?);
+        drop(store);
+        let after_power_cut = open(&db2, &j2, 1 << 20)?;
+        assert_present(&after_power_cut, &acked)?;
+        assert!(after_power_cut.get(&key("failed"))?.is_none(), "never synced");
+        assert!(after_power_cut.get(&key("later"))?.is_none());
+        drop(after_power_cut);
+        let after_kill = open(&db3, &j3, 1 << 20)?;
+        assert_present(&after_kill, &acked)?;
+        assert!(after_kill.get(&key("later"))?.is_none());
+        assert!(after_kill.insert_if_absent(&key("next"))?, "writable after");
+    }
+    Ok(())
+}
+
+#[test]
+fn recycled_segments_never_replay_their_stale_tail() -> TestResult {
+    // 8 KiB segments: a checkpoint every few dozen commits.
+    let (db, j) = (FaultBackend::new(), FaultFile::new());
+    let store = open(&db, &j, 8192)?;
+    let mut ids = Vec::new();
+    for i in 0..400 {
+        let id = format!("r{i}");
+        assert!(store.insert_if_absent(&key(&id))?);
+        ids.push(id);
+        // Forgotten keys stay forgotten: a stale record replayed would
+        // bring one back.
+        if i % 7 == 0 {
+            store.forget(&key(&ids[i / 2]))?;
+        }
+    }
+    assert_eq!(j.len()?, 8192, "the segment never grows");
+    let states = |s: &Store| -> Result<Vec<Option<State>>> {
+        ids.iter()
+            .map(|id| Ok(s.get(&key(id))?.map(|r| r.state())))
+            .collect()
+    };
+    let want = states(&store)?;
+    assert!(want.contains(&Some(State::Forgotten)), "some keys were forgotten");
+    let (db2, j2) = (db.crash_image(), j.crash_image());
+    drop(store);
+    let reopened = open(&db2, &j2, 8192)?;
+    let got = states(&reopened)?;
+    assert_eq!(got, want, "the same keys, forgotten ones included");
+    Ok(())
+}
+
+#[test]
+fn a_damaged_or_missing_journal_is_an_error_naming_it() -> TestResult {
+    let dir = dedupkv_testkit::tempdir();
+    let path = dir.path().join("s.redb");
+    let journal = dir.path().join("s.redb.journal");
+    builder(1 << 16).open(&path)?.insert_if_absent(&key("x"))?;
+    let good = std::fs::read(&journal)?;
+    let mut flipped = good.clone();
+    flipped[20] ^= 0x40; // the segment length in the header
+    let cases: [(&str, Option<Vec<u8>>); 4] = [
+        ("a damaged header", Some(flipped)),
+        ("a cut segment", Some(good[..5000].to_vec())),
+        ("a header only", Some(good[..100].to_vec())),
+        ("no journal", None),
+    ];
+    for (what, bytes) in cases {
+        match &bytes {
+            Some(b) => std::fs::write(&journal, b)?,
+            None => std::fs::remove_file(&journal)?,
+        }
+        for b in [builder(1 << 16), plain()] {
+            let err = b.open(&path).map(|_| ());
+            assert!(
+                matches!(&err, Err(Error::Corrupt(m)) if m.contains("s.redb.journal")),
+                "{what}: {err:?}"
+            );
+        }
+        let err = Store::open_read_only(&path).map(|_| ());
+        assert!(
+            matches!(&err, Err(Error::Corrupt(m)) if m.contains("s.redb.journal")),
+            "{what}, read-only: {err:?}"
+        );
+    }
+    std::fs::write(&journal, &good)?;
+    assert!(plain().open(&path)?.get(&key("x"))?.is_some(), "repaired");
+    Ok(())
+}
+
+#[test]
+fn a_read_only_open_replays_the_journal_in_memory_and_writes_nothing() -> TestResult {
+    let dir = dedupkv_testkit::tempdir();
+    let path = dir.path().join("s.redb");
+    let journal = dir.path().join("s.redb.journal");
+    let store = builder(1 << 20).open(&path)?;
+    let ids: Vec<String> = (0..30).map(|i| format!("ro{i}")).collect();
+    for id in &ids {
+        assert!(store.insert_if_absent(&key(id))?);
+    }
+    // The writer stays open, without a checkpoint: its commits are in the
+    // journal only.
+    let before = (std::fs::read(&path)?, std::fs::read(&journal)?);
+    let reader = plain().open_read_only(&path)?;
+    assert_present(&reader, &ids)?;
+    drop(reader);
+    let after = (std::fs::read(&path)?, std::fs::read(&journal)?);
+    assert!(before == after, "the read-only open wrote to a file");
+    drop(store);
+    Ok(())
+}
