@@ -54,7 +54,10 @@ fn last_record_len(seg: &[u8]) -> usize {
 
 fn assert_present(store: &Store, ids: &[String]) -> Result<()> {
     for id in ids {
-        assert!(store.get(&key(id))?.is_some(), "acknowledged {id} is missing");
+        assert!(
+            store.get(&key(id))?.is_some(),
+            "acknowledged {id} is missing"
+        );
     }
     Ok(())
 }
@@ -69,7 +72,10 @@ fn keys_round_trip_and_survive_a_reopen_and_switching_the_journal_off() -> TestR
         for id in &ids {
             assert!(store.insert_if_absent(&key(id))?);
         }
-        assert!(!store.insert_if_absent(&key("k7"))?, "a duplicate, from the overlay");
+        assert!(
+            !store.insert_if_absent(&key("k7"))?,
+            "a duplicate, from the overlay"
+        );
         assert_present(&store, &ids)?;
     }
     let journal = dir.path().join("s.redb.journal");
@@ -84,7 +90,10 @@ fn keys_round_trip_and_survive_a_reopen_and_switching_the_journal_off() -> TestR
     let store = plain().open(&path)?;
     assert_present(&store, &ids)?;
     assert!(store.get(&key("after"))?.is_some());
-    assert!(!journal.exists(), "an open without the journal settles and removes it");
+    assert!(
+        !journal.exists(),
+        "an open without the journal settles and removes it"
+    );
     Ok(())
 }
 
@@ -110,7 +119,6 @@ fn a_crash_without_a_checkpoint_replays_the_journal() -> TestResult {
     );
     Ok(())
 }
-
 
 /// A store with `acked` keys inserted one commit each, on fresh bytes.
 fn seeded(acked: &[String]) -> Result<(FaultBackend, FaultFile, Store)> {
@@ -160,7 +168,11 @@ fn a_torn_last_record_at_every_512_byte_boundary_loses_only_itself() -> TestResu
 #[test]
 fn a_failed_journal_write_or_sync_acknowledges_nothing_and_poisons() -> TestResult {
     let acked: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
-    for plan in [Plan::after(0), Plan::after(0).syncs_only(), Plan::after(0).disk_full()] {
+    for plan in [
+        Plan::after(0),
+        Plan::after(0).syncs_only(),
+        Plan::after(0).disk_full(),
+    ] {
         let (db, j, store) = seeded(&acked)?;
         j.arm(plan);
         let err = store.insert_if_absent(&key("failed"));
@@ -175,7 +187,10 @@ fn a_failed_journal_write_or_sync_acknowledges_nothing_and_poisons() -> TestResu
         drop(store);
         let after_power_cut = open(&db2, &j2, 1 << 20)?;
         assert_present(&after_power_cut, &acked)?;
-        assert!(after_power_cut.get(&key("failed"))?.is_none(), "never synced");
+        assert!(
+            after_power_cut.get(&key("failed"))?.is_none(),
+            "never synced"
+        );
         assert!(after_power_cut.get(&key("later"))?.is_none());
         drop(after_power_cut);
         let after_kill = open(&db3, &j3, 1 << 20)?;
@@ -209,7 +224,10 @@ fn recycled_segments_never_replay_their_stale_tail() -> TestResult {
             .collect()
     };
     let want = states(&store)?;
-    assert!(want.contains(&Some(State::Forgotten)), "some keys were forgotten");
+    assert!(
+        want.contains(&Some(State::Forgotten)),
+        "some keys were forgotten"
+    );
     let (db2, j2) = (db.crash_image(), j.crash_image());
     drop(store);
     let reopened = open(&db2, &j2, 8192)?;

@@ -103,7 +103,7 @@ pub(crate) struct RedbStore {
 
 impl RedbStore {
     /// Opens (or creates) the database at `location` with `options`.
-    pub(crate) fn open(location: Location, options: RedbOptions) -> StoreResult<RedbStore> {
+    pub(crate) fn open(location: Location, options: &RedbOptions) -> StoreResult<RedbStore> {
         let mut builder = redb::Builder::new();
         builder.set_cache_size(options.cache_bytes);
         builder.set_check_integrity_on_open(options.verify_pages);

@@ -85,39 +85,22 @@ pub(crate) fn wrap(
     base: Box<dyn LogStore>,
     path: Option<&Path>,
     read_only: bool,
-    setting: Option<&JournalSetting>,
+    setting: Option<JournalSetting>,
 ) -> Result<Box<dyn LogStore>> {
-    if let Some(s) = setting
-        && !(MIN_BYTES..=u64::from(u32::MAX)).contains(&s.bytes)
+    let (wanted, backend) = match setting {
+        Some(s) => (Some(s.bytes), s.backend),
+        None => (None, None),
+    };
+    if let Some(bytes) = wanted
+        && !(MIN_BYTES..=u64::from(u32::MAX)).contains(&bytes)
     {
         return Err(Error::InvalidConfig(format!(
-            "a journal segment of {} bytes: it must be from {MIN_BYTES} to {} bytes",
-            s.bytes,
+            "a journal segment of {bytes} bytes: it must be from {MIN_BYTES} to {} bytes",
             u32::MAX
         )));
     }
     let mark = read_mark(&*base)?;
-    let (segment, name) = match (setting.and_then(|s| s.backend.clone()), path) {
-        (Some(b), _) => (Some(b), "the journal backend".to_string()),
-        (None, Some(p)) => {
-            let jp = journal_path(p);
-            let create = setting.is_some() && !read_only;
-            let seg = file::SegmentFile::open(&jp, !read_only, create)
-                .map_err(|e| LogError::Storage(crate::error::io_at(&jp, &e)))?;
-            (
-                seg.map(|s| Arc::new(s) as Arc<dyn PageBackend>),
-                jp.display().to_string(),
-            )
-        }
-        (None, None) => {
-            if setting.is_some() {
-                return Err(Error::InvalidConfig(
-                    "a journal needs a store opened by path, or a journal backend".into(),
-                ));
-            }
-            (None, "the journal".to_string())
-        }
-    };
+    let (segment, name) = segment_of(path, read_only, wanted.is_some(), backend)?;
     let Some(segment) = segment else {
         if mark.is_some() {
             return Err(missing(&name));
@@ -129,12 +112,12 @@ pub(crate) fn wrap(
         // The mark is written after the segment was made whole.
         return Err(missing(&name));
     }
-    if len == 0 && setting.is_none() {
+    if len == 0 && wanted.is_none() {
         // A segment never made whole: it never held a record.
         return Ok(with_filter(base));
     }
     let seg_bytes = if len == 0 {
-        let bytes = setting.map_or(DEFAULT_BYTES, |s| s.bytes);
+        let bytes = wanted.unwrap_or(DEFAULT_BYTES);
         let io = || -> io::Result<()> {
             segment.set_len(bytes)?;
             segment.write(0, &format::header(bytes))?;
@@ -155,14 +138,15 @@ pub(crate) fn wrap(
         base.commit_all(replayed.iter().map(Owned::commit).collect())?;
         return Ok(with_filter(base));
     }
-    if setting.is_none() {
+    if wanted.is_none() {
         // Settled into the store, the mark removed, then the file.
         let mut all: Vec<Commit<'_>> = replayed.iter().map(Owned::commit).collect();
         all.push(mark_commit(None));
         base.commit_all(all)?;
         if let Some(p) = path {
             let jp = journal_path(p);
-            std::fs::remove_file(&jp).map_err(|e| LogError::Storage(crate::error::io_at(&jp, &e)))?;
+            std::fs::remove_file(&jp)
+                .map_err(|e| LogError::Storage(crate::error::io_at(&jp, &e)))?;
             if let Some(dir) = jp.parent() {
                 file::sync_dir(dir);
             }
@@ -192,6 +176,34 @@ pub(crate) fn wrap(
         }),
         overlay: RwLock::new(Overlay::default()),
     }))
+}
+
+/// The journal's segment, if there is one, and its name for errors: the
+/// setting's `backend`, or the file beside the store at `path` (made when
+/// the setting asks for a journal, `wanted`, on a writable open).
+fn segment_of(
+    path: Option<&Path>,
+    read_only: bool,
+    wanted: bool,
+    backend: Option<Arc<dyn PageBackend>>,
+) -> Result<(Option<Arc<dyn PageBackend>>, String)> {
+    match (backend, path) {
+        (Some(b), _) => Ok((Some(b), "the journal backend".to_string())),
+        (None, Some(p)) => {
+            let jp = journal_path(p);
+            let create = wanted && !read_only;
+            let seg = file::SegmentFile::open(&jp, !read_only, create)
+                .map_err(|e| LogError::Storage(crate::error::io_at(&jp, &e)))?;
+            Ok((
+                seg.map(|s| Arc::new(s) as Arc<dyn PageBackend>),
+                jp.display().to_string(),
+            ))
+        }
+        (None, None) if wanted => Err(Error::InvalidConfig(
+            "a journal needs a store opened by path, or a journal backend".into(),
+        )),
+        (None, None) => Ok((None, "the journal".to_string())),
+    }
 }
 
 /// `base` with the [`MARK`] entry hidden from the log.
@@ -336,6 +348,16 @@ struct Overlay {
     hidden: HashMap<u64, Hidden>,
 }
 
+/// A row as the overlay knows it.
+enum Known {
+    /// Written by a pending commit.
+    Row(Vec<u8>),
+    /// Deleted by a pending commit.
+    Gone,
+    /// Not touched since the last checkpoint: the store has it, or not.
+    Unknown,
+}
+
 #[derive(Default)]
 struct Hidden {
     dropped: bool,
@@ -365,13 +387,19 @@ impl Overlay {
         self.pending.push(o);
     }
 
-    /// `Some` when the overlay decides the row: its bytes, or gone.
-    fn row(&self, bucket: u64, row: u64) -> Option<Option<Vec<u8>>> {
-        if let Some(&(c, i)) = self.rows.get(&(bucket, row)) {
-            return Some(self.pending.get(c)?.rows.get(i).map(|r| r.2.clone()));
+    /// What the overlay knows of a row.
+    fn row(&self, bucket: u64, row: u64) -> Known {
+        if let Some(&(c, i)) = self.rows.get(&(bucket, row))
+            && let Some(r) = self.pending.get(c).and_then(|o| o.rows.get(i))
+        {
+            return Known::Row(r.2.clone());
         }
-        let h = self.hidden.get(&bucket)?;
-        (h.dropped || h.trimmed.iter().any(|&(s, e)| (s..=e).contains(&row))).then_some(None)
+        match self.hidden.get(&bucket) {
+            Some(h) if h.dropped || h.trimmed.iter().any(|&(s, e)| (s..=e).contains(&row)) => {
+                Known::Gone
+            }
+            _ => Known::Unknown,
+        }
     }
 }
 
@@ -453,8 +481,10 @@ impl LogStore for JournalStore {
     }
 
     fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>> {
-        if let Some(found) = self.overlay.read().row(bucket, row) {
-            return Ok(found);
+        match self.overlay.read().row(bucket, row) {
+            Known::Row(bytes) => return Ok(Some(bytes)),
+            Known::Gone => return Ok(None),
+            Known::Unknown => {}
         }
         self.base.read_row(bucket, row)
     }
@@ -495,9 +525,10 @@ impl LogStore for JournalStore {
         if !w.marked {
             // The store's first commit goes to it, with the mark: from
             // then on a build without the journal refuses the store.
-            o.meta.push((MARK.to_string(), Some(
-                [w.seq.to_le_bytes(), w.epoch.to_le_bytes()].concat(),
-            )));
+            o.meta.push((
+                MARK.to_string(),
+                Some([w.seq.to_le_bytes(), w.epoch.to_le_bytes()].concat()),
+            ));
             self.base.commit(o.commit())?;
             w.marked = true;
             return Ok(());
@@ -542,5 +573,70 @@ impl LogStore for JournalStore {
     fn compact(&mut self) -> StoreResult<Option<bool>> {
         drop(self.settled()?);
         self.base.compact()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default)]
+    struct Mem(std::sync::Mutex<Vec<u8>>);
+
+    impl PageBackend for Mem {
+        fn len(&self) -> io::Result<u64> {
+            Ok(self.0.lock().expect("lock").len() as u64)
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+            let b = self.0.lock().expect("lock");
+            let at = offset as usize;
+            out.copy_from_slice(
+                b.get(at..at + out.len())
+                    .ok_or(io::ErrorKind::UnexpectedEof)?,
+            );
+            Ok(())
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.0.lock().expect("lock").resize(len as usize, 0);
+            Ok(())
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            let mut b = self.0.lock().expect("lock");
+            let at = offset as usize;
+            b[at..at + data.len()].copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    fn one_row(n: u64) -> Vec<u8> {
+        Owned {
+            rows: vec![(1, n, vec![n as u8; 3])],
+            ..Owned::default()
+        }
+        .encode()
+    }
+
+    #[test]
+    fn replay_stops_at_a_record_of_another_epoch_even_with_the_next_sequence() -> io::Result<()> {
+        let seg = Mem::default();
+        seg.set_len(MIN_BYTES)?;
+        seg.write(0, &format::header(MIN_BYTES))?;
+        let mut at = HEADER_BYTES;
+        // Epoch 3 holds 11 and 12; then a stale record of epoch 2 numbered 13.
+        for (epoch, seq) in [(3, 11), (3, 12), (2, 13)] {
+            let r = format::record(epoch, seq, &one_row(seq));
+            seg.write(at, &r)?;
+            at += r.len() as u64;
+        }
+        let got = replay(&seg, "j", MIN_BYTES, 10, 3).expect("replays");
+        let rows: Vec<u64> = got.iter().map(|o| o.rows[0].1).collect();
+        assert_eq!(rows, [11, 12]);
+        // And a gap in the sequence ends it too.
+        let got = replay(&seg, "j", MIN_BYTES, 11, 3).expect("replays");
+        assert!(got.is_empty(), "11 is not after 11");
+        Ok(())
     }
 }
