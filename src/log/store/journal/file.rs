@@ -10,6 +10,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::super::PageBackend;
+use super::super::read_only::read_at;
 
 /// One segment file.
 #[derive(Debug)]
@@ -90,29 +91,8 @@ pub(crate) fn sync_dir(dir: &Path) {
 }
 
 #[cfg(unix)]
-fn read_at(file: &File, at: u64, out: &mut [u8]) -> io::Result<()> {
-    std::os::unix::fs::FileExt::read_exact_at(file, out, at)
-}
-
-#[cfg(unix)]
 fn write_at(file: &File, at: u64, data: &[u8]) -> io::Result<()> {
     std::os::unix::fs::FileExt::write_all_at(file, data, at)
-}
-
-#[cfg(windows)]
-fn read_at(file: &File, mut at: u64, mut out: &mut [u8]) -> io::Result<()> {
-    while !out.is_empty() {
-        match std::os::windows::fs::FileExt::seek_read(file, out, at) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => {
-                out = &mut out[n..];
-                at += n as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(windows)]
