@@ -135,12 +135,12 @@ pub(crate) fn wrap(
     };
     let last = seq + replayed.len() as u64;
     if read_only {
-        base.commit_all(replayed.iter().map(Owned::commit).collect())?;
+        base.commit_all(coalesce(&replayed))?;
         return Ok(with_filter(base));
     }
     if wanted.is_none() {
         // Settled into the store, the mark removed, then the file.
-        let mut all: Vec<Commit<'_>> = replayed.iter().map(Owned::commit).collect();
+        let mut all = coalesce(&replayed);
         all.push(mark_commit(None));
         base.commit_all(all)?;
         if let Some(p) = path {
@@ -156,7 +156,7 @@ pub(crate) fn wrap(
     let mut epoch = epoch;
     if !replayed.is_empty() {
         epoch += 1;
-        let mut all: Vec<Commit<'_>> = replayed.iter().map(Owned::commit).collect();
+        let mut all = coalesce(&replayed);
         all.push(mark_commit(Some((last, epoch))));
         base.commit_all(all)?;
     }
@@ -309,6 +309,46 @@ fn replay(
     Ok(out)
 }
 
+/// `pending` as few commits as apply the same changes: a run of commits
+/// that neither drop nor trim becomes one (their rows, the last summary
+/// of each bucket, the last change of each metadata entry), so a
+/// checkpoint opens each table once per run, not once per commit.
+fn coalesce(pending: &[Owned]) -> Vec<Commit<'_>> {
+    let mut out: Vec<Commit<'_>> = Vec::new();
+    let mut summary_at: HashMap<u64, usize> = HashMap::new();
+    let mut meta_at: HashMap<&str, usize> = HashMap::new();
+    for o in pending {
+        if out.is_empty() || !o.drop_buckets.is_empty() || !o.trims.is_empty() {
+            summary_at.clear();
+            meta_at.clear();
+            out.push(Commit {
+                drop_buckets: &o.drop_buckets,
+                trims: o.trims.iter().map(|&(b, s, e)| (b, s..=e)).collect(),
+                ..Commit::default()
+            });
+        }
+        let Some(c) = out.last_mut() else { break };
+        c.rows.extend(o.rows.iter().cloned());
+        for (b, v) in &o.summaries {
+            if let Some(&i) = summary_at.get(b) {
+                c.summaries[i].1.clone_from(v);
+            } else {
+                summary_at.insert(*b, c.summaries.len());
+                c.summaries.push((*b, v.clone()));
+            }
+        }
+        for (k, v) in &o.meta {
+            if let Some(&i) = meta_at.get(k.as_str()) {
+                c.raw_meta[i].1.clone_from(v);
+            } else {
+                meta_at.insert(k, c.raw_meta.len());
+                c.raw_meta.push((k.clone(), v.clone()));
+            }
+        }
+    }
+    out
+}
+
 /// The store of record with a journal in front of it (see the module).
 pub(crate) struct JournalStore {
     base: Box<dyn LogStore>,
@@ -424,7 +464,7 @@ impl JournalStore {
             return Ok(());
         }
         let next = w.epoch + 1;
-        let mut all: Vec<Commit<'_>> = ov.pending.iter().map(Owned::commit).collect();
+        let mut all = coalesce(&ov.pending);
         all.push(mark_commit(Some((w.seq, next))));
         if let Err(e) = self.base.commit_all(all) {
             w.poisoned = Some(format!("a checkpoint failed: {e}"));
@@ -617,6 +657,30 @@ mod tests {
             ..Owned::default()
         }
         .encode()
+    }
+
+    #[test]
+    fn coalescing_keeps_the_order_around_drops_and_the_last_summary_and_entry() {
+        let rows = |b: u64, r: u64| Owned {
+            rows: vec![(b, r, vec![1])],
+            summaries: vec![(b, vec![r as u8])],
+            meta: vec![("m".into(), Some(vec![r as u8]))],
+            ..Owned::default()
+        };
+        let dropping = Owned {
+            drop_buckets: vec![1],
+            ..rows(2, 3)
+        };
+        let pending = [rows(1, 1), rows(1, 2), dropping, rows(1, 4)];
+        let got = coalesce(&pending);
+        assert_eq!(got.len(), 2, "a run, then the drop and what follows it");
+        assert_eq!(got[0].rows.len(), 2);
+        assert_eq!(got[0].summaries, [(1, vec![2])]);
+        assert_eq!(got[0].raw_meta, [("m".to_string(), Some(vec![2]))]);
+        assert_eq!(got[1].drop_buckets, [1]);
+        assert_eq!(got[1].rows.len(), 2);
+        assert_eq!(got[1].summaries, [(2, vec![3]), (1, vec![4])]);
+        assert_eq!(got[1].raw_meta, [("m".to_string(), Some(vec![4]))]);
     }
 
     #[test]
