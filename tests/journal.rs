@@ -295,3 +295,38 @@ fn a_read_only_open_replays_the_journal_in_memory_and_writes_nothing() -> TestRe
     drop(store);
     Ok(())
 }
+
+#[test]
+fn eviction_through_the_journal_is_replayed_after_a_crash() -> TestResult {
+    const MIN: std::time::Duration = std::time::Duration::from_secs(60);
+    let clock = ManualClock::new(dedupkv_testkit::T0);
+    let b = || {
+        dedupkv_testkit::builder(&clock)
+            .retention(10 * MIN)
+            .bucket_granularity(MIN)
+            .journal(Some(1 << 20))
+    };
+    let (db, j) = (FaultBackend::new(), FaultFile::new());
+    let store = b().open_with_backends(db.clone(), j.clone())?;
+    let old: Vec<String> = (0..50).map(|i| format!("old{i}")).collect();
+    let new: Vec<String> = (0..50).map(|i| format!("new{i}")).collect();
+    for id in &old {
+        assert!(store.insert_if_absent(&key(id))?);
+    }
+    clock.advance(15 * MIN);
+    for id in &new {
+        assert!(store.insert_if_absent(&key(id))?);
+    }
+    assert!(store.evict_expired()?.keys > 0, "the old bucket expired");
+    // A key committed after the eviction, into the journal only.
+    assert!(store.insert_if_absent(&key("last"))?);
+    let (db2, j2) = (db.crash_image(), j.crash_image());
+    drop(store);
+    let reopened = b().open_with_backends(db2, j2)?;
+    assert_present(&reopened, &new)?;
+    assert!(reopened.get(&key("last"))?.is_some());
+    for id in &old {
+        assert!(reopened.get(&key(id))?.is_none(), "{id} came back");
+    }
+    Ok(())
+}
