@@ -330,3 +330,44 @@ fn eviction_through_the_journal_is_replayed_after_a_crash() -> TestResult {
     }
     Ok(())
 }
+
+/// The epoch of the first record of a journal segment.
+fn first_epoch(seg: &[u8]) -> u64 {
+    u64::from_le_bytes(seg[4096 + 8..4096 + 16].try_into().expect("8 bytes"))
+}
+
+#[test]
+fn a_journal_left_behind_by_a_settle_is_never_read_as_the_new_ones() -> TestResult {
+    let (dir, copy) = (dedupkv_testkit::tempdir(), dedupkv_testkit::tempdir());
+    let store = builder(1 << 16).open(dir.path().join("s.redb"))?;
+    for id in ["a", "b", "c"] {
+        assert!(store.insert_if_absent(&key(id))?);
+    }
+    // Its commits are in the journal only; the copy is what a crash leaves.
+    for name in ["s.redb", "s.redb.journal"] {
+        std::fs::copy(dir.path().join(name), copy.path().join(name))?;
+    }
+    drop(store);
+    let (path, journal) = (
+        copy.path().join("s.redb"),
+        copy.path().join("s.redb.journal"),
+    );
+    let left = std::fs::read(&journal)?;
+    // Opened without the journal: settled into the file, then the open
+    // "crashes" before the file is removed (put back).
+    drop(plain().open(&path)?);
+    assert!(!journal.exists());
+    std::fs::write(&journal, &left)?;
+    let store = builder(1 << 16).open(&path)?;
+    assert!(store.insert_if_absent(&key("d"))?);
+    let now = std::fs::read(&journal)?;
+    assert_ne!(
+        first_epoch(&now),
+        first_epoch(&left),
+        "the new records must not share the left-behind ones' epoch"
+    );
+    drop(store);
+    let store = builder(1 << 16).open(&path)?;
+    assert_present(&store, &["a", "b", "c", "d"].map(String::from))?;
+    Ok(())
+}

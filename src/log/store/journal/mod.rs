@@ -128,7 +128,10 @@ pub(crate) fn wrap(
     } else {
         read_header(&*segment, &name, len)?
     };
-    let (seq, epoch) = mark.unwrap_or((0, 1));
+    let (seq, epoch) = match mark {
+        Some(m) => m,
+        None => (0, fresh_epoch()?),
+    };
     let replayed = match mark {
         Some(_) => replay(&*segment, &name, seg_bytes, seq, epoch)?,
         None => Vec::new(),
@@ -224,6 +227,25 @@ fn missing(name: &str) -> Error {
 
 fn io_err(name: &str, e: &io::Error) -> LogError {
     LogError::Storage(io::Error::new(e.kind(), format!("{name}: {e}")).into())
+}
+
+/// The epoch of a journal's first records, drawn at random: a segment
+/// left behind by an earlier journal (an open without the journal settled
+/// it and crashed before removing the file) holds records of small
+/// epochs numbered from 1, and a record of the same length at the same
+/// place must not make one of them look like the next.
+fn fresh_epoch() -> StoreResult<u64> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| {
+        LogError::Storage(
+            io::Error::other(format!(
+                "drawing the journal's epoch from the operating system: {e}"
+            ))
+            .into(),
+        )
+    })?;
+    // Room for 2^62 checkpoints after it.
+    Ok((u64::from_le_bytes(b) >> 2) + 1)
 }
 
 /// The [`MARK`] entry of `base`: (sequence, epoch).
