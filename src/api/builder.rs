@@ -499,7 +499,8 @@ impl StoreBuilder {
     }
 
     /// Puts a journal in front of the store file: a preallocated segment
-    /// of `bytes` beside it (its name with `.journal` added), so a durable
+    /// of `bytes` beside it (its name with `.journal` added; the length is
+    /// fixed when the segment is made, a later open keeps it), so a durable
     /// commit is one sequential write and one `fdatasync` there; the
     /// commits are moved into the store file in one transaction when the
     /// segment is full (the writer waits for that), before a scan, and at
