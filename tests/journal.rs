@@ -371,3 +371,74 @@ fn a_journal_left_behind_by_a_settle_is_never_read_as_the_new_ones() -> TestResu
     assert_present(&store, &["a", "b", "c", "d"].map(String::from))?;
     Ok(())
 }
+
+/// A copy of the committed journal fixture (`tests/fixtures/v5-journal.*`:
+/// a format-5 store written by this build with an 8 KiB journal, 5
+/// `insert_if_absent` and 3 `begin` + `complete` at `T0`, its process gone
+/// before any checkpoint, so its 12 records after the first commit are in
+/// the journal only).
+fn journal_fixture() -> std::io::Result<(tempfile::TempDir, std::path::PathBuf)> {
+    let dir = dedupkv_testkit::tempdir();
+    let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for name in ["v5-journal.redb", "v5-journal.redb.journal"] {
+        std::fs::copy(from.join(name), dir.path().join(name))?;
+    }
+    let path = dir.path().join("v5-journal.redb");
+    Ok((dir, path))
+}
+
+fn fixture_builder() -> StoreBuilder {
+    Store::builder()
+        .clock(ManualClock::new(1_700_000_040_000))
+        .background_eviction(false)
+        .compact_when_free(None)
+}
+
+fn assert_fixture_keys(store: &Store) -> TestResult {
+    for i in 0..5 {
+        let rec = store.get(&Key::new("fx", &format!("ins-{i}")))?;
+        assert_eq!(rec.map(|r| r.state()), Some(State::Inserted), "ins-{i}");
+    }
+    for i in 0..3 {
+        let id = format!("op-{i}");
+        let rec = store.get(&Key::new("fx", &id))?.ok_or("missing")?;
+        assert_eq!(
+            rec.outcome(),
+            Some(format!("outcome-{i}").as_bytes()),
+            "{id}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_committed_journal_fixture_reads_as_journal_format_1() -> TestResult {
+    let (_dir, path) = journal_fixture()?;
+    let seg = std::fs::read(path.with_file_name("v5-journal.redb.journal"))?;
+    assert_eq!(&seg[..8], b"dkvjrnl\x01", "magic");
+    assert_eq!(seg[8..12], 1u32.to_le_bytes(), "journal format 1");
+    assert_eq!(seg[16..24], 8192u64.to_le_bytes(), "the segment's length");
+    assert_eq!(seg.len(), 8192);
+    assert_eq!(
+        seg[4096 + 16..4096 + 24],
+        1u64.to_le_bytes(),
+        "sequence 1 first"
+    );
+    // Read only: replayed in memory, nothing written.
+    let reader = fixture_builder().open_read_only(&path)?;
+    assert_fixture_keys(&reader)?;
+    drop(reader);
+    assert_eq!(
+        std::fs::read(path.with_file_name("v5-journal.redb.journal"))?,
+        seg
+    );
+    // Writable, with the journal: replayed into the file.
+    let store = fixture_builder().journal(Some(8192)).open(&path)?;
+    assert_fixture_keys(&store)?;
+    drop(store);
+    // Without it: settled, and the journal removed.
+    let store = fixture_builder().open(&path)?;
+    assert_fixture_keys(&store)?;
+    assert!(!path.with_file_name("v5-journal.redb.journal").exists());
+    Ok(())
+}
