@@ -56,7 +56,10 @@ pub(crate) use ship::Ship;
 #[cfg(feature = "replica")]
 pub(crate) use ship::{Acks, LocalFile, Restorer, Shipped, Sink, inspect};
 pub use store::PageBackend;
-pub(crate) use store::journal::{DEFAULT_BYTES as JOURNAL_BYTES, JournalSetting};
+pub(crate) use store::journal::{
+    DEFAULT_BYTES as JOURNAL_BYTES, JournalSetting, fuzz_segment as fuzz_journal,
+    segment_of_payload as journal_of_payload,
+};
 pub(crate) use store::redb::RedbOptions;
 pub(crate) use store::{Location, LogStore};
 #[cfg(feature = "replica")]
