@@ -22,8 +22,8 @@
 //!   sequence, with its epoch, each one more than the last, each whole
 //!   under its checksum, from the segment's start; the first that is not
 //!   ends the journal (a torn tail, or a recycled segment's stale one);
-//! - once a journal write or sync failed, or a checkpoint, no commit is
-//!   taken until the store is reopened (the store's sticky failure);
+//! - once a journal write, sync or checkpoint failed, no commit is taken
+//!   until the store is reopened (the store's sticky failure);
 //! - the header is written once, when the segment is made: damage to it
 //!   is an error naming the file, never an empty journal;
 //! - a read-only open replays into memory and writes nothing;
@@ -112,8 +112,9 @@ pub(crate) fn wrap(
         // The mark is written after the segment was made whole.
         return Err(missing(&name));
     }
-    if len == 0 && wanted.is_none() {
-        // A segment never made whole: it never held a record.
+    if len == 0 && (wanted.is_none() || read_only) {
+        // A segment never made whole: it never held a record (and a
+        // read-only open makes none).
         return Ok(with_filter(base));
     }
     let seg_bytes = if len == 0 {
