@@ -119,4 +119,21 @@ pub mod __fuzz {
         }
         Ok(n)
     }
+
+    /// Replays a journal segment (header included) the way an open does,
+    /// and decodes every row it replays; returns the records. Must never
+    /// panic on any input.
+    ///
+    /// # Errors
+    /// What an open reports for the same bytes.
+    pub fn decode_journal(segment: &[u8]) -> crate::Result<usize> {
+        crate::log::fuzz_journal(segment)
+    }
+
+    /// A journal segment holding one valid record around `payload`, so the
+    /// fuzzer reaches the payload's decoder behind the checksum.
+    #[must_use]
+    pub fn journal_of(payload: &[u8]) -> Vec<u8> {
+        crate::log::journal_of_payload(payload)
+    }
 }

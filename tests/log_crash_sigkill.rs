@@ -18,6 +18,9 @@ const KILLS: usize = 20;
 const CHILD_THREADS: usize = 4;
 const PATH_ENV: &str = "DEDUPKV_CRASH_PATH";
 const RUN_ENV: &str = "DEDUPKV_CRASH_RUN";
+/// Set: the child (and the reopen) keeps the store with a journal of
+/// this many bytes (small, so kills land in checkpoints and recycling).
+const JOURNAL_ENV: &str = "DEDUPKV_CRASH_JOURNAL";
 
 fn main() -> ExitCode {
     child::main(
@@ -27,6 +30,10 @@ fn main() -> ExitCode {
             (
                 "kills_never_lose_an_acknowledged_key",
                 kills_never_lose_an_acknowledged_key,
+            ),
+            (
+                "kills_never_lose_an_acknowledged_key_with_the_journal",
+                kills_never_lose_an_acknowledged_key_with_the_journal,
             ),
             (
                 "a_child_without_its_run_id_fails_loudly",
@@ -45,7 +52,8 @@ fn outcome_of(id: &str) -> Vec<u8> {
 fn crash_child() {
     let path = child::env(PATH_ENV);
     let run = child::env(RUN_ENV);
-    let store = Store::open(&path).expect("open");
+    let journal = std::env::var(JOURNAL_ENV).ok().and_then(|b| b.parse().ok());
+    let store = Store::builder().journal(journal).open(&path).expect("open");
     println!("READY");
     std::thread::scope(|s| {
         for t in 0..CHILD_THREADS {
@@ -71,21 +79,34 @@ fn crash_child() {
 /// not carry it, but a developer's shell might).
 fn this_binary() -> Command {
     let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.env_remove(PATH_ENV).env_remove(RUN_ENV);
+    cmd.env_remove(PATH_ENV)
+        .env_remove(RUN_ENV)
+        .env_remove(JOURNAL_ENV);
     cmd
 }
 
 fn kills_never_lose_an_acknowledged_key() -> Result<()> {
+    kills_with(None)
+}
+
+fn kills_never_lose_an_acknowledged_key_with_the_journal() -> Result<()> {
+    kills_with(Some(64 << 10))
+}
+
+/// Kills children streaming into one store (kept with a journal of
+/// `journal` bytes, if given) and checks every acknowledged key after each.
+fn kills_with(journal: Option<u64>) -> Result<()> {
     let dir = tempdir();
     let path = dir.path().join("crash.redb");
     let mut seed = u64::from(std::process::id());
     let mut acked: Vec<String> = Vec::new();
     for run in 0..KILLS {
-        let mut spawned = child::Spawned::start(
-            this_binary()
-                .env(PATH_ENV, &path)
-                .env(RUN_ENV, run.to_string()),
-        );
+        let mut cmd = this_binary();
+        cmd.env(PATH_ENV, &path).env(RUN_ENV, run.to_string());
+        if let Some(bytes) = journal {
+            cmd.env(JOURNAL_ENV, bytes.to_string());
+        }
+        let mut spawned = child::Spawned::start(&mut cmd);
         // Wait until the child has the store open, then kill it after a
         // random delay of 5–150 ms of streaming ...
         spawned.wait_ready(Duration::from_secs(30));
@@ -109,7 +130,7 @@ fn kills_never_lose_an_acknowledged_key() -> Result<()> {
         eprintln!("kill {run}: {} acknowledged this run", acked.len() - before);
 
         // Reopen: every key ever acknowledged replays its outcome.
-        let store = Store::open(&path)?;
+        let store = Store::builder().journal(journal).open(&path)?;
         for id in &acked {
             match store.begin(&Key::new("crash", id), Fingerprint::of(id))? {
                 Begin::Completed(rec) => {

@@ -502,6 +502,67 @@ impl StoreBuilder {
         self
     }
 
+    /// Puts a journal in front of the store file: a preallocated segment
+    /// of `bytes` beside it (its name with `.journal` added; the length is
+    /// fixed when the segment is made, a later open keeps it), so a durable
+    /// commit is one sequential write and one `fdatasync` there; the
+    /// commits are moved into the store file in one transaction when the
+    /// segment is full (the writer waits for that), before a scan, and at
+    /// close. `None` turns it off: an open without it moves a journal it
+    /// finds into the file and removes it. Opt-in, and new: see
+    /// docs/design.md, "The journal". Default: off.
+    ///
+    /// # Errors
+    /// `open` fails with [`Error::InvalidConfig`] for fewer than 8 KiB or
+    /// more than 4 GiB, or on [`open_with_backend`](Self::open_with_backend);
+    /// with [`Error::Corrupt`] naming the journal when it is damaged, or
+    /// missing from a store kept with one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("s.redb");
+    /// let s = dedupkv::Store::builder().journal(Some(1 << 20)).open(&path)?;
+    /// assert!(s.insert_if_absent(&dedupkv::Key::new("orders", "o-1"))?);
+    /// assert!(dir.path().join("s.redb.journal").exists());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn journal(mut self, bytes: Option<u64>) -> Self {
+        self.cfg.journal = bytes.map(|bytes| crate::engine::JournalSetting {
+            bytes,
+            backend: self.cfg.journal.take().and_then(|j| j.backend),
+        });
+        self
+    }
+
+    /// Opens a store on `store`'s pages with its journal on `journal`'s
+    /// (fault and crash tests of the journal). Not part of the API.
+    ///
+    /// # Errors
+    /// As [`open_with_backend`](Self::open_with_backend) and
+    /// [`journal`](Self::journal).
+    ///
+    /// # Examples
+    /// See `tests/journal.rs`.
+    #[doc(hidden)]
+    pub fn open_with_backends(
+        mut self,
+        store: impl crate::PageBackend,
+        journal: impl crate::PageBackend,
+    ) -> Result<Store> {
+        let bytes = self
+            .cfg
+            .journal
+            .as_ref()
+            .map_or(crate::engine::JOURNAL_BYTES, |j| j.bytes);
+        self.cfg.journal = Some(crate::engine::JournalSetting {
+            bytes,
+            backend: Some(Arc::new(journal)),
+        });
+        self.open_with_backend(store)
+    }
+
     /// Where the log closes a row and starts the next, in bytes (at most,
     /// and by default, 256 MiB). Not part of the API: tests lower it to
     /// drive commits of several rows.

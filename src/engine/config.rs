@@ -57,6 +57,8 @@ pub(crate) struct Config {
     pub verify_pages: bool,
     /// What the store's time does while the clock reads behind it.
     pub clock_behind: crate::clock::ClockBehind,
+    /// The journal in front of the file (off: `None`).
+    pub journal: Option<super::JournalSetting>,
 }
 
 impl Default for Config {
@@ -94,6 +96,7 @@ impl Default for Config {
             upgrade: false,
             verify_pages: true,
             clock_behind: crate::clock::ClockBehind::StandStill,
+            journal: None,
             ship: None,
             token_base: 0,
         }

@@ -88,9 +88,11 @@ use crate::sync::Arc;
 /// What the engine's rooms take from the log, named in one place (the open,
 /// in `recover.rs` and `start.rs`, uses the log's opening vocabulary too):
 /// where a log lives, its open batch, the deferring scope of the async
-/// front's waits, what the replica ships through, and the commit observer.
+/// front's waits, what the replica ships through, the commit observer, and
+/// the journal's setting (which the builder fills in).
 pub(crate) use crate::log::{
-    Batch, CommitObserver, Location, ROW_SPLIT_BYTES, Scope, Ship, Waiting, blocking, deferring,
+    Batch, CommitObserver, JOURNAL_BYTES, JournalSetting, Location, ROW_SPLIT_BYTES, Scope, Ship,
+    Waiting, blocking, deferring,
 };
 pub(crate) use background::Threads;
 pub(crate) use claims::{Begun, Ticket};

@@ -440,6 +440,7 @@ impl Config {
             cache_bytes: self.cache_bytes,
             verify_pages: self.verify_pages,
             quick_repair: self.quick_repair,
+            journal: self.journal.clone(),
         }
     }
 }

@@ -434,6 +434,7 @@ mod tests {
                 cache_bytes: 1 << 20,
                 verify_pages: false,
                 quick_repair: false,
+                journal: None,
             },
             &wanted,
             false,

@@ -56,6 +56,10 @@ pub(crate) use ship::Ship;
 #[cfg(feature = "replica")]
 pub(crate) use ship::{Acks, LocalFile, Restorer, Shipped, Sink, inspect};
 pub use store::PageBackend;
+pub(crate) use store::journal::{
+    DEFAULT_BYTES as JOURNAL_BYTES, JournalSetting, fuzz_segment as fuzz_journal,
+    segment_of_payload as journal_of_payload,
+};
 pub(crate) use store::redb::RedbOptions;
 pub(crate) use store::{Location, LogStore};
 #[cfg(feature = "replica")]
@@ -69,17 +73,20 @@ pub(crate) type Storage = Box<dyn LogStore>;
 /// the one place that chooses the storage under the log.
 /// A read-only location's storage answers every call under a guard that
 /// turns a panic of the storage engine (a live writer changed the file
-/// under it) into an error naming the file.
+/// under it) into an error naming the file. The journal, if the options
+/// ask for one or the store has one, goes in front (`store/journal/`).
 fn open_store(location: Location, options: RedbOptions) -> Result<Storage> {
     let read_only = location
         .is_read_only()
         .then(|| location.path().map(Path::to_path_buf))
         .flatten();
-    let db: Storage = Box::new(store::redb::RedbStore::open(location, options)?);
-    Ok(match read_only {
-        Some(path) => Box::new(store::read_only::Guarded::new(db, path)),
+    let path = location.path().map(Path::to_path_buf);
+    let db: Storage = Box::new(store::redb::RedbStore::open(location, &options)?);
+    let db: Storage = match &read_only {
+        Some(path) => Box::new(store::read_only::Guarded::new(db, path.clone())),
         None => db,
-    })
+    };
+    store::journal::wrap(db, path.as_deref(), read_only.is_some(), options.journal)
 }
 
 /// Opens (or creates) the storage at `location` with a small page cache,
@@ -93,6 +100,7 @@ fn open_plain(location: Location, cache_bytes: usize) -> Result<Storage> {
             cache_bytes,
             verify_pages: false,
             quick_repair: false,
+            journal: None,
         },
     )
 }

@@ -7,9 +7,11 @@ use tempfile::TempDir;
 
 use crate::contender::{Contender, Instance, Key16, Result, SCOPE, Worker};
 
-/// dedupkv with a given [`Durability`].
+/// dedupkv with a given [`Durability`], with or without its journal.
 pub struct Dedupkv {
     durability: Durability,
+    /// The journal's segment bytes, when it is on.
+    journal: Option<u64>,
 }
 
 impl Dedupkv {
@@ -17,6 +19,16 @@ impl Dedupkv {
     pub fn immediate() -> Self {
         Self {
             durability: Durability::Immediate,
+            journal: None,
+        }
+    }
+
+    /// Acknowledge after fdatasync of a record in the journal (64 MiB
+    /// segment) in front of the file.
+    pub fn journal() -> Self {
+        Self {
+            durability: Durability::Immediate,
+            journal: Some(64 << 20),
         }
     }
 
@@ -26,12 +38,16 @@ impl Dedupkv {
             durability: Durability::Deferred {
                 max_delay: Duration::from_millis(10),
             },
+            journal: None,
         }
     }
 }
 
 impl Contender for Dedupkv {
     fn id(&self) -> &'static str {
+        if self.journal.is_some() {
+            return "dedupkv-journal";
+        }
         match self.durability {
             Durability::Immediate => "dedupkv-immediate",
             _ => "dedupkv-deferred",
@@ -39,6 +55,9 @@ impl Contender for Dedupkv {
     }
 
     fn name(&self) -> String {
+        if self.journal.is_some() {
+            return "dedupkv Immediate + journal".into();
+        }
         match self.durability {
             Durability::Immediate => "dedupkv Immediate".into(),
             Durability::Deferred { max_delay } => {
@@ -60,6 +79,7 @@ impl Contender for Dedupkv {
         let store = Store::builder()
             .durability(self.durability)
             .expected_keys(expected_keys)
+            .journal(self.journal)
             .open(dir.path().join("bench.redb"))?;
         Ok(Box::new(DedupkvInstance { store, _dir: dir }))
     }

@@ -22,6 +22,7 @@ pub struct Lineup {
 pub fn all(pg_url: Option<&str>) -> Result<Lineup> {
     let mut list: Vec<Box<dyn Contender>> = vec![
         Box::new(Dedupkv::immediate()),
+        Box::new(Dedupkv::journal()),
         Box::new(Dedupkv::deferred_10ms()),
         Box::new(RedbTable),
         Box::new(Sqlite::full()),

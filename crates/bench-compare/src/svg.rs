@@ -15,6 +15,7 @@ fn color(id: &str) -> &'static str {
     match id {
         "dedupkv-immediate" => "#1f63a8",
         "dedupkv-deferred" => "#8fb8e0",
+        "dedupkv-journal" => "#0b3d6e",
         "redb" => "#e07b1f",
         "sqlite-full" => "#2c8c2c",
         "sqlite-normal" => "#96d48a",

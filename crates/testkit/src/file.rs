@@ -217,6 +217,27 @@ impl FaultFile {
     }
 }
 
+/// A fault file is a [`PageBackend`] (a journal's segment under test): a
+/// write is counted as [`FaultFile::write_at`], a sync as
+/// [`FaultFile::sync`].
+impl PageBackend for FaultFile {
+    fn len(&self) -> io::Result<u64> {
+        FaultFile::len(self)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.bytes.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        FaultFile::set_len(self, len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.sync()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write_at(offset, data)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,7 @@
 //!   deleted with the table, and never read as a row;
 //! - reads see the state of the last successful commit.
 
+pub(crate) mod journal;
 pub(crate) mod pages;
 pub(crate) mod read_only;
 pub(crate) mod redb;
@@ -165,6 +166,15 @@ pub(crate) trait LogStore: Send + Sync {
 
     /// Applies `commit` durably (see the module's invariants).
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()>;
+
+    /// Applies `commits` in order as one durable commit (a journal's
+    /// checkpoint). Default: one commit each.
+    fn commit_all(&self, commits: Vec<Commit<'_>>) -> StoreResult<()> {
+        for c in commits {
+            self.commit(c)?;
+        }
+        Ok(())
+    }
 
     /// Bytes of the file in use (the rest is free space compaction could
     /// give back); `None` if the store cannot compact. Default: `None`.

@@ -395,15 +395,16 @@ fn offset_in(at: u64, base: u64) -> usize {
     usize::try_from(at - base).unwrap_or(usize::MAX)
 }
 
-/// Fills `out` with the file's bytes from `at`.
+/// Fills `out` with the file's bytes from `at` (the journal's segment
+/// file reads through it too).
 #[cfg(unix)]
-fn read_at(file: &File, at: u64, out: &mut [u8]) -> io::Result<()> {
+pub(super) fn read_at(file: &File, at: u64, out: &mut [u8]) -> io::Result<()> {
     std::os::unix::fs::FileExt::read_exact_at(file, out, at)
 }
 
 /// Fills `out` with the file's bytes from `at`.
 #[cfg(windows)]
-fn read_at(file: &File, mut at: u64, mut out: &mut [u8]) -> io::Result<()> {
+pub(super) fn read_at(file: &File, mut at: u64, mut out: &mut [u8]) -> io::Result<()> {
     while !out.is_empty() {
         match std::os::windows::fs::FileExt::seek_read(file, out, at) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),

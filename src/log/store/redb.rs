@@ -80,7 +80,7 @@ from_redb!(
 );
 
 /// redb's options, which only this store reads.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct RedbOptions {
     /// The page cache's size.
     pub cache_bytes: usize,
@@ -91,6 +91,8 @@ pub(crate) struct RedbOptions {
     /// redb's quick repair: one more sync per commit, for a fast reopen
     /// after a crash.
     pub quick_repair: bool,
+    /// The journal in front of the file, if any (see `journal/`).
+    pub journal: Option<super::journal::JournalSetting>,
 }
 
 /// The log's storage: one redb database.
@@ -101,7 +103,7 @@ pub(crate) struct RedbStore {
 
 impl RedbStore {
     /// Opens (or creates) the database at `location` with `options`.
-    pub(crate) fn open(location: Location, options: RedbOptions) -> StoreResult<RedbStore> {
+    pub(crate) fn open(location: Location, options: &RedbOptions) -> StoreResult<RedbStore> {
         let mut builder = redb::Builder::new();
         builder.set_cache_size(options.cache_bytes);
         builder.set_check_integrity_on_open(options.verify_pages);
@@ -228,52 +230,14 @@ impl LogStore for RedbStore {
     }
 
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()> {
+        self.commit_all(vec![commit])
+    }
+
+    fn commit_all(&self, commits: Vec<Commit<'_>>) -> StoreResult<()> {
         let mut txn = self.db.begin_write()?;
         txn.set_quick_repair(self.quick_repair);
-        for bucket in commit.drop_buckets {
-            let name = table_name(*bucket);
-            txn.delete_table(log_table(&name))?;
-        }
-        for (bucket, rows) in commit.trims {
-            let name = table_name(bucket);
-            let mut table = txn.open_table(log_table(&name))?;
-            table.retain_in(rows, |_, _| false)?;
-        }
-        // Each table opened once: its rows, then its summary.
-        let mut rows = commit.rows;
-        rows.sort_by_key(|(bucket, row, _)| (*bucket, *row));
-        let mut summaries = commit.summaries;
-        summaries.sort_by_key(|(bucket, _)| *bucket);
-        let mut summaries = summaries.into_iter().peekable();
-        let mut rows = rows.into_iter().peekable();
-        while let Some(bucket) = match (rows.peek(), summaries.peek()) {
-            (Some(r), Some(s)) => Some(r.0.min(s.0)),
-            (Some(r), None) => Some(r.0),
-            (None, Some(s)) => Some(s.0),
-            (None, None) => None,
-        } {
-            let name = table_name(bucket);
-            let mut table = txn.open_table(log_table(&name))?;
-            while let Some((_, row, bytes)) = rows.next_if(|r| r.0 == bucket) {
-                table.insert(row, bytes.as_slice())?;
-            }
-            if let Some((_, summary)) = summaries.next_if(|s| s.0 == bucket) {
-                table.insert(SUMMARY_ROW, summary.as_slice())?;
-            }
-        }
-        if !commit.meta.is_empty() || !commit.raw_meta.is_empty() {
-            let mut table = txn.open_table(META)?;
-            let raw = commit.raw_meta.iter().map(|(k, v)| (k.as_str(), v));
-            for (k, v) in commit.meta.iter().map(|(k, v)| (*k, v)).chain(raw) {
-                match v {
-                    Some(v) => {
-                        table.insert(k, v.as_slice())?;
-                    }
-                    None => {
-                        table.remove(k)?;
-                    }
-                }
-            }
+        for commit in commits {
+            apply(&txn, commit)?;
         }
         txn.commit()?;
         Ok(())
@@ -289,6 +253,56 @@ impl LogStore for RedbStore {
     fn compact(&mut self) -> StoreResult<Option<bool>> {
         Ok(Some(self.db.compact()?))
     }
+}
+
+/// Applies `commit` inside `txn` (see the trait's order).
+fn apply(txn: &redb::WriteTransaction, commit: Commit<'_>) -> StoreResult<()> {
+    for bucket in commit.drop_buckets {
+        let name = table_name(*bucket);
+        txn.delete_table(log_table(&name))?;
+    }
+    for (bucket, rows) in commit.trims {
+        let name = table_name(bucket);
+        let mut table = txn.open_table(log_table(&name))?;
+        table.retain_in(rows, |_, _| false)?;
+    }
+    // Each table opened once: its rows, then its summary.
+    let mut rows = commit.rows;
+    rows.sort_by_key(|(bucket, row, _)| (*bucket, *row));
+    let mut summaries = commit.summaries;
+    summaries.sort_by_key(|(bucket, _)| *bucket);
+    let mut summaries = summaries.into_iter().peekable();
+    let mut rows = rows.into_iter().peekable();
+    while let Some(bucket) = match (rows.peek(), summaries.peek()) {
+        (Some(r), Some(s)) => Some(r.0.min(s.0)),
+        (Some(r), None) => Some(r.0),
+        (None, Some(s)) => Some(s.0),
+        (None, None) => None,
+    } {
+        let name = table_name(bucket);
+        let mut table = txn.open_table(log_table(&name))?;
+        while let Some((_, row, bytes)) = rows.next_if(|r| r.0 == bucket) {
+            table.insert(row, bytes.as_slice())?;
+        }
+        if let Some((_, summary)) = summaries.next_if(|s| s.0 == bucket) {
+            table.insert(SUMMARY_ROW, summary.as_slice())?;
+        }
+    }
+    if !commit.meta.is_empty() || !commit.raw_meta.is_empty() {
+        let mut table = txn.open_table(META)?;
+        let raw = commit.raw_meta.iter().map(|(k, v)| (k.as_str(), v));
+        for (k, v) in commit.meta.iter().map(|(k, v)| (*k, v)).chain(raw) {
+            match v {
+                Some(v) => {
+                    table.insert(k, v.as_slice())?;
+                }
+                None => {
+                    table.remove(k)?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A bucket table's rows as iteration reads them, with the first and the
