@@ -439,6 +439,8 @@ impl PartitionSet {
 
     fn open(&self, partition: i32) -> Result<(Store, u64, Option<Restored>)> {
         let builder = (self.inner.make)(partition)?;
+        #[cfg(feature = "metrics")]
+        let builder = builder.label_partition(partition);
         let path = self.path_of(partition);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)

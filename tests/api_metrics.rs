@@ -325,7 +325,10 @@ fn a_store_with_a_replica_publishes_its_epoch_lag_and_fencing() -> Result<()> {
     assert_eq!(value("dedupkv_replica_epoch{store=replicated}"), 1.0);
     assert_eq!(value("dedupkv_replica_fenced{store=replicated}"), 0.0);
     assert_eq!(value("dedupkv_replica_lag_bytes{store=replicated}"), 0.0);
-    assert_eq!(value("dedupkv_replica_upload_failures{store=replicated}"), 0.0);
+    assert_eq!(
+        value("dedupkv_replica_upload_failures{store=replicated}"),
+        0.0
+    );
     assert!(value("dedupkv_replica_lag_seconds{store=replicated}") >= 0.0);
     // A store without a replica publishes none of them.
     let plain = Store::builder()
@@ -334,5 +337,50 @@ fn a_store_with_a_replica_publishes_its_epoch_lag_and_fencing() -> Result<()> {
         .open(dir.path().join("p.redb"))?;
     plain.publish_metrics();
     assert_eq!(value("dedupkv_replica_epoch{store=plain}"), -1.0);
+    Ok(())
+}
+
+/// A partition set's stores publish under a label each (`partition-P`),
+/// so their gauges do not overwrite each other; a builder's own label
+/// stays.
+#[cfg(feature = "replica")]
+#[test]
+fn each_store_of_a_partition_set_publishes_under_its_partition() -> Result<()> {
+    use dedupkv::partitions::PartitionSet;
+    use dedupkv::replica::object_store::local::LocalFileSystem;
+    use dedupkv::replica::{Replica, ReplicaMode};
+    recorder();
+    let dir = tempdir();
+    let bucket = dir.path().join("bucket");
+    std::fs::create_dir(&bucket).expect("bucket");
+    let objects: Arc<LocalFileSystem> =
+        Arc::new(LocalFileSystem::new_with_prefix(&bucket).expect("local"));
+    let set = PartitionSet::new(dir.path().join("set"), move |p| {
+        let replica =
+            Replica::new(objects.clone(), &format!("orders/{p}")).mode(ReplicaMode::Synchronous);
+        let builder = Store::builder().background_eviction(false).replica(replica);
+        Ok(if p == 2 {
+            builder.metrics_label("mine")
+        } else {
+            builder
+        })
+    });
+    for p in 0..3 {
+        set.assign(p)?;
+    }
+    for (p, keys) in [(0, 3), (1, 5), (2, 1)] {
+        let work = set.work(p)?;
+        for i in 0..keys {
+            work.insert_if_absent(&Key::new("t", &format!("p{p}-{i}")))?;
+        }
+        work.with(|s| {
+            s.publish_metrics();
+            Ok(())
+        })?;
+    }
+    assert_eq!(value("dedupkv_keys{store=partition-0}"), 3.0);
+    assert_eq!(value("dedupkv_keys{store=partition-1}"), 5.0);
+    assert_eq!(value("dedupkv_keys{store=mine}"), 1.0);
+    assert_eq!(value("dedupkv_keys{store=partition-2}"), -1.0);
     Ok(())
 }

@@ -651,7 +651,9 @@ impl StoreBuilder {
 
     /// The value of the `store` label on every series this store
     /// publishes through the `metrics` facade (feature `metrics`): name
-    /// each store of a process apart. Default: `"default"`.
+    /// each store of a process apart. Default: `"default"`; the store of
+    /// partition `P` of a [`PartitionSet`](crate::partitions::PartitionSet)
+    /// whose builder names no label publishes as `"partition-P"`.
     ///
     /// # Examples
     /// ```
@@ -665,6 +667,17 @@ impl StoreBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics_label(mut self, label: impl Into<String>) -> Self {
         self.cfg.metrics_label = label.into();
+        self
+    }
+
+    /// A partition set's store of `partition` publishes as
+    /// `partition-P` unless its builder named a label of its own, so the
+    /// set's stores do not overwrite each other's gauges.
+    #[cfg(all(feature = "metrics", feature = "replica"))]
+    pub(crate) fn label_partition(mut self, partition: i32) -> Self {
+        if self.cfg.metrics_label == crate::engine::DEFAULT_METRICS_LABEL {
+            self.cfg.metrics_label = format!("partition-{partition}");
+        }
         self
     }
 

@@ -61,6 +61,9 @@ pub(crate) struct Config {
     pub journal: Option<super::JournalSetting>,
 }
 
+/// The metrics bridge's `store` label unless the builder names one.
+pub(crate) const DEFAULT_METRICS_LABEL: &str = "default";
+
 impl Default for Config {
     /// The defaults each builder setting documents.
     fn default() -> Self {
@@ -92,7 +95,7 @@ impl Default for Config {
             tally_retention_ms: 7 * 86_400_000,
             tally_keys: Vec::new(),
             row_split_bytes: ROW_SPLIT_BYTES,
-            metrics_label: "default".into(),
+            metrics_label: DEFAULT_METRICS_LABEL.into(),
             upgrade: false,
             verify_pages: true,
             clock_behind: crate::clock::ClockBehind::StandStill,
