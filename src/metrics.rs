@@ -63,7 +63,7 @@ const COUNTERS: &[CounterDef] = &[
         |s| s.conflicts,
     ),
     (
-        "dedupkv_fenced_total",
+        "dedupkv_claims_lost_total",
         "finishes refused: the claim was lost",
         |s| s.fenced,
     ),

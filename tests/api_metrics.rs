@@ -214,7 +214,7 @@ fn a_test_recorder_sees_the_documented_series_move() -> Result<()> {
         ("dedupkv_replays_total", s.replays),
         ("dedupkv_in_progress_total", s.in_progress),
         ("dedupkv_conflicts_total", s.conflicts),
-        ("dedupkv_fenced_total", s.fenced),
+        ("dedupkv_claims_lost_total", s.fenced),
         ("dedupkv_dead_lettered_total", s.dead_lettered),
         ("dedupkv_takeovers_total", s.takeovers),
         ("dedupkv_interrupted_total", s.interrupted),
