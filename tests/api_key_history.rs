@@ -18,7 +18,7 @@ fn started(store: &Store, key: &Key<'_>) -> Result<Claim, Box<dyn std::error::Er
 }
 
 fn states(store: &Store, key: &Key<'_>) -> dedupkv::Result<Vec<State>> {
-    Ok(store.history(key)?.iter().map(|r| r.state()).collect())
+    Ok(store.history(key)?.iter().map(Record::state).collect())
 }
 
 #[test]

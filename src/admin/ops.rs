@@ -294,7 +294,7 @@ fn stats(store: &Store, path: &Path) -> Result<Value, Refusal> {
     let size = std::fs::metadata(path)
         .map_err(|e| Refusal::new("failed", format!("{}: {e}", path.display())))?;
     let human = |d: Duration| render::human(d);
-    let mut v = json!({
+    let v = json!({
         "file": path.display().to_string(),
         "file_bytes": size.len(),
         "format": s.format,
@@ -313,6 +313,14 @@ fn stats(store: &Store, path: &Path) -> Result<Value, Refusal> {
         "index_bytes": s.index_bytes,
     });
     #[cfg(feature = "replica")]
+    let v = replica(store, v);
+    Ok(v)
+}
+
+/// `stats` with the store's replica, when it has one.
+#[cfg(feature = "replica")]
+fn replica(store: &Store, mut v: Value) -> Value {
+    let human = |d: Duration| render::human(d);
     if let Some(r) = store.replica_status() {
         v["replica"] = json!({
             "epoch": r.epoch,
@@ -325,5 +333,5 @@ fn stats(store: &Store, path: &Path) -> Result<Value, Refusal> {
             "snapshots": r.snapshots,
         });
     }
-    Ok(v)
+    v
 }

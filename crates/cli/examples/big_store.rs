@@ -15,6 +15,9 @@ use std::time::Duration;
 use dedupkv::admin::AdminOptions;
 use dedupkv::{Begin, Failure, Fingerprint, Key, Store};
 
+/// Keys per commit while building.
+const BATCH: u64 = 10_000;
+
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> Result<()> {
@@ -32,7 +35,6 @@ fn build(path: &str, n: u64) -> Result<()> {
     if let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? {
         store.fail(&c, Failure::Retryable)?;
     }
-    const BATCH: u64 = 10_000;
     let mut ids = Vec::with_capacity(BATCH as usize);
     for start in (0..n).step_by(BATCH as usize) {
         ids.clear();
