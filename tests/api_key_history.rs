@@ -21,15 +21,21 @@ fn states(store: &Store, key: &Key<'_>) -> dedupkv::Result<Vec<State>> {
     Ok(store.history(key)?.iter().map(Record::state).collect())
 }
 
-#[test]
-fn every_attempt_oldest_first_with_its_token_time_and_outcome() -> TestResult {
-    let dir = tempfile::tempdir()?;
+/// A store with a manual clock, 10 minutes' retention in 1-minute buckets.
+fn minute_buckets(dir: &std::path::Path) -> dedupkv::Result<(Store, ManualClock)> {
     let clock = ManualClock::new(1_700_000_000_000);
     let store = Store::builder()
         .clock(clock.clone())
         .retention(10 * MIN)
         .bucket_granularity(MIN)
-        .open(dir.path().join("s.redb"))?;
+        .open(dir.join("s.redb"))?;
+    Ok((store, clock))
+}
+
+#[test]
+fn every_attempt_oldest_first_with_its_token_time_and_outcome() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (store, clock) = minute_buckets(dir.path())?;
     let key = Key::new("payments", "order-4711");
     let other = Key::new("payments", "order-4712");
     let first = started(&store, &key)?;
@@ -75,12 +81,7 @@ fn every_attempt_oldest_first_with_its_token_time_and_outcome() -> TestResult {
 #[test]
 fn evicted_records_are_gone_and_a_forget_is_in_it() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let clock = ManualClock::new(1_700_000_000_000);
-    let store = Store::builder()
-        .clock(clock.clone())
-        .retention(10 * MIN)
-        .bucket_granularity(MIN)
-        .open(dir.path().join("s.redb"))?;
+    let (store, clock) = minute_buckets(dir.path())?;
     let key = Key::new("t", "k");
     let first = started(&store, &key)?;
     store.fail(&first, Failure::Retryable)?;

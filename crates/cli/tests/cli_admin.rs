@@ -103,7 +103,7 @@ fn the_cli_reads_through_the_endpoint_of_the_process_that_holds_the_store() -> T
         "get", "-s", p, "--scope", "pay", "p-9", "--json",
     ])?)?;
     assert_eq!(dead["dead_letter"]["reason"], "card declined 3 times");
-    let history = json(&dedupkv(&[
+    let history_args = [
         "get",
         "-s",
         p,
@@ -112,7 +112,8 @@ fn the_cli_reads_through_the_endpoint_of_the_process_that_holds_the_store() -> T
         "p-9",
         "--history",
         "--json",
-    ])?)?;
+    ];
+    let history = json(&dedupkv(&history_args)?)?;
     let kinds: Vec<_> = history["history"]
         .as_array()
         .ok_or("no history")?
@@ -146,16 +147,7 @@ fn the_cli_reads_through_the_endpoint_of_the_process_that_holds_the_store() -> T
         "get", "-s", p, "--scope", "orders", "4711", "--json",
     ])?)?;
     assert_eq!(without_ages(offline), without_ages(live));
-    let offline = json(&dedupkv(&[
-        "get",
-        "-s",
-        p,
-        "--scope",
-        "pay",
-        "p-9",
-        "--history",
-        "--json",
-    ])?)?;
+    let offline = json(&dedupkv(&history_args)?)?;
     assert_eq!(without_ages(offline), without_ages(history));
     let offline_stats = json(&dedupkv(&["stats", "-s", p, "--json"])?)?;
     let mut a = without_ages(offline_stats);
