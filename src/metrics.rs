@@ -193,9 +193,19 @@ const COMMIT_SECONDS: &str = "dedupkv_commit_duration_seconds";
 const COMMIT_RECORDS: &str = "dedupkv_commit_records";
 const BATCH_SIZE: &str = "dedupkv_batch_size";
 
+/// A replica gauge: name, unit, description, the status field.
+#[cfg(feature = "replica")]
+type ReplicaGaugeDef = (
+    &'static str,
+    Unit,
+    &'static str,
+    fn(&crate::replica::ReplicaStatus) -> f64,
+);
+
 /// The replica's gauges (feature "replica"), from its status.
 #[cfg(feature = "replica")]
-const REPLICA_GAUGES: &[(&str, Unit, &str, fn(&crate::replica::ReplicaStatus) -> f64)] = &[
+#[allow(clippy::cast_precision_loss)] // gauges are f64 in the facade
+const REPLICA_GAUGES: &[ReplicaGaugeDef] = &[
     (
         "dedupkv_replica_epoch",
         Unit::Count,

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{Map, Value, json};
 
-use crate::{DeadLetter, Held, IntentEntry, Record};
+use crate::{DeadLetter, Held, IntentEntry, Record, State};
 
 /// A time as `{"at": RFC 3339, "age": "3h 2m ago"}` (or `"in 5m"`).
 ///
@@ -100,6 +100,44 @@ pub fn record(r: &Record, now: SystemTime) -> Value {
     m.insert("provider_key".into(), json!(r.provider_key()));
     m.insert("outcome".into(), r.outcome().map_or(Value::Null, bytes));
     Value::Object(m)
+}
+
+/// One record of a key's history ([`Store::history`](crate::Store::history)):
+/// its kind (the state it left the key in), when it was made, the attempt
+/// and its fencing token, the replica epoch of the owner that issued the
+/// token (a token of epoch `e` is at least `e * 2^40`; 0 without a
+/// replica), and its outcome or failure.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Begin, Fingerprint, Key, Store};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("payments", "order-4711");
+/// let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? else { unreachable!() };
+/// store.complete(&c, b"charged")?;
+/// let now = std::time::SystemTime::now();
+/// let h: Vec<_> = store.history(&key)?.iter().map(|r| dedupkv::admin::json::attempt(r, now)).collect();
+/// assert_eq!((h[0]["kind"].as_str(), h[1]["kind"].as_str()), (Some("InProgress"), Some("Completed")));
+/// assert_eq!(h[1]["outcome"], "charged");
+/// assert_eq!(h[1]["owner_epoch"], 0);
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub fn attempt(r: &Record, now: SystemTime) -> Value {
+    let (outcome, failure) = match r.outcome() {
+        Some(o) if r.is_failure() || r.state() == State::DeadLettered => (Value::Null, bytes(o)),
+        Some(o) => (bytes(o), Value::Null),
+        None => (Value::Null, Value::Null),
+    };
+    json!({
+        "kind": format!("{:?}", r.state()),
+        "at": time(r.updated_at(), now),
+        "attempt": r.attempts(),
+        "token": r.token(),
+        "owner_epoch": r.token() >> crate::engine::tokens::EPOCH_SHIFT,
+        "outcome": outcome,
+        "failure": failure,
+    })
 }
 
 /// A dead letter: its record, reason, attempts and times.

@@ -16,7 +16,9 @@
 //! `dead_letters`, `held`,
 //! `intents_pending`, `stranded` (the listing filters), and the writes
 //! `requeue`, `resolve` (`completed` or `abandon`), `release`, `evict`,
-//! refused unless [`AdminOptions::allow_writes`]. A partition set's
+//! `compact`, `upgrade`, refused unless [`AdminOptions::allow_writes`].
+//! `get` takes `"history": true` for every record of the key still in
+//! the store ([`Store::history`](crate::Store::history)). A partition set's
 //! endpoint takes `partition` (a number) or `store` (a partition's file
 //! path) with each request, and `"all": true` on a `get` to search every
 //! assigned partition (the answer names the one that holds the key).
@@ -111,7 +113,7 @@ impl AdminOptions {
     }
 
     /// Whether the operator writes (`requeue`, `resolve`, `release`,
-    /// `evict`) are served. Default: `false` (they are refused with a
+    /// `evict`, `compact`, `upgrade`) are served. Default: `false` (they are refused with a
     /// message naming this setting).
     ///
     /// # Examples

@@ -56,7 +56,9 @@ pub(crate) fn answer_of(outcome: Result<Value, Refusal>) -> Value {
 }
 
 /// The names of the ops that write.
-pub(crate) const WRITES: [&str; 4] = ["requeue", "resolve", "release", "evict"];
+pub(crate) const WRITES: [&str; 6] = [
+    "requeue", "resolve", "release", "evict", "compact", "upgrade",
+];
 
 /// Runs `request` on `store` (kept at `path`).
 pub(crate) fn run(
@@ -79,7 +81,7 @@ pub(crate) fn run(
     let now = SystemTime::now();
     let e = |err: Error| failed(path, &err);
     match op {
-        "get" => get(store, path, &key_of(request)?, now),
+        "get" => get(store, path, request, now),
         "stats" => stats(store, path),
         "keys" => keys(store, request, now).map_err(e)?,
         "dead_letters" => list(store, request, Store::dead_letters, |d| {
@@ -122,9 +124,11 @@ pub(crate) fn run(
             let ev = store.evict_expired().map_err(e)?;
             Ok(json!({ "buckets": ev.buckets, "keys": ev.keys }))
         }
+        "compact" => Ok(json!({ "compacted": store.compact().map_err(e)? })),
+        "upgrade" => Ok(json!({ "upgraded": store.upgrade().map_err(e)? })),
         other => Err(Refusal::bad(format!(
             "unknown op `{other}`; ops: get, stats, keys, dead_letters, held, \
-             intents_pending, stranded, requeue, resolve, release, evict"
+             intents_pending, stranded, requeue, resolve, release, evict, compact, upgrade"
         ))),
     }
 }
@@ -143,6 +147,15 @@ fn text<'a>(request: &'a Value, name: &str) -> Result<Option<&'a str>, Refusal> 
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
         Some(_) => Err(Refusal::bad(format!("`{name}` must be a string"))),
+    }
+}
+
+/// The boolean field `name`, false if absent.
+fn request_flag(request: &Value, name: &str) -> Result<bool, Refusal> {
+    match request.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(Refusal::bad(format!("`{name}` must be true or false"))),
     }
 }
 
@@ -244,8 +257,11 @@ fn keys(store: &Store, request: &Value, now: SystemTime) -> crate::Result<Result
     Ok(Ok(Value::Array(items)))
 }
 
-/// `get`: the record, its intent and its dead-letter reason.
-fn get(store: &Store, path: &Path, key: &Key<'_>, now: SystemTime) -> Result<Value, Refusal> {
+/// `get`: the record, its intent and its dead-letter reason; with
+/// `"history": true` every record of the key still in the store, oldest
+/// first (a scan of the key's buckets).
+fn get(store: &Store, path: &Path, request: &Value, now: SystemTime) -> Result<Value, Refusal> {
+    let key = &key_of(request)?;
     let e = |err: Error| failed(path, &err);
     let Some(record) = store.get(key).map_err(e)? else {
         return Err(Refusal::new(
@@ -265,6 +281,10 @@ fn get(store: &Store, path: &Path, key: &Key<'_>, now: SystemTime) -> Result<Val
         }
     }
     v["dead_letter"] = dead;
+    if request_flag(request, "history")? {
+        let history = store.history(key).map_err(e)?;
+        v["history"] = history.iter().map(|r| render::attempt(r, now)).collect();
+    }
     Ok(v)
 }
 
@@ -274,7 +294,7 @@ fn stats(store: &Store, path: &Path) -> Result<Value, Refusal> {
     let size = std::fs::metadata(path)
         .map_err(|e| Refusal::new("failed", format!("{}: {e}", path.display())))?;
     let human = |d: Duration| render::human(d);
-    let mut v = json!({
+    let v = json!({
         "file": path.display().to_string(),
         "file_bytes": size.len(),
         "format": s.format,
@@ -293,6 +313,14 @@ fn stats(store: &Store, path: &Path) -> Result<Value, Refusal> {
         "index_bytes": s.index_bytes,
     });
     #[cfg(feature = "replica")]
+    let v = replica(store, v);
+    Ok(v)
+}
+
+/// `stats` with the store's replica, when it has one.
+#[cfg(feature = "replica")]
+fn replica(store: &Store, mut v: Value) -> Value {
+    let human = |d: Duration| render::human(d);
     if let Some(r) = store.replica_status() {
         v["replica"] = json!({
             "epoch": r.epoch,
@@ -305,5 +333,5 @@ fn stats(store: &Store, path: &Path) -> Result<Value, Refusal> {
             "snapshots": r.snapshots,
         });
     }
-    Ok(v)
+    v
 }

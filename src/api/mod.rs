@@ -12,6 +12,7 @@ pub(crate) mod builder;
 pub(crate) mod claim;
 pub(crate) mod dead_letter;
 pub(crate) mod format;
+pub(crate) mod history;
 pub(crate) mod intents;
 pub(crate) mod listings;
 pub(crate) mod order;

@@ -19,6 +19,7 @@
 //! - [`tokens`]: fencing tokens and their persisted floor;
 //! - [`input`]: the checks every call makes on what it is given;
 //! - [`dedup`] (insert-if-absent, forget), [`read`] (a key's record),
+//!   [`history`] (every record of a key still in the log),
 //!   [`claims`] (begin, complete, fail, renew), [`order`] (versions and the
 //!   sequencer): the operations;
 //! - [`dead_letter`]: the dead-letter area (exhausted operations, kept
@@ -63,6 +64,7 @@ pub(crate) mod dedup;
 pub(crate) mod durable;
 pub(crate) mod evict;
 pub(crate) mod format;
+pub(crate) mod history;
 pub(crate) mod input;
 pub(crate) mod intents;
 pub(crate) mod listings;

@@ -15,6 +15,12 @@ use super::Engine;
 use super::write::Batch;
 use crate::sync::{AtomicU64, Ordering};
 
+/// Bits of a fencing token below its owner's replica epoch: a replica
+/// owner of epoch `e` issues tokens from `e << EPOCH_SHIFT` (fewer than
+/// 2^40 each), so `token >> EPOCH_SHIFT` is the epoch that issued it (0
+/// without a replica).
+pub(crate) const EPOCH_SHIFT: u32 = 40;
+
 /// Fencing tokens reserved per persisted floor.
 pub(crate) const TOKEN_BLOCK: u64 = 1 << 20;
 

@@ -30,11 +30,10 @@ use super::format::{self, FENCE, Local, Owner, SEGMENT_HEAD, SegmentHead};
 use super::objects::{Created, Listing, Objects, owner_name, segment_name};
 use super::uploader::{Settings, Uploader, read_local, write_local};
 use super::{Replica, ReplicaMode, RestoreReason};
+use crate::engine::tokens::EPOCH_SHIFT;
 use crate::log::{self, Ship};
 use crate::{Error, Result};
 
-/// Bits of a fencing token below the epoch.
-pub(crate) const EPOCH_SHIFT: u32 = 40;
 /// Places tried for the fence before giving up (each taken by an earlier
 /// owner still shipping).
 const FENCE_TRIES: u64 = 10_000;

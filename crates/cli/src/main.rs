@@ -8,6 +8,7 @@
 //! JSON lines in a shell pipeline.
 
 mod filter;
+mod help;
 mod live;
 mod open;
 mod records;
@@ -19,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use dedupkv::{Error, Listing, Store};
+use dedupkv::{Error, Listing};
 use serde_json::{Value, json};
 
 /// Exit codes, also in `--help` and docs/cli.md.
@@ -141,7 +142,8 @@ struct KeyWrite {
 #[derive(Subcommand)]
 enum Command {
     /// One key's record: state, attempts, times, lease and holder token,
-    /// fingerprint, outcome, provider key, intent, dead-letter reason.
+    /// fingerprint, outcome, provider key, intent, dead-letter reason;
+    /// with --history every record of the key still in the store.
     #[command(after_help = EXIT_CODES)]
     Get {
         #[command(flatten)]
@@ -155,6 +157,11 @@ enum Command {
         /// A partition set: this partition's store (live endpoint).
         #[arg(long)]
         partition: Option<i32>,
+        /// Also every record of the key still in the store, oldest first
+        /// (each: kind, when, attempt, fencing token, owner epoch, outcome
+        /// or failure). Scans the key's buckets: slower than a plain get.
+        #[arg(long)]
+        history: bool,
     },
     /// Keys, states, dead letters, stranded claims, pending intents,
     /// retention window and file size.
@@ -225,6 +232,15 @@ enum Command {
     /// input order.
     #[command(after_help = filter::GUARANTEE)]
     Filter(filter::FilterArgs),
+    /// Prints a shell completion script on stdout (`dedupkv completions
+    /// bash > /etc/bash_completion.d/dedupkv`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Prints the man page (roff) on stdout (`dedupkv man > dedupkv.1`).
+    Man,
 }
 
 #[derive(Subcommand)]
@@ -303,8 +319,12 @@ fn run(command: Command) -> Result<(), Fail> {
             key,
             all,
             partition,
+            history,
         } => {
             let mut request = json!({ "op": "get", "scope": key.scope, "id": key.id });
+            if history {
+                request["history"] = json!(true);
+            }
             if all {
                 request["all"] = json!(true);
             }
@@ -364,18 +384,9 @@ fn run(command: Command) -> Result<(), Fail> {
             );
             Ok(())
         }
-        Command::Evict(w) => {
-            check_write(&w.write)?;
-            let v = live::ask(&w.common.store, json!({ "op": "evict" }), true)?;
-            show::print(&v, w.common.json);
-            Ok(())
-        }
-        Command::Compact(w) => write_offline(&w.common, &w.write, |s| {
-            Ok(json!({ "compacted": s.compact()? }))
-        }),
-        Command::Upgrade(w) => write_offline(&w.common, &w.write, |s| {
-            Ok(json!({ "upgraded": s.upgrade()? }))
-        }),
+        Command::Evict(w) => write_store(&w, "evict"),
+        Command::Compact(w) => write_store(&w, "compact"),
+        Command::Upgrade(w) => write_store(&w, "upgrade"),
         Command::Replica(ReplicaCmd::Status(args)) => {
             show::print(&replica::status(&args)?, args.json);
             Ok(())
@@ -389,6 +400,8 @@ fn run(command: Command) -> Result<(), Fail> {
             Ok(())
         }
         Command::Filter(args) => filter::run(&args).map_err(Fail::from),
+        Command::Completions { shell } => help::completions(shell).map_err(Fail::from),
+        Command::Man => help::man().map_err(Fail::from),
     }
 }
 
@@ -439,15 +452,11 @@ fn check_write(write: &Write) -> Result<(), Fail> {
     }
 }
 
-/// A write the endpoint does not serve: the store opened writable here.
-fn write_offline(
-    common: &Common,
-    write: &Write,
-    act: impl FnOnce(&Store) -> dedupkv::Result<Value>,
-) -> Result<(), Fail> {
+/// A write to the whole store (`evict`, `compact`, `upgrade`), live or
+/// offline.
+fn write_store(StoreWrite { common, write }: &StoreWrite, op: &str) -> Result<(), Fail> {
     check_write(write)?;
-    let store = open::writable(&common.store)?;
-    let v = act(&store).map_err(|e| open::named(&common.store, &e))?;
+    let v = live::ask(&common.store, json!({ "op": op }), true)?;
     show::print(&v, common.json);
     Ok(())
 }

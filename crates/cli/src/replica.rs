@@ -25,8 +25,8 @@ pub struct Bucket {
     #[arg(long, required_unless_present = "url", conflicts_with = "url")]
     dir: Option<PathBuf>,
     /// The bucket as a URL: `s3://BUCKET` (credentials, region and endpoint
-    /// from the usual AWS_* variables: AWS_ACCESS_KEY_ID,
-    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT, AWS_ALLOW_HTTP), or
+    /// from the usual `AWS_*` variables: `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`), or
     /// `file:///DIR`.
     #[arg(long)]
     url: Option<String>,
@@ -71,8 +71,8 @@ impl Bucket {
     }
 }
 
-/// An S3 bucket (or an S3 API: AWS_ENDPOINT) from its URL and the AWS_*
-/// variables; conditional puts by ETag, which ownership needs.
+/// An S3 bucket (or an S3 API: `AWS_ENDPOINT`) from its URL and the
+/// `AWS_*` variables; conditional puts by `ETag`, which ownership needs.
 #[cfg(feature = "s3")]
 fn s3(url: &str) -> Result<Arc<dyn ObjectStore>, String> {
     use dedupkv::replica::object_store::aws::{AmazonS3Builder, S3ConditionalPut};

@@ -103,6 +103,25 @@ fn the_cli_reads_through_the_endpoint_of_the_process_that_holds_the_store() -> T
         "get", "-s", p, "--scope", "pay", "p-9", "--json",
     ])?)?;
     assert_eq!(dead["dead_letter"]["reason"], "card declined 3 times");
+    let history_args = [
+        "get",
+        "-s",
+        p,
+        "--scope",
+        "pay",
+        "p-9",
+        "--history",
+        "--json",
+    ];
+    let history = json(&dedupkv(&history_args)?)?;
+    let kinds: Vec<_> = history["history"]
+        .as_array()
+        .ok_or("no history")?
+        .iter()
+        .map(|a| a["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, [Some("InProgress"), Some("DeadLettered")]);
+    assert_eq!(history["history"][1]["failure"], "card declined 3 times");
     let stats = json(&dedupkv(&["stats", "-s", p, "--json"])?)?;
     assert_eq!(stats["keys"], 2);
     assert_eq!(stats["dead_letters"], 1);
@@ -128,6 +147,8 @@ fn the_cli_reads_through_the_endpoint_of_the_process_that_holds_the_store() -> T
         "get", "-s", p, "--scope", "orders", "4711", "--json",
     ])?)?;
     assert_eq!(without_ages(offline), without_ages(live));
+    let offline = json(&dedupkv(&history_args)?)?;
+    assert_eq!(without_ages(offline), without_ages(history));
     let offline_stats = json(&dedupkv(&["stats", "-s", p, "--json"])?)?;
     let mut a = without_ages(offline_stats);
     let mut b = held_stats;
@@ -166,6 +187,9 @@ fn operator_writes_go_through_only_when_the_endpoint_allows_them() -> TestResult
             .get(&Key::new("pay", "p-9"))?
             .is_some_and(|r| r.state() == dedupkv::State::DeadLettered)
     );
+    let compact = dedupkv(&["compact", "-s", p, "--write"])?;
+    assert_eq!(compact.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&compact.stderr).contains("allow_writes(true)"));
     drop(store);
 
     // The same store, served by a process that allows writes.
@@ -182,6 +206,15 @@ fn operator_writes_go_through_only_when_the_endpoint_allows_them() -> TestResult
     assert_eq!(usage.status.code(), Some(2));
     let evicted = json(&dedupkv(&["evict", "-s", p, "--write", "--json"])?)?;
     assert!(evicted["keys"].is_number());
+    // `compact` and `upgrade` too, while this process holds the store.
+    let compacted = json(&dedupkv(&["compact", "-s", p, "--write", "--json"])?)?;
+    assert!(compacted["compacted"].is_boolean(), "{compacted}");
+    let upgraded = json(&dedupkv(&["upgrade", "-s", p, "--write", "--json"])?)?;
+    assert_eq!(
+        upgraded["upgraded"], false,
+        "a new file is the newest format"
+    );
+    assert!(store.get(&Key::new("orders", "4711"))?.is_some());
     Ok(())
 }
 

@@ -33,6 +33,11 @@ fn store(dir: &Path) -> Result<PathBuf, dedupkv::Error> {
     Ok(path)
 }
 
+/// The arguments of `get --history --json` of `pay`/`id` in `p`.
+fn history_of<'a>(p: &'a str, id: &'a str) -> [&'a str; 8] {
+    ["get", "-s", p, "--scope", "pay", id, "--history", "--json"]
+}
+
 /// The file's bytes and mtime.
 fn snapshot(path: &Path) -> std::io::Result<(Vec<u8>, std::time::SystemTime)> {
     Ok((std::fs::read(path)?, std::fs::metadata(path)?.modified()?))
@@ -76,13 +81,45 @@ fn get_shows_the_record_as_json_and_text() -> TestResult {
 }
 
 #[test]
+fn get_history_shows_every_attempt_oldest_first() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = store(dir.path())?;
+    let p = path.to_str().ok_or("path")?;
+    let v = json(&dedupkv(&history_of(p, "p-2"))?)?;
+    assert_eq!(v["state"], "Retryable");
+    let h = v["history"].as_array().ok_or("no history")?;
+    let kinds: Vec<_> = h.iter().map(|a| a["kind"].as_str()).collect();
+    assert_eq!(kinds, [Some("InProgress"), Some("Retryable")]);
+    assert_eq!(h[0]["token"], v["token"]);
+    assert_eq!(h[0]["owner_epoch"], 0);
+    assert_eq!(h[0]["attempt"], 1);
+    assert!(h[1]["at"]["at"].as_str().is_some_and(|t| t.ends_with('Z')));
+    let done = json(&dedupkv(&history_of(p, "p-1"))?)?;
+    assert_eq!(done["history"][1]["outcome"], "charged");
+    // Without the flag, no scan and no history.
+    let plain = json(&dedupkv(&[
+        "get", "-s", p, "--scope", "pay", "p-2", "--json",
+    ])?)?;
+    assert!(plain.get("history").is_none());
+    let text = String::from_utf8(
+        dedupkv(&["get", "-s", p, "--scope", "pay", "p-2", "--history"])?.stdout,
+    )?;
+    assert!(
+        text.contains("history:") && text.contains("kind: Retryable"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[test]
 fn every_offline_read_leaves_the_file_untouched() -> TestResult {
     let dir = tempfile::tempdir()?;
     let path = store(dir.path())?;
     let p = path.to_str().ok_or("path")?;
     let before = snapshot(&path)?;
-    let reads: [&[&str]; 10] = [
+    let reads: [&[&str]; 11] = [
         &["keys", "-s", p, "--json"],
+        &history_of(p, "p-2"),
         &["export", "-s", p, "--jsonl"],
         &["get", "-s", p, "--scope", "pay", "p-1", "--json"],
         &["get", "-s", p, "--scope", "pay", "nope", "--json"],

@@ -104,14 +104,16 @@ fn inspect_reads_the_replica_and_never_fences_its_owner() -> TestResult {
     Ok(())
 }
 
+/// The owner's object store, the tool's `--url` for it, and the
+/// environment the tool runs with.
+type SharedBucket = (Arc<dyn ObjectStore>, String, Vec<(String, String)>);
+
 /// The object store the owner ships to, and the `--url` the tool reads it
 /// at: an S3 API when `DEDUPKV_S3_ENDPOINT` is set (scripts/with-s3.sh,
 /// as in CI), else a local directory as a `file://` URL. With S3 the tool
 /// gets its endpoint and credentials from the AWS_* variables, as a user's
 /// would.
-fn shared_bucket(
-    dir: &Path,
-) -> Result<(Arc<dyn ObjectStore>, String, Vec<(String, String)>), Box<dyn std::error::Error>> {
+fn shared_bucket(dir: &Path) -> Result<SharedBucket, Box<dyn std::error::Error>> {
     if let Ok(endpoint) = std::env::var("DEDUPKV_S3_ENDPOINT") {
         use dedupkv::replica::object_store::aws::AmazonS3Builder;
         let bucket = std::env::var("DEDUPKV_S3_BUCKET").unwrap_or_else(|_| "dedupkv-test".into());
