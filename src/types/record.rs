@@ -150,6 +150,24 @@ impl Record {
         self
     }
 
+    /// This record with the operation's provider key (as
+    /// [`provider_key`](Self::provider_key) shows it, 32 hex digits): for
+    /// a backend of the [contract](crate::contract) that derives it from
+    /// its stored fields, the same on every instance.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Key, Record, State};
+    ///
+    /// let rec = Record::new(Key::new("t", "e").into_owned(), State::InProgress).with_provider_key(0xab);
+    /// assert_eq!(rec.provider_key().as_deref(), Some("000000000000000000000000000000ab"));
+    /// ```
+    #[must_use]
+    pub fn with_provider_key(mut self, provider_key: u128) -> Record {
+        self.provider_key = Some(provider_key);
+        self
+    }
+
     /// The key this record is about.
     ///
     /// # Examples

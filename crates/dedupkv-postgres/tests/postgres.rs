@@ -12,8 +12,11 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use dedupkv::contract::{DeadLetters, Handle, Outcome, Read, Settle, Write};
-use dedupkv::{Began, BeginOptions, Error, Failure, Fingerprint, Forget, Key, Resolution, State};
+use dedupkv::contract::{DeadLetters, Handle, Intents, Outcome, Read, Settle, Write};
+use dedupkv::{
+    Answer, Began, BeginOptions, Error, Failure, Fingerprint, Forget, Intent, Key, Resolution,
+    State,
+};
 use dedupkv_postgres::PgStore;
 use dedupkv_testkit::conformance::{self, Suite};
 
@@ -387,11 +390,12 @@ fn sql_error(e: postgres::Error) -> Error {
     Error::Storage(std::io::Error::other(e).into())
 }
 
-/// A schema made by the first build (version 1: no dead-letter columns)
-/// is migrated by the next open: the columns added, version 2 recorded,
-/// its rows kept and dead-letterable.
+/// A schema made by the first build (version 1: no dead-letter or intent
+/// columns) is migrated by the next open: the columns added, the current
+/// version recorded, its rows kept, dead-letterable and begun with
+/// intents.
 #[test]
-fn a_version_1_schema_is_migrated_to_version_2_with_its_rows() -> Result<(), Error> {
+fn a_version_1_schema_is_migrated_to_the_current_version_with_its_rows() -> Result<(), Error> {
     let Some(url) = url("migrate") else {
         return Ok(());
     };
@@ -405,7 +409,10 @@ fn a_version_1_schema_is_migrated_to_version_2_with_its_rows() -> Result<(), Err
     client
         .batch_execute(&format!(
             "ALTER TABLE {schema}.dedupkv_keys DROP COLUMN failed_at, DROP COLUMN first_failed_at, \
-             DROP COLUMN payload; DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
+             DROP COLUMN payload, DROP COLUMN intent_target, DROP COLUMN intent_request, \
+             DROP COLUMN intent_answer, DROP COLUMN intent_open, DROP COLUMN intent_ref, \
+             DROP COLUMN intent_doubt, DROP COLUMN intent_data, DROP COLUMN intent_at, \
+             DROP COLUMN intent_attempt; DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
         ))
         .map_err(sql_error)?;
     let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
@@ -434,7 +441,53 @@ fn a_version_1_schema_is_migrated_to_version_2_with_its_rows() -> Result<(), Err
         begin(&store, &other, &BeginOptions::new())?,
         Began::DeadLettered(_)
     ));
+    let intent = Intent {
+        target: "carrier",
+        request: b"r",
+    };
+    let p = store.begin(&key, Fingerprint::NONE, &BeginOptions::new(), Some(intent));
+    assert!(
+        matches!(store.tell(p?)?, Began::Completed(_)),
+        "the old row replays"
+    );
+    let fresh = Key::new("t", "with-intent");
+    let p = store.begin(
+        &fresh,
+        Fingerprint::NONE,
+        &BeginOptions::new(),
+        Some(intent),
+    )?;
+    let Began::Started(c) = store.tell(p)? else {
+        panic!("not started");
+    };
+    store.tell(store.mark_answered(&c, Answer::Accepted(b"1Z"))?)?;
+    assert_eq!(
+        store
+            .intent(&fresh)?
+            .and_then(|e| e.reference().map(<[u8]>::to_vec)),
+        Some(b"1Z".to_vec())
+    );
     Ok(())
+}
+
+/// The contract's intent cases (`conformance::intents`) on two
+/// instances of one schema: the intent written with the claim, the five
+/// answers, one provider key from every instance and attempt, and the
+/// pending and duplicate listings after each history of calls.
+#[test]
+fn the_postgres_backend_passes_the_intent_cases() -> Result<(), String> {
+    let Some(url) = url("intents") else {
+        return Ok(());
+    };
+    let (a, b, _clock) = two_on_a_manual_clock(&url, "int", None).map_err(|e| e.to_string())?;
+    conformance::intents(
+        &a,
+        &b,
+        &conformance::Listings {
+            pending: &|s: &PgStore| s.pending_intents(None, 100),
+            duplicates: &|s: &PgStore| s.duplicate_candidates(None, 100),
+        },
+    )
 }
 
 /// Two instances on a fresh schema, both on one manual clock (and the
