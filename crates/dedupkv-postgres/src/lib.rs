@@ -13,12 +13,15 @@
 //! `begin_batch` with leases, fencing tokens and fingerprints, `complete` /
 //! `complete_batch` / `fail` / `renew` keyed by the fencing token, `forget`,
 //! `get`. [`DeadLetters`]: `fail` with
-//! `Failure::Exhausted`, `requeue`, `resolve`.
+//! `Failure::Exhausted`, `requeue`, `resolve`. [`Intents`]: `begin` with an
+//! intent, `mark_answered`, the provider key every instance derives, and
+//! [`PgStore::intent`], [`PgStore::pending_intents`],
+//! [`PgStore::duplicate_candidates`].
 //! [`PgStore::begin_or_wait`]: waiting across instances, woken by
 //! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
 //! [`PgStore::evict_expired`] (batched deletes; why not time partitions:
-//! see there). Not yet: intents, versions and the sequencer, the
-//! dead-letter listing.
+//! see there). Not yet: versions and the sequencer, the dead-letter
+//! listing.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
@@ -38,6 +41,9 @@
 //! - `fail` with `Failure::Exhausted`: the conditional `UPDATE` of
 //!   `complete`, to state dead-lettered; `requeue` and `resolve`: one
 //!   `UPDATE … WHERE state = dead-lettered` each.
+//! - `begin` with an intent: its columns written by the claim's own
+//!   statement (the `INSERT` or the takeover's `UPDATE`);
+//!   `mark_answered`: one conditional `UPDATE` by the claim's token.
 //! - Every statement that ends an attempt also notifies the channel
 //!   `dedupkv_done` (`pg_notify` in the same statement, sent at its
 //!   commit): what [`PgStore::begin_or_wait`] sleeps on.
@@ -68,9 +74,9 @@
 //! # Schema
 //! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
 //! `dedupkv_schema_version`, `dedupkv_keys` and the sequence
-//! `dedupkv_token`, at [`SCHEMA_VERSION`] 2. A version-1 schema (the first
-//! landing's) is migrated in place by the next open, under the same
-//! advisory lock: the dead-letter columns are added. A schema written by
+//! `dedupkv_token`, at [`SCHEMA_VERSION`] 3. A version-1 or 2 schema is
+//! migrated in place by the next open, under the same advisory lock: the
+//! dead-letter columns (2) and the intent columns (3) are added. A schema written by
 //! a newer build is refused with [`Error::InvalidConfig`] naming it.
 //!
 //! # Examples

@@ -28,10 +28,10 @@ fn key(id: &str) -> Key<'static> {
 }
 
 fn begin<B: Write>(b: &B, k: &Key<'_>, fp: Fingerprint) -> Result<B::Claim, String> {
-    let p = b
+    let told = b
         .begin(k, fp, &BeginOptions::new(), Some(INTENT))
         .map_err(|e| format!("begin {k:?} with an intent: {e}"))?;
-    match b.tell(p).map_err(|e| format!("begin {k:?}: {e}"))? {
+    match b.tell(told).map_err(|e| format!("begin {k:?}: {e}"))? {
         Began::Started(c) => Ok(c),
         other => Err(format!(
             "begin {k:?}: Started expected, got {:?}",
@@ -50,30 +50,36 @@ fn kind<C>(b: &Began<C>) -> &'static str {
 }
 
 fn answer<B: Intents>(b: &B, c: &B::Claim, a: Answer<'_>) -> Result<(), String> {
-    let p = b
+    let told = b
         .mark_answered(c, a)
         .map_err(|e| format!("mark_answered {a:?} on {:?}: {e}", c.key()))?;
-    b.tell(p).map_err(|e| format!("mark_answered {a:?}: {e}"))
+    b.tell(told)
+        .map_err(|e| format!("mark_answered {a:?}: {e}"))
 }
 
 fn complete<B: Write>(b: &B, c: &B::Claim) -> Result<(), String> {
-    let p = b
+    let told = b
         .complete(c, Outcome::raw(b"done"))
         .map_err(|e| format!("complete {:?}: {e}", c.key()))?;
-    b.tell(p).map_err(|e| format!("complete: {e}"))
+    b.tell(told).map_err(|e| format!("complete: {e}"))
 }
 
 fn provider_key<B: Read + Settle>(b: &B, k: &Key<'_>) -> Result<String, String> {
-    let p = b.get(k).map_err(|e| format!("get {k:?}: {e}"))?;
-    b.tell(p)
+    let told = b.get(k).map_err(|e| format!("get {k:?}: {e}"))?;
+    b.tell(told)
         .map_err(|e| format!("get {k:?}: {e}"))?
         .and_then(|r| r.provider_key())
         .ok_or_else(|| format!("{k:?}: a begun operation has a provider key"))
 }
 
-fn keys_of(list: &[IntentEntry]) -> Vec<(Vec<u8>, Option<Duplicate>)> {
+fn keys_of(list: &[IntentEntry]) -> Vec<(String, Option<Duplicate>)> {
     list.iter()
-        .map(|e| (e.key().id().to_vec(), e.duplicate()))
+        .map(|e| {
+            (
+                String::from_utf8_lossy(e.key().id()).into_owned(),
+                e.duplicate(),
+            )
+        })
         .collect()
 }
 
@@ -116,19 +122,24 @@ fn recorded_with_the_claim<B: Intents>(a: &B, b: &B, list: &Listings<'_, B>) -> 
     let k = key("recorded");
     let c = begin(a, &k, Fingerprint::NONE)?;
     let pending = (list.pending)(b).map_err(|e| format!("pending intents: {e}"))?;
-    let [e] = pending.as_slice() else {
+    let [entry] = pending.as_slice() else {
         return Err(format!(
             "one pending intent expected, got {:?}",
             keys_of(&pending)
         ));
     };
     let pk = provider_key(b, &k)?;
-    if (e.key(), e.target(), e.request(), e.is_sent(), e.attempt())
-        != (&k, "carrier", Some(&b"2 parcels"[..]), false, 1)
-        || e.provider_key() != pk
+    if (
+        entry.key(),
+        entry.target(),
+        entry.request(),
+        entry.is_sent(),
+        entry.attempt(),
+    ) != (&k, "carrier", Some(&b"2 parcels"[..]), false, 1)
+        || entry.provider_key() != pk
     {
         return Err(format!(
-            "the pending intent of {k:?} as recorded expected, got {e:?}"
+            "the pending intent of {k:?} as recorded expected, got {entry:?}"
         ));
     }
     answer(a, &c, Answer::Accepted(b"1Z"))?;
@@ -152,8 +163,8 @@ fn recorded_with_the_claim<B: Intents>(a: &B, b: &B, list: &Listings<'_, B>) -> 
     {
         return Err("begin with a 2 MiB intent: refused expected".into());
     }
-    let p = b.get(&k).map_err(|e| format!("get {k:?}: {e}"))?;
-    if b.tell(p).map_err(|e| e.to_string())?.is_some() {
+    let told = b.get(&k).map_err(|e| format!("get {k:?}: {e}"))?;
+    if b.tell(told).map_err(|e| e.to_string())?.is_some() {
         return Err(format!(
             "{k:?}: an intent refused, and a claim recorded without it"
         ));
@@ -203,10 +214,10 @@ fn one_provider_key<B: Intents>(a: &B, b: &B) -> Result<(), String> {
     if provider_key(a, &key("recorded"))? == pk {
         return Err("two operations with one provider key".into());
     }
-    let p = b
+    let told = b
         .fail(&second, Failure::RetryableAnyRequest)
         .map_err(|e| format!("fail: {e}"))?;
-    b.tell(p).map_err(|e| format!("fail: {e}"))?;
+    b.tell(told).map_err(|e| format!("fail: {e}"))?;
     let corrected = begin(a, &k, Fingerprint::of("v2"))?;
     if provider_key(b, &k)? == pk {
         return Err("a corrected request kept the operation's provider key".into());
@@ -230,10 +241,10 @@ fn refused<B: Intents>(a: &B, b: &B) -> Result<(), String> {
         }
     }
     let k = key("no-intent");
-    let p = b
+    let told = b
         .begin(&k, Fingerprint::NONE, &BeginOptions::new(), None)
         .map_err(|e| format!("begin: {e}"))?;
-    let Began::Started(c) = b.tell(p).map_err(|e| format!("begin: {e}"))? else {
+    let Began::Started(c) = b.tell(told).map_err(|e| format!("begin: {e}"))? else {
         return Err("begin of a fresh key: Started expected".into());
     };
     match a.mark_answered(&c, Answer::Unknown) {
@@ -300,9 +311,12 @@ fn duplicates<B: Intents>(a: &B, b: &B, list: &Listings<'_, B>) -> Result<(), St
     let mut got = keys_of(&(list.duplicates)(a).map_err(|e| format!("duplicate candidates: {e}"))?);
     got.sort_by(|x, y| x.0.cmp(&y.0));
     let want = vec![
-        (b"dup-after-unknown".to_vec(), Some(Duplicate::AfterUnknown)),
-        (b"dup-open".to_vec(), Some(Duplicate::AfterUnknown)),
-        (b"dup-two-refs".to_vec(), Some(Duplicate::TwoReferences)),
+        (
+            "dup-after-unknown".to_owned(),
+            Some(Duplicate::AfterUnknown),
+        ),
+        ("dup-open".to_owned(), Some(Duplicate::AfterUnknown)),
+        ("dup-two-refs".to_owned(), Some(Duplicate::TwoReferences)),
     ];
     if got != want {
         return Err(format!(
@@ -310,7 +324,7 @@ fn duplicates<B: Intents>(a: &B, b: &B, list: &Listings<'_, B>) -> Result<(), St
         ));
     }
     let pending = keys_of(&(list.pending)(b).map_err(|e| format!("pending intents: {e}"))?);
-    if pending != vec![(b"dup-open".to_vec(), Some(Duplicate::AfterUnknown))] {
+    if pending != vec![("dup-open".to_owned(), Some(Duplicate::AfterUnknown))] {
         return Err(format!(
             "pending intents: dup-open only expected, got {pending:?}"
         ));
