@@ -320,6 +320,7 @@ struct Row {
     expires_at: i64,
     provider_key: u128,
     intent: Option<intents::Stored>,
+    updated_at: i64,
 }
 
 impl Row {
@@ -340,6 +341,7 @@ impl Row {
             expires_at: r.try_get(15).map_err(get)?,
             provider_key: provider_key_of(r.try_get(16).map_err(get)?)?,
             intent: intents::Stored::from(r, 17)?,
+            updated_at: r.try_get(25).map_err(get)?,
         })
     }
 
@@ -362,7 +364,23 @@ impl Row {
 
     fn record(&self, key: Key<'static>) -> Result<Record> {
         let state = state_of(self.state)?;
-        let rec = Record::new(key, state).with_attempts(self.attempt());
+        // A row last written before schema version 3 has no update time:
+        // its first is the best known. A dead letter never expires here
+        // (`expires_at` 0): it is kept at least until the latest time
+        // the column can hold.
+        let updated = if self.updated_at > 0 {
+            self.updated_at
+        } else {
+            self.first_at
+        };
+        let expires = if self.expires_at > 0 {
+            self.expires_at
+        } else {
+            i64::MAX
+        };
+        let rec = Record::new(key, state)
+            .with_attempts(self.attempt())
+            .with_times(at(self.first_at), at(updated), at(expires));
         let rec = if state == State::Inserted {
             rec
         } else {
@@ -665,7 +683,8 @@ fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()>
              ADD COLUMN IF NOT EXISTS intent_doubt int2 NOT NULL DEFAULT 0,
              ADD COLUMN IF NOT EXISTS intent_data bytea NOT NULL DEFAULT ''::bytea,
              ADD COLUMN IF NOT EXISTS intent_at int8 NOT NULL DEFAULT 0,
-             ADD COLUMN IF NOT EXISTS intent_attempt int4 NOT NULL DEFAULT 0;
+             ADD COLUMN IF NOT EXISTS intent_attempt int4 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS updated_at int8 NOT NULL DEFAULT 0;
          INSERT INTO {s}.dedupkv_schema_version VALUES (3);"
     ))
     .map_err(storage)

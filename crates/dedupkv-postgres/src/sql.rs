@@ -101,8 +101,10 @@ impl Sql {
         let seq = format!("{schema}.dedupkv_token");
         let (now3, now4, now5, now7) = (now_at(3), now_at(4), now_at(5), now_at(7));
         let gone = expired("k.", "excluded.first_at");
+        // Column 25: when the row's latest record was written (0: by a
+        // build before schema version 3).
         let read = format!(
-            "{COLUMNS}, {NOW}, {DEAD_COLUMNS}, {}, {INTENT_COLUMNS}",
+            "{COLUMNS}, {NOW}, {DEAD_COLUMNS}, {}, {INTENT_COLUMNS}, updated_at",
             provider_key("")
         );
         let pk = provider_key("");
@@ -110,14 +112,15 @@ impl Sql {
             // Q::Insert: $1 now, $2 scopes, $3 ids, $4 retention ms. A
             // forgotten or expired row is absent: it is taken.
             format!(
-                "INSERT INTO {k} AS k ({COLUMNS}, scope, id, expires_at, retention_ms) \
+                "INSERT INTO {k} AS k ({COLUMNS}, scope, id, expires_at, retention_ms, updated_at) \
                  SELECT {INSERTED}::int2, ''::bytea, 0, 0::int8, 0::int8, n.now, 0::int8, 0::int8, false, false, ''::bytea, u.s, u.i, \
-                 n.now + $4::int8, $4::int8 \
+                 n.now + $4::int8, $4::int8, n.now \
                  FROM (SELECT {NOW} AS now) n, unnest($2::bytea[], $3::bytea[]) AS u(s, i) \
                  ON CONFLICT (scope, id) DO UPDATE SET state = {INSERTED}, fingerprint = ''::bytea, attempt = 0, \
                  token = 0, first_token = 0, first_at = excluded.first_at, lease_until = 0, lease_ms = 0, \
                  abandoned = false, any_fp = false, outcome = ''::bytea, failed_at = 0, first_failed_at = 0, payload = NULL, \
-                 expires_at = excluded.expires_at, retention_ms = excluded.retention_ms, {INTENT_RESET} \
+                 expires_at = excluded.expires_at, retention_ms = excluded.retention_ms, updated_at = excluded.updated_at, \
+                 {INTENT_RESET} \
                  WHERE k.state = {FORGOTTEN} OR {gone} RETURNING k.scope, k.id"
             ),
             // Q::Begin1: $1 now, $2 scope, $3 id, $4 fingerprint, $5 lease
@@ -126,10 +129,10 @@ impl Sql {
             // the intent is written by the claim's own statement.
             format!(
                 "INSERT INTO {k} ({COLUMNS}, scope, id, expires_at, retention_ms, intent_target, intent_request, \
-                 intent_at, intent_attempt) \
+                 intent_at, intent_attempt, updated_at) \
                  SELECT {IN_PROGRESS}::int2, $4::bytea, 1, t.v, t.v, n.now, n.now + $5::int8, $5::int8, false, false, ''::bytea, $2::bytea, $3::bytea, \
                  n.now + greatest($5::int8, $6::int8), $6::int8, $7::text, coalesce($8::bytea, ''::bytea), \
-                 CASE WHEN $7::text IS NULL THEN 0 ELSE n.now END, CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END \
+                 CASE WHEN $7::text IS NULL THEN 0 ELSE n.now END, CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END, n.now \
                  FROM (SELECT {NOW} AS now) n, (SELECT nextval('{seq}') AS v) t \
                  ON CONFLICT (scope, id) DO NOTHING RETURNING token, first_token, {pk}"
             ),
@@ -152,6 +155,7 @@ impl Sql {
                  first_failed_at = CASE WHEN $8::bool THEN 0 \
                      WHEN $9::bool THEN coalesce(nullif(first_failed_at, 0), $10::int8) ELSE first_failed_at END, \
                  payload = NULL, expires_at = greatest($10::int8 + $11::int8, $6::int8), retention_ms = $11::int8, \
+                 updated_at = $10::int8, \
                  intent_open = CASE WHEN $12::text IS NOT NULL THEN intent_target IS NOT NULL AND NOT $8::bool \
                      AND (intent_open OR intent_answer IN (0, 3, 4)) \
                      WHEN $8::bool THEN false ELSE intent_open END, \
@@ -178,7 +182,7 @@ impl Sql {
                      failed_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN {now7} ELSE failed_at END, \
                      first_failed_at = CASE WHEN $4::int2 IN ({RETRYABLE}, {DEAD_LETTERED}) \
                          THEN coalesce(nullif(first_failed_at, 0), {now7}) ELSE first_failed_at END, \
-                     payload = $8::bytea, \
+                     payload = $8::bytea, updated_at = {now7}, \
                      expires_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN 0 ELSE {now7} + retention_ms END \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
@@ -190,7 +194,7 @@ impl Sql {
                 schema,
                 &format!(
                     "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false, \
-                     expires_at = {now5} + k.retention_ms \
+                     expires_at = {now5} + k.retention_ms, updated_at = {now5} \
                      FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[]) AS u(s, i, t, o) \
                      WHERE k.scope = u.s AND k.id = u.i AND k.token = u.t AND k.state = {IN_PROGRESS}"
                 ),
@@ -203,7 +207,7 @@ impl Sql {
                 &format!(
                     "UPDATE {k} SET state = {RETRYABLE}, abandoned = true, \
                      first_failed_at = coalesce(nullif(first_failed_at, 0), {now4}), \
-                     expires_at = {now4} + retention_ms \
+                     expires_at = {now4} + retention_ms, updated_at = {now4} \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
                 "",
@@ -213,7 +217,7 @@ impl Sql {
             format!(
                 "UPDATE {k} SET lease_ms = coalesce($5::int8, lease_ms), \
                  lease_until = {NOW} + coalesce($5::int8, lease_ms), \
-                 expires_at = greatest(expires_at, {NOW} + coalesce($5::int8, lease_ms)) \
+                 expires_at = greatest(expires_at, {NOW} + coalesce($5::int8, lease_ms)), updated_at = {NOW} \
                  WHERE scope = $2::bytea AND id = $3::bytea AND token = $4::int8 AND state = {IN_PROGRESS} \
                  RETURNING lease_until"
             ),
@@ -228,20 +232,22 @@ impl Sql {
             // Q::Forget: $1 scope, $2 id, $3 now (under the lock of Q::Lock):
             // the forgotten record is kept for the operation's retention.
             format!(
-                "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false, expires_at = $3::int8 + retention_ms, {INTENT_RESET} \
+                "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false, expires_at = $3::int8 + retention_ms, updated_at = $3::int8, \
+                 {INTENT_RESET} \
                  WHERE scope = $1::bytea AND id = $2::bytea"
             ),
             // Q::Requeue: $1 scope, $2 id, $3 now. The next attempt is
             // numbered after the last; a new round of failures starts.
             format!(
                 "UPDATE {k} SET state = {RETRYABLE}, abandoned = false, any_fp = false, outcome = ''::bytea, \
-                 first_failed_at = 0, payload = NULL, expires_at = {now3} + retention_ms \
+                 first_failed_at = 0, payload = NULL, expires_at = {now3} + retention_ms, updated_at = {now3} \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
             ),
             // Q::Resolve: $1 scope, $2 id, $3 state (completed or failed), $4
             // outcome or note, $5 now.
             format!(
-                "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, expires_at = {now5} + retention_ms \
+                "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, expires_at = {now5} + retention_ms, \
+                 updated_at = {now5} \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
             ),
             // Q::Answer: $1 scope, $2 id, $3 token, $4 the answer (1

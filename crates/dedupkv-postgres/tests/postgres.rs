@@ -898,3 +898,40 @@ fn an_empty_id_and_an_outcome_over_the_limit_are_refused() -> Result<(), Error> 
     store.tell(store.complete(&claim, Outcome::raw(b"ok"))?)?;
     Ok(())
 }
+
+/// `get`'s record carries the row's times, by the store's clock: when the
+/// operation was first recorded, when its latest record was written, and
+/// when it expires (the retention after that write, a claim no earlier
+/// than its lease end).
+#[test]
+fn get_tells_when_a_key_was_first_seen_updated_and_expires() -> Result<(), Error> {
+    let Some(url) = url("times") else {
+        return Ok(());
+    };
+    let day = Duration::from_secs(86_400);
+    let (store, _other, clock) = two_on_a_manual_clock(&url, "times", Some(day))?;
+    let t0 = std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_000);
+    let key = Key::new("t", "timed");
+    let c = started(&store, &key, &BeginOptions::new())?;
+    let rec = store.tell(store.get(&key)?)?.expect("recorded");
+    assert_eq!(
+        (rec.first_seen_at(), rec.updated_at(), rec.expires_at()),
+        (t0, t0, t0 + day)
+    );
+    clock.advance(Duration::from_secs(5));
+    store.tell(store.complete(&c, Outcome::raw(b"done"))?)?;
+    let rec = store.tell(store.get(&key)?)?.expect("recorded");
+    let t5 = t0 + Duration::from_secs(5);
+    assert_eq!(
+        (rec.first_seen_at(), rec.updated_at(), rec.expires_at()),
+        (t0, t5, t5 + day)
+    );
+    let short = Key::new("t", "short");
+    store.tell(store.insert(&short, Some(Duration::from_secs(1)))?)?;
+    let rec = store.tell(store.get(&short)?)?.expect("recorded");
+    assert_eq!(
+        (rec.first_seen_at(), rec.updated_at(), rec.expires_at()),
+        (t5, t5, t5 + Duration::from_secs(1))
+    );
+    Ok(())
+}
