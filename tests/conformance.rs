@@ -181,3 +181,9 @@ fn the_engine_passes_the_intent_cases() -> Result<(), String> {
         },
     )
 }
+
+#[test]
+fn the_engine_passes_the_version_cases() -> Result<(), String> {
+    let (store, _dir) = on_file(ManualClock::new(1_700_000_000_000)).map_err(|e| e.to_string())?;
+    conformance::versions(&store)
+}

@@ -114,6 +114,7 @@ use postgres::{Client, NoTls, Statement};
 
 mod dead_letters;
 mod intents;
+mod order;
 mod sql;
 mod wait;
 
@@ -685,6 +686,12 @@ fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()>
              ADD COLUMN IF NOT EXISTS intent_at int8 NOT NULL DEFAULT 0,
              ADD COLUMN IF NOT EXISTS intent_attempt int4 NOT NULL DEFAULT 0,
              ADD COLUMN IF NOT EXISTS updated_at int8 NOT NULL DEFAULT 0;
+         CREATE TABLE IF NOT EXISTS {s}.dedupkv_versions (
+             scope bytea NOT NULL,
+             id bytea NOT NULL,
+             version int8 NOT NULL,
+             previous int8,
+             PRIMARY KEY (scope, id));
          INSERT INTO {s}.dedupkv_schema_version VALUES (3);"
     ))
     .map_err(storage)

@@ -32,8 +32,9 @@ pub(crate) enum Q {
     Answer,
     PendingIntents,
     Doubted,
+    Advance,
 }
-pub(crate) const STATEMENTS: usize = 16;
+pub(crate) const STATEMENTS: usize = 17;
 
 /// The statements' text for one schema.
 pub(crate) struct Sql(pub(crate) [String; STATEMENTS]);
@@ -98,6 +99,7 @@ impl Sql {
     #[allow(clippy::too_many_lines)]
     pub(crate) fn new(schema: &str) -> Sql {
         let k = format!("{schema}.dedupkv_keys");
+        let v = format!("{schema}.dedupkv_versions");
         let seq = format!("{schema}.dedupkv_token");
         let (now3, now4, now5, now7) = (now_at(3), now_at(4), now_at(5), now_at(7));
         let gone = expired("k.", "excluded.first_at");
@@ -295,6 +297,17 @@ impl Sql {
                  AND ($2::bytea IS NULL OR scope = $2::bytea) AND NOT {gone_now} \
                  ORDER BY intent_at, scope, id LIMIT $3::int8",
                 gone_now = expired("", NOW),
+            ),
+            // Q::Advance: $1 scope, $2 id, $3 version (order-preserving
+            // as int8, `crate::order`). One statement, atomic per entity:
+            // a new entity's row is inserted (`previous` NULL); an existing
+            // one is updated under its row lock, `previous` keeping the
+            // version it had and `version` the greater; the answer is read
+            // from what comes back.
+            format!(
+                "INSERT INTO {v} AS v (scope, id, version, previous) VALUES ($1::bytea, $2::bytea, $3::int8, NULL) \
+                 ON CONFLICT (scope, id) DO UPDATE SET previous = v.version, \
+                 version = greatest(v.version, excluded.version) RETURNING previous"
             ),
         ])
     }

@@ -935,3 +935,18 @@ fn get_tells_when_a_key_was_first_seen_updated_and_expires() -> Result<(), Error
     );
     Ok(())
 }
+
+/// The contract's version cases (`conformance::versions`): versions only
+/// move forward across the whole range, an event is handled once, and 8
+/// racers on one entity leave it at the greatest.
+#[test]
+fn the_postgres_backend_passes_the_version_cases() -> Result<(), String> {
+    let Some(url) = url("versions") else {
+        return Ok(());
+    };
+    let store = PgStore::builder(url.as_str())
+        .schema(fresh_schema("ver"))
+        .open()
+        .map_err(|e| e.to_string())?;
+    conformance::versions(&store)
+}

@@ -61,12 +61,14 @@ use crate::model::T0;
 
 mod history;
 mod intents;
+mod order;
 mod spec;
 
 use crate::history::workload::Rng;
 
 pub use history::{Checked, History, histories, history};
 pub use intents::{Listings, intents};
+pub use order::versions;
 pub use spec::{Spec, SpecClaim};
 
 /// The claim lease the specification assumes (the store's default).
