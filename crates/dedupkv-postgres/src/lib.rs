@@ -16,12 +16,12 @@
 //! `Failure::Exhausted`, `requeue`, `resolve`. [`Intents`]: `begin` with an
 //! intent, `mark_answered`, the provider key every instance derives, and
 //! [`PgStore::intent`], [`PgStore::pending_intents`],
-//! [`PgStore::duplicate_candidates`].
+//! [`PgStore::duplicate_candidates`]. [`Order`]'s versions: `advance`,
+//! `apply_event` (the sequencer refuses, not yet).
 //! [`PgStore::begin_or_wait`]: waiting across instances, woken by
 //! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
 //! [`PgStore::evict_expired`] (batched deletes; why not time partitions:
-//! see there). Not yet: versions and the sequencer, the dead-letter
-//! listing.
+//! see there). Not yet: the sequencer, the dead-letter listing.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE

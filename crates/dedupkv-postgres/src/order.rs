@@ -53,20 +53,17 @@ fn unsupported<T>(what: &'static str) -> Result<T> {
     })
 }
 
-impl PgStore {
-    /// `advance` on `client` (a connection or a transaction).
-    fn advance_on(
-        &self,
-        client: &mut impl postgres::GenericClient,
-        st: &postgres::Statement,
-        entity: &Key<'_>,
-        version: u64,
-    ) -> Result<Advance> {
-        let row = client
-            .query_one(st, &[&entity.scope(), &entity.id(), &stored(version)])
-            .map_err(storage)?;
-        Ok(decide(row.get(0), version))
-    }
+/// `advance` on `client` (a connection or a transaction).
+fn advance_on(
+    client: &mut impl postgres::GenericClient,
+    st: &postgres::Statement,
+    entity: &Key<'_>,
+    version: u64,
+) -> Result<Advance> {
+    let row = client
+        .query_one(st, &[&entity.scope(), &entity.id(), &stored(version)])
+        .map_err(storage)?;
+    Ok(decide(row.get(0), version))
 }
 
 impl Order for PgStore {
@@ -78,8 +75,7 @@ impl Order for PgStore {
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
         let st = c.stmt(&sh.sql, Q::Advance)?;
-        self.advance_on(&mut c.client, &st, entity, version)
-            .map(Pending::settled)
+        advance_on(&mut c.client, &st, entity, version).map(Pending::settled)
     }
 
     /// One transaction: the event's `insert` (the store's retention), then,
@@ -104,7 +100,7 @@ impl Order for PgStore {
             .map_err(storage)?
             .is_empty();
         let answer = if new {
-            match self.advance_on(&mut tx, &adv, entity, version)? {
+            match advance_on(&mut tx, &adv, entity, version)? {
                 Advance::Applied { previous } => Update::Applied { previous },
                 Advance::Stale { current } => Update::Stale { current },
                 _ => Update::SameVersion,

@@ -910,7 +910,7 @@ fn get_tells_when_a_key_was_first_seen_updated_and_expires() -> Result<(), Error
     };
     let day = Duration::from_secs(86_400);
     let (store, _other, clock) = two_on_a_manual_clock(&url, "times", Some(day))?;
-    let t0 = std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_000);
+    let t0 = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     let key = Key::new("t", "timed");
     let c = started(&store, &key, &BeginOptions::new())?;
     let rec = store.tell(store.get(&key)?)?.expect("recorded");

@@ -3,7 +3,7 @@
 //! range of versions is ordered, an event is handled once, and racers on
 //! one entity leave it at the greatest version.
 
-use dedupkv::contract::{Order, Read, Settle};
+use dedupkv::contract::{Order, Read};
 use dedupkv::{Advance, Key, State, Update};
 
 fn entity(id: &str) -> Key<'static> {
@@ -18,12 +18,9 @@ fn advance<B: Order>(b: &B, e: &Key<'_>, v: u64) -> Result<Advance, String> {
         .map_err(|x| format!("advance {e:?} to {v}: {x}"))
 }
 
-fn expect<T: PartialEq + std::fmt::Debug>(what: &str, got: T, want: T) -> Result<(), String> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(format!("{what}: {want:?} expected, got {got:?}"))
-    }
+/// `got` must be `want` (as the specification would answer).
+fn expect<T: PartialEq + std::fmt::Debug>(what: &str, got: &T, want: &T) -> Result<(), String> {
+    super::same(what, got, want)
 }
 
 /// Runs the version cases on a fresh, empty backend (`Sync`: 8 threads
@@ -46,57 +43,57 @@ pub fn versions<B: Order + Read + Sync>(backend: &B) -> Result<(), String> {
     let e = entity("o-1");
     expect(
         "first version",
-        advance(b, &e, 3)?,
-        Advance::Applied { previous: None },
+        &advance(b, &e, 3)?,
+        &Advance::Applied { previous: None },
     )?;
-    expect("same version", advance(b, &e, 3)?, Advance::Duplicate)?;
+    expect("same version", &advance(b, &e, 3)?, &Advance::Duplicate)?;
     expect(
         "older version",
-        advance(b, &e, 2)?,
-        Advance::Stale { current: 3 },
+        &advance(b, &e, 2)?,
+        &Advance::Stale { current: 3 },
     )?;
     expect(
         "newer version",
-        advance(b, &e, 5)?,
-        Advance::Applied { previous: Some(3) },
+        &advance(b, &e, 5)?,
+        &Advance::Applied { previous: Some(3) },
     )?;
     expect(
         "after a stale one",
-        advance(b, &e, 4)?,
-        Advance::Stale { current: 5 },
+        &advance(b, &e, 4)?,
+        &Advance::Stale { current: 5 },
     )?;
     // The whole range, across the top bit: 0 and u64::MAX - 1 included.
     let wide = entity("o-wide");
     let top = u64::MAX - 1;
     expect(
         "version 0",
-        advance(b, &wide, 0)?,
-        Advance::Applied { previous: None },
+        &advance(b, &wide, 0)?,
+        &Advance::Applied { previous: None },
     )?;
     let half = 1 << 63;
     expect(
         "2^63 - 1",
-        advance(b, &wide, half - 1)?,
-        Advance::Applied { previous: Some(0) },
+        &advance(b, &wide, half - 1)?,
+        &Advance::Applied { previous: Some(0) },
     )?;
     expect(
         "2^63",
-        advance(b, &wide, half)?,
-        Advance::Applied {
+        &advance(b, &wide, half)?,
+        &Advance::Applied {
             previous: Some(half - 1),
         },
     )?;
     expect(
         "the top",
-        advance(b, &wide, top)?,
-        Advance::Applied {
+        &advance(b, &wide, top)?,
+        &Advance::Applied {
             previous: Some(half),
         },
     )?;
     expect(
         "below 2^63",
-        advance(b, &wide, 7)?,
-        Advance::Stale { current: top },
+        &advance(b, &wide, 7)?,
+        &Advance::Stale { current: top },
     )?;
     if b.advance(&wide, u64::MAX).is_ok() {
         return Err("advance to u64::MAX: refused expected".into());
@@ -123,38 +120,38 @@ fn events<B: Order + Read>(b: &B) -> Result<(), String> {
     };
     expect(
         "new event, first version",
-        apply(&e1, 2)?,
-        Update::Applied { previous: None },
+        &apply(&e1, 2)?,
+        &Update::Applied { previous: None },
     )?;
     expect(
         "new event, older version",
-        apply(&e0, 1)?,
-        Update::Stale { current: 2 },
+        &apply(&e0, 1)?,
+        &Update::Stale { current: 2 },
     )?;
-    expect("its redelivery", apply(&e0, 1)?, Update::DuplicateEvent)?;
+    expect("its redelivery", &apply(&e0, 1)?, &Update::DuplicateEvent)?;
     expect(
         "a redelivery with another version",
-        apply(&e1, 9)?,
-        Update::DuplicateEvent,
+        &apply(&e1, 9)?,
+        &Update::DuplicateEvent,
     )?;
     expect(
         "new event, same version",
-        apply(&entity("evt-2"), 2)?,
-        Update::SameVersion,
+        &apply(&entity("evt-2"), 2)?,
+        &Update::SameVersion,
     )?;
     expect(
         "new event, newer",
-        apply(&entity("evt-3"), 4)?,
-        Update::Applied { previous: Some(2) },
+        &apply(&entity("evt-3"), 4)?,
+        &Update::Applied { previous: Some(2) },
     )?;
     expect(
         "the entity after them",
-        advance(b, &order, 4)?,
-        Advance::Duplicate,
+        &advance(b, &order, 4)?,
+        &Advance::Duplicate,
     )?;
     let told = b.get(&e1).map_err(|x| x.to_string())?;
     let state = b.tell(told).map_err(|x| x.to_string())?.map(|r| r.state());
-    expect("the event's key", state, Some(State::Inserted))
+    expect("the event's key", &state, &Some(State::Inserted))
 }
 
 /// 8 threads advance one entity at once, to versions 1 to 8: each
@@ -180,5 +177,5 @@ fn race<B: Order + Sync>(b: &B) -> Result<(), String> {
             other => return Err(format!("racer {v}: {other:?}")),
         }
     }
-    expect("after the race", advance(b, &e, 8)?, Advance::Duplicate)
+    expect("after the race", &advance(b, &e, 8)?, &Advance::Duplicate)
 }
