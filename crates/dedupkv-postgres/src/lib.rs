@@ -21,7 +21,8 @@
 //! [`PgStore::begin_or_wait`]: waiting across instances, woken by
 //! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
 //! [`PgStore::evict_expired`] (batched deletes; why not time partitions:
-//! see there). Not yet: the sequencer, the dead-letter listing.
+//! see there). [`PgStore::dead_letters`] lists the dead-letter area.
+//! Not yet: the sequencer.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
@@ -692,6 +693,8 @@ fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()>
              version int8 NOT NULL,
              previous int8,
              PRIMARY KEY (scope, id));
+         CREATE INDEX IF NOT EXISTS dedupkv_keys_dead ON {s}.dedupkv_keys (failed_at)
+             WHERE state = {DEAD_LETTERED};
          INSERT INTO {s}.dedupkv_schema_version VALUES (3);"
     ))
     .map_err(storage)

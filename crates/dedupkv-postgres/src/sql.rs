@@ -33,8 +33,9 @@ pub(crate) enum Q {
     PendingIntents,
     Doubted,
     Advance,
+    DeadLetters,
 }
-pub(crate) const STATEMENTS: usize = 17;
+pub(crate) const STATEMENTS: usize = 18;
 
 /// The statements' text for one schema.
 pub(crate) struct Sql(pub(crate) [String; STATEMENTS]);
@@ -308,6 +309,14 @@ impl Sql {
                 "INSERT INTO {v} AS v (scope, id, version, previous) VALUES ($1::bytea, $2::bytea, $3::int8, NULL) \
                  ON CONFLICT (scope, id) DO UPDATE SET previous = v.version, \
                  version = greatest(v.version, excluded.version) RETURNING previous"
+            ),
+            // Q::DeadLetters: $1 now, $2 scope (NULL: every scope), $3
+            // limit. The dead-letter area, in the order keys reached it
+            // (over the partial index `dedupkv_keys_dead`).
+            format!(
+                "SELECT {read}, scope, id FROM {k} WHERE state = {DEAD_LETTERED} \
+                 AND ($2::bytea IS NULL OR scope = $2::bytea) \
+                 ORDER BY failed_at, scope, id LIMIT $3::int8"
             ),
         ])
     }

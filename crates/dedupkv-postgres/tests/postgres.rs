@@ -950,3 +950,42 @@ fn the_postgres_backend_passes_the_version_cases() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     conformance::versions(&store)
 }
+
+/// The dead-letter listing is shared by instances: in the order keys
+/// reached the area, by scope, up to a limit; a requeued key leaves it.
+#[test]
+fn dead_letters_are_listed_from_any_instance_in_order() -> Result<(), Error> {
+    let Some(url) = url("dead_list") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "deadlist", None)?;
+    let keys = [
+        Key::new("pay", "k1"),
+        Key::new("ship", "k2"),
+        Key::new("pay", "k3"),
+    ];
+    for (i, k) in keys.iter().enumerate() {
+        let store = if i % 2 == 0 { &a } else { &b };
+        let c = started(store, k, &BeginOptions::new())?;
+        let exhausted = Failure::Exhausted {
+            reason: "gave up",
+            payload: Some(b"p"),
+        };
+        store.tell(store.fail(&c, exhausted)?)?;
+        clock.advance(Duration::from_secs(1));
+    }
+    let ids = |list: Vec<dedupkv::DeadLetter>| -> Vec<Vec<u8>> {
+        list.iter().map(|d| d.key().id().to_vec()).collect()
+    };
+    assert_eq!(ids(b.dead_letters(None, 10)?), [b"k1", b"k2", b"k3"]);
+    assert_eq!(ids(a.dead_letters(Some(b"pay"), 10)?), [b"k1", b"k3"]);
+    assert_eq!(ids(a.dead_letters(None, 1)?), [b"k1"]);
+    let first = &b.dead_letters(None, 1)?[0];
+    assert_eq!(
+        (first.reason(), first.payload()),
+        ("gave up", Some(&b"p"[..]))
+    );
+    assert!(b.tell(b.requeue(&keys[0])?)?);
+    assert_eq!(ids(a.dead_letters(None, 10)?), [b"k2", b"k3"]);
+    Ok(())
+}
