@@ -19,9 +19,9 @@ use crate::{IN_PROGRESS, MAX_OUTCOME, PgClaim, PgStore, Q, Row, at, check_len, s
 /// A row's intent, as stored (the intent columns, `sql::INTENT_COLUMNS`).
 pub(crate) struct Stored {
     target: String,
-    request: Vec<u8>,
     /// `Answered`'s numbers: 0 none, 1 accepted, 2 refused, 3 unknown, 4
-    /// asked and not found.
+    /// asked and not found. The data is the request while the answer is
+    /// 0, 3 or 4, else the reference or reason (the engine's rule).
     answer: i16,
     open: bool,
     /// `Doubt`'s numbers: 0 none, 1 after unknown, 2 two references.
@@ -41,7 +41,7 @@ impl Stored {
         };
         Ok(Some(Stored {
             target,
-            request: r.try_get(first + 1).map_err(get)?,
+            // (first + 1: whether it is settled, for the listings' SQL.)
             answer: r.try_get(first + 2).map_err(get)?,
             open: r.try_get(first + 3).map_err(get)?,
             doubt: r.try_get(first + 4).map_err(get)?,
@@ -84,7 +84,7 @@ impl Row {
         let mut e = IntentEntry::new(
             key,
             i.target.clone(),
-            &i.request,
+            &i.data,
             i.answer()?,
             self.provider_key,
             at(i.at),

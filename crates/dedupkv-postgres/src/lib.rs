@@ -678,7 +678,7 @@ fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()>
     tx.batch_execute(&format!(
         "ALTER TABLE {s}.dedupkv_keys
              ADD COLUMN IF NOT EXISTS intent_target text,
-             ADD COLUMN IF NOT EXISTS intent_request bytea NOT NULL DEFAULT ''::bytea,
+             ADD COLUMN IF NOT EXISTS intent_settled bool NOT NULL DEFAULT false,
              ADD COLUMN IF NOT EXISTS intent_answer int2 NOT NULL DEFAULT 0,
              ADD COLUMN IF NOT EXISTS intent_open bool NOT NULL DEFAULT false,
              ADD COLUMN IF NOT EXISTS intent_ref bytea,

@@ -69,18 +69,20 @@ pub(crate) fn provider_key(k: &str) -> String {
 
 /// The intent columns (schema version 3), read after [`DEAD_COLUMNS`]
 /// (columns 17 to 24, the provider key in 16): the intent's target (NULL:
-/// none recorded), its request, the provider's answer to the latest call
+/// none recorded), whether it is settled (answered, or a duplicate
+/// candidate whose operation finished; otherwise pending), the provider's answer to the latest call
 /// (`Answered`'s numbers: 0 none, 1 accepted, 2 refused, 3 unknown, 4
 /// asked and not found), whether an earlier call's fate is open, the
 /// doubt (`Doubt`'s numbers: 0 none, 1 after unknown, 2 two references),
-/// the reference or reason, when the intent was first recorded, the
+/// the request, reference or reason (as the engine's intent record's
+/// data), when the intent was first recorded, the
 /// attempt that last wrote it. (`intent_ref`, the MD5 of the first
 /// reference, is written only by statements.)
-pub(crate) const INTENT_COLUMNS: &str = "intent_target, intent_request, intent_answer, intent_open, \
+pub(crate) const INTENT_COLUMNS: &str = "intent_target, intent_settled, intent_answer, intent_open, \
     intent_doubt, intent_data, intent_at, intent_attempt";
 
 /// The intent columns of a row with no intent (a new operation's).
-const INTENT_RESET: &str = "intent_target = NULL, intent_request = ''::bytea, intent_answer = 0, \
+const INTENT_RESET: &str = "intent_target = NULL, intent_settled = false, intent_answer = 0, \
     intent_open = false, intent_ref = NULL, intent_doubt = 0, intent_data = ''::bytea, intent_at = 0, \
     intent_attempt = 0";
 
@@ -111,6 +113,13 @@ impl Sql {
             provider_key("")
         );
         let pk = provider_key("");
+        let close_all = close_intent("", "true", "false");
+        let close_k = close_intent("k.", "true", "false");
+        let close_finished = close_intent(
+            "",
+            &format!("$4::int2 IN ({COMPLETED}, {FAILED})"),
+            &format!("$4::int2 = {DEAD_LETTERED}"),
+        );
         Sql([
             // Q::Insert: $1 now, $2 scopes, $3 ids, $4 retention ms. A
             // forgotten or expired row is absent: it is taken.
@@ -131,7 +140,7 @@ impl Sql {
             // least), $7 the intent's target (NULL: none), $8 its request:
             // the intent is written by the claim's own statement.
             format!(
-                "INSERT INTO {k} ({COLUMNS}, scope, id, expires_at, retention_ms, intent_target, intent_request, \
+                "INSERT INTO {k} ({COLUMNS}, scope, id, expires_at, retention_ms, intent_target, intent_data, \
                  intent_at, intent_attempt, updated_at) \
                  SELECT {IN_PROGRESS}::int2, $4::bytea, 1, t.v, t.v, n.now, n.now + $5::int8, $5::int8, false, false, ''::bytea, $2::bytea, $3::bytea, \
                  n.now + greatest($5::int8, $6::int8), $6::int8, $7::text, coalesce($8::bytea, ''::bytea), \
@@ -162,13 +171,14 @@ impl Sql {
                  intent_open = CASE WHEN $12::text IS NOT NULL THEN intent_target IS NOT NULL AND NOT $8::bool \
                      AND (intent_open OR intent_answer IN (0, 3, 4)) \
                      WHEN $8::bool THEN false ELSE intent_open END, \
-                 intent_at = CASE WHEN $12::text IS NOT NULL AND (intent_target IS NULL OR $8::bool) THEN $10::int8 \
+                 intent_at = CASE WHEN $12::text IS NOT NULL AND (intent_target IS NULL OR intent_settled OR $8::bool) \
+                     THEN $10::int8 \
                      WHEN $8::bool THEN 0 ELSE intent_at END, \
                  intent_target = CASE WHEN $12::text IS NOT NULL THEN $12::text WHEN $8::bool THEN NULL ELSE intent_target END, \
-                 intent_request = CASE WHEN $12::text IS NOT NULL THEN $13::bytea WHEN $8::bool THEN ''::bytea \
-                     ELSE intent_request END, \
+                 intent_settled = CASE WHEN $12::text IS NOT NULL OR $8::bool THEN false ELSE intent_settled END, \
                  intent_answer = CASE WHEN $12::text IS NOT NULL OR $8::bool THEN 0 ELSE intent_answer END, \
-                 intent_data = CASE WHEN $12::text IS NOT NULL OR $8::bool THEN ''::bytea ELSE intent_data END, \
+                 intent_data = CASE WHEN $12::text IS NOT NULL THEN $13::bytea WHEN $8::bool THEN ''::bytea \
+                     ELSE intent_data END, \
                  intent_ref = CASE WHEN $8::bool THEN NULL ELSE intent_ref END, \
                  intent_doubt = CASE WHEN $8::bool THEN 0 ELSE intent_doubt END, \
                  intent_attempt = CASE WHEN $12::text IS NOT NULL THEN $4::int4 WHEN $8::bool THEN 0 ELSE intent_attempt END \
@@ -186,18 +196,20 @@ impl Sql {
                      first_failed_at = CASE WHEN $4::int2 IN ({RETRYABLE}, {DEAD_LETTERED}) \
                          THEN coalesce(nullif(first_failed_at, 0), {now7}) ELSE first_failed_at END, \
                      payload = $8::bytea, updated_at = {now7}, \
+                     {close_finished}, \
                      expires_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN 0 ELSE {now7} + retention_ms END \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
                 "",
                 false,
             ),
-            // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes, $5 now.
+            // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes, $5
+            // now. Each completion closes its pending intent.
             notifying(
                 schema,
                 &format!(
                     "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false, \
-                     expires_at = {now5} + k.retention_ms, updated_at = {now5} \
+                     expires_at = {now5} + k.retention_ms, updated_at = {now5}, {close_k} \
                      FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[]) AS u(s, i, t, o) \
                      WHERE k.scope = u.s AND k.id = u.i AND k.token = u.t AND k.state = {IN_PROGRESS}"
                 ),
@@ -250,7 +262,7 @@ impl Sql {
             // outcome or note, $5 now.
             format!(
                 "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, expires_at = {now5} + retention_ms, \
-                 updated_at = {now5} \
+                 updated_at = {now5}, {close_all} \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
             ),
             // Q::Answer: $1 scope, $2 id, $3 token, $4 the answer (1
@@ -262,31 +274,30 @@ impl Sql {
             // first by its MD5.
             format!(
                 "UPDATE {k} SET \
-                 intent_answer = CASE WHEN $4::int2 IN (1, 5) THEN 1 WHEN $4::int2 IN (2, 3) THEN $4::int2 \
-                     WHEN intent_answer IN (1, 2) THEN intent_answer ELSE 4 END, \
-                 intent_open = CASE WHEN $4::int2 IN (2, 3) THEN {ub} ELSE false END, \
+                 intent_answer = {answer}, \
+                 intent_open = {open}, \
                  intent_doubt = greatest(intent_doubt, CASE \
                      WHEN $4::int2 IN (1, 5) AND intent_ref IS NOT NULL AND intent_ref <> {h} THEN 2 \
                      WHEN $4::int2 = 1 AND intent_ref IS NULL AND {ub} THEN 1 \
                      WHEN $4::int2 = 3 AND {ub} THEN 1 ELSE 0 END), \
                  intent_ref = CASE WHEN $4::int2 IN (1, 5) THEN coalesce(intent_ref, {h}) ELSE intent_ref END, \
-                 intent_data = CASE WHEN $4::int2 IN (1, 2, 5) THEN $5::bytea ELSE intent_data END, \
+                 intent_data = CASE WHEN $4::int2 IN (1, 2, 5) THEN $5::bytea \
+                     WHEN (intent_answer IN (0, 3, 4)) = ({answer} IN (0, 3, 4)) THEN intent_data ELSE ''::bytea END, \
+                 intent_settled = NOT ({open} OR {answer} IN (0, 3, 4)), \
                  intent_attempt = $6::int4 \
                  WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS} \
                  AND intent_target IS NOT NULL",
                 ub = "(intent_open OR intent_answer = 3)",
                 h = "decode(md5($5::bytea), 'hex')",
+                answer = "(CASE WHEN $4::int2 IN (1, 5) THEN 1 WHEN $4::int2 IN (2, 3) THEN $4::int2 \
+                    WHEN intent_answer IN (1, 2) THEN intent_answer ELSE 4 END)",
+                open = "(CASE WHEN $4::int2 IN (2, 3) THEN (intent_open OR intent_answer = 3) ELSE false END)",
             ),
             // Q::PendingIntents: $1 now, $2 scope (NULL: every scope), $3
-            // limit. Unanswered intents (a call may or may not have
-            // happened) of open operations (in progress, retryable, dead
-            // letters, except one whose last attempt only asked and gave
-            // up: nothing happened), oldest first.
+            // limit. Pending intents (a call may or may not have happened;
+            // a finished operation's are closed or settled), oldest first.
             format!(
-                "SELECT {read}, scope, id FROM {k} WHERE intent_target IS NOT NULL \
-                 AND (intent_open OR intent_answer IN (0, 3, 4)) \
-                 AND state IN ({IN_PROGRESS}, {RETRYABLE}, {DEAD_LETTERED}) \
-                 AND NOT (state = {DEAD_LETTERED} AND intent_answer = 4 AND NOT intent_open) \
+                "SELECT {read}, scope, id FROM {k} WHERE intent_target IS NOT NULL AND NOT intent_settled \
                  AND ($2::bytea IS NULL OR scope = $2::bytea) AND NOT {gone_now} \
                  ORDER BY intent_at, scope, id LIMIT $3::int8",
                 gone_now = expired("", NOW),
@@ -320,6 +331,26 @@ impl Sql {
             ),
         ])
     }
+}
+
+/// The `SET` of an intent's close by the statement that finishes its
+/// operation (the engine's `close_intent`), for rows aliased `k` (`""` or
+/// `"k."`): when `finished` holds, a pending intent is removed, unless it
+/// is a duplicate candidate: then it is settled (kept, without its target
+/// and data, for `duplicate_candidates`); a settled one stays. When
+/// `given_up` holds (a dead letter), a pending intent whose last attempt
+/// only asked (not found, nothing open) is settled: nothing happened.
+fn close_intent(k: &str, finished: &str, given_up: &str) -> String {
+    let pending = format!("({k}intent_target IS NOT NULL AND NOT {k}intent_settled)");
+    let closing = format!("(({finished}) AND {pending})");
+    let asked =
+        format!("(({given_up}) AND {pending} AND {k}intent_answer = 4 AND NOT {k}intent_open)");
+    format!(
+        "intent_target = CASE WHEN {closing} AND {k}intent_doubt = 0 THEN NULL \
+             WHEN {closing} OR {asked} THEN '' ELSE {k}intent_target END, \
+         intent_data = CASE WHEN {closing} OR {asked} THEN ''::bytea ELSE {k}intent_data END, \
+         intent_settled = CASE WHEN {closing} OR {asked} THEN true ELSE {k}intent_settled END"
+    )
 }
 
 /// `update` (an `UPDATE` of rows of `dedupkv_keys`, whose columns are

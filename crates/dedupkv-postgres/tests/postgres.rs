@@ -409,7 +409,7 @@ fn a_version_1_schema_is_migrated_to_the_current_version_with_its_rows() -> Resu
     client
         .batch_execute(&format!(
             "ALTER TABLE {schema}.dedupkv_keys DROP COLUMN failed_at, DROP COLUMN first_failed_at, \
-             DROP COLUMN payload, DROP COLUMN intent_target, DROP COLUMN intent_request, \
+             DROP COLUMN payload, DROP COLUMN intent_target, DROP COLUMN intent_settled, \
              DROP COLUMN intent_answer, DROP COLUMN intent_open, DROP COLUMN intent_ref, \
              DROP COLUMN intent_doubt, DROP COLUMN intent_data, DROP COLUMN intent_at, \
              DROP COLUMN intent_attempt; DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
@@ -988,4 +988,38 @@ fn dead_letters_are_listed_from_any_instance_in_order() -> Result<(), Error> {
     assert!(b.tell(b.requeue(&keys[0])?)?);
     assert_eq!(ids(a.dead_letters(None, 10)?), [b"k2", b"k3"]);
     Ok(())
+}
+
+/// Random histories of one operation's calls (attempts dying unanswered,
+/// the five answers, two references) made on the engine and on
+/// PostgreSQL side by side: after every step both show the same intent,
+/// and at the end the same pending intents and duplicate candidates (the
+/// engine's rules, restated in SQL, checked against the engine).
+#[test]
+fn intents_answer_as_on_the_engine_over_random_histories() -> Result<(), String> {
+    let Some(url) = url("intent_histories") else {
+        return Ok(());
+    };
+    let pg = PgStore::builder(url.as_str())
+        .schema(fresh_schema("ihist"))
+        .open()
+        .map_err(|e| e.to_string())?;
+    let dir = dedupkv_testkit::tempdir();
+    let engine = dedupkv::Store::open(dir.path().join("s.redb")).map_err(|e| e.to_string())?;
+    let all = dedupkv::Listing::new().limit(10_000); // one page: a default one holds 100
+    let on_engine = conformance::Listings {
+        pending: &|s: &dedupkv::Store| Ok(s.pending_intents(&all)?.items),
+        duplicates: &|s: &dedupkv::Store| Ok(s.duplicate_candidates(&all)?.items),
+    };
+    let on_pg = conformance::Listings {
+        pending: &|s: &PgStore| s.pending_intents(None, 10_000),
+        duplicates: &|s: &PgStore| s.duplicate_candidates(None, 10_000),
+    };
+    conformance::intent_histories(
+        (&engine, &on_engine, &|s: &dedupkv::Store, k: &Key<'_>| {
+            s.intent(k)
+        }),
+        (&pg, &on_pg, &|s: &PgStore, k: &Key<'_>| s.intent(k)),
+        300,
+    )
 }

@@ -67,7 +67,7 @@ mod spec;
 use crate::history::workload::Rng;
 
 pub use history::{Checked, History, histories, history};
-pub use intents::{Listings, intents};
+pub use intents::{Listings, intent_histories, intents};
 pub use order::versions;
 pub use spec::{Spec, SpecClaim};
 

@@ -331,3 +331,162 @@ fn duplicates<B: Intents>(a: &B, b: &B, list: &Listings<'_, B>) -> Result<(), St
     }
     Ok(())
 }
+
+/// What of an intent entry two backends must agree on (not times or
+/// provider keys, which are each backend's own).
+type EntryView = Option<(
+    Option<String>,
+    bool,
+    Option<Duplicate>,
+    u32,
+    Option<Vec<u8>>,
+)>;
+
+fn entry_view(e: Option<IntentEntry>) -> EntryView {
+    e.map(|e| {
+        (
+            e.answer().map(|a| format!("{a:?}")),
+            e.is_sent(),
+            e.duplicate(),
+            e.attempt(),
+            e.request().map(<[u8]>::to_vec),
+        )
+    })
+}
+
+/// A claim on each of two backends, for one step of a history.
+struct Both<CA, CB>(CA, CB);
+
+/// Seeded random histories of one operation's calls, each made on `a`
+/// and on `b` (two fresh, empty backends) side by side: attempts that
+/// record the intent, die unanswered (a dropped claim), get each of the
+/// five answers (two references), complete. After every step both must
+/// show the same intent (`intent`: how each shows a key's), and at the end
+/// the same pending intents and duplicate candidates: the engine's rules
+/// of when a call may have happened twice, restated by another backend,
+/// checked against it.
+///
+/// # Errors
+/// The first step where they differ: the case, the history so far, and
+/// both views.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Key, Listing, Store};
+/// use dedupkv_testkit::conformance::{self, Listings};
+/// # let (d1, d2) = (dedupkv_testkit::tempdir(), dedupkv_testkit::tempdir());
+/// let (a, b) = (Store::open(d1.path().join("a.redb"))?, Store::open(d2.path().join("b.redb"))?);
+/// let all = Listing::new();
+/// let list = Listings {
+///     pending: &|s: &Store| Ok(s.pending_intents(&all)?.items),
+///     duplicates: &|s: &Store| Ok(s.duplicate_candidates(&all)?.items),
+/// };
+/// let intent = |s: &Store, k: &Key<'_>| s.intent(k);
+/// conformance::intent_histories((&a, &list, &intent), (&b, &list, &intent), 20).unwrap();
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+#[allow(clippy::type_complexity)] // (backend, its listings, its intent lookup)
+pub fn intent_histories<A: Intents, B: Intents>(
+    (a, la, ia): (
+        &A,
+        &Listings<'_, A>,
+        &dyn Fn(&A, &Key<'_>) -> dedupkv::Result<Option<IntentEntry>>,
+    ),
+    (b, lb, ib): (
+        &B,
+        &Listings<'_, B>,
+        &dyn Fn(&B, &Key<'_>) -> dedupkv::Result<Option<IntentEntry>>,
+    ),
+    cases: u64,
+) -> Result<(), String> {
+    const STEPS: &[&str] = &[
+        "drop",
+        "accept 1Z1",
+        "accept 1Z2",
+        "refuse",
+        "unknown",
+        "not found",
+        "found 1Z1",
+        "complete",
+    ];
+    for case in 0..cases {
+        let mut rng =
+            crate::history::workload::Rng::new(case.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let k = key(&format!("history-{case}"));
+        let mut claims = Some(Both(
+            begin(a, &k, Fingerprint::NONE)?,
+            begin(b, &k, Fingerprint::NONE)?,
+        ));
+        let mut done = vec!["begin"];
+        for _ in 0..=rng.below(12) {
+            let step = STEPS[rng.below(STEPS.len())];
+            done.push(step);
+            let Some(Both(ca, cb)) = claims.take() else {
+                break;
+            };
+            let ans = match step {
+                "drop" | "complete" => None,
+                "accept 1Z1" => Some(Answer::Accepted(b"1Z1")),
+                "accept 1Z2" => Some(Answer::Accepted(b"1Z2")),
+                "refuse" => Some(Answer::Refused("503")),
+                "unknown" => Some(Answer::Unknown),
+                "not found" => Some(Answer::NotFound),
+                _ => Some(Answer::Found(b"1Z1")),
+            };
+            match ans {
+                Some(x) => {
+                    answer(a, &ca, x)?;
+                    answer(b, &cb, x)?;
+                    claims = Some(Both(ca, cb));
+                }
+                None if step == "complete" => {
+                    complete(a, &ca)?;
+                    complete(b, &cb)?;
+                }
+                None => {
+                    drop((ca, cb));
+                    claims = Some(Both(
+                        begin(a, &k, Fingerprint::NONE)?,
+                        begin(b, &k, Fingerprint::NONE)?,
+                    ));
+                    done.push("begin");
+                }
+            }
+            let va = entry_view(ia(a, &k).map_err(|e| format!("intent: {e}"))?);
+            let vb = entry_view(ib(b, &k).map_err(|e| format!("intent: {e}"))?);
+            if va != vb {
+                return Err(format!(
+                    "case {case}, after {done:?}: {va:?} on one backend, {vb:?} on the other"
+                ));
+            }
+            if claims.is_none() {
+                break;
+            }
+        }
+        if let Some(Both(ca, cb)) = claims {
+            // Left in progress (its calls as they are), not released.
+            std::mem::forget((ca, cb));
+        }
+    }
+    let sorted = |mut v: Vec<(String, Option<Duplicate>)>| {
+        v.sort_by(|x, y| x.0.cmp(&y.0));
+        v
+    };
+    for (what, xa, xb) in [
+        ("pending intents", (la.pending)(a), (lb.pending)(b)),
+        (
+            "duplicate candidates",
+            (la.duplicates)(a),
+            (lb.duplicates)(b),
+        ),
+    ] {
+        let xa = sorted(keys_of(&xa.map_err(|e| format!("{what}: {e}"))?));
+        let xb = sorted(keys_of(&xb.map_err(|e| format!("{what}: {e}"))?));
+        if xa != xb {
+            return Err(format!(
+                "{what}: {xa:?} on one backend, {xb:?} on the other"
+            ));
+        }
+    }
+    Ok(())
+}
