@@ -64,6 +64,13 @@ fn complete<B: Write>(b: &B, c: &B::Claim) -> Result<(), String> {
     b.tell(told).map_err(|e| format!("complete: {e}"))
 }
 
+fn fail<B: Write>(b: &B, c: &B::Claim, failure: Failure<'_>) -> Result<(), String> {
+    let told = b
+        .fail(c, failure)
+        .map_err(|e| format!("fail {:?} {failure:?}: {e}", c.key()))?;
+    b.tell(told).map_err(|e| format!("fail: {e}"))
+}
+
 fn provider_key<B: Read + Settle>(b: &B, k: &Key<'_>) -> Result<String, String> {
     let told = b.get(k).map_err(|e| format!("get {k:?}: {e}"))?;
     b.tell(told)
@@ -408,6 +415,9 @@ pub fn intent_histories<A: Intents, B: Intents>(
         "not found",
         "found 1Z1",
         "complete",
+        "retry",
+        "fail",
+        "give up",
     ];
     for case in 0..cases {
         let mut rng =
@@ -425,7 +435,7 @@ pub fn intent_histories<A: Intents, B: Intents>(
                 break;
             };
             let ans = match step {
-                "drop" | "complete" => None,
+                "drop" | "complete" | "retry" | "fail" | "give up" => None,
                 "accept 1Z1" => Some(Answer::Accepted(b"1Z1")),
                 "accept 1Z2" => Some(Answer::Accepted(b"1Z2")),
                 "refuse" => Some(Answer::Refused("503")),
@@ -442,6 +452,25 @@ pub fn intent_histories<A: Intents, B: Intents>(
                 None if step == "complete" => {
                     complete(a, &ca)?;
                     complete(b, &cb)?;
+                }
+                None if step != "drop" => {
+                    let failure = match step {
+                        "retry" => Failure::Retryable,
+                        "fail" => Failure::Permanent(b"no"),
+                        _ => Failure::Exhausted {
+                            reason: "gave up",
+                            payload: None,
+                        },
+                    };
+                    fail(a, &ca, failure)?;
+                    fail(b, &cb, failure)?;
+                    if step == "retry" {
+                        claims = Some(Both(
+                            begin(a, &k, Fingerprint::NONE)?,
+                            begin(b, &k, Fingerprint::NONE)?,
+                        ));
+                        done.push("begin");
+                    }
                 }
                 None => {
                     drop((ca, cb));
@@ -468,6 +497,15 @@ pub fn intent_histories<A: Intents, B: Intents>(
             std::mem::forget((ca, cb));
         }
     }
+    same_listings((a, la), (b, lb))
+}
+
+/// Both backends list the same pending intents and duplicate candidates
+/// (as sets: recorded in one millisecond, their order may differ).
+fn same_listings<A, B>(
+    (a, la): (&A, &Listings<'_, A>),
+    (b, lb): (&B, &Listings<'_, B>),
+) -> Result<(), String> {
     let sorted = |mut v: Vec<(String, Option<Duplicate>)>| {
         v.sort_by(|x, y| x.0.cmp(&y.0));
         v
