@@ -666,11 +666,13 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
 /// creating transaction, under its advisory lock: version 2 adds the
 /// dead-letter and expiry columns and the expiry index (a version-1 row
 /// never expires); version 3 the intent columns (a row of an older
-/// version has no intent). Instances of an older build keep working on
-/// it: they never write the new columns (an intent an older instance's
-/// takeover leaves behind stays, as an attempt without an intent leaves
-/// it on the engine) and never meet a dead-lettered row unless a newer
-/// instance made one.
+/// version has no intent), `updated_at` and the table
+/// `dedupkv_versions`. Instances of an older build that are already
+/// running keep working on it (one starting later refuses the newer
+/// version): they never write the new columns (an intent an older
+/// instance's takeover leaves behind stays, as an attempt without an
+/// intent leaves it on the engine; its writes leave `updated_at` behind)
+/// and never meet a dead-lettered row unless a newer instance made one.
 fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()> {
     if from < 2 {
         migrate_to_2(tx, s)?;
