@@ -167,3 +167,23 @@ fn a_backend_that_acknowledges_a_zombies_complete_fails_the_history_check() {
     });
     assert!(failed, "no seed caught the zombie's acknowledged complete");
 }
+
+#[test]
+fn the_engine_passes_the_intent_cases() -> Result<(), String> {
+    let (store, _dir) = on_file(ManualClock::new(1_700_000_000_000)).map_err(|e| e.to_string())?;
+    let all = dedupkv::Listing::new();
+    conformance::intents(
+        &store,
+        &store,
+        &conformance::Listings {
+            pending: &|s: &Store| Ok(s.pending_intents(&all)?.items),
+            duplicates: &|s: &Store| Ok(s.duplicate_candidates(&all)?.items),
+        },
+    )
+}
+
+#[test]
+fn the_engine_passes_the_version_cases() -> Result<(), String> {
+    let (store, _dir) = on_file(ManualClock::new(1_700_000_000_000)).map_err(|e| e.to_string())?;
+    conformance::versions(&store)
+}

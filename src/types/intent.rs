@@ -162,6 +162,85 @@ pub struct IntentEntry {
 }
 
 impl IntentEntry {
+    /// An intent entry for a backend of the [contract](crate::contract)
+    /// building its listings: the operation's `key`, what is called
+    /// (`target`) with `request`, the provider's `answer` to the latest
+    /// call (`None`: none recorded yet), the operation's provider key (as
+    /// [`provider_key`](Self::provider_key) shows it, in hex), when the
+    /// intent was first recorded and the attempt that last wrote it. It
+    /// is unanswered as the answer says (no answer, [`Answer::Unknown`] or
+    /// [`Answer::NotFound`]) unless [`with_open_call`](Self::with_open_call)
+    /// says an earlier call's fate is open; no doubt unless
+    /// [`with_duplicate`](Self::with_duplicate) gives one.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Answer, Duplicate, IntentEntry, Key};
+    /// use std::time::UNIX_EPOCH;
+    ///
+    /// let key = Key::new("shop-42", "ship-7").into_owned();
+    /// let e = IntentEntry::new(key, "carrier", b"order 7", Some(Answer::Accepted(b"1Z")), 0xab, UNIX_EPOCH, 2);
+    /// assert_eq!((e.reference(), e.request(), e.is_sent()), (Some(&b"1Z"[..]), None, true));
+    /// let e = e.with_open_call().with_duplicate(Duplicate::AfterUnknown);
+    /// assert!(!e.is_sent());
+    /// assert_eq!(e.duplicate(), Some(Duplicate::AfterUnknown));
+    /// ```
+    #[must_use]
+    pub fn new(
+        key: Key<'static>,
+        target: impl Into<String>,
+        request: &[u8],
+        answer: Option<Answer<'_>>,
+        provider_key: u128,
+        recorded_at: SystemTime,
+        attempt: u32,
+    ) -> IntentEntry {
+        let (answer, data) = match answer {
+            None => (Answered::None, request),
+            Some(Answer::Accepted(r) | Answer::Found(r)) => (Answered::Accepted, r),
+            Some(Answer::Refused(reason)) => (Answered::Refused, reason.as_bytes()),
+            Some(Answer::Unknown) => (Answered::Unknown, request),
+            Some(Answer::NotFound) => (Answered::Absent, request),
+        };
+        IntentEntry {
+            key,
+            target: target.into(),
+            answer,
+            unanswered: matches!(
+                answer,
+                Answered::None | Answered::Unknown | Answered::Absent
+            ),
+            duplicate: None,
+            data: data.to_vec(),
+            provider_key,
+            recorded_at: crate::clock::to_ms(recorded_at),
+            attempt,
+        }
+    }
+
+    /// This entry with an earlier call's fate open (no answer came to it
+    /// and no lookup settled it): unanswered, whatever the latest call's
+    /// answer.
+    ///
+    /// # Examples
+    /// See [`IntentEntry::new`].
+    #[must_use]
+    pub fn with_open_call(mut self) -> IntentEntry {
+        self.unanswered = true;
+        self
+    }
+
+    /// This entry with the doubt `duplicate` (what
+    /// [`duplicate_candidates`](crate::Store::duplicate_candidates) lists).
+    ///
+    /// # Examples
+    /// See [`IntentEntry::new`].
+    #[must_use]
+    pub fn with_duplicate(mut self, duplicate: Duplicate) -> IntentEntry {
+        self.duplicate = Some(duplicate);
+        self
+    }
+
     /// The operation's key.
     ///
     /// # Examples

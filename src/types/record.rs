@@ -150,6 +150,50 @@ impl Record {
         self
     }
 
+    /// This record with the operation's provider key (as
+    /// [`provider_key`](Self::provider_key) shows it, 32 hex digits): for
+    /// a backend of the [contract](crate::contract) that derives it from
+    /// its stored fields, the same on every instance.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Key, Record, State};
+    ///
+    /// let rec = Record::new(Key::new("t", "e").into_owned(), State::InProgress).with_provider_key(0xab);
+    /// assert_eq!(rec.provider_key().as_deref(), Some("000000000000000000000000000000ab"));
+    /// ```
+    #[must_use]
+    pub fn with_provider_key(mut self, provider_key: u128) -> Record {
+        self.provider_key = Some(provider_key);
+        self
+    }
+
+    /// This record with its times: when the key was first recorded
+    /// (its operation's first attempt), when its latest record was
+    /// written, and the earliest time it may be evicted.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Key, Record, State};
+    /// use std::time::{Duration, UNIX_EPOCH};
+    ///
+    /// let t = |s| UNIX_EPOCH + Duration::from_secs(s);
+    /// let rec = Record::new(Key::new("t", "e").into_owned(), State::Completed).with_times(t(1), t(2), t(9));
+    /// assert_eq!((rec.first_seen_at(), rec.updated_at(), rec.expires_at()), (t(1), t(2), t(9)));
+    /// ```
+    #[must_use]
+    pub fn with_times(
+        mut self,
+        first_seen: SystemTime,
+        updated: SystemTime,
+        expires: SystemTime,
+    ) -> Record {
+        self.first_seen = crate::clock::to_ms(first_seen);
+        self.updated = crate::clock::to_ms(updated);
+        self.expires = crate::clock::to_ms(expires);
+        self
+    }
+
     /// The key this record is about.
     ///
     /// # Examples

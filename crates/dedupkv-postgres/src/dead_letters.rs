@@ -6,9 +6,9 @@
 //! dead-lettered` (no row updated: it was not a dead letter).
 
 use dedupkv::contract::{DeadLetters, Pending};
-use dedupkv::{Error, Key, Resolution, Result};
+use dedupkv::{DeadLetter, Error, Key, Resolution, Result};
 
-use crate::{COMPLETED, FAILED, MAX_OUTCOME, PgStore, Q, check_key, check_len, storage};
+use crate::{COMPLETED, FAILED, MAX_OUTCOME, PgStore, Q, Row, check_key, check_len, storage};
 
 impl DeadLetters for PgStore {
     /// One `UPDATE`: the row becomes retryable, its next attempt numbered
@@ -42,6 +42,46 @@ impl DeadLetters for PgStore {
 }
 
 impl PgStore {
+    /// The dead-letter area, shared by every instance: keys whose retries
+    /// were exhausted ([`Failure::Exhausted`](dedupkv::Failure::Exhausted)),
+    /// in the order they reached it (oldest first), at most `limit`, of
+    /// `scope` only if given. A dead letter stays until it is requeued or
+    /// resolved (retention never drops it).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a row this build cannot read; storage
+    /// errors.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
+    /// for d in store.dead_letters(Some(b"payments"), 100)? {
+    ///     println!("{:?} failed: {}", d.key(), d.reason());
+    /// }
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn dead_letters(&self, scope: Option<&[u8]>, limit: usize) -> Result<Vec<DeadLetter>> {
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::DeadLetters)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = c
+            .client
+            .query(&st, &[&sh.now(), &scope, &limit])
+            .map_err(storage)?;
+        rows.iter()
+            .map(|r| {
+                let get = |e: postgres::Error| Error::Corrupt(format!("a dedupkv_keys row: {e}"));
+                let key = Key::owned(
+                    r.try_get::<_, Vec<u8>>("scope").map_err(get)?,
+                    r.try_get::<_, Vec<u8>>("id").map_err(get)?,
+                );
+                Row::from(r)?.dead_letter(key)
+            })
+            .collect()
+    }
+
     /// Runs `q` (an `UPDATE` of a dead-lettered row): whether a row was
     /// updated.
     fn dead_letter_update(

@@ -13,12 +13,16 @@
 //! `begin_batch` with leases, fencing tokens and fingerprints, `complete` /
 //! `complete_batch` / `fail` / `renew` keyed by the fencing token, `forget`,
 //! `get`. [`DeadLetters`]: `fail` with
-//! `Failure::Exhausted`, `requeue`, `resolve`.
+//! `Failure::Exhausted`, `requeue`, `resolve`. [`Intents`]: `begin` with an
+//! intent, `mark_answered`, the provider key every instance derives, and
+//! [`PgStore::intent`], [`PgStore::pending_intents`],
+//! [`PgStore::duplicate_candidates`]. [`Order`]'s versions: `advance`,
+//! `apply_event` (the sequencer refuses, not yet).
 //! [`PgStore::begin_or_wait`]: waiting across instances, woken by
 //! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
 //! [`PgStore::evict_expired`] (batched deletes; why not time partitions:
-//! see there). Not yet: intents, versions and the sequencer, the
-//! dead-letter listing.
+//! see there). [`PgStore::dead_letters`] lists the dead-letter area.
+//! Not yet: the sequencer.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
@@ -38,6 +42,9 @@
 //! - `fail` with `Failure::Exhausted`: the conditional `UPDATE` of
 //!   `complete`, to state dead-lettered; `requeue` and `resolve`: one
 //!   `UPDATE … WHERE state = dead-lettered` each.
+//! - `begin` with an intent: its columns written by the claim's own
+//!   statement (the `INSERT` or the takeover's `UPDATE`);
+//!   `mark_answered`: one conditional `UPDATE` by the claim's token.
 //! - Every statement that ends an attempt also notifies the channel
 //!   `dedupkv_done` (`pg_notify` in the same statement, sent at its
 //!   commit): what [`PgStore::begin_or_wait`] sleeps on.
@@ -68,9 +75,9 @@
 //! # Schema
 //! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
 //! `dedupkv_schema_version`, `dedupkv_keys` and the sequence
-//! `dedupkv_token`, at [`SCHEMA_VERSION`] 2. A version-1 schema (the first
-//! landing's) is migrated in place by the next open, under the same
-//! advisory lock: the dead-letter columns are added. A schema written by
+//! `dedupkv_token`, at [`SCHEMA_VERSION`] 3. A version-1 or 2 schema is
+//! migrated in place by the next open, under the same advisory lock: the
+//! dead-letter columns (2) and the intent columns (3) are added. A schema written by
 //! a newer build is refused with [`Error::InvalidConfig`] naming it.
 //!
 //! # Examples
@@ -107,6 +114,8 @@ use parking_lot::Mutex;
 use postgres::{Client, NoTls, Statement};
 
 mod dead_letters;
+mod intents;
+mod order;
 mod sql;
 mod wait;
 
@@ -116,7 +125,7 @@ use sql::{
 };
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The store's default claim lease (the engine's default).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -273,6 +282,13 @@ fn at(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
+/// The provider key the database computed (`sql::provider_key`: 32 hex
+/// digits).
+fn provider_key_of(hex: &str) -> Result<u128> {
+    u128::from_str_radix(hex, 16)
+        .map_err(|e| Error::Corrupt(format!("provider key {hex:?} from the database: {e}")))
+}
+
 fn fp_bytes(fp: Fingerprint) -> Vec<u8> {
     fp.0.to_be_bytes().to_vec()
 }
@@ -304,6 +320,9 @@ struct Row {
     first_failed_at: i64,
     payload: Option<Vec<u8>>,
     expires_at: i64,
+    provider_key: u128,
+    intent: Option<intents::Stored>,
+    updated_at: i64,
 }
 
 impl Row {
@@ -322,6 +341,9 @@ impl Row {
             first_failed_at: r.try_get(13).map_err(get)?,
             payload: r.try_get(14).map_err(get)?,
             expires_at: r.try_get(15).map_err(get)?,
+            provider_key: provider_key_of(r.try_get(16).map_err(get)?)?,
+            intent: intents::Stored::from(r, 17)?,
+            updated_at: r.try_get(25).map_err(get)?,
         })
     }
 
@@ -344,11 +366,28 @@ impl Row {
 
     fn record(&self, key: Key<'static>) -> Result<Record> {
         let state = state_of(self.state)?;
-        let rec = Record::new(key, state).with_attempts(self.attempt());
+        // A row last written before schema version 3 has no update time:
+        // its first is the best known. A dead letter never expires here
+        // (`expires_at` 0): it is kept at least until the latest time
+        // the column can hold.
+        let updated = if self.updated_at > 0 {
+            self.updated_at
+        } else {
+            self.first_at
+        };
+        let expires = if self.expires_at > 0 {
+            self.expires_at
+        } else {
+            i64::MAX
+        };
+        let rec = Record::new(key, state)
+            .with_attempts(self.attempt())
+            .with_times(at(self.first_at), at(updated), at(expires));
         let rec = if state == State::Inserted {
             rec
         } else {
             rec.with_fingerprint(self.fingerprint())
+                .with_provider_key(self.provider_key)
         };
         Ok(match state {
             State::Completed | State::Failed | State::DeadLettered => {
@@ -595,7 +634,7 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
             )));
         }
         Some(v) if v >= SCHEMA_VERSION => {}
-        Some(_) => migrate(&mut tx, s)?,
+        Some(v) => migrate(&mut tx, s, v)?,
         None => {
             tx.batch_execute(&format!(
                 "CREATE SEQUENCE {s}.dedupkv_token;
@@ -617,18 +656,53 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
                  INSERT INTO {s}.dedupkv_schema_version VALUES (1);"
             ))
             .map_err(storage)?;
-            migrate(&mut tx, s)?;
+            migrate(&mut tx, s, 1)?;
         }
     }
     tx.commit().map_err(storage)
 }
 
-/// Brings a version-1 schema to version 2 (the dead-letter and expiry
-/// columns and the expiry index; a version-1 row never expires), in
-/// the creating transaction, under its advisory lock. Instances of the
-/// older build keep working on it: they never write these columns and
-/// never meet a dead-lettered row unless a newer instance made one.
-fn migrate(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
+/// Brings a schema of version `from` to [`SCHEMA_VERSION`], in the
+/// creating transaction, under its advisory lock: version 2 adds the
+/// dead-letter and expiry columns and the expiry index (a version-1 row
+/// never expires); version 3 the intent columns (a row of an older
+/// version has no intent), `updated_at` and the table
+/// `dedupkv_versions`. Instances of an older build that are already
+/// running keep working on it (one starting later refuses the newer
+/// version): they never write the new columns (an intent an older
+/// instance's takeover leaves behind stays, as an attempt without an
+/// intent leaves it on the engine; its writes leave `updated_at` behind)
+/// and never meet a dead-lettered row unless a newer instance made one.
+fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()> {
+    if from < 2 {
+        migrate_to_2(tx, s)?;
+    }
+    tx.batch_execute(&format!(
+        "ALTER TABLE {s}.dedupkv_keys
+             ADD COLUMN IF NOT EXISTS intent_target text,
+             ADD COLUMN IF NOT EXISTS intent_settled bool NOT NULL DEFAULT false,
+             ADD COLUMN IF NOT EXISTS intent_answer int2 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS intent_open bool NOT NULL DEFAULT false,
+             ADD COLUMN IF NOT EXISTS intent_ref bytea,
+             ADD COLUMN IF NOT EXISTS intent_doubt int2 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS intent_data bytea NOT NULL DEFAULT ''::bytea,
+             ADD COLUMN IF NOT EXISTS intent_at int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS intent_attempt int4 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS updated_at int8 NOT NULL DEFAULT 0;
+         CREATE TABLE IF NOT EXISTS {s}.dedupkv_versions (
+             scope bytea NOT NULL,
+             id bytea NOT NULL,
+             version int8 NOT NULL,
+             previous int8,
+             PRIMARY KEY (scope, id));
+         CREATE INDEX IF NOT EXISTS dedupkv_keys_dead ON {s}.dedupkv_keys (failed_at)
+             WHERE state = {DEAD_LETTERED};
+         INSERT INTO {s}.dedupkv_schema_version VALUES (3);"
+    ))
+    .map_err(storage)
+}
+
+fn migrate_to_2(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
     tx.batch_execute(&format!(
         "ALTER TABLE {s}.dedupkv_keys
              ADD COLUMN IF NOT EXISTS failed_at int8 NOT NULL DEFAULT 0,
@@ -723,8 +797,10 @@ impl PgStore {
         key: &Key<'_>,
         fp: Fingerprint,
         (lease_ms, retention_ms): (i64, i64),
+        intent: Option<Intent<'_>>,
     ) -> Result<Began<PgClaim>> {
         check_key(key)?;
+        let (target, request) = (intent.map(|i| i.target), intent.map(|i| i.request));
         let sh = &*self.shared;
         let now = sh.now();
         let (scope, id, fpb) = (key.scope(), key.id(), fp_bytes(fp));
@@ -737,22 +813,34 @@ impl PgStore {
             c.stmt(&sh.sql, Q::Take)?,
         );
         let started = |attempt: u32, r: &postgres::Row, interrupted: bool| {
-            Began::Started(PgClaim {
+            Ok(Began::Started(PgClaim {
                 key: key.clone().into_owned(),
                 attempt,
                 token: r.get(0),
-                first_token: r.get(1),
+                provider_key: provider_key_of(r.get(2))?,
                 interrupted,
                 finished: AtomicBool::new(false),
                 shared: Arc::downgrade(&self.shared),
-            })
+            }))
         };
         if let Some(r) = c
             .client
-            .query_opt(&ins, &[&now, &scope, &id, &fpb, &lease_ms, &retention_ms])
+            .query_opt(
+                &ins,
+                &[
+                    &now,
+                    &scope,
+                    &id,
+                    &fpb,
+                    &lease_ms,
+                    &retention_ms,
+                    &target,
+                    &request,
+                ],
+            )
             .map_err(storage)?
         {
-            return Ok(started(1, &r, false));
+            return started(1, &r, false);
         }
         if let Some(seen) = c
             .client
@@ -768,7 +856,7 @@ impl PgStore {
             // absent now, so the insert decides (a new row is not expired).
             drop(tx);
             drop(pooled);
-            return self.begin_one(key, fp, (lease_ms, retention_ms));
+            return self.begin_one(key, fp, (lease_ms, retention_ms), intent);
         };
         let (attempt, first_at, interrupted, stranded, new_op, now) =
             match decide(key, fp, &fpb, &locked)? {
@@ -801,11 +889,13 @@ impl PgStore {
                     &stranded,
                     &now,
                     &retention_ms,
+                    &target,
+                    &request,
                 ],
             )
             .map_err(storage)?;
         tx.commit().map_err(storage)?;
-        Ok(started(attempt, &r, interrupted))
+        started(attempt, &r, interrupted)
     }
 
     /// Finishes `claim` as `state` with `outcome`, by its fencing token.
@@ -1032,11 +1122,12 @@ impl Write for PgStore {
         options: &BeginOptions,
         intent: Option<Intent<'_>>,
     ) -> Result<Pending<Began<PgClaim>>> {
-        if intent.is_some() {
-            return Err(Error::InvalidArgument {
-                what: "intent",
-                reason: "is not supported by the PostgreSQL backend yet".into(),
-            });
+        if let Some(i) = intent {
+            check_len(
+                "intent",
+                i.target.len().saturating_add(i.request.len()),
+                MAX_OUTCOME,
+            )?;
         }
         let lease = match options.requested_lease() {
             Some(l) if l < Duration::from_millis(1) => {
@@ -1049,7 +1140,7 @@ impl Write for PgStore {
             None => self.shared.lease_ms,
         };
         let retention = self.shared.retention_of(options.requested_retention())?;
-        self.begin_one(key, fingerprint, (lease, retention))
+        self.begin_one(key, fingerprint, (lease, retention), intent)
             .map(Pending::settled)
     }
 
@@ -1058,7 +1149,12 @@ impl Write for PgStore {
         items.iter().try_for_each(|(k, _)| check_key(k))?;
         let mut out = Vec::with_capacity(items.len());
         for (k, fp) in items {
-            match self.begin_one(k, *fp, (self.shared.lease_ms, self.shared.retention_ms)) {
+            match self.begin_one(
+                k,
+                *fp,
+                (self.shared.lease_ms, self.shared.retention_ms),
+                None,
+            ) {
                 Err(e @ Error::FingerprintMismatch { .. }) => out.push(Err(e)),
                 other => out.push(Ok(other?)),
             }
@@ -1194,7 +1290,7 @@ pub struct PgClaim {
     key: Key<'static>,
     attempt: u32,
     token: i64,
-    first_token: i64,
+    provider_key: u128,
     interrupted: bool,
     finished: AtomicBool,
     shared: Weak<Shared>,
@@ -1207,15 +1303,20 @@ impl std::fmt::Debug for Shared {
 }
 
 impl PgClaim {
-    /// The operation's idempotency key for an external provider: the same
-    /// for every attempt of the operation, from every instance, derived
-    /// from the row (the fencing token of its first attempt, which the
-    /// database handed out), never from the instance.
+    /// The operation's idempotency key for an external provider, 32 hex
+    /// digits: the same for every attempt of the operation, from every
+    /// instance, computed by the database from the row's own fields (the
+    /// key, the fencing token of the operation's first attempt, which the
+    /// database's sequence handed out, and the request fingerprint), never
+    /// from the instance; a corrected request
+    /// ([`Failure::RetryableAnyRequest`]) gets a new one. The record
+    /// [`get`](Read::get) answers carries the same
+    /// ([`Record::provider_key`]).
     ///
     /// # Examples
     /// See [`PgClaim`].
     pub fn provider_key(&self) -> String {
-        format!("{:032x}", self.first_token)
+        format!("{:032x}", self.provider_key)
     }
 
     /// The attempt's fencing token (from the database's sequence).

@@ -29,8 +29,13 @@ pub(crate) enum Q {
     Forget,
     Requeue,
     Resolve,
+    Answer,
+    PendingIntents,
+    Doubted,
+    Advance,
+    DeadLetters,
 }
-pub(crate) const STATEMENTS: usize = 13;
+pub(crate) const STATEMENTS: usize = 18;
 
 /// The statements' text for one schema.
 pub(crate) struct Sql(pub(crate) [String; STATEMENTS]);
@@ -49,6 +54,38 @@ const COLUMNS: &str = "state, fingerprint, attempt, token, first_token, first_at
 /// [`PgStore::evict_expired`].
 const DEAD_COLUMNS: &str = "failed_at, first_failed_at, payload, expires_at";
 
+/// The operation's provider key (schema version 3), 32 hex digits: MD5
+/// over the row's own fields (the key, length-framed, the fencing token
+/// of the operation's first attempt, which the database's sequence
+/// handed out, and the request fingerprint), so every instance derives
+/// the same one, every attempt of one operation gets it, and a corrected
+/// request (`Failure::RetryableAnyRequest`) gets a new one, as on the
+/// engine. Computed by the database: no instance's hasher is involved.
+pub(crate) fn provider_key(k: &str) -> String {
+    format!(
+        "md5(int4send(length({k}scope)) || {k}scope || {k}id || int8send({k}first_token) || {k}fingerprint)"
+    )
+}
+
+/// The intent columns (schema version 3), read after [`DEAD_COLUMNS`]
+/// (columns 17 to 24, the provider key in 16): the intent's target (NULL:
+/// none recorded), whether it is settled (answered, or a duplicate
+/// candidate whose operation finished; otherwise pending), the provider's answer to the latest call
+/// (`Answered`'s numbers: 0 none, 1 accepted, 2 refused, 3 unknown, 4
+/// asked and not found), whether an earlier call's fate is open, the
+/// doubt (`Doubt`'s numbers: 0 none, 1 after unknown, 2 two references),
+/// the request, reference or reason (as the engine's intent record's
+/// data), when the intent was first recorded, the
+/// attempt that last wrote it. (`intent_ref`, the MD5 of the first
+/// reference, is written only by statements.)
+pub(crate) const INTENT_COLUMNS: &str = "intent_target, intent_settled, intent_answer, intent_open, \
+    intent_doubt, intent_data, intent_at, intent_attempt";
+
+/// The intent columns of a row with no intent (a new operation's).
+const INTENT_RESET: &str = "intent_target = NULL, intent_settled = false, intent_answer = 0, \
+    intent_open = false, intent_ref = NULL, intent_doubt = 0, intent_data = ''::bytea, intent_at = 0, \
+    intent_attempt = 0";
+
 /// Whether the row `k` (an alias, `"k."` or `""`) expired at `now`.
 fn expired(k: &str, now: &str) -> String {
     format!("({k}expires_at > 0 AND {k}expires_at <= {now} AND {k}state <> {DEAD_LETTERED})")
@@ -65,53 +102,88 @@ impl Sql {
     #[allow(clippy::too_many_lines)]
     pub(crate) fn new(schema: &str) -> Sql {
         let k = format!("{schema}.dedupkv_keys");
+        let v = format!("{schema}.dedupkv_versions");
         let seq = format!("{schema}.dedupkv_token");
         let (now3, now4, now5, now7) = (now_at(3), now_at(4), now_at(5), now_at(7));
         let gone = expired("k.", "excluded.first_at");
+        // Column 25: when the row's latest record was written (0: by a
+        // build before schema version 3).
+        let read = format!(
+            "{COLUMNS}, {NOW}, {DEAD_COLUMNS}, {}, {INTENT_COLUMNS}, updated_at",
+            provider_key("")
+        );
+        let pk = provider_key("");
+        let close_all = close_intent("", "true", "false");
+        let close_k = close_intent("k.", "true", "false");
+        let close_finished = close_intent(
+            "",
+            &format!("$4::int2 IN ({COMPLETED}, {FAILED})"),
+            &format!("$4::int2 = {DEAD_LETTERED}"),
+        );
         Sql([
             // Q::Insert: $1 now, $2 scopes, $3 ids, $4 retention ms. A
             // forgotten or expired row is absent: it is taken.
             format!(
-                "INSERT INTO {k} AS k ({COLUMNS}, scope, id, expires_at, retention_ms) \
+                "INSERT INTO {k} AS k ({COLUMNS}, scope, id, expires_at, retention_ms, updated_at) \
                  SELECT {INSERTED}::int2, ''::bytea, 0, 0::int8, 0::int8, n.now, 0::int8, 0::int8, false, false, ''::bytea, u.s, u.i, \
-                 n.now + $4::int8, $4::int8 \
+                 n.now + $4::int8, $4::int8, n.now \
                  FROM (SELECT {NOW} AS now) n, unnest($2::bytea[], $3::bytea[]) AS u(s, i) \
                  ON CONFLICT (scope, id) DO UPDATE SET state = {INSERTED}, fingerprint = ''::bytea, attempt = 0, \
                  token = 0, first_token = 0, first_at = excluded.first_at, lease_until = 0, lease_ms = 0, \
                  abandoned = false, any_fp = false, outcome = ''::bytea, failed_at = 0, first_failed_at = 0, payload = NULL, \
-                 expires_at = excluded.expires_at, retention_ms = excluded.retention_ms \
+                 expires_at = excluded.expires_at, retention_ms = excluded.retention_ms, updated_at = excluded.updated_at, \
+                 {INTENT_RESET} \
                  WHERE k.state = {FORGOTTEN} OR {gone} RETURNING k.scope, k.id"
             ),
             // Q::Begin1: $1 now, $2 scope, $3 id, $4 fingerprint, $5 lease
-            // ms, $6 retention ms (a claim is kept to its lease end at least).
+            // ms, $6 retention ms (a claim is kept to its lease end at
+            // least), $7 the intent's target (NULL: none), $8 its request:
+            // the intent is written by the claim's own statement.
             format!(
-                "INSERT INTO {k} ({COLUMNS}, scope, id, expires_at, retention_ms) \
+                "INSERT INTO {k} ({COLUMNS}, scope, id, expires_at, retention_ms, intent_target, intent_data, \
+                 intent_at, intent_attempt, updated_at) \
                  SELECT {IN_PROGRESS}::int2, $4::bytea, 1, t.v, t.v, n.now, n.now + $5::int8, $5::int8, false, false, ''::bytea, $2::bytea, $3::bytea, \
-                 n.now + greatest($5::int8, $6::int8), $6::int8 \
+                 n.now + greatest($5::int8, $6::int8), $6::int8, $7::text, coalesce($8::bytea, ''::bytea), \
+                 CASE WHEN $7::text IS NULL THEN 0 ELSE n.now END, CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END, n.now \
                  FROM (SELECT {NOW} AS now) n, (SELECT nextval('{seq}') AS v) t \
-                 ON CONFLICT (scope, id) DO NOTHING RETURNING token, first_token"
+                 ON CONFLICT (scope, id) DO NOTHING RETURNING token, first_token, {pk}"
             ),
             // Q::Lock: $1 now, $2 scope, $3 id.
-            format!(
-                "SELECT {COLUMNS}, {NOW}, {DEAD_COLUMNS} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"
-            ),
+            format!("SELECT {read} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"),
             // Q::Peek: Q::Lock without the lock (an answer that writes nothing).
-            format!(
-                "SELECT {COLUMNS}, {NOW}, {DEAD_COLUMNS} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea"
-            ),
+            format!("SELECT {read} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea"),
             // Q::Take: $1 scope, $2 id, $3 fingerprint, $4 attempt, $5
             // first_at, $6 lease_until, $7 lease ms, $8 a new operation,
             // $9 the previous attempt was stranded (its lease lapsed), $10 now,
-            // $11 retention ms.
+            // $11 retention ms, $12 the intent's target (NULL: none), $13
+            // its request. With an intent, the previous call's fate is open
+            // unless it was answered (a new operation starts afresh); without
+            // one, a new operation has none and another attempt keeps the
+            // operation's (as the engine's `Calls::next_attempt`).
             format!(
                 "UPDATE {k} SET state = {IN_PROGRESS}, fingerprint = $3::bytea, attempt = $4::int4, token = t.v, \
                  first_token = CASE WHEN $8::bool THEN t.v ELSE first_token END, first_at = $5::int8, \
                  lease_until = $6::int8, lease_ms = $7::int8, abandoned = false, any_fp = false, outcome = ''::bytea, \
                  first_failed_at = CASE WHEN $8::bool THEN 0 \
                      WHEN $9::bool THEN coalesce(nullif(first_failed_at, 0), $10::int8) ELSE first_failed_at END, \
-                 payload = NULL, expires_at = greatest($10::int8 + $11::int8, $6::int8), retention_ms = $11::int8 \
+                 payload = NULL, expires_at = greatest($10::int8 + $11::int8, $6::int8), retention_ms = $11::int8, \
+                 updated_at = $10::int8, \
+                 intent_open = CASE WHEN $12::text IS NOT NULL THEN intent_target IS NOT NULL AND NOT $8::bool \
+                     AND (intent_open OR intent_answer IN (0, 3, 4)) \
+                     WHEN $8::bool THEN false ELSE intent_open END, \
+                 intent_at = CASE WHEN $12::text IS NOT NULL AND (intent_target IS NULL OR intent_settled OR $8::bool) \
+                     THEN $10::int8 \
+                     WHEN $8::bool THEN 0 ELSE intent_at END, \
+                 intent_target = CASE WHEN $12::text IS NOT NULL THEN $12::text WHEN $8::bool THEN NULL ELSE intent_target END, \
+                 intent_settled = CASE WHEN $12::text IS NOT NULL OR $8::bool THEN false ELSE intent_settled END, \
+                 intent_answer = CASE WHEN $12::text IS NOT NULL OR $8::bool THEN 0 ELSE intent_answer END, \
+                 intent_data = CASE WHEN $12::text IS NOT NULL THEN $13::bytea WHEN $8::bool THEN ''::bytea \
+                     ELSE intent_data END, \
+                 intent_ref = CASE WHEN $8::bool THEN NULL ELSE intent_ref END, \
+                 intent_doubt = CASE WHEN $8::bool THEN 0 ELSE intent_doubt END, \
+                 intent_attempt = CASE WHEN $12::text IS NOT NULL THEN $4::int4 WHEN $8::bool THEN 0 ELSE intent_attempt END \
                  FROM (SELECT nextval('{seq}') AS v) t \
-                 WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token"
+                 WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token, {pk}"
             ),
             // Q::Finish: $1 scope, $2 id, $3 token, $4 state, $5 outcome (a
             // dead letter's reason), $6 any fingerprint next, $7 now, $8 a
@@ -123,19 +195,21 @@ impl Sql {
                      failed_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN {now7} ELSE failed_at END, \
                      first_failed_at = CASE WHEN $4::int2 IN ({RETRYABLE}, {DEAD_LETTERED}) \
                          THEN coalesce(nullif(first_failed_at, 0), {now7}) ELSE first_failed_at END, \
-                     payload = $8::bytea, \
+                     payload = $8::bytea, updated_at = {now7}, \
+                     {close_finished}, \
                      expires_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN 0 ELSE {now7} + retention_ms END \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
                 "",
                 false,
             ),
-            // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes, $5 now.
+            // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes, $5
+            // now. Each completion closes its pending intent.
             notifying(
                 schema,
                 &format!(
                     "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false, \
-                     expires_at = {now5} + k.retention_ms \
+                     expires_at = {now5} + k.retention_ms, updated_at = {now5}, {close_k} \
                      FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[]) AS u(s, i, t, o) \
                      WHERE k.scope = u.s AND k.id = u.i AND k.token = u.t AND k.state = {IN_PROGRESS}"
                 ),
@@ -148,7 +222,7 @@ impl Sql {
                 &format!(
                     "UPDATE {k} SET state = {RETRYABLE}, abandoned = true, \
                      first_failed_at = coalesce(nullif(first_failed_at, 0), {now4}), \
-                     expires_at = {now4} + retention_ms \
+                     expires_at = {now4} + retention_ms, updated_at = {now4} \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
                 "",
@@ -158,7 +232,7 @@ impl Sql {
             format!(
                 "UPDATE {k} SET lease_ms = coalesce($5::int8, lease_ms), \
                  lease_until = {NOW} + coalesce($5::int8, lease_ms), \
-                 expires_at = greatest(expires_at, {NOW} + coalesce($5::int8, lease_ms)) \
+                 expires_at = greatest(expires_at, {NOW} + coalesce($5::int8, lease_ms)), updated_at = {NOW} \
                  WHERE scope = $2::bytea AND id = $3::bytea AND token = $4::int8 AND state = {IN_PROGRESS} \
                  RETURNING lease_until"
             ),
@@ -173,24 +247,110 @@ impl Sql {
             // Q::Forget: $1 scope, $2 id, $3 now (under the lock of Q::Lock):
             // the forgotten record is kept for the operation's retention.
             format!(
-                "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false, expires_at = $3::int8 + retention_ms \
+                "UPDATE {k} SET state = {FORGOTTEN}, abandoned = false, expires_at = $3::int8 + retention_ms, updated_at = $3::int8, \
+                 {INTENT_RESET} \
                  WHERE scope = $1::bytea AND id = $2::bytea"
             ),
             // Q::Requeue: $1 scope, $2 id, $3 now. The next attempt is
             // numbered after the last; a new round of failures starts.
             format!(
                 "UPDATE {k} SET state = {RETRYABLE}, abandoned = false, any_fp = false, outcome = ''::bytea, \
-                 first_failed_at = 0, payload = NULL, expires_at = {now3} + retention_ms \
+                 first_failed_at = 0, payload = NULL, expires_at = {now3} + retention_ms, updated_at = {now3} \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
             ),
             // Q::Resolve: $1 scope, $2 id, $3 state (completed or failed), $4
             // outcome or note, $5 now.
             format!(
-                "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, expires_at = {now5} + retention_ms \
+                "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, expires_at = {now5} + retention_ms, \
+                 updated_at = {now5}, {close_all} \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
+            ),
+            // Q::Answer: $1 scope, $2 id, $3 token, $4 the answer (1
+            // accepted, 2 refused, 3 unknown, 4 not found, 5 found), $5 its
+            // reference or reason, $6 the attempt. The engine's
+            // `Calls::answered`, in one conditional statement by the
+            // claim's fencing token: `ub`, the latest call's fate is
+            // unknown or an earlier one's is; a reference is told from the
+            // first by its MD5.
+            format!(
+                "UPDATE {k} SET \
+                 intent_answer = {answer}, \
+                 intent_open = {open}, \
+                 intent_doubt = greatest(intent_doubt, CASE \
+                     WHEN $4::int2 IN (1, 5) AND intent_ref IS NOT NULL AND intent_ref <> {h} THEN 2 \
+                     WHEN $4::int2 = 1 AND intent_ref IS NULL AND {ub} THEN 1 \
+                     WHEN $4::int2 = 3 AND {ub} THEN 1 ELSE 0 END), \
+                 intent_ref = CASE WHEN $4::int2 IN (1, 5) THEN coalesce(intent_ref, {h}) ELSE intent_ref END, \
+                 intent_data = CASE WHEN $4::int2 IN (1, 2, 5) THEN $5::bytea \
+                     WHEN (intent_answer IN (0, 3, 4)) = ({answer} IN (0, 3, 4)) THEN intent_data ELSE ''::bytea END, \
+                 intent_settled = NOT ({open} OR {answer} IN (0, 3, 4)), \
+                 intent_attempt = $6::int4 \
+                 WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS} \
+                 AND intent_target IS NOT NULL",
+                ub = "(intent_open OR intent_answer = 3)",
+                h = "decode(md5($5::bytea), 'hex')",
+                answer = "(CASE WHEN $4::int2 IN (1, 5) THEN 1 WHEN $4::int2 IN (2, 3) THEN $4::int2 \
+                    WHEN intent_answer IN (1, 2) THEN intent_answer ELSE 4 END)",
+                open = "(CASE WHEN $4::int2 IN (2, 3) THEN (intent_open OR intent_answer = 3) ELSE false END)",
+            ),
+            // Q::PendingIntents: $1 now, $2 scope (NULL: every scope), $3
+            // limit. Pending intents (a call may or may not have happened;
+            // a finished operation's are closed or settled), oldest first.
+            format!(
+                "SELECT {read}, scope, id FROM {k} WHERE intent_target IS NOT NULL AND NOT intent_settled \
+                 AND ($2::bytea IS NULL OR scope = $2::bytea) AND NOT {gone_now} \
+                 ORDER BY intent_at, scope, id LIMIT $3::int8",
+                gone_now = expired("", NOW),
+            ),
+            // Q::Doubted: as Q::PendingIntents, the operations with a doubt
+            // (a candidate for a duplicate external effect), in any state.
+            format!(
+                "SELECT {read}, scope, id FROM {k} WHERE intent_target IS NOT NULL AND intent_doubt > 0 \
+                 AND ($2::bytea IS NULL OR scope = $2::bytea) AND NOT {gone_now} \
+                 ORDER BY intent_at, scope, id LIMIT $3::int8",
+                gone_now = expired("", NOW),
+            ),
+            // Q::Advance: $1 scope, $2 id, $3 version (order-preserving
+            // as int8, `crate::order`). One statement, atomic per entity:
+            // a new entity's row is inserted (`previous` NULL); an existing
+            // one is updated under its row lock, `previous` keeping the
+            // version it had and `version` the greater; the answer is read
+            // from what comes back.
+            format!(
+                "INSERT INTO {v} AS v (scope, id, version, previous) VALUES ($1::bytea, $2::bytea, $3::int8, NULL) \
+                 ON CONFLICT (scope, id) DO UPDATE SET previous = v.version, \
+                 version = greatest(v.version, excluded.version) RETURNING previous"
+            ),
+            // Q::DeadLetters: $1 now, $2 scope (NULL: every scope), $3
+            // limit. The dead-letter area, in the order keys reached it
+            // (over the partial index `dedupkv_keys_dead`).
+            format!(
+                "SELECT {read}, scope, id FROM {k} WHERE state = {DEAD_LETTERED} \
+                 AND ($2::bytea IS NULL OR scope = $2::bytea) \
+                 ORDER BY failed_at, scope, id LIMIT $3::int8"
             ),
         ])
     }
+}
+
+/// The `SET` of an intent's close by the statement that finishes its
+/// operation (the engine's `close_intent`), for rows aliased `k` (`""` or
+/// `"k."`): when `finished` holds, a pending intent is removed, unless it
+/// is a duplicate candidate: then it is settled (kept, without its target
+/// and data, for `duplicate_candidates`); a settled one stays. When
+/// `given_up` holds (a dead letter), a pending intent whose last attempt
+/// only asked (not found, nothing open) is settled: nothing happened.
+fn close_intent(k: &str, finished: &str, given_up: &str) -> String {
+    let pending = format!("({k}intent_target IS NOT NULL AND NOT {k}intent_settled)");
+    let closing = format!("(({finished}) AND {pending})");
+    let asked =
+        format!("(({given_up}) AND {pending} AND {k}intent_answer = 4 AND NOT {k}intent_open)");
+    format!(
+        "intent_target = CASE WHEN {closing} AND {k}intent_doubt = 0 THEN NULL \
+             WHEN {closing} OR {asked} THEN '' ELSE {k}intent_target END, \
+         intent_data = CASE WHEN {closing} OR {asked} THEN ''::bytea ELSE {k}intent_data END, \
+         intent_settled = CASE WHEN {closing} OR {asked} THEN true ELSE {k}intent_settled END"
+    )
 }
 
 /// `update` (an `UPDATE` of rows of `dedupkv_keys`, whose columns are

@@ -12,8 +12,11 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use dedupkv::contract::{DeadLetters, Handle, Outcome, Read, Settle, Write};
-use dedupkv::{Began, BeginOptions, Error, Failure, Fingerprint, Forget, Key, Resolution, State};
+use dedupkv::contract::{DeadLetters, Handle, Intents, Outcome, Read, Settle, Write};
+use dedupkv::{
+    Answer, Began, BeginOptions, Error, Failure, Fingerprint, Forget, Intent, Key, Resolution,
+    State,
+};
 use dedupkv_postgres::PgStore;
 use dedupkv_testkit::conformance::{self, Suite};
 
@@ -387,11 +390,12 @@ fn sql_error(e: postgres::Error) -> Error {
     Error::Storage(std::io::Error::other(e).into())
 }
 
-/// A schema made by the first build (version 1: no dead-letter columns)
-/// is migrated by the next open: the columns added, version 2 recorded,
-/// its rows kept and dead-letterable.
+/// A schema made by the first build (version 1: no dead-letter or intent
+/// columns) is migrated by the next open: the columns added, the current
+/// version recorded, its rows kept, dead-letterable and begun with
+/// intents.
 #[test]
-fn a_version_1_schema_is_migrated_to_version_2_with_its_rows() -> Result<(), Error> {
+fn a_version_1_schema_is_migrated_to_the_current_version_with_its_rows() -> Result<(), Error> {
     let Some(url) = url("migrate") else {
         return Ok(());
     };
@@ -405,7 +409,10 @@ fn a_version_1_schema_is_migrated_to_version_2_with_its_rows() -> Result<(), Err
     client
         .batch_execute(&format!(
             "ALTER TABLE {schema}.dedupkv_keys DROP COLUMN failed_at, DROP COLUMN first_failed_at, \
-             DROP COLUMN payload; DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
+             DROP COLUMN payload, DROP COLUMN intent_target, DROP COLUMN intent_settled, \
+             DROP COLUMN intent_answer, DROP COLUMN intent_open, DROP COLUMN intent_ref, \
+             DROP COLUMN intent_doubt, DROP COLUMN intent_data, DROP COLUMN intent_at, \
+             DROP COLUMN intent_attempt; DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
         ))
         .map_err(sql_error)?;
     let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
@@ -434,7 +441,53 @@ fn a_version_1_schema_is_migrated_to_version_2_with_its_rows() -> Result<(), Err
         begin(&store, &other, &BeginOptions::new())?,
         Began::DeadLettered(_)
     ));
+    let intent = Intent {
+        target: "carrier",
+        request: b"r",
+    };
+    let p = store.begin(&key, Fingerprint::NONE, &BeginOptions::new(), Some(intent));
+    assert!(
+        matches!(store.tell(p?)?, Began::Completed(_)),
+        "the old row replays"
+    );
+    let fresh = Key::new("t", "with-intent");
+    let p = store.begin(
+        &fresh,
+        Fingerprint::NONE,
+        &BeginOptions::new(),
+        Some(intent),
+    )?;
+    let Began::Started(c) = store.tell(p)? else {
+        panic!("not started");
+    };
+    store.tell(store.mark_answered(&c, Answer::Accepted(b"1Z"))?)?;
+    assert_eq!(
+        store
+            .intent(&fresh)?
+            .and_then(|e| e.reference().map(<[u8]>::to_vec)),
+        Some(b"1Z".to_vec())
+    );
     Ok(())
+}
+
+/// The contract's intent cases (`conformance::intents`) on two
+/// instances of one schema: the intent written with the claim, the five
+/// answers, one provider key from every instance and attempt, and the
+/// pending and duplicate listings after each history of calls.
+#[test]
+fn the_postgres_backend_passes_the_intent_cases() -> Result<(), String> {
+    let Some(url) = url("intents") else {
+        return Ok(());
+    };
+    let (a, b, _clock) = two_on_a_manual_clock(&url, "int", None).map_err(|e| e.to_string())?;
+    conformance::intents(
+        &a,
+        &b,
+        &conformance::Listings {
+            pending: &|s: &PgStore| s.pending_intents(None, 100),
+            duplicates: &|s: &PgStore| s.duplicate_candidates(None, 100),
+        },
+    )
 }
 
 /// Two instances on a fresh schema, both on one manual clock (and the
@@ -844,4 +897,129 @@ fn an_empty_id_and_an_outcome_over_the_limit_are_refused() -> Result<(), Error> 
     );
     store.tell(store.complete(&claim, Outcome::raw(b"ok"))?)?;
     Ok(())
+}
+
+/// `get`'s record carries the row's times, by the store's clock: when the
+/// operation was first recorded, when its latest record was written, and
+/// when it expires (the retention after that write, a claim no earlier
+/// than its lease end).
+#[test]
+fn get_tells_when_a_key_was_first_seen_updated_and_expires() -> Result<(), Error> {
+    let Some(url) = url("times") else {
+        return Ok(());
+    };
+    let day = Duration::from_secs(86_400);
+    let (store, _other, clock) = two_on_a_manual_clock(&url, "times", Some(day))?;
+    let t0 = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let key = Key::new("t", "timed");
+    let c = started(&store, &key, &BeginOptions::new())?;
+    let rec = store.tell(store.get(&key)?)?.expect("recorded");
+    assert_eq!(
+        (rec.first_seen_at(), rec.updated_at(), rec.expires_at()),
+        (t0, t0, t0 + day)
+    );
+    clock.advance(Duration::from_secs(5));
+    store.tell(store.complete(&c, Outcome::raw(b"done"))?)?;
+    let rec = store.tell(store.get(&key)?)?.expect("recorded");
+    let t5 = t0 + Duration::from_secs(5);
+    assert_eq!(
+        (rec.first_seen_at(), rec.updated_at(), rec.expires_at()),
+        (t0, t5, t5 + day)
+    );
+    let short = Key::new("t", "short");
+    store.tell(store.insert(&short, Some(Duration::from_secs(1)))?)?;
+    let rec = store.tell(store.get(&short)?)?.expect("recorded");
+    assert_eq!(
+        (rec.first_seen_at(), rec.updated_at(), rec.expires_at()),
+        (t5, t5, t5 + Duration::from_secs(1))
+    );
+    Ok(())
+}
+
+/// The contract's version cases (`conformance::versions`): versions only
+/// move forward across the whole range, an event is handled once, and 8
+/// racers on one entity leave it at the greatest.
+#[test]
+fn the_postgres_backend_passes_the_version_cases() -> Result<(), String> {
+    let Some(url) = url("versions") else {
+        return Ok(());
+    };
+    let store = PgStore::builder(url.as_str())
+        .schema(fresh_schema("ver"))
+        .open()
+        .map_err(|e| e.to_string())?;
+    conformance::versions(&store)
+}
+
+/// The dead-letter listing is shared by instances: in the order keys
+/// reached the area, by scope, up to a limit; a requeued key leaves it.
+#[test]
+fn dead_letters_are_listed_from_any_instance_in_order() -> Result<(), Error> {
+    let Some(url) = url("dead_list") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "deadlist", None)?;
+    let keys = [
+        Key::new("pay", "k1"),
+        Key::new("ship", "k2"),
+        Key::new("pay", "k3"),
+    ];
+    for (i, k) in keys.iter().enumerate() {
+        let store = if i % 2 == 0 { &a } else { &b };
+        let c = started(store, k, &BeginOptions::new())?;
+        let exhausted = Failure::Exhausted {
+            reason: "gave up",
+            payload: Some(b"p"),
+        };
+        store.tell(store.fail(&c, exhausted)?)?;
+        clock.advance(Duration::from_secs(1));
+    }
+    let ids = |list: Vec<dedupkv::DeadLetter>| -> Vec<Vec<u8>> {
+        list.iter().map(|d| d.key().id().to_vec()).collect()
+    };
+    assert_eq!(ids(b.dead_letters(None, 10)?), [b"k1", b"k2", b"k3"]);
+    assert_eq!(ids(a.dead_letters(Some(b"pay"), 10)?), [b"k1", b"k3"]);
+    assert_eq!(ids(a.dead_letters(None, 1)?), [b"k1"]);
+    let first = &b.dead_letters(None, 1)?[0];
+    assert_eq!(
+        (first.reason(), first.payload()),
+        ("gave up", Some(&b"p"[..]))
+    );
+    assert!(b.tell(b.requeue(&keys[0])?)?);
+    assert_eq!(ids(a.dead_letters(None, 10)?), [b"k2", b"k3"]);
+    Ok(())
+}
+
+/// Random histories of one operation's calls (attempts dying unanswered,
+/// the five answers, two references) made on the engine and on
+/// PostgreSQL side by side: after every step both show the same intent,
+/// and at the end the same pending intents and duplicate candidates (the
+/// engine's rules, restated in SQL, checked against the engine).
+#[test]
+fn intents_answer_as_on_the_engine_over_random_histories() -> Result<(), String> {
+    let Some(url) = url("intent_histories") else {
+        return Ok(());
+    };
+    let pg = PgStore::builder(url.as_str())
+        .schema(fresh_schema("ihist"))
+        .open()
+        .map_err(|e| e.to_string())?;
+    let dir = dedupkv_testkit::tempdir();
+    let engine = dedupkv::Store::open(dir.path().join("s.redb")).map_err(|e| e.to_string())?;
+    let all = dedupkv::Listing::new().limit(10_000); // one page: a default one holds 100
+    let on_engine = conformance::Listings {
+        pending: &|s: &dedupkv::Store| Ok(s.pending_intents(&all)?.items),
+        duplicates: &|s: &dedupkv::Store| Ok(s.duplicate_candidates(&all)?.items),
+    };
+    let on_pg = conformance::Listings {
+        pending: &|s: &PgStore| s.pending_intents(None, 10_000),
+        duplicates: &|s: &PgStore| s.duplicate_candidates(None, 10_000),
+    };
+    conformance::intent_histories(
+        (&engine, &on_engine, &|s: &dedupkv::Store, k: &Key<'_>| {
+            s.intent(k)
+        }),
+        (&pg, &on_pg, &|s: &PgStore, k: &Key<'_>| s.intent(k)),
+        300,
+    )
 }

@@ -60,11 +60,15 @@ use dedupkv::{
 use crate::model::T0;
 
 mod history;
+mod intents;
+mod order;
 mod spec;
 
 use crate::history::workload::Rng;
 
 pub use history::{Checked, History, histories, history};
+pub use intents::{Listings, intent_histories, intents};
+pub use order::versions;
 pub use spec::{Spec, SpecClaim};
 
 /// The claim lease the specification assumes (the store's default).
