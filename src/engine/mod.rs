@@ -98,7 +98,9 @@ pub(crate) use crate::log::{
 };
 pub(crate) use background::Threads;
 pub(crate) use claims::{Begun, Ticket};
-pub(crate) use config::{Config, DEFAULT_METRICS_LABEL};
+pub(crate) use config::Config;
+#[cfg(all(feature = "metrics", feature = "replica"))]
+pub(crate) use config::DEFAULT_METRICS_LABEL;
 
 /// The engine's state. Its fields are private to the engine's rooms; the
 /// face calls its methods.

@@ -19,6 +19,7 @@ use crate::sync::{AtomicU64, Ordering};
 /// owner of epoch `e` issues tokens from `e << EPOCH_SHIFT` (fewer than
 /// 2^40 each), so `token >> EPOCH_SHIFT` is the epoch that issued it (0
 /// without a replica).
+#[cfg_attr(not(any(feature = "replica", feature = "admin")), allow(dead_code))]
 pub(crate) const EPOCH_SHIFT: u32 = 40;
 
 /// Fencing tokens reserved per persisted floor.

@@ -13,10 +13,10 @@
 //! `begin_batch` with leases, fencing tokens and fingerprints, `complete` /
 //! `complete_batch` / `fail` / `renew` keyed by the fencing token, `forget`,
 //! `get`. [`DeadLetters`]: `fail` with
-//! `Failure::Exhausted`, `requeue`, `resolve`. [`Intents`]: `begin` with an
+//! `Failure::Exhausted`, `requeue`, `resolve`. [`Intents`](dedupkv::contract::Intents): `begin` with an
 //! intent, `mark_answered`, the provider key every instance derives, and
 //! [`PgStore::intent`], [`PgStore::pending_intents`],
-//! [`PgStore::duplicate_candidates`]. [`Order`]'s versions: `advance`,
+//! [`PgStore::duplicate_candidates`]. [`Order`](dedupkv::contract::Order)'s versions: `advance`,
 //! `apply_event` (the sequencer refuses, not yet).
 //! [`PgStore::begin_or_wait`]: waiting across instances, woken by
 //! `LISTEN`/`NOTIFY`. Retention by the database's clock, with

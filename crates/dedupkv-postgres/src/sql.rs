@@ -51,7 +51,7 @@ const COLUMNS: &str = "state, fingerprint, attempt, token, first_token, first_at
 ///
 /// Then (column 15) when the row expires (0: never; a dead letter), by
 /// the store's time: a row past it is absent to every call and deleted by
-/// [`PgStore::evict_expired`].
+/// [`PgStore::evict_expired`](crate::PgStore::evict_expired).
 const DEAD_COLUMNS: &str = "failed_at, first_failed_at, payload, expires_at";
 
 /// The operation's provider key (schema version 3), 32 hex digits: MD5

@@ -29,7 +29,7 @@
 //! once the winner completes every racer's `begin` replays its outcome
 //! (so a backend must be `Sync`, its claims `Send`).
 //!
-//! [`history`] is the concurrent half: 8 threads make the contract's
+//! [`history()`] is the concurrent half: 8 threads make the contract's
 //! calls at once on a few keys while the clock moves between rounds (by a
 //! whole lease, often), and each key's recorded calls must have an order,
 //! consistent with real time, in which [`Spec`] answers as the backend
