@@ -325,7 +325,10 @@ fn a_store_with_a_replica_publishes_its_epoch_lag_and_fencing() -> Result<()> {
     assert_eq!(value("dedupkv_replica_epoch{store=replicated}"), 1.0);
     assert_eq!(value("dedupkv_replica_fenced{store=replicated}"), 0.0);
     assert_eq!(value("dedupkv_replica_lag_bytes{store=replicated}"), 0.0);
-    assert_eq!(value("dedupkv_replica_upload_failures{store=replicated}"), 0.0);
+    assert_eq!(
+        value("dedupkv_replica_upload_failures{store=replicated}"),
+        0.0
+    );
     assert!(value("dedupkv_replica_lag_seconds{store=replicated}") >= 0.0);
     // A store without a replica publishes none of them.
     let plain = Store::builder()

@@ -12,8 +12,6 @@
 use dedupkv::{Key, ManualClock, Result, State, Store};
 use dedupkv_testkit::{FaultBackend, FaultFile};
 
-
-
 /// 64 KiB: halves of 30 KiB after the 4 KiB header.
 const BYTES: u64 = 64 << 10;
 /// Where the second half starts (format 2: the header, then half the rest).
@@ -81,7 +79,10 @@ fn writers_never_wait_while_a_checkpoint_has_room() -> TestResult {
     // the writer goes on in the second half, up to its end.
     for _ in 0..100 {
         let id = format!("k{next:04}");
-        assert!(store.insert_if_absent(&key(&id))?, "acknowledged while held");
+        assert!(
+            store.insert_if_absent(&key(&id))?,
+            "acknowledged while held"
+        );
         ids.push(id);
         next += 1;
     }
@@ -139,7 +140,10 @@ fn a_crash_in_the_middle_of_a_checkpoint_loses_nothing_and_replays_nothing_twice
         let id = format!("m{}", more.len());
         assert!(store.insert_if_absent(&key(&id))?);
         more.push(id);
-        assert!(more.len() < 10_000, "the writer never came back to the first half");
+        assert!(
+            more.len() < 10_000,
+            "the writer never came back to the first half"
+        );
     }
     let (db3, j3) = (db.crash_image(), j.crash_image());
     drop(store);
