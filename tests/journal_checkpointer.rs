@@ -156,3 +156,42 @@ fn a_crash_in_the_middle_of_a_checkpoint_loses_nothing_and_replays_nothing_twice
         .map_err(|e| format!("step 3: {e}"))?;
     Ok(())
 }
+
+#[test]
+fn a_failed_background_checkpoint_poisons_and_loses_nothing_acknowledged() -> TestResult {
+    let (db, j) = (FaultBackend::new(), FaultFile::new());
+    let store = open(&db, &j)?;
+    assert!(store.insert_if_absent(&key("first"))?);
+    // The store file's next write fails: the first checkpoint's.
+    db.arm(dedupkv_testkit::Plan::after(0));
+    let mut next = 0;
+    let mut acked = fill_first_half(&store, &j, &mut next)?;
+    // The writer learns of it at its next commit, or at the latest when
+    // its half is full and it waits for the checkpointer.
+    let err = loop {
+        let id = format!("k{next:04}");
+        next += 1;
+        match store.insert_if_absent(&key(&id)) {
+            Ok(new) => {
+                assert!(new);
+                acked.push(id);
+            }
+            Err(e) => break e,
+        }
+        assert!(next < 10_000, "the failed checkpoint was never reported");
+    };
+    assert!(dedupkv_testkit::is_fault(&err), "{err:?}");
+    let again = store.insert_if_absent(&key("later"));
+    assert!(
+        matches!(&again, Err(e) if dedupkv_testkit::is_fault(e)),
+        "sticky: {again:?}"
+    );
+    db.disarm();
+    let (db2, j2) = (db.crash_image(), j.crash_image());
+    drop(store);
+    let reopened = open(&db2, &j2)?;
+    assert_state(&reopened, &acked, &[])?;
+    assert!(reopened.get(&key("later"))?.is_none());
+    assert!(reopened.insert_if_absent(&key("next"))?, "writable after");
+    Ok(())
+}
