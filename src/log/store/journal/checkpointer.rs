@@ -41,9 +41,15 @@ impl Handoff {
         self.changed.notify_all();
     }
 
-    /// Whether no run is being checkpointed (without waiting).
-    pub(super) fn is_idle(&self) -> bool {
-        self.state.lock().job.is_none()
+    /// Without waiting: `None` while a run is being checkpointed, else
+    /// whether the checkpoints so far succeeded (a failed one's half is
+    /// not free: its run is in no store but the journal).
+    pub(super) fn try_idle(&self) -> Option<Result<(), String>> {
+        let s = self.state.lock();
+        if s.job.is_some() {
+            return None;
+        }
+        Some(s.failed.clone().map_or(Ok(()), Err))
     }
 
     /// Waits until no run is being checkpointed; the failure, if one did.

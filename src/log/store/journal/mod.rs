@@ -744,13 +744,21 @@ impl Inner {
             // to the checkpointer as soon as the other half is free; a
             // writer waits for it only when its half is full.
             if w.pos > start && (!fits || (w.pos - start) * 2 >= end - start) {
-                if !fits && let Err(why) = j.handoff.idle() {
-                    w.poisoned = Some(why.clone());
-                    return Err(j.refused(&why));
-                }
-                if j.handoff.is_idle() {
-                    self.switch(j, &mut w);
-                    continue;
+                let free = if fits {
+                    j.handoff.try_idle()
+                } else {
+                    Some(j.handoff.idle())
+                };
+                match free {
+                    Some(Ok(())) => {
+                        self.switch(j, &mut w);
+                        continue;
+                    }
+                    Some(Err(why)) => {
+                        w.poisoned = Some(why.clone());
+                        return Err(j.refused(&why));
+                    }
+                    None => {}
                 }
             }
             if fits {
