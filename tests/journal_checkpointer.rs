@@ -195,3 +195,30 @@ fn a_failed_background_checkpoint_poisons_and_loses_nothing_acknowledged() -> Te
     assert!(reopened.insert_if_absent(&key("next"))?, "writable after");
     Ok(())
 }
+
+#[test]
+fn the_checkpointer_stops_for_a_compaction_and_runs_again_after_it() -> TestResult {
+    let dir = dedupkv_testkit::tempdir();
+    let path = dir.path().join("s.redb");
+    let builder = || {
+        Store::builder()
+            .clock(ManualClock::new(1_700_000_000_000))
+            .journal(Some(BYTES))
+    };
+    let ids: Vec<String> = (0..1200).map(|i| format!("k{i:04}")).collect();
+    {
+        let store = builder().open(&path)?;
+        for id in &ids[..600] {
+            assert!(store.insert_if_absent(&key(id))?);
+        }
+        store.compact()?;
+        // Several more switches: the checkpointer must be running again.
+        for id in &ids[600..] {
+            assert!(store.insert_if_absent(&key(id))?);
+        }
+        assert_eq!(store.verify()?, ids.len() as u64);
+    }
+    let store = builder().open(&path)?;
+    assert_state(&store, &ids, &[])?;
+    Ok(())
+}
