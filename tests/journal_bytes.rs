@@ -6,6 +6,9 @@
 //!
 //! Figures: `cargo test --test journal_bytes -- --nocapture`.
 
+// Byte counts and key counts here stay far below 2^52.
+#![allow(clippy::cast_precision_loss)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 

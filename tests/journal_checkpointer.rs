@@ -24,6 +24,15 @@ fn open(db: &FaultBackend, j: &FaultFile) -> Result<Store> {
         .open_with_backends(db.clone(), j.clone())
 }
 
+/// A store on fresh media whose first commit (into the store file, with
+/// the journal's mark) is done: the next ones go to the journal.
+fn started() -> TestResult<(FaultBackend, FaultFile, Store)> {
+    let (db, j) = (FaultBackend::new(), FaultFile::new());
+    let store = open(&db, &j)?;
+    assert!(store.insert_if_absent(&key("first"))?);
+    Ok((db, j, store))
+}
+
 fn key(id: &str) -> Key<'_> {
     Key::new("c", id)
 }
@@ -98,9 +107,7 @@ fn writers_never_wait_while_a_checkpoint_has_room() -> TestResult {
 
 #[test]
 fn a_crash_in_the_middle_of_a_checkpoint_loses_nothing_and_replays_nothing_twice() -> TestResult {
-    let (db, j) = (FaultBackend::new(), FaultFile::new());
-    let store = open(&db, &j)?;
-    assert!(store.insert_if_absent(&key("first"))?);
+    let (db, j, store) = started()?;
     db.hold_syncs();
     let mut next = 0;
     let run1 = fill_first_half(&store, &j, &mut next)?;
@@ -159,9 +166,7 @@ fn a_crash_in_the_middle_of_a_checkpoint_loses_nothing_and_replays_nothing_twice
 
 #[test]
 fn a_failed_background_checkpoint_poisons_and_loses_nothing_acknowledged() -> TestResult {
-    let (db, j) = (FaultBackend::new(), FaultFile::new());
-    let store = open(&db, &j)?;
-    assert!(store.insert_if_absent(&key("first"))?);
+    let (db, j, store) = started()?;
     // The store file's next write fails: the first checkpoint's.
     db.arm(dedupkv_testkit::Plan::after(0));
     let mut next = 0;
