@@ -432,10 +432,13 @@ fn the_committed_journal_fixture_reads_as_journal_format_1() -> TestResult {
         std::fs::read(path.with_file_name("v5-journal.redb.journal"))?,
         seg
     );
-    // Writable, with the journal: replayed into the file.
+    // Writable, with the journal: replayed into the file, and the header
+    // upgraded to format 2 (an older build refuses the segment then).
     let store = fixture_builder().journal(Some(8192)).open(&path)?;
     assert_fixture_keys(&store)?;
     drop(store);
+    let upgraded = std::fs::read(path.with_file_name("v5-journal.redb.journal"))?;
+    assert_eq!(upgraded[8..12], 2u32.to_le_bytes(), "journal format 2");
     // Without it: settled, and the journal removed.
     let store = fixture_builder().open(&path)?;
     assert_fixture_keys(&store)?;

@@ -26,6 +26,7 @@ pub fn all(pg_url: Option<&str>) -> Result<Lineup> {
         Box::new(Dedupkv::deferred_10ms()),
         Box::new(RedbTable),
         Box::new(Sqlite::full()),
+        Box::new(Sqlite::full_two_transactions()),
         Box::new(Sqlite::normal()),
     ];
     let mut skipped = Vec::new();

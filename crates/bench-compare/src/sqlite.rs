@@ -33,34 +33,58 @@ fn busy_wait_only() -> bool {
 /// SQLite with `synchronous=FULL` or `synchronous=NORMAL`.
 pub struct Sqlite {
     full: bool,
+    /// `begin_complete` as two transactions (the claim, then the outcome).
+    two: bool,
 }
 
 impl Sqlite {
     /// `synchronous=FULL`: the WAL is synced at every commit.
     pub fn full() -> Self {
-        Self { full: true }
+        Self {
+            full: true,
+            two: false,
+        }
+    }
+
+    /// `synchronous=FULL`, with `begin_complete` as two durable
+    /// transactions: the claim committed before the side effect, the
+    /// outcome after it, the guarantee dedupkv's `begin` + `complete`
+    /// gives (two durable commits).
+    pub fn full_two_transactions() -> Self {
+        Self {
+            full: true,
+            two: true,
+        }
     }
 
     /// `synchronous=NORMAL`: the WAL is synced only at checkpoints.
     pub fn normal() -> Self {
-        Self { full: false }
+        Self {
+            full: false,
+            two: false,
+        }
     }
 }
 
 impl Contender for Sqlite {
     fn id(&self) -> &'static str {
-        if self.full {
-            "sqlite-full"
-        } else {
-            "sqlite-normal"
+        match (self.full, self.two) {
+            (true, true) => "sqlite-full-2tx",
+            (true, false) => "sqlite-full",
+            (false, _) => "sqlite-normal",
         }
     }
 
     fn name(&self) -> String {
         format!(
-            "SQLite {} WAL {}{}",
+            "SQLite {} WAL {}{}{}",
             rusqlite::version(),
             if self.full { "FULL" } else { "NORMAL" },
+            if self.two {
+                ", claim + outcome in two transactions"
+            } else {
+                ""
+            },
             if busy_wait_only() {
                 " (busy-wait writers)"
             } else {
@@ -92,6 +116,7 @@ impl Contender for Sqlite {
             _admin: Mutex::new(admin),
             path,
             full: self.full,
+            two: self.two,
             writer: (!busy_wait_only()).then(|| Arc::new(Mutex::new(()))),
             _dir: dir,
         }))
@@ -102,6 +127,7 @@ struct SqliteInstance {
     _admin: Mutex<Connection>,
     path: PathBuf,
     full: bool,
+    two: bool,
     writer: Option<Arc<Mutex<()>>>,
     _dir: TempDir,
 }
@@ -120,6 +146,7 @@ impl Instance for SqliteInstance {
         conn.execute_batch("PRAGMA cache_size=-65536")?;
         Ok(Box::new(SqliteWorker {
             conn,
+            two: self.two,
             writer: self.writer.clone(),
         }))
     }
@@ -127,6 +154,7 @@ impl Instance for SqliteInstance {
 
 struct SqliteWorker {
     conn: Connection,
+    two: bool,
     writer: Option<Arc<Mutex<()>>>,
 }
 
@@ -160,6 +188,20 @@ impl Worker for SqliteWorker {
     }
 
     fn begin_complete(&mut self, key: &Key16, outcome: &[u8]) -> Result<bool> {
+        if self.two {
+            // The claim, durable; (the side effect would run here); the
+            // outcome, durable. Each takes its own writer turn.
+            if self.insert_batch(std::slice::from_ref(key))? == 0 {
+                return Ok(false);
+            }
+            let _turn = turn(self.writer.as_ref())?;
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.prepare_cached(UPDATE)?.execute((&key[..], outcome))?;
+            tx.commit()?;
+            return Ok(true);
+        }
         let _turn = turn(self.writer.as_ref())?;
         let tx = self
             .conn

@@ -18,6 +18,7 @@ fn color(id: &str) -> &'static str {
         "dedupkv-journal" => "#0b3d6e",
         "redb" => "#e07b1f",
         "sqlite-full" => "#2c8c2c",
+        "sqlite-full-2tx" => "#1a5c1a",
         "sqlite-normal" => "#96d48a",
         "postgres" => "#7a52b3",
         "memory" => "#9a9a9a",

@@ -19,18 +19,25 @@ use crate::log::error::LogError;
 
 /// The first bytes of a journal segment.
 pub(crate) const MAGIC: [u8; 8] = *b"dkvjrnl\x01";
-/// The version of this format.
-pub(crate) const VERSION: u32 = 1;
+/// The version of this format: 2 writes each run of records from the
+/// start of one of two halves ([`halves`]); 1 had one run, from
+/// [`HEADER_BYTES`] to the end (still read; upgraded on a writable open).
+pub(crate) const VERSION: u32 = 2;
 /// The bytes reserved for the header: records start here.
 pub(crate) const HEADER_BYTES: u64 = 4096;
 /// The bytes of a record's frame before its payload.
 pub(crate) const FRAME_BYTES: usize = 32;
 
-/// A header for a segment of `len` bytes.
+/// A header (format [`VERSION`]) for a segment of `len` bytes.
 pub(crate) fn header(len: u64) -> Vec<u8> {
+    header_of(len, VERSION)
+}
+
+/// A header of format `version` for a segment of `len` bytes.
+pub(crate) fn header_of(len: u64, version: u32) -> Vec<u8> {
     let mut h = Vec::with_capacity(32);
     h.extend_from_slice(&MAGIC);
-    h.extend_from_slice(&VERSION.to_le_bytes());
+    h.extend_from_slice(&version.to_le_bytes());
     h.extend_from_slice(&0u32.to_le_bytes());
     h.extend_from_slice(&len.to_le_bytes());
     let sum = xxhash_rust::xxh3::xxh3_64(&h);
@@ -38,8 +45,16 @@ pub(crate) fn header(len: u64) -> Vec<u8> {
     h
 }
 
-/// The segment length a header records, or why it is not a header.
-pub(crate) fn parse_header(h: &[u8]) -> Result<u64, String> {
+/// The two halves of a format-2 segment of `len` bytes: (start, end) of
+/// each, the second starting at a 512-byte boundary.
+pub(crate) fn halves(len: u64) -> [(u64, u64); 2] {
+    let mid = HEADER_BYTES + ((len.saturating_sub(HEADER_BYTES) / 2) & !511);
+    [(HEADER_BYTES, mid), (mid, len)]
+}
+
+/// The segment length and format version a header records, or why it is
+/// not a header.
+pub(crate) fn parse_header(h: &[u8]) -> Result<(u64, u32), String> {
     if h.len() < 32 {
         return Err("shorter than its header".into());
     }
@@ -51,12 +66,12 @@ pub(crate) fn parse_header(h: &[u8]) -> Result<u64, String> {
         return Err("the header's checksum does not match".into());
     }
     let version = u32::from_le_bytes(le4(&h[8..12]));
-    if version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(format!(
-            "journal format {version}, this build reads {VERSION}"
+            "journal format {version}, this build reads 1 to {VERSION}"
         ));
     }
-    Ok(u64::from_le_bytes(le8(&h[16..24])))
+    Ok((u64::from_le_bytes(le8(&h[16..24])), version))
 }
 
 /// One record's frame and payload.
@@ -299,7 +314,7 @@ mod tests {
         assert!(f.matches(b"payload"));
         assert!(!f.matches(b"payloaD"));
         let mut h = header(1 << 20);
-        assert_eq!(parse_header(&h), Ok(1 << 20));
+        assert_eq!(parse_header(&h), Ok((1 << 20, VERSION)));
         h[17] ^= 1;
         assert!(parse_header(&h).is_err());
     }

@@ -30,6 +30,7 @@
 //! - a store whose [`MARK`] says it has a journal refuses to open without
 //!   the segment (acknowledged commits may be in it).
 
+mod checkpointer;
 mod file;
 mod format;
 
@@ -39,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use super::{Commit, LogStore, MetaEntries, PageBackend, Rows, StoreResult, Table, View};
 use crate::log::error::LogError;
-use crate::sync::{Arc, Mutex, MutexGuard, RwLock};
+use crate::sync::{Arc, JoinHandle, Mutex, MutexGuard, RwLock};
 use crate::{Error, Result};
 use format::{FRAME_BYTES, HEADER_BYTES, Owned};
 
@@ -117,7 +118,7 @@ pub(crate) fn wrap(
         // read-only open makes none).
         return Ok(with_filter(base));
     }
-    let seg_bytes = if len == 0 {
+    let (seg_bytes, version) = if len == 0 {
         let bytes = wanted.unwrap_or(DEFAULT_BYTES);
         let io = || -> io::Result<()> {
             segment.set_len(bytes)?;
@@ -125,7 +126,7 @@ pub(crate) fn wrap(
             segment.sync_data()
         };
         io().map_err(|e| io_err(&name, &e))?;
-        bytes
+        (bytes, format::VERSION)
     } else {
         read_header(&*segment, &name, len)?
     };
@@ -133,9 +134,9 @@ pub(crate) fn wrap(
         Some(m) => m,
         None => (0, fresh_epoch()?),
     };
-    let replayed = match mark {
-        Some(_) => replay(&*segment, &name, seg_bytes, seq, epoch)?,
-        None => Vec::new(),
+    let (replayed, last_epoch) = match mark {
+        Some(_) => replay(&*segment, &name, seg_bytes, version, seq, epoch)?,
+        None => (Vec::new(), epoch),
     };
     let last = seq + replayed.len() as u64;
     if read_only {
@@ -159,27 +160,41 @@ pub(crate) fn wrap(
     }
     let mut epoch = epoch;
     if !replayed.is_empty() {
-        epoch += 1;
+        // Past every epoch a run before the crash could have used.
+        epoch = last_epoch + 1;
         let mut all = coalesce(&replayed);
         all.push(mark_commit(Some((last, epoch))));
         base.commit_all(all)?;
     }
-    Ok(Box::new(JournalStore {
+    if version < format::VERSION {
+        // Nothing in the segment is needed now (what it held is in the
+        // store): the header says format 2 before a run starts mid-way,
+        // so an older build refuses the segment instead of missing it.
+        let io = || -> io::Result<()> {
+            segment.write(0, &format::header(seg_bytes))?;
+            segment.sync_data()
+        };
+        io().map_err(|e| io_err(&name, &e))?;
+    }
+    let store = JournalStore::new(Inner {
         base,
         journal: Some(Journal {
             segment,
             name,
-            bytes: seg_bytes,
+            halves: format::halves(seg_bytes),
             writer: Mutex::new(Writer {
+                half: 0,
                 pos: HEADER_BYTES,
                 seq: last,
                 epoch,
                 marked: mark.is_some(),
                 poisoned: None,
             }),
+            handoff: checkpointer::Handoff::default(),
         }),
-        overlay: RwLock::new(Overlay::default()),
-    }))
+        overlay: RwLock::new(Overlays::default()),
+    })?;
+    Ok(Box::new(store))
 }
 
 /// The journal's segment, if there is one, and its name for errors: the
@@ -213,9 +228,12 @@ fn segment_of(
 /// `base` with the [`MARK`] entry hidden from the log.
 fn with_filter(base: Box<dyn LogStore>) -> Box<dyn LogStore> {
     Box::new(JournalStore {
-        base,
-        journal: None,
-        overlay: RwLock::new(Overlay::default()),
+        inner: Arc::new(Inner {
+            base,
+            journal: None,
+            overlay: RwLock::new(Overlays::default()),
+        }),
+        checkpointer: None,
     })
 }
 
@@ -279,34 +297,93 @@ fn mark_commit(mark: Option<(u64, u64)>) -> Commit<'static> {
 }
 
 /// The segment's length as its header records it (which must be its
-/// length).
-fn read_header(segment: &dyn PageBackend, name: &str, len: u64) -> StoreResult<u64> {
+/// length), and its format version.
+fn read_header(segment: &dyn PageBackend, name: &str, len: u64) -> StoreResult<(u64, u32)> {
     let damaged = |why: String| LogError::Corrupt(format!("{name}: {why}"));
     if len < HEADER_BYTES {
         return Err(damaged(format!("{len} bytes, shorter than its header")));
     }
     let mut h = [0u8; 32];
     segment.read(0, &mut h).map_err(|e| io_err(name, &e))?;
-    let bytes = format::parse_header(&h).map_err(damaged)?;
+    let (bytes, version) = format::parse_header(&h).map_err(damaged)?;
     if bytes != len {
         return Err(damaged(format!(
             "its header says {bytes} bytes, the file has {len}"
         )));
     }
-    Ok(bytes)
+    Ok((bytes, version))
 }
 
-/// The commits of the records after sequence `seq` with `epoch`, in
-/// order, up to the first record that is not one.
+/// The commits of the records after sequence `seq`, in order, and the
+/// epoch of the last run read. Format 1: one run of `epoch` from the
+/// segment's start. Format 2: the run of `epoch` starts at either half's
+/// start; the run of the next epoch, if any, at the other one. A run ends
+/// at its half's end or at the first record that is not its next.
 fn replay(
     segment: &dyn PageBackend,
     name: &str,
     len: u64,
+    version: u32,
     seq: u64,
     epoch: u64,
-) -> StoreResult<Vec<Owned>> {
+) -> StoreResult<(Vec<Owned>, u64)> {
     let mut out = Vec::new();
-    let mut at = HEADER_BYTES;
+    if version == 1 {
+        read_run(segment, name, (HEADER_BYTES, len), epoch, seq, &mut out)?;
+        return Ok((out, epoch));
+    }
+    let halves = format::halves(len);
+    let (mut epoch, mut last_epoch) = (epoch, epoch);
+    let mut half = 0;
+    for h in [0, 1] {
+        if first_is(segment, name, halves[h], epoch, seq + 1)? {
+            half = h;
+            break;
+        }
+    }
+    loop {
+        let before = out.len();
+        read_run(segment, name, halves[half], epoch, seq, &mut out)?;
+        if out.len() == before {
+            return Ok((out, last_epoch));
+        }
+        last_epoch = epoch;
+        epoch += 1;
+        half ^= 1;
+    }
+}
+
+/// Whether the record at the start of `run` has `epoch` and `seq`.
+fn first_is(
+    segment: &dyn PageBackend,
+    name: &str,
+    run: (u64, u64),
+    epoch: u64,
+    seq: u64,
+) -> StoreResult<bool> {
+    if run.0 + FRAME_BYTES as u64 > run.1 {
+        return Ok(false);
+    }
+    let mut frame = [0u8; FRAME_BYTES];
+    segment
+        .read(run.0, &mut frame)
+        .map_err(|e| io_err(name, &e))?;
+    let f = format::parse_frame(&frame);
+    Ok(f.epoch == epoch && f.seq == seq)
+}
+
+/// Appends to `out` the records of `epoch` from `run`'s start, the first
+/// numbered `seq` plus one more than `out` holds, each the next, up to
+/// the first that is not one or `run`'s end.
+fn read_run(
+    segment: &dyn PageBackend,
+    name: &str,
+    run: (u64, u64),
+    epoch: u64,
+    seq: u64,
+    out: &mut Vec<Owned>,
+) -> StoreResult<()> {
+    let (mut at, len) = run;
     let mut frame = [0u8; FRAME_BYTES];
     while at + FRAME_BYTES as u64 <= len {
         segment.read(at, &mut frame).map_err(|e| io_err(name, &e))?;
@@ -329,7 +406,7 @@ fn replay(
         )?);
         at = end;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// `pending` as few commits as apply the same changes: a run of commits
@@ -410,7 +487,7 @@ impl PageBackend for Bytes {
 pub(crate) fn fuzz_segment(segment: &[u8]) -> Result<usize> {
     let seg = Bytes(segment.to_vec());
     let len = segment.len() as u64;
-    read_header(&seg, "the segment", len)?;
+    let (_, version) = read_header(&seg, "the segment", len)?;
     let at = usize::try_from(HEADER_BYTES).unwrap_or(usize::MAX);
     let Some(epoch) = segment
         .get(at + 8..at + 16)
@@ -420,7 +497,7 @@ pub(crate) fn fuzz_segment(segment: &[u8]) -> Result<usize> {
         return Ok(0);
     };
     let mut n = 0;
-    for c in replay(&seg, "the segment", len, 0, epoch)? {
+    for c in replay(&seg, "the segment", len, version, 0, epoch)?.0 {
         for (_, _, row) in &c.rows {
             for rec in crate::records::read_row(row)? {
                 rec?;
@@ -437,34 +514,45 @@ pub(crate) fn fuzz_segment(segment: &[u8]) -> Result<usize> {
 pub(crate) fn segment_of_payload(payload: &[u8]) -> Vec<u8> {
     let record = format::record(1, 1, payload);
     let len = (HEADER_BYTES + record.len() as u64).max(MIN_BYTES);
-    let mut seg = format::header(len);
+    let mut seg = format::header_of(len, 1); // one run: the whole payload read
     seg.resize(usize::try_from(HEADER_BYTES).unwrap_or(0), 0);
     seg.extend_from_slice(&record);
     seg.resize(usize::try_from(len).unwrap_or(seg.len()), 0);
     seg
 }
 
-/// The store of record with a journal in front of it (see the module).
+/// The store of record with a journal in front of it (see the module),
+/// and its checkpointer's thread.
 pub(crate) struct JournalStore {
+    inner: Arc<Inner>,
+    checkpointer: Option<JoinHandle<()>>,
+}
+
+/// What the store and its checkpointer share.
+pub(super) struct Inner {
     base: Box<dyn LogStore>,
     /// `None` for a read-only open (its journal replayed into memory).
     journal: Option<Journal>,
-    overlay: RwLock<Overlay>,
+    overlay: RwLock<Overlays>,
 }
 
 struct Journal {
     segment: Arc<dyn PageBackend>,
     name: String,
-    bytes: u64,
+    /// The two halves a run of records is written in, (start, end).
+    halves: [(u64, u64); 2],
     writer: Mutex<Writer>,
+    handoff: checkpointer::Handoff,
 }
 
 struct Writer {
+    /// The half the current run is in.
+    half: usize,
     /// Where the next record goes.
     pos: u64,
     /// The last sequence written.
     seq: u64,
-    /// The epoch records carry until the next checkpoint.
+    /// The epoch of the current run.
     epoch: u64,
     /// Whether the store has the [`MARK`] entry.
     marked: bool,
@@ -472,8 +560,15 @@ struct Writer {
     poisoned: Option<String>,
 }
 
-/// The commits journaled since the last checkpoint, and where a row read
-/// finds them.
+/// The commits of the run being written (`cur`) and of the run being
+/// checkpointed (`old`), where a row read finds them.
+#[derive(Default)]
+struct Overlays {
+    old: Option<Arc<Overlay>>,
+    cur: Overlay,
+}
+
+/// The commits of one run of records, and where a row read finds them.
 #[derive(Default)]
 struct Overlay {
     pending: Vec<Owned>,
@@ -550,26 +645,58 @@ impl Journal {
     }
 }
 
-impl JournalStore {
-    /// Writes every pending commit into the store in one transaction with
-    /// the mark, and recycles the segment.
-    fn checkpoint(&self, w: &mut Writer) -> StoreResult<()> {
+impl Inner {
+    /// The background checkpoint: writes the run the writer left into the
+    /// store with `mark`, durably, then forgets it (its half is free).
+    fn checkpoint_old(&self, mark: (u64, u64)) -> StoreResult<()> {
+        let old = self.overlay.read().old.clone();
+        let Some(old) = old else { return Ok(()) };
+        let mut all = coalesce(&old.pending);
+        all.push(mark_commit(Some(mark)));
+        self.base.commit_all(all)?;
+        self.overlay.write().old = None;
+        Ok(())
+    }
+
+    /// Waits for the checkpointer, then writes the current run into the
+    /// store with the mark, and starts the next run at its half's start:
+    /// every journaled commit is in the store after it.
+    fn settle(&self, j: &Journal, w: &mut Writer) -> StoreResult<()> {
+        if let Err(why) = j.handoff.idle() {
+            w.poisoned = Some(why.clone());
+            return Err(j.refused(&why));
+        }
         let ov = self.overlay.read();
-        if ov.pending.is_empty() {
+        if ov.cur.pending.is_empty() {
             return Ok(());
         }
         let next = w.epoch + 1;
-        let mut all = coalesce(&ov.pending);
+        let mut all = coalesce(&ov.cur.pending);
         all.push(mark_commit(Some((w.seq, next))));
         if let Err(e) = self.base.commit_all(all) {
             w.poisoned = Some(format!("a checkpoint failed: {e}"));
             return Err(e);
         }
         drop(ov);
-        *self.overlay.write() = Overlay::default();
+        self.overlay.write().cur = Overlay::default();
         w.epoch = next;
-        w.pos = HEADER_BYTES;
+        w.pos = j.halves[w.half].0;
         Ok(())
+    }
+
+    /// Hands the current run to the checkpointer (which is idle) and
+    /// starts the next one, of the next epoch, at the other half's start.
+    fn switch(&self, j: &Journal, w: &mut Writer) {
+        {
+            let mut ov = self.overlay.write();
+            let cur = std::mem::take(&mut ov.cur);
+            ov.old = Some(Arc::new(cur));
+        }
+        let next = w.epoch + 1;
+        j.handoff.give((w.seq, next));
+        w.epoch = next;
+        w.half ^= 1;
+        w.pos = j.halves[w.half].0;
     }
 
     /// The writer, with every journaled commit in the store: for reads
@@ -579,73 +706,8 @@ impl JournalStore {
             return Ok(None);
         };
         let mut w = j.writer.lock();
-        self.checkpoint(&mut w)?;
+        self.settle(j, &mut w)?;
         Ok(Some(w))
-    }
-}
-
-impl Drop for JournalStore {
-    fn drop(&mut self) {
-        if let Some(j) = &self.journal {
-            let mut w = j.writer.lock();
-            if w.poisoned.is_none() {
-                let _ = self.checkpoint(&mut w);
-            }
-        }
-    }
-}
-
-fn without_mark(entries: MetaEntries) -> MetaEntries {
-    entries.into_iter().filter(|(k, _)| k != MARK).collect()
-}
-
-impl LogStore for JournalStore {
-    fn read_meta(&self) -> StoreResult<Option<MetaEntries>> {
-        let _w = self.settled()?;
-        Ok(self.base.read_meta()?.map(without_mark))
-    }
-
-    fn table_names(&self) -> StoreResult<Vec<String>> {
-        let _w = self.settled()?;
-        self.base.table_names()
-    }
-
-    fn check_bucket(&self, bucket: u64) -> StoreResult<()> {
-        let _w = self.settled()?;
-        self.base.check_bucket(bucket)
-    }
-
-    fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>> {
-        match self.overlay.read().row(bucket, row) {
-            Known::Row(bytes) => return Ok(Some(bytes)),
-            Known::Gone => return Ok(None),
-            Known::Unknown => {}
-        }
-        self.base.read_row(bucket, row)
-    }
-
-    fn tables(&self) -> StoreResult<Vec<(u64, Table)>> {
-        let _w = self.settled()?;
-        self.base.tables()
-    }
-
-    fn row_range(&self, bucket: u64, rows: std::ops::RangeInclusive<u64>) -> StoreResult<Rows> {
-        let _w = self.settled()?;
-        self.base.row_range(bucket, rows)
-    }
-
-    fn view(&self) -> StoreResult<View> {
-        let _w = self.settled()?;
-        let v = self.base.view()?;
-        Ok(View {
-            meta: without_mark(v.meta),
-            tables: v.tables,
-        })
-    }
-
-    fn last_row(&self) -> StoreResult<u64> {
-        let _w = self.settled()?;
-        self.base.last_row()
     }
 
     fn commit(&self, commit: Commit<'_>) -> StoreResult<()> {
@@ -655,6 +717,10 @@ impl LogStore for JournalStore {
         let mut w = j.writer.lock();
         if let Some(why) = &w.poisoned {
             return Err(j.refused(why));
+        }
+        if let Some(why) = j.handoff.failed() {
+            w.poisoned = Some(why.clone());
+            return Err(j.refused(&why));
         }
         let mut o = Owned::of(commit);
         if !w.marked {
@@ -670,12 +736,37 @@ impl LogStore for JournalStore {
         }
         let payload = o.encode();
         let len = (FRAME_BYTES + payload.len()) as u64;
-        if w.pos + len > j.bytes {
-            self.checkpoint(&mut w)?;
-        }
-        if w.pos + len > j.bytes || u32::try_from(payload.len()).is_err() {
-            // Larger than the segment: straight into the store, which
-            // holds every earlier commit now.
+        let small = u32::try_from(payload.len()).is_ok();
+        loop {
+            let (start, end) = j.halves[w.half];
+            let fits = small && w.pos + len <= end;
+            // The high-water mark: half the half. Past it, the run goes
+            // to the checkpointer as soon as the other half is free; a
+            // writer waits for it only when its half is full.
+            if w.pos > start && (!fits || (w.pos - start) * 2 >= end - start) {
+                let free = if fits {
+                    j.handoff.try_idle()
+                } else {
+                    Some(j.handoff.idle())
+                };
+                match free {
+                    Some(Ok(())) => {
+                        self.switch(j, &mut w);
+                        continue;
+                    }
+                    Some(Err(why)) => {
+                        w.poisoned = Some(why.clone());
+                        return Err(j.refused(&why));
+                    }
+                    None => {}
+                }
+            }
+            if fits {
+                break;
+            }
+            // Larger than a half: straight into the store, once it holds
+            // every earlier commit.
+            self.settle(j, &mut w)?;
             return self.base.commit(o.commit());
         }
         let record = format::record(w.epoch, w.seq + 1, &payload);
@@ -689,25 +780,139 @@ impl LogStore for JournalStore {
         }
         w.pos += len;
         w.seq += 1;
-        self.overlay.write().apply(o);
+        self.overlay.write().cur.apply(o);
         Ok(())
+    }
+
+    fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>> {
+        {
+            let ov = self.overlay.read();
+            for o in std::iter::once(&ov.cur).chain(ov.old.as_deref()) {
+                match o.row(bucket, row) {
+                    Known::Row(bytes) => return Ok(Some(bytes)),
+                    Known::Gone => return Ok(None),
+                    Known::Unknown => {}
+                }
+            }
+        }
+        // A run checkpointed since is in the store: it reads the same.
+        self.base.read_row(bucket, row)
+    }
+}
+
+impl JournalStore {
+    fn new(inner: Inner) -> StoreResult<JournalStore> {
+        let inner = Arc::new(inner);
+        let checkpointer = match &inner.journal {
+            Some(_) => Some(checkpointer::start(&inner)?),
+            None => None,
+        };
+        Ok(JournalStore {
+            inner,
+            checkpointer,
+        })
+    }
+
+    /// Stops the checkpointer once its run is in the store.
+    fn stop(&mut self) {
+        if let (Some(j), Some(t)) = (&self.inner.journal, self.checkpointer.take()) {
+            j.handoff.stop();
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for JournalStore {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(j) = &self.inner.journal {
+            let mut w = j.writer.lock();
+            if w.poisoned.is_none() {
+                let _ = self.inner.settle(j, &mut w);
+            }
+        }
+    }
+}
+
+fn without_mark(entries: MetaEntries) -> MetaEntries {
+    entries.into_iter().filter(|(k, _)| k != MARK).collect()
+}
+
+impl LogStore for JournalStore {
+    fn read_meta(&self) -> StoreResult<Option<MetaEntries>> {
+        let _w = self.inner.settled()?;
+        Ok(self.inner.base.read_meta()?.map(without_mark))
+    }
+
+    fn table_names(&self) -> StoreResult<Vec<String>> {
+        let _w = self.inner.settled()?;
+        self.inner.base.table_names()
+    }
+
+    fn check_bucket(&self, bucket: u64) -> StoreResult<()> {
+        let _w = self.inner.settled()?;
+        self.inner.base.check_bucket(bucket)
+    }
+
+    fn read_row(&self, bucket: u64, row: u64) -> StoreResult<Option<Vec<u8>>> {
+        self.inner.read_row(bucket, row)
+    }
+
+    fn tables(&self) -> StoreResult<Vec<(u64, Table)>> {
+        let _w = self.inner.settled()?;
+        self.inner.base.tables()
+    }
+
+    fn row_range(&self, bucket: u64, rows: std::ops::RangeInclusive<u64>) -> StoreResult<Rows> {
+        let _w = self.inner.settled()?;
+        self.inner.base.row_range(bucket, rows)
+    }
+
+    fn view(&self) -> StoreResult<View> {
+        let _w = self.inner.settled()?;
+        let v = self.inner.base.view()?;
+        Ok(View {
+            meta: without_mark(v.meta),
+            tables: v.tables,
+        })
+    }
+
+    fn last_row(&self) -> StoreResult<u64> {
+        let _w = self.inner.settled()?;
+        self.inner.base.last_row()
+    }
+
+    fn commit(&self, commit: Commit<'_>) -> StoreResult<()> {
+        self.inner.commit(commit)
     }
 
     fn commit_all(&self, commits: Vec<Commit<'_>>) -> StoreResult<()> {
         for c in commits {
-            self.commit(c)?;
+            self.inner.commit(c)?;
         }
         Ok(())
     }
 
     fn used_bytes(&self) -> StoreResult<Option<u64>> {
-        let _w = self.settled()?;
-        self.base.used_bytes()
+        let _w = self.inner.settled()?;
+        self.inner.base.used_bytes()
     }
 
     fn compact(&mut self) -> StoreResult<Option<bool>> {
-        drop(self.settled()?);
-        self.base.compact()
+        // The checkpointer holds the store too: stopped for the compaction.
+        self.stop();
+        drop(self.inner.settled()?);
+        let compacted = match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.base.compact(),
+            None => Err(LogError::Storage(
+                io::Error::other("the journal's store is still shared; compaction skipped").into(),
+            )),
+        };
+        if let Some(j) = &self.inner.journal {
+            j.handoff.restart();
+            self.checkpointer = Some(checkpointer::start(&self.inner)?);
+        }
+        compacted
     }
 }
 
@@ -813,11 +1018,11 @@ mod tests {
             seg.write(at, &r)?;
             at += r.len() as u64;
         }
-        let got = replay(&seg, "j", MIN_BYTES, 10, 3).expect("replays");
+        let got = replay(&seg, "j", MIN_BYTES, 1, 10, 3).expect("replays").0;
         let rows: Vec<u64> = got.iter().map(|o| o.rows[0].1).collect();
         assert_eq!(rows, [11, 12]);
         // And a gap in the sequence ends it too.
-        let got = replay(&seg, "j", MIN_BYTES, 11, 3).expect("replays");
+        let got = replay(&seg, "j", MIN_BYTES, 1, 11, 3).expect("replays").0;
         assert!(got.is_empty(), "11 is not after 11");
         Ok(())
     }
