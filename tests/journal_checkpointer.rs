@@ -6,8 +6,10 @@
 //!
 //! The store file's syncs are held (`FaultBackend::hold_syncs`): a
 //! checkpoint is then in flight for as long as the test likes. A writer
-//! that waited for it would never return, so these tests would hang
-//! rather than pass if the checkpoint were back on the commit path.
+//! that waited for it would never return: the writes that must not wait
+//! run on a thread of their own ([`returns`]), and a test fails, instead
+//! of hanging, if they have not returned after a generous bound (a
+//! liveness bound, not a speed target).
 
 use dedupkv::{Key, ManualClock, Result, State, Store};
 use dedupkv_testkit::{FaultBackend, FaultFile};
@@ -61,6 +63,28 @@ fn fill_first_half(store: &Store, j: &FaultFile, next: &mut usize) -> TestResult
 
 type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// Runs `work` on a thread of its own and returns its result, or fails
+/// the test (after calling `unstick`, which lets a blocked writer go) if
+/// it has not returned after two minutes: a writer that waits for a
+/// checkpoint it should not wait for.
+fn returns<T: Send + 'static>(
+    what: &str,
+    unstick: impl FnOnce(),
+    work: impl FnOnce() -> TestResult<T> + Send + 'static,
+) -> TestResult<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(work().map_err(|e| e.to_string()));
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(done) => Ok(done?),
+        Err(_) => {
+            unstick();
+            panic!("{what}: still waiting after 120 s (a writer waited for a checkpoint)");
+        }
+    }
+}
+
 /// What a reopened store must show: every key of `live` inserted, every
 /// key of `gone` forgotten (a record replayed twice, or out of order,
 /// would bring one back).
@@ -86,15 +110,24 @@ fn writers_never_wait_while_a_checkpoint_has_room() -> TestResult {
     let mut ids = fill_first_half(&store, &j, &mut next)?;
     // The first run is being checkpointed and its sync cannot finish:
     // the writer goes on in the second half, up to its end.
-    for _ in 0..100 {
-        let id = format!("k{next:04}");
-        assert!(
-            store.insert_if_absent(&key(&id))?,
-            "acknowledged while held"
-        );
-        ids.push(id);
-        next += 1;
-    }
+    let writer = store.clone();
+    let more = returns(
+        "100 inserts while a checkpoint is held",
+        || db.release_syncs(),
+        move || {
+            let mut more = Vec::new();
+            for n in next..next + 100 {
+                let id = format!("k{n:04}");
+                assert!(
+                    writer.insert_if_absent(&key(&id))?,
+                    "acknowledged while held"
+                );
+                more.push(id);
+            }
+            Ok(more)
+        },
+    )?;
+    ids.extend(more);
     assert!(
         epoch_at(&j, MID)? > epoch_at(&j, 4096)?,
         "the second run is the later one"
@@ -218,9 +251,17 @@ fn the_checkpointer_stops_for_a_compaction_and_runs_again_after_it() -> TestResu
         }
         store.compact()?;
         // Several more switches: the checkpointer must be running again.
-        for id in &ids[600..] {
-            assert!(store.insert_if_absent(&key(id))?);
-        }
+        let (writer, rest) = (store.clone(), ids[600..].to_vec());
+        returns(
+            "inserts after a compaction",
+            || {},
+            move || {
+                for id in &rest {
+                    assert!(writer.insert_if_absent(&key(id))?);
+                }
+                Ok(())
+            },
+        )?;
         assert_eq!(store.verify()?, ids.len() as u64);
     }
     let store = builder().open(&path)?;
