@@ -76,13 +76,11 @@ fn returns<T: Send + 'static>(
     std::thread::spawn(move || {
         let _ = tx.send(work().map_err(|e| e.to_string()));
     });
-    match rx.recv_timeout(std::time::Duration::from_secs(120)) {
-        Ok(done) => Ok(done?),
-        Err(_) => {
-            unstick();
-            panic!("{what}: still waiting after 120 s (a writer waited for a checkpoint)");
-        }
-    }
+    let Ok(done) = rx.recv_timeout(std::time::Duration::from_secs(120)) else {
+        unstick();
+        panic!("{what}: still waiting after 120 s (a writer waited for a checkpoint)");
+    };
+    Ok(done?)
 }
 
 /// What a reopened store must show: every key of `live` inserted, every
