@@ -274,6 +274,46 @@ fn a_damaged_or_missing_journal_is_an_error_naming_it() -> TestResult {
     Ok(())
 }
 
+/// A segment cut while it was first made (a crash or a full disk after
+/// its length was set and before its header was written) held no record:
+/// the store has no journal mark yet, since the mark comes with the first
+/// commit after the segment was whole. Every open goes on (the writable
+/// one with a journal makes it again), none refuses the store.
+#[test]
+fn a_segment_cut_while_it_was_made_is_made_again_not_refused() -> TestResult {
+    let dir = dedupkv_testkit::tempdir();
+    let path = dir.path().join("s.redb");
+    let journal = dir.path().join("s.redb.journal");
+    plain().open(&path)?.insert_if_absent(&key("before"))?;
+    let cut = vec![0u8; 1 << 16]; // the length set, no header yet
+    std::fs::write(&journal, &cut)?;
+    let ro = plain().open_read_only(&path)?;
+    assert!(ro.get(&key("before"))?.is_some());
+    drop(ro);
+    assert_eq!(std::fs::read(&journal)?, cut, "a read-only open wrote");
+    // No journal wanted: the store opens as it is.
+    assert!(plain().open(&path)?.get(&key("before"))?.is_some());
+    std::fs::write(&journal, &cut)?;
+    {
+        let store = builder(1 << 16).open(&path)?;
+        for i in 0..50 {
+            assert!(store.insert_if_absent(&key(&format!("k{i}")))?);
+        }
+    }
+    let store = builder(1 << 16).open(&path)?;
+    assert!(store.get(&key("before"))?.is_some());
+    assert!(store.get(&key("k49"))?.is_some());
+    drop(store);
+    // Once the store holds a mark, the same bytes are damage again.
+    std::fs::write(&journal, &cut)?;
+    let err = builder(1 << 16).open(&path).map(|_| ());
+    assert!(
+        matches!(&err, Err(Error::Corrupt(m)) if m.contains("s.redb.journal")),
+        "a store with a mark still refuses a damaged journal: {err:?}"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_read_only_open_replays_the_journal_in_memory_and_writes_nothing() -> TestResult {
     let dir = dedupkv_testkit::tempdir();

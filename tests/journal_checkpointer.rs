@@ -232,6 +232,43 @@ fn a_failed_background_checkpoint_poisons_and_loses_nothing_acknowledged() -> Te
     Ok(())
 }
 
+/// A panic of the storage engine inside a background checkpoint (redb
+/// panics on some damage) is a failed checkpoint: the writers are told,
+/// never left waiting for a job nobody finishes, and the store drops.
+#[test]
+fn a_panic_in_a_background_checkpoint_poisons_instead_of_hanging() -> TestResult {
+    let (db, j, store) = started()?;
+    db.arm(dedupkv_testkit::Plan::after(0).panics());
+    let mut next = 0;
+    let acked = fill_first_half(&store, &j, &mut next)?;
+    let writer = store.clone();
+    let err = returns(
+        "commits after a checkpoint panicked",
+        || {},
+        move || {
+            for n in next..next + 10_000 {
+                if let Err(e) = writer.insert_if_absent(&key(&format!("k{n:04}"))) {
+                    return Ok(e.to_string());
+                }
+            }
+            Err("the panicked checkpoint was never reported".into())
+        },
+    )?;
+    assert!(err.contains("panicked"), "{err}");
+    db.disarm();
+    returns(
+        "dropping the store",
+        || {},
+        move || {
+            drop(store);
+            Ok(())
+        },
+    )?;
+    let reopened = open(&db.crash_image(), &j.crash_image())?;
+    assert_state(&reopened, &acked, &[])?;
+    Ok(())
+}
+
 #[test]
 fn the_checkpointer_stops_for_a_compaction_and_runs_again_after_it() -> TestResult {
     let dir = dedupkv_testkit::tempdir();

@@ -99,6 +99,16 @@ impl Handoff {
     pub(super) fn restart(&self) {
         self.state.lock().stop = false;
     }
+
+    /// No checkpointer runs again (it could not be restarted): every
+    /// writer that needs one is refused with `why`, never left waiting.
+    pub(super) fn fail(&self, why: String) {
+        let mut s = self.state.lock();
+        s.stop = true;
+        s.failed = Some(why);
+        s.job = None;
+        self.changed.notify_all();
+    }
 }
 
 /// Starts the checkpointer of `inner` (which has a journal).
@@ -111,10 +121,16 @@ pub(super) fn start(inner: &Arc<Inner>) -> Result<JoinHandle<()>, LogError> {
 fn run(inner: &Inner) {
     let Some(j) = &inner.journal else { return };
     while let Some(mark) = j.handoff.next() {
-        let failed = inner
-            .checkpoint_old(mark)
-            .err()
-            .map(|e| format!("a checkpoint failed: {e}"));
+        // A panic of the storage engine (a damaged file) is a failed
+        // checkpoint like any other: `done` always runs, or every writer
+        // and the drop would wait for this job forever.
+        let ran =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.checkpoint_old(mark)));
+        let failed = match ran {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("a checkpoint failed: {e}")),
+            Err(_) => Some("a checkpoint failed: the storage engine panicked".to_string()),
+        };
         j.handoff.done(failed);
     }
 }

@@ -50,6 +50,9 @@ use format::{FRAME_BYTES, HEADER_BYTES, Owned};
 /// (an unknown entry) instead of missing the journal's commits.
 pub(crate) const MARK: &str = "dedupkv.journal";
 
+/// What no sequence or epoch of a journal reaches (see [`read_mark`]).
+const MARK_LIMIT: u64 = 1 << 63;
+
 /// The segment's length when the builder does not say. Default: 64 MiB.
 pub(crate) const DEFAULT_BYTES: u64 = 64 << 20;
 /// The shortest segment: the header and one block of records.
@@ -108,7 +111,19 @@ pub(crate) fn wrap(
         }
         return Ok(base);
     };
-    let len = segment.len().map_err(|e| io_err(&name, &e))?;
+    let mut len = segment.len().map_err(|e| io_err(&name, &e))?;
+    if len > 0 && mark.is_none() && read_header(&*segment, &name, len).is_err() {
+        // Cut while it was made (a crash or a full disk between its
+        // length and its header): it never held a record, since the mark
+        // comes with the first commit after the segment was whole. Made
+        // again below (or left alone by a read-only open), never a reason
+        // to refuse the store.
+        if read_only {
+            return Ok(with_filter(base));
+        }
+        segment.set_len(0).map_err(|e| io_err(&name, &e))?;
+        len = 0;
+    }
     if len == 0 && mark.is_some() {
         // The mark is written after the segment was made whole.
         return Err(missing(&name));
@@ -118,18 +133,7 @@ pub(crate) fn wrap(
         // read-only open makes none).
         return Ok(with_filter(base));
     }
-    let (seg_bytes, version) = if len == 0 {
-        let bytes = wanted.unwrap_or(DEFAULT_BYTES);
-        let io = || -> io::Result<()> {
-            segment.set_len(bytes)?;
-            segment.write(0, &format::header(bytes))?;
-            segment.sync_data()
-        };
-        io().map_err(|e| io_err(&name, &e))?;
-        (bytes, format::VERSION)
-    } else {
-        read_header(&*segment, &name, len)?
-    };
+    let (seg_bytes, version) = made(&*segment, &name, len, wanted)?;
     let (seq, epoch) = match mark {
         Some(m) => m,
         None => (0, fresh_epoch()?),
@@ -276,15 +280,48 @@ fn read_mark(base: &dyn LogStore) -> StoreResult<Option<(u64, u64)>> {
         return Ok(None);
     };
     match (v.get(..8), v.get(8..16)) {
-        (Some(s), Some(e)) if v.len() == 16 => Ok(Some((
-            u64::from_le_bytes(s.try_into().unwrap_or_default()),
-            u64::from_le_bytes(e.try_into().unwrap_or_default()),
-        ))),
+        (Some(s), Some(e)) if v.len() == 16 => {
+            let (seq, epoch) = (
+                u64::from_le_bytes(s.try_into().unwrap_or_default()),
+                u64::from_le_bytes(e.try_into().unwrap_or_default()),
+            );
+            // Epochs start below 2^62 + 1 and sequences count commits:
+            // either at 2^63 or past is damage, and no `+ 1` on them can
+            // overflow.
+            if seq >= MARK_LIMIT || epoch >= MARK_LIMIT {
+                return Err(LogError::Corrupt(format!(
+                    "the metadata entry {MARK:?} holds sequence {seq} and epoch {epoch}: \
+                     at least 2^63, which no journal reaches"
+                )));
+            }
+            Ok(Some((seq, epoch)))
+        }
         _ => Err(LogError::Corrupt(format!(
             "the metadata entry {MARK:?} is {} bytes, not 16",
             v.len()
         ))),
     }
+}
+
+/// The segment's length and format: read from its header, or, for an
+/// empty one, made now (`wanted` bytes, zeros, then the header, synced).
+fn made(
+    segment: &dyn PageBackend,
+    name: &str,
+    len: u64,
+    wanted: Option<u64>,
+) -> StoreResult<(u64, u32)> {
+    if len > 0 {
+        return read_header(segment, name, len);
+    }
+    let bytes = wanted.unwrap_or(DEFAULT_BYTES);
+    let io = || -> io::Result<()> {
+        segment.set_len(bytes)?;
+        segment.write(0, &format::header(bytes))?;
+        segment.sync_data()
+    };
+    io().map_err(|e| io_err(name, &e))?;
+    Ok((bytes, format::VERSION))
 }
 
 /// A commit that writes the [`MARK`] entry (or removes it, for `None`).
@@ -388,7 +425,7 @@ fn read_run(
     while at + FRAME_BYTES as u64 <= len {
         segment.read(at, &mut frame).map_err(|e| io_err(name, &e))?;
         let f = format::parse_frame(&frame);
-        let end = at + (FRAME_BYTES + f.len) as u64;
+        let end = at + FRAME_BYTES as u64 + f.len as u64;
         let want = seq + out.len() as u64 + 1;
         if f.epoch != epoch || f.seq != want || end > len {
             break;
@@ -496,6 +533,9 @@ pub(crate) fn fuzz_segment(segment: &[u8]) -> Result<usize> {
     else {
         return Ok(0);
     };
+    if epoch >= MARK_LIMIT {
+        return Ok(0); // no mark an open accepts names it
+    }
     let mut n = 0;
     for c in replay(&seg, "the segment", len, version, 0, epoch)?.0 {
         for (_, _, row) in &c.rows {
@@ -910,7 +950,14 @@ impl LogStore for JournalStore {
         };
         if let Some(j) = &self.inner.journal {
             j.handoff.restart();
-            self.checkpointer = Some(checkpointer::start(&self.inner)?);
+            match checkpointer::start(&self.inner) {
+                Ok(handle) => self.checkpointer = Some(handle),
+                Err(e) => {
+                    j.handoff
+                        .fail(format!("the checkpointer could not restart: {e}"));
+                    return Err(e);
+                }
+            }
         }
         compacted
     }
