@@ -236,7 +236,15 @@ fn keys(store: &Store, request: &Value, now: SystemTime) -> crate::Result<Result
         Ok(f) => f,
         Err(r) => return Ok(Err(r)),
     };
-    let state = request.get("state").and_then(Value::as_str);
+    let state = match request.get("state") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(other) => {
+            return Ok(Err(Refusal::bad(format!(
+                "state is {other}: a state's name such as \"Completed\""
+            ))));
+        }
+    };
     let mut listing = listing.limit(limit.clamp(1, 1000));
     let mut items = Vec::new();
     'pages: loop {

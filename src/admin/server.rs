@@ -2,17 +2,18 @@
 //! one request per connection, remove the socket on shutdown.
 //!
 //! Invariants:
-//! - the socket is bound only in a directory no group or other user may
-//!   write to, and is mode 0600 before any connection is served (one
+//! - the socket is bound only in a directory of this process's user (or
+//!   root) that no group or other user may write to, and is mode 0600 before any connection is served (one
 //!   made before the `chmod` is dropped unanswered);
 //! - an existing socket file is replaced only when nothing answers on it
 //!   (its process is gone); a live one, or any other file, is an error;
-//! - one request per connection, at most `max_request_bytes`, each read
-//!   and write with a timeout: no client stalls the server for long, and
+//! - one request per connection, at most `max_request_bytes`, read
+//!   within one deadline for the whole request, each write of the answer
+//!   with a timeout: no client stalls the server for long, and
 //!   no request, however malformed, ends it;
 //! - on shutdown the socket file is removed if it is still the one bound.
 
-use std::io::{BufRead, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -155,6 +156,29 @@ fn bind(path: &Path) -> Result<UnixListener> {
         let _ = std::fs::remove_file(path);
         return Err(named(e, path));
     }
+    // The socket is ours (this process's user made it): the directory
+    // must be ours too, or root's, else its owner could replace the
+    // socket and answer the operator's command line.
+    let owners = std::fs::metadata(path).and_then(|s| Ok((s.uid(), std::fs::metadata(dir)?.uid())));
+    match owners {
+        Ok((ours, theirs)) if theirs == ours || theirs == 0 => {}
+        Ok((_, theirs)) => {
+            let _ = std::fs::remove_file(path);
+            return Err(io(
+                K::PermissionDenied,
+                format!(
+                    "{}: the directory belongs to another user (uid {theirs}), who could \
+                     replace the admin socket; refused. Put the socket in a directory of \
+                     this user's (AdminOptions::path)",
+                    dir.display()
+                ),
+            ));
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(path);
+            return Err(named(e, dir));
+        }
+    }
     // Connections made before the chmod are dropped unanswered.
     while listener.accept().is_ok() {}
     Ok(listener)
@@ -178,15 +202,31 @@ fn one(stream: &UnixStream, max_request: usize, answer: &Answer) -> std::io::Res
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+    // One deadline for the whole request, not each read: a client that
+    // trickles a byte at a time cannot hold the one serving thread (and
+    // the store's close, which waits for it).
+    let deadline = std::time::Instant::now() + CLIENT_TIMEOUT;
     let mut line = Vec::new();
-    let limit = u64::try_from(max_request)
-        .unwrap_or(u64::MAX)
-        .saturating_add(1);
-    BufReader::new(stream)
-        .take(limit)
-        .read_until(b'\n', &mut line)?;
-    if line.last() == Some(&b'\n') {
-        line.pop();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the request took longer than its deadline",
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = (&*stream).read(&mut buf)?;
+        let got = buf.get(..n).unwrap_or_default();
+        if let Some(end) = got.iter().position(|&b| b == b'\n') {
+            line.extend_from_slice(got.get(..end).unwrap_or_default());
+            break;
+        }
+        line.extend_from_slice(got);
+        if n == 0 || line.len() > max_request {
+            break;
+        }
     }
     let outcome = if line.len() > max_request {
         Err(Refusal::bad(format!(

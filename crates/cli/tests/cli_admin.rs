@@ -423,3 +423,67 @@ fn reads_see_the_live_store_while_its_holder_keeps_writing() -> TestResult {
     );
     Ok(())
 }
+
+/// A client that trickles its request a byte at a time (never a newline)
+/// is cut off at the request's deadline, so the one serving thread goes
+/// on to the next client instead of being held for as long as it likes.
+#[test]
+fn a_trickling_client_is_cut_off_and_the_next_one_is_answered() -> TestResult {
+    let dir = private_dir()?;
+    let (_store, path) = serving(dir.path(), AdminOptions::new())?;
+    let sock = socket_path(&path);
+    let mut slow = UnixStream::connect(&sock)?;
+    let trickler = std::thread::spawn(move || {
+        // 150 bytes over 30 s if nobody cuts it off; the deadline is 2 s.
+        for _ in 0..150 {
+            if slow.write_all(b"{").is_err() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        false
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut next = UnixStream::connect(&sock)?;
+    next.set_read_timeout(Some(std::time::Duration::from_secs(25)))?;
+    next.write_all(b"{\"op\":\"stats\"}\n")?;
+    let mut answer = String::new();
+    BufReader::new(&next).read_line(&mut answer)?;
+    let v: Value = serde_json::from_str(&answer)?;
+    assert!(v["ok"]["keys"].is_u64(), "{v}");
+    assert!(
+        trickler.join().map_err(|_| "trickler panicked")?,
+        "the trickling client was never cut off"
+    );
+    Ok(())
+}
+
+/// A directory that belongs to another user is refused even when only
+/// its owner may write to it: that user could replace the socket. (Run
+/// as root, the test gives the directory to another uid; as another user
+/// it cannot, and says so.)
+#[test]
+fn a_directory_of_another_user_is_refused() -> TestResult {
+    let dir = private_dir()?;
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs)?;
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755))?;
+    if std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).is_err() {
+        eprintln!("not run: giving a directory to another uid needs root");
+        return Ok(());
+    }
+    let err = Store::builder()
+        .background_eviction(false)
+        .admin_socket(AdminOptions::new().path(theirs.join("ops.sock")))
+        .open(dir.path().join("s.redb"))
+        .map(|_| ());
+    assert!(
+        matches!(&err, Err(Error::Io { .. }) if format!("{err:?}").contains("another user")),
+        "{err:?}"
+    );
+    assert!(
+        !theirs.join("ops.sock").exists(),
+        "the refused socket was left"
+    );
+    Ok(())
+}
