@@ -20,6 +20,7 @@ pub mod machine;
 pub mod memory;
 pub mod options;
 pub mod pg;
+pub mod pg_store;
 pub mod redb_table;
 pub mod report;
 pub mod runner;

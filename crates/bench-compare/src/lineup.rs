@@ -6,6 +6,7 @@ use crate::contender::{Contender, Result};
 use crate::dedup::Dedupkv;
 use crate::memory::Memory;
 use crate::pg::Postgres;
+use crate::pg_store::PgBackend;
 use crate::redb_table::RedbTable;
 use crate::sqlite::Sqlite;
 
@@ -39,6 +40,8 @@ pub fn all(pg_url: Option<&str>) -> Result<Lineup> {
                 )
             })?;
             list.push(Box::new(pg));
+            list.push(Box::new(PgBackend::grouped(url)));
+            list.push(Box::new(PgBackend::ungrouped(url)));
         }
         None => skipped.push(format!(
             "PostgreSQL skipped: {} is not set (run under scripts/with-postgres.sh)",

@@ -27,7 +27,11 @@
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
 //!   state = forgotten RETURNING` statement over `unnest`ed arrays (a batch
-//!   is one multi-row statement): a row comes back for each new key.
+//!   is one multi-row statement): a row comes back for each new key. Its
+//!   keys are sent in key order, so concurrent statements lock rows in one
+//!   order and never deadlock. Concurrent `insert`s of one instance share
+//!   such a statement (client-side group commit,
+//!   [`PgStoreBuilder::group_commit`]).
 //! - `begin`: `INSERT … ON CONFLICT DO NOTHING RETURNING` of attempt 1 (one
 //!   statement); when the key has a row, a plain `SELECT` answers if the
 //!   answer writes nothing (`Completed`, `InProgress`, a fingerprint
@@ -114,6 +118,7 @@ use parking_lot::Mutex;
 use postgres::{Client, NoTls, Statement};
 
 mod dead_letters;
+mod group;
 mod intents;
 mod order;
 mod sql;
@@ -133,6 +138,10 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The store's default retention: how long a record is kept after its
 /// last write (a day).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(86_400);
+
+/// How many grouped insert statements one instance has in flight at once
+/// by default ([`PgStoreBuilder::group_commit`]).
+pub const DEFAULT_GROUP_COMMIT: usize = 4;
 
 /// Rows [`PgStore::evict_expired`] deletes per statement.
 pub const EVICT_BATCH: i64 = 10_000;
@@ -176,6 +185,8 @@ struct Shared {
     sql: Sql,
     idle: Mutex<Vec<Conn>>,
     max_idle: usize,
+    /// Concurrent inserts' shared statements (`None`: one each).
+    group: Option<group::Group>,
     clock: Option<Arc<dyn Clock>>,
     lease_ms: i64,
     /// How long a record is kept after its last write, when the call
@@ -467,6 +478,7 @@ pub struct PgStoreBuilder {
     retention: Duration,
     clock: Option<Arc<dyn Clock>>,
     max_idle: usize,
+    group_commit: usize,
 }
 
 impl PgStoreBuilder {
@@ -549,6 +561,31 @@ impl PgStoreBuilder {
         self
     }
 
+    /// Client-side group commit of [`insert`](Write::insert): callers of
+    /// this instance inserting at the same moment share one multi-row
+    /// statement (one transaction, one commit), with at most `statements`
+    /// of them in flight at once; `0` sends each insert alone. Default
+    /// [`DEFAULT_GROUP_COMMIT`]. Answers are unchanged: each is given after
+    /// the commit that decided it, and of concurrent inserts of one key
+    /// exactly one is told new. A statement that fails fails every insert
+    /// it carried (as [`Error::Storage`] with the server's message); a
+    /// lone caller's insert is sent at once, never held back to wait for
+    /// company. `insert_batch` is one statement already and is not grouped.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv_postgres::PgStore;
+    ///
+    /// let store = PgStore::builder("host=127.0.0.1 user=postgres dbname=postgres")
+    ///     .group_commit(0) // one statement per insert
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn group_commit(mut self, statements: usize) -> Self {
+        self.group_commit = statements;
+        self
+    }
+
     /// Connects, creates the schema if it is absent (under an advisory
     /// lock, so instances starting together create it once) and checks
     /// its version.
@@ -593,6 +630,7 @@ impl PgStoreBuilder {
             sql: Sql::new(s),
             idle: Mutex::new(Vec::new()),
             max_idle: self.max_idle,
+            group: (self.group_commit > 0).then(|| group::Group::new(self.group_commit)),
             clock: self.clock,
             lease_ms: ms(self.lease),
             retention_ms: ms(self.retention),
@@ -742,6 +780,7 @@ impl PgStore {
             retention: DEFAULT_RETENTION,
             clock: None,
             max_idle: 16,
+            group_commit: DEFAULT_GROUP_COMMIT,
         }
     }
 
@@ -1051,7 +1090,11 @@ impl PgStore {
         for (i, k) in keys.iter().enumerate() {
             first.entry((k.scope(), k.id())).or_insert(i);
         }
-        let (scopes, ids): (Vec<&[u8]>, Vec<&[u8]>) = first.keys().copied().unzip();
+        // In key order, so concurrent statements lock rows in one order
+        // and cannot deadlock each other.
+        let mut unique: Vec<(&[u8], &[u8])> = first.keys().copied().collect();
+        unique.sort_unstable();
+        let (scopes, ids): (Vec<&[u8]>, Vec<&[u8]>) = unique.into_iter().unzip();
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
@@ -1076,6 +1119,13 @@ impl Write for PgStore {
 
     fn insert(&self, key: &Key<'_>, retention: Option<Duration>) -> Result<Pending<bool>> {
         let retention = self.shared.retention_of(retention)?;
+        if let Some(group) = &self.shared.group {
+            check_key(key)?;
+            let new = group.insert(key, retention, |run| {
+                self.tell(self.insert_keys(&run.keys, run.retention_ms)?)
+            })?;
+            return Ok(Pending::settled(new));
+        }
         let news = self.insert_keys(std::slice::from_ref(key), retention)?;
         Ok(news.map(|v| v.first().copied().unwrap_or(false)))
     }
