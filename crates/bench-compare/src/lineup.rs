@@ -39,7 +39,9 @@ pub fn all(pg_url: Option<&str>) -> Result<Lineup> {
                     crate::pg::URL_ENV
                 )
             })?;
+            let two = pg.two_transactions();
             list.push(Box::new(pg));
+            list.push(Box::new(two));
             list.push(Box::new(PgBackend::grouped(url)));
             list.push(Box::new(PgBackend::ungrouped(url)));
         }

@@ -23,6 +23,8 @@ static TABLES: AtomicU32 = AtomicU32::new(0);
 pub struct Postgres {
     url: String,
     version: String,
+    /// `begin_complete` as two transactions (the claim, then the outcome).
+    two: bool,
 }
 
 impl Postgres {
@@ -33,7 +35,20 @@ impl Postgres {
         Ok(Self {
             url: url.to_owned(),
             version,
+            two: false,
         })
+    }
+
+    /// The same server, with `begin_complete` as two transactions: the
+    /// claim committed before the side effect, the outcome after it (the
+    /// guarantee of dedupkv's `begin` + `complete`).
+    #[must_use]
+    pub fn two_transactions(&self) -> Self {
+        Self {
+            url: self.url.clone(),
+            version: self.version.clone(),
+            two: true,
+        }
     }
 
     /// Server settings that decide what a commit costs, for the report.
@@ -56,12 +71,17 @@ impl Postgres {
 
 impl Contender for Postgres {
     fn id(&self) -> &'static str {
-        "postgres"
+        if self.two { "postgres-2tx" } else { "postgres" }
     }
 
     fn name(&self) -> String {
         let major = self.version.split(['.', ' ']).next().unwrap_or("?");
-        format!("PostgreSQL {major}")
+        let two = if self.two {
+            ", claim + outcome in two transactions"
+        } else {
+            ""
+        };
+        format!("PostgreSQL {major}{two}")
     }
 
     fn durability(&self) -> &'static str {
@@ -82,6 +102,7 @@ impl Contender for Postgres {
         admin.batch_execute("CHECKPOINT")?;
         Ok(Box::new(PgInstance {
             url: self.url.clone(),
+            two: self.two,
             table,
             admin: Mutex::new(admin),
         }))
@@ -90,6 +111,7 @@ impl Contender for Postgres {
 
 struct PgInstance {
     url: String,
+    two: bool,
     table: String,
     admin: Mutex<Client>,
 }
@@ -116,6 +138,7 @@ impl Instance for PgInstance {
         let update = client.prepare(&format!("UPDATE {t} SET outcome = $2 WHERE k = $1"))?;
         Ok(Box::new(PgWorker {
             client,
+            two: self.two,
             insert_one,
             insert_many,
             update,
@@ -125,6 +148,7 @@ impl Instance for PgInstance {
 
 struct PgWorker {
     client: Client,
+    two: bool,
     insert_one: Statement,
     insert_many: Statement,
     update: Statement,
@@ -141,6 +165,16 @@ impl Worker for PgWorker {
     }
 
     fn begin_complete(&mut self, key: &Key16, outcome: &[u8]) -> Result<bool> {
+        if self.two {
+            let new = !self
+                .client
+                .query(&self.insert_one, &[&&key[..]])?
+                .is_empty();
+            if new {
+                self.client.execute(&self.update, &[&&key[..], &outcome])?;
+            }
+            return Ok(new);
+        }
         let mut tx = self.client.transaction()?;
         let new = !tx.query(&self.insert_one, &[&&key[..]])?.is_empty();
         if new {

@@ -21,6 +21,9 @@ fn color(id: &str) -> &'static str {
         "sqlite-full-2tx" => "#1a5c1a",
         "sqlite-normal" => "#96d48a",
         "postgres" => "#7a52b3",
+        "postgres-2tx" => "#4b2d7a",
+        "dedupkv-pg" => "#c23b8a",
+        "dedupkv-pg-single" => "#e89bc6",
         "memory" => "#9a9a9a",
         _ => "#444444",
     }

@@ -49,9 +49,11 @@
 //! - `begin` with an intent: its columns written by the claim's own
 //!   statement (the `INSERT` or the takeover's `UPDATE`);
 //!   `mark_answered`: one conditional `UPDATE` by the claim's token.
-//! - Every statement that ends an attempt also notifies the channel
-//!   `dedupkv_done` (`pg_notify` in the same statement, sent at its
-//!   commit): what [`PgStore::begin_or_wait`] sleeps on.
+//! - Every statement that ends an attempt a waiter marked also notifies
+//!   the channel `dedupkv_done` (`pg_notify` in the same statement, sent
+//!   at its commit): what [`PgStore::begin_or_wait`] sleeps on. Attempts
+//!   nobody waits for end without a `NOTIFY`: PostgreSQL commits notifying
+//!   transactions one at a time.
 //!
 //! Nothing is read and then written without the row lock. Every answer is
 //! given after its transaction committed, so every [`Pending`] is
@@ -79,9 +81,10 @@
 //! # Schema
 //! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
 //! `dedupkv_schema_version`, `dedupkv_keys` and the sequence
-//! `dedupkv_token`, at [`SCHEMA_VERSION`] 3. A version-1 or 2 schema is
-//! migrated in place by the next open, under the same advisory lock: the
-//! dead-letter columns (2) and the intent columns (3) are added. A schema written by
+//! `dedupkv_token`, at [`SCHEMA_VERSION`] 4. An older schema is migrated
+//! in place by the next open, under the same advisory lock: the
+//! dead-letter columns (2), the intent columns (3) and the waiters' mark
+//! (4) are added. A schema written by
 //! a newer build is refused with [`Error::InvalidConfig`] naming it.
 //!
 //! # Examples
@@ -130,7 +133,7 @@ use sql::{
 };
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// The store's default claim lease (the engine's default).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -705,16 +708,31 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
 /// dead-letter and expiry columns and the expiry index (a version-1 row
 /// never expires); version 3 the intent columns (a row of an older
 /// version has no intent), `updated_at` and the table
-/// `dedupkv_versions`. Instances of an older build that are already
+/// `dedupkv_versions`; version 4 the `waited` mark (a finish notifies
+/// only rows a waiter marked). Instances of an older build that are already
 /// running keep working on it (one starting later refuses the newer
 /// version): they never write the new columns (an intent an older
 /// instance's takeover leaves behind stays, as an attempt without an
 /// intent leaves it on the engine; its writes leave `updated_at` behind)
 /// and never meet a dead-lettered row unless a newer instance made one.
+/// An older instance's `begin_or_wait` does not mark what it waits for,
+/// so a newer instance's finish does not wake it: it wakes at the lease
+/// end it was told or its timeout instead.
 fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()> {
     if from < 2 {
         migrate_to_2(tx, s)?;
     }
+    if from < 3 {
+        migrate_to_3(tx, s)?;
+    }
+    tx.batch_execute(&format!(
+        "ALTER TABLE {s}.dedupkv_keys ADD COLUMN IF NOT EXISTS waited bool NOT NULL DEFAULT false;
+         INSERT INTO {s}.dedupkv_schema_version VALUES (4);"
+    ))
+    .map_err(storage)
+}
+
+fn migrate_to_3(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
     tx.batch_execute(&format!(
         "ALTER TABLE {s}.dedupkv_keys
              ADD COLUMN IF NOT EXISTS intent_target text,

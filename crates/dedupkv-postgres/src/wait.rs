@@ -2,14 +2,20 @@
 //! instance) holds the key, wait for it to finish or lapse, woken by the
 //! database's `LISTEN`/`NOTIFY`, then `begin` again.
 //!
-//! Every statement that ends an attempt (`complete`, `complete_batch`,
-//! `fail`, a dropped claim's release) notifies [`CHANNEL`] in the same
-//! statement, with the schema and key as payload; PostgreSQL delivers it
-//! when that statement commits, to every session listening, on every
-//! instance. A waiter listens on a connection of its own, then begins
-//! again (so a finish between its first `begin` and its `LISTEN` is not
-//! missed), and sleeps until a notification for its key, the lease end it
-//! was told (a lapse sends nothing), or its timeout.
+//! A waiter listens on a connection of its own, then marks the row it
+//! waits for (`waited`), then begins again (so a finish between its
+//! first `begin` and its mark is not missed), and sleeps until a
+//! notification for its key, the lease end it was told (a lapse sends
+//! nothing), or its timeout. Every statement that ends an attempt
+//! (`complete`, `complete_batch`, `fail`, a dropped claim's release) of a
+//! marked row notifies [`CHANNEL`] in the same statement, with the schema
+//! and key as payload; PostgreSQL delivers it when that statement
+//! commits, to every session listening, on every instance. The mark and
+//! the finish both update the row, so its lock orders them: the finish
+//! sees the mark, or the mark sees the attempt ended (and the `begin`
+//! after it sees how). A row stays marked for the attempts after (an
+//! extra `NOTIFY` at most); unmarked rows never notify, because
+//! PostgreSQL commits notifying transactions one at a time.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -121,6 +127,10 @@ impl PgStore {
             .batch_execute(&format!("LISTEN {CHANNEL}"))
             .map_err(storage)?;
         let mine = payload(&self.shared.schema, key);
+        let mark = self.shared.sql.0[crate::sql::Q::Waiting as usize].as_str();
+        listener
+            .execute(mark, &[&key.scope(), &key.id()])
+            .map_err(storage)?;
         loop {
             // Again, now listening: a finish before the LISTEN is seen here.
             let info = match begin()? {

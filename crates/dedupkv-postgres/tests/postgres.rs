@@ -204,15 +204,16 @@ fn a_lapsed_claim_is_taken_over_across_instances_and_the_zombie_is_refused() -> 
     Ok(())
 }
 
-/// Blocks until a session of `url` is listening for finishes (a waiter
-/// of `begin_or_wait` got as far as its `LISTEN`).
+/// Blocks until a session of `url` is listening for finishes and has
+/// marked what it waits for (a waiter of `begin_or_wait` got as far as
+/// its mark, the last statement its listening session sends).
 fn until_someone_listens(url: &str) -> Result<(), Error> {
     let mut c = postgres::Client::connect(url, postgres::NoTls)
         .map_err(|e| Error::Storage(std::io::Error::other(e).into()))?;
     loop {
         let n: i64 = c
             .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN dedupkv_done'",
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'UPDATE % SET waited = true %'",
                 &[],
             )
             .map_err(|e| Error::Storage(std::io::Error::other(e).into()))?
@@ -412,7 +413,7 @@ fn a_version_1_schema_is_migrated_to_the_current_version_with_its_rows() -> Resu
              DROP COLUMN payload, DROP COLUMN intent_target, DROP COLUMN intent_settled, \
              DROP COLUMN intent_answer, DROP COLUMN intent_open, DROP COLUMN intent_ref, \
              DROP COLUMN intent_doubt, DROP COLUMN intent_data, DROP COLUMN intent_at, \
-             DROP COLUMN intent_attempt; DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
+             DROP COLUMN intent_attempt, DROP COLUMN waited; DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
         ))
         .map_err(sql_error)?;
     let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
@@ -1114,4 +1115,75 @@ fn concurrent_batches_of_the_same_keys_never_deadlock() -> Result<(), Error> {
             .into_iter()
             .try_for_each(|w| w.join().expect("worker panicked"))
     })
+}
+
+/// Attempts nobody waits for end without a `NOTIFY` (PostgreSQL commits
+/// notifying transactions one at a time); one a waiter marked notifies.
+/// Deterministic: notifications arrive in commit order, so a sentinel sent
+/// after the finishes comes after any notification they sent.
+#[test]
+fn only_attempts_someone_waits_for_notify_when_they_end() -> Result<(), Error> {
+    use postgres::fallible_iterator::FallibleIterator;
+    let Some(url) = url("notify_only_waited") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("nfy");
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let mut listener = postgres::Client::connect(&url, postgres::NoTls).map_err(sql_error)?;
+    listener
+        .batch_execute("LISTEN dedupkv_done")
+        .map_err(sql_error)?;
+    let payloads =
+        |listener: &mut postgres::Client, sentinel: &str| -> Result<Vec<String>, Error> {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).map_err(sql_error)?;
+            c.execute("SELECT pg_notify('dedupkv_done', $1)", &[&sentinel])
+                .map_err(sql_error)?;
+            let mut got = Vec::new();
+            let mut notifications = listener.notifications();
+            let mut it = notifications.timeout_iter(Duration::from_secs(60));
+            while let Some(n) = it.next().map_err(sql_error)? {
+                if n.payload() == sentinel {
+                    return Ok(got);
+                }
+                got.push(n.payload().to_owned());
+            }
+            panic!("the sentinel {sentinel} never came");
+        };
+    // Completed, released and dead-lettered with nobody waiting: silence.
+    for (i, end) in ["complete", "drop", "exhaust"].into_iter().enumerate() {
+        let Began::Started(c) = begin(&store, &Key::new("t", end), &BeginOptions::new())? else {
+            panic!("not started");
+        };
+        match i {
+            0 => store.tell(store.complete(&c, Outcome::raw(b"ok"))?)?,
+            1 => drop(c),
+            _ => store.tell(store.fail(
+                &c,
+                Failure::Exhausted {
+                    reason: "gave up",
+                    payload: None,
+                },
+            )?)?,
+        }
+    }
+    assert_eq!(payloads(&mut listener, "s1")?, Vec::<String>::new());
+    // A waiter marks the attempt; its end notifies (the waiter times out
+    // at once here: the mark stays for the attempt).
+    let key = Key::new("t", "waited");
+    let Began::Started(c) = begin(&store, &key, &BeginOptions::new())? else {
+        panic!("not started");
+    };
+    let other = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let waited = other.begin_or_wait(
+        &key,
+        Fingerprint::NONE,
+        &BeginOptions::new(),
+        Duration::ZERO,
+    )?;
+    assert!(matches!(waited, Began::InProgress(_)), "{waited:?}");
+    store.tell(store.complete(&c, Outcome::raw(b"ok"))?)?;
+    let got = payloads(&mut listener, "s2")?;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].starts_with(&format!("{schema}.")), "{got:?}");
+    Ok(())
 }
