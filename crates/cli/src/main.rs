@@ -240,8 +240,15 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Prints the man page (roff) on stdout (`dedupkv man > dedupkv.1`).
-    Man,
+    /// Prints the man page (roff) on stdout (`dedupkv man > dedupkv.1`);
+    /// with --dir, writes one page per command and subcommand there.
+    Man {
+        /// Write `dedupkv.1` and a page per subcommand (`dedupkv-get.1`,
+        /// `dedupkv-dead-letters-list.1`, ...) into this existing
+        /// directory, replacing pages of the same names.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -409,7 +416,8 @@ fn run(command: Command) -> Result<(), Fail> {
         }
         Command::Filter(args) => filter::run(&args).map_err(Fail::from),
         Command::Completions { shell } => help::completions(shell).map_err(Fail::from),
-        Command::Man => help::man().map_err(Fail::from),
+        Command::Man { dir: None } => help::man().map_err(Fail::from),
+        Command::Man { dir: Some(dir) } => help::man_pages(&dir).map_err(Fail::from),
     }
 }
 
