@@ -3,6 +3,7 @@
 //! terminal from util-linux's `script`), and write not a byte of it
 //! otherwise: stderr holds their summary line alone.
 
+use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -20,6 +21,14 @@ fn store(path: &Path) -> dedupkv::Result<()> {
     let keys: Vec<Key<'_>> = ids.iter().map(|id| Key::new("t", id)).collect();
     store.insert_batch(&keys)?;
     Ok(())
+}
+
+/// `n` JSON lines `{"id":I}`, I counting up modulo `unique`.
+fn ids(n: u32, unique: u32) -> String {
+    (0..n).fold(String::new(), |mut s, i| {
+        let _ = writeln!(s, "{{\"id\":{}}}", i % unique);
+        s
+    })
 }
 
 /// Runs the binary with `args`, `stdin` fed in, stderr a pipe; answers
@@ -44,9 +53,7 @@ fn stderr_not_a_terminal_gets_no_progress_bytes() -> TestResult {
     let path = dir.path().join("s.redb");
     store(&path)?;
     let p = path.to_str().ok_or("path")?;
-    let lines: String = (0..300)
-        .map(|i| format!("{{\"id\":{}}}\n", i % 240))
-        .collect();
+    let lines = ids(300, 240);
     let export = dir.path().join("export.jsonl");
     let exported = Command::new(BIN)
         .args(["export", "-s", p, "--jsonl"])
@@ -115,7 +122,7 @@ fn stderr_a_terminal_gets_progress() -> TestResult {
     store(&path)?;
     let p = path.display();
     let input = dir.path().join("in.jsonl");
-    let lines: String = (0..50_000).map(|i| format!("{{\"id\":{i}}}\n")).collect();
+    let lines = ids(50_000, 50_000);
     std::fs::write(&input, lines)?;
     let f = dir.path().join("f.redb");
     for cmd in [
