@@ -324,6 +324,53 @@ impl Bridge {
     }
 }
 
+/// A partition set's assigned partitions (gauge).
+#[cfg(feature = "replica")]
+const PARTITIONS_ASSIGNED: &str = "dedupkv_partitions_assigned";
+/// How long a partition set's assigns took (histogram).
+#[cfg(feature = "replica")]
+const PARTITION_ASSIGN_SECONDS: &str = "dedupkv_partition_assign_duration_seconds";
+/// How long a partition set's revokes took (histogram).
+#[cfg(feature = "replica")]
+const PARTITION_REVOKE_SECONDS: &str = "dedupkv_partition_revoke_duration_seconds";
+
+/// A partition set's assign (`revoke: false`) or revoke that took `took`
+/// and ended `ok` or not, leaving `assigned` partitions: published under
+/// the label `set` (the set's base directory).
+#[cfg(feature = "replica")]
+pub(crate) fn partition_change(
+    base: &std::path::Path,
+    revoke: bool,
+    (took, ok): (Duration, bool),
+    assigned: usize,
+) {
+    describe_gauge!(
+        PARTITIONS_ASSIGNED,
+        Unit::Count,
+        "partitions assigned to the set"
+    );
+    describe_histogram!(
+        PARTITION_ASSIGN_SECONDS,
+        Unit::Seconds,
+        "duration of a partition's assign"
+    );
+    describe_histogram!(
+        PARTITION_REVOKE_SECONDS,
+        Unit::Seconds,
+        "duration of a partition's revoke"
+    );
+    let set = SharedString::from_owned(base.display().to_string());
+    let outcome = if ok { "ok" } else { "error" };
+    let name = if revoke {
+        PARTITION_REVOKE_SECONDS
+    } else {
+        PARTITION_ASSIGN_SECONDS
+    };
+    histogram!(name, "set" => set.clone(), "outcome" => outcome).record(took.as_secs_f64());
+    #[allow(clippy::cast_precision_loss)]
+    gauge!(PARTITIONS_ASSIGNED, "set" => set).set(assigned as f64);
+}
+
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 impl Store {
     /// Publishes the store's counters and gauges to the `metrics` recorder

@@ -312,6 +312,11 @@ impl PartitionSet {
     /// See [`PartitionSet`].
     pub fn assign(&self, partition: i32) -> Result<Assigned> {
         check(partition)?;
+        self.timed(false, || self.assign_checked(partition))
+    }
+
+    /// [`assign`](Self::assign) of a partition number checked already.
+    fn assign_checked(&self, partition: i32) -> Result<Assigned> {
         if let Some(why) = self.inner.fences.why(partition) {
             return Err(Error::Fenced(format!(
                 "partition {partition} was fenced on this member ({why}); assign refuses it, \
@@ -368,7 +373,27 @@ impl PartitionSet {
     /// ```
     pub fn assign_after_fence(&self, partition: i32) -> Result<Assigned> {
         check(partition)?;
-        self.take(partition, true)
+        self.timed(false, || self.take(partition, true))
+    }
+
+    /// Runs an assign (`revoke: false`) or a revoke, publishing its
+    /// duration and the partitions assigned after it (feature "metrics").
+    // Without "metrics" it only runs `run`.
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    fn timed<T>(&self, revoke: bool, run: impl FnOnce() -> Result<T>) -> Result<T> {
+        #[cfg(feature = "metrics")]
+        let start = Instant::now();
+        let done = run();
+        #[cfg(feature = "metrics")]
+        crate::metrics::partition_change(
+            &self.inner.base,
+            revoke,
+            (start.elapsed(), done.is_ok()),
+            self.inner.slots.lock().len(),
+        );
+        #[cfg(not(feature = "metrics"))]
+        let _ = revoke;
+        done
     }
 
     /// The partitions this set saw fenced, in order: their stores answered
@@ -540,6 +565,11 @@ impl PartitionSet {
     /// See [`PartitionSet`].
     pub fn revoke(&self, partition: i32, deadline: Duration) -> Result<Revoked> {
         check(partition)?;
+        self.timed(true, || self.revoke_checked(partition, deadline))
+    }
+
+    /// [`revoke`](Self::revoke) of a partition number checked already.
+    fn revoke_checked(&self, partition: i32, deadline: Duration) -> Result<Revoked> {
         let start = Instant::now();
         // `None`: a deadline too far to add to now is no limit.
         let until = start.checked_add(deadline);

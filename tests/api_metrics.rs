@@ -384,3 +384,43 @@ fn each_store_of_a_partition_set_publishes_under_its_partition() -> Result<()> {
     assert_eq!(value("dedupkv_keys{store=partition-2}"), -1.0);
     Ok(())
 }
+
+/// A partition set publishes its assigned partitions (a gauge) and how
+/// long each assign and revoke took (histograms, by outcome), under the
+/// label `set` (its base directory).
+#[cfg(feature = "replica")]
+#[test]
+fn a_partition_set_publishes_its_assignments_and_their_durations() -> Result<()> {
+    use dedupkv::partitions::PartitionSet;
+    use dedupkv::replica::Replica;
+    use dedupkv::replica::object_store::memory::InMemory;
+    recorder();
+    let dir = tempdir();
+    let base = dir.path().join("assignments");
+    let objects = Arc::new(InMemory::new());
+    let set = PartitionSet::new(&base, move |p| {
+        let replica = Replica::new(objects.clone(), &format!("orders/{p}"));
+        Ok(Store::builder().background_eviction(false).replica(replica))
+    });
+    let label = base.display().to_string();
+    let gauge = format!("dedupkv_partitions_assigned{{set={label}}}");
+    let series = |op: &str, outcome: &str| {
+        samples(&format!(
+            "dedupkv_partition_{op}_duration_seconds{{outcome={outcome},set={label}}}"
+        ))
+    };
+    set.assign(0)?;
+    set.assign(1)?;
+    assert_eq!(value(&gauge), 2.0);
+    assert!(set.assign(1).is_err(), "assigned already");
+    set.revoke(0, Duration::from_secs(5))?;
+    assert_eq!(value(&gauge), 1.0);
+    assert_eq!(series("assign", "ok").len(), 2);
+    assert_eq!(series("assign", "error").len(), 1);
+    assert_eq!(series("revoke", "ok").len(), 1);
+    assert!(series("assign", "ok").iter().all(|s| *s >= 0.0));
+    set.revoke_all(Duration::from_secs(5));
+    assert_eq!(value(&gauge), 0.0);
+    assert_eq!(series("revoke", "ok").len(), 2);
+    Ok(())
+}

@@ -93,3 +93,53 @@ fn a_read_only_store_lists_and_a_foreign_cursor_is_refused() -> TestResult {
     ));
     Ok(())
 }
+
+/// Pages follow one order (by key hash), whatever their size and the
+/// number of shards a page walks: every page size gives the sequence of
+/// one big page, and a cursor made by an open of 64 shards continues in
+/// an open of 4 (a page walks the shards from its cursor's, in order).
+#[test]
+fn pages_of_any_size_and_any_shard_count_follow_one_order() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("s.redb");
+    let store = Store::builder().shards(64).open(&path)?;
+    let keys: Vec<String> = (0..500).map(|i| format!("k{i}")).collect();
+    let keys: Vec<Key<'_>> = keys.iter().map(|id| Key::new("orders", id)).collect();
+    store.insert_batch(&keys)?;
+    store.insert_if_absent(&Key::new("refunds", "r1"))?;
+    let order =
+        |r: &[Record]| -> Vec<Vec<u8>> { r.iter().map(|r| r.key().id().to_vec()).collect() };
+    let one = store.records(&Listing::new().limit(1_000))?;
+    assert!(one.next.is_none());
+    let want = order(&one.items);
+    assert_eq!(want.len(), 501);
+    for limit in [1, 7, 64, 100] {
+        assert_eq!(
+            order(&all(&store, Listing::new().limit(limit))?),
+            want,
+            "limit {limit}"
+        );
+    }
+    let first = store.records(&Listing::new().limit(100))?;
+    drop(store);
+    let four = Store::builder().shards(4).open_read_only(&path)?;
+    let mut rest = first.items;
+    rest.extend(all(
+        &four,
+        Listing::new()
+            .limit(33)
+            .after(first.next.ok_or("one page")?),
+    )?);
+    assert_eq!(order(&rest), want, "continued across shard counts");
+    // A scope's pages: the same order, that scope's keys only.
+    let scoped: Vec<Vec<u8>> = want
+        .iter()
+        .filter(|id| id.starts_with(b"k"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        order(&all(&four, Listing::new().scope("orders").limit(9))?),
+        scoped
+    );
+    Ok(())
+}

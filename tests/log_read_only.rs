@@ -713,3 +713,88 @@ fn a_read_only_open_racing_a_writer_answers_right_or_fails_naming_the_path() -> 
     assert!(writer.get(&Key::new("t", "during-0"))?.is_some());
     Ok(())
 }
+
+/// Every read of `key` alone: its record, intent, history and dead letter.
+fn key_reads(store: &Store, key: &Key<'_>) -> Result<String> {
+    let scoped = Listing::new().scope(key.scope()).limit(1_000);
+    let dead: Vec<_> = store
+        .dead_letters(&scoped)?
+        .items
+        .into_iter()
+        .filter(|d| d.key() == key)
+        .collect();
+    Ok(format!(
+        "get {:?}\nintent {:?}\nhistory {:?}\ndead {dead:?}",
+        store.get(key)?,
+        store.intent(key)?,
+        store.history(key)?,
+    ))
+}
+
+/// The one-key open answers each key's reads as the full read-only open
+/// does, on records expired and carried (the first round of `populate`),
+/// forgotten, re-claimed (a lapsed lease taken over; a retry after a
+/// retryable failure), in a crash image and in the journal's tail (a
+/// store kept with a journal, copied while its writer holds it: every
+/// commit is still in the journal), and writes nothing.
+#[test]
+fn a_one_key_open_reads_its_key_as_the_full_open_does() -> Result<()> {
+    for journal in [None, Some(1 << 20)] {
+        let dir = tempdir();
+        let path = dir.path().join("s.redb");
+        let clock = ManualClock::new(T0);
+        let store = builder(&clock).journal(journal).open(&path)?;
+        populate(&store, &clock)?;
+        let fp = Fingerprint::NONE;
+        let forgotten = Key::new("pay", "forgotten");
+        let c = started(store.begin(&forgotten, fp)?);
+        store.complete(&c, b"done")?;
+        store.forget(&forgotten)?;
+        let taken = Key::new("pay", "taken-over");
+        std::mem::forget(started(store.begin(&taken, fp)?));
+        let retried = Key::new("pay", "retried");
+        let c = started(store.begin(&retried, fp)?);
+        store.fail(&c, Failure::Retryable)?;
+        clock.advance(MIN);
+        let c = started(store.begin(&taken, fp)?);
+        store.complete(&c, b"second")?;
+        std::mem::forget(started(store.begin(&retried, fp)?));
+        store.flush()?;
+        // The writer still holds it: an image of what is durable.
+        let image = dir.path().join("image.redb");
+        std::fs::copy(&path, &image).map_err(io)?;
+        if journal.is_some() {
+            let tail = std::fs::read(dir.path().join("s.redb.journal")).map_err(io)?;
+            std::fs::write(dir.path().join("image.redb.journal"), tail).map_err(io)?;
+        }
+        let mut all = keys();
+        all.extend([forgotten, taken, retried].map(Key::into_owned));
+        for at in [&image, &path] {
+            let full = builder(&clock).open_read_only(at)?;
+            let before = (seen(at)?, names(dir.path())?);
+            let mut shown = String::new();
+            for key in &all {
+                let one = builder(&clock).open_read_only_key(at, key)?;
+                let read = key_reads(&one, key)?;
+                assert_eq!(read, key_reads(&full, key)?, "{key:?} in {at:?}");
+                shown.push_str(&read);
+            }
+            assert!(look(at)? == before.0, "the file's bytes or mtime changed");
+            assert_eq!(names(dir.path())?, before.1, "a file was created");
+            for must in [
+                "DeadLettered",
+                "get None",
+                "Forgotten",
+                "attempts: 2",
+                "InProgress",
+            ] {
+                assert!(shown.contains(must), "{must} missing from:\n{shown}");
+            }
+            // Another key reads as absent.
+            let one = builder(&clock).open_read_only_key(at, &Key::new("pay", "late-ok"))?;
+            assert!(one.get(&Key::new("pay", "late-no"))?.is_none());
+        }
+        drop(store);
+    }
+    Ok(())
+}

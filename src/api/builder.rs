@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::Error;
 use crate::clock::{Clock, SystemClock, millis};
 use crate::engine::{Config, Location};
-use crate::{Durability, KeyHashing, Result, Store};
+use crate::{Durability, Key, KeyHashing, Result, Store};
 
 /// Settings for [`Store`], made by [`Store::builder`].
 ///
@@ -887,6 +887,40 @@ impl StoreBuilder {
             ));
         }
         Store::open_read_only_with(self.cfg, self.clock, path.as_ref())
+    }
+
+    /// [`open_read_only`](Self::open_read_only) for reads of one key: the
+    /// open reads every table of the file, as the full open does, but
+    /// loads only `key`'s records into the index, so it does not build an
+    /// index of every other key (on 10M keys: under a second, where the
+    /// full open takes seconds; docs/performance.md). `key` reads exactly
+    /// as the full read-only open reads it — [`get`](Store::get),
+    /// [`intent`](Store::intent), [`history`](Store::history), its dead
+    /// letter — expired, forgotten and re-claimed records, and commits
+    /// still in the journal, included. Every other key reads as absent,
+    /// and listings and [`stats`](Store::stats) see `key` alone. It writes
+    /// nothing, as the full read-only open.
+    ///
+    /// # Errors
+    /// Those of [`open_read_only`](Self::open_read_only).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Key, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("s.redb");
+    /// let writer = Store::open(&path)?;
+    /// writer.insert_batch(&[Key::new("orders", "4711"), Key::new("orders", "4712")])?;
+    /// let key = Key::new("orders", "4711");
+    /// let reader = Store::builder().open_read_only_key(&path, &key)?;
+    /// assert!(reader.get(&key)?.is_some());
+    /// // Only that key was loaded.
+    /// assert!(reader.get(&Key::new("orders", "4712"))?.is_none());
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open_read_only_key(mut self, path: impl AsRef<Path>, key: &Key<'_>) -> Result<Store> {
+        self.cfg.only_key = Some((key.scope().to_vec(), key.id().to_vec()));
+        self.open_read_only(path)
     }
 
     /// Opens a store on pages the caller supplies (an in-memory file, or

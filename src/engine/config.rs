@@ -59,6 +59,9 @@ pub(crate) struct Config {
     pub clock_behind: crate::clock::ClockBehind,
     /// The journal in front of the file (off: `None`).
     pub journal: Option<super::JournalSetting>,
+    /// The one key (scope, id) a read-only open loads into its index
+    /// (`StoreBuilder::open_read_only_key`); `None`: every key.
+    pub only_key: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// The metrics bridge's `store` label unless the builder names one.
@@ -100,6 +103,7 @@ impl Default for Config {
             verify_pages: true,
             clock_behind: crate::clock::ClockBehind::StandStill,
             journal: None,
+            only_key: None,
             ship: None,
             token_base: 0,
         }

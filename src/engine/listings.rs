@@ -69,7 +69,17 @@ impl Engine {
     /// or of another kind of listing.
     pub(crate) fn items_listed<T>(
         &self,
+        listing: (&Listing, ListingKind),
+        collect: impl FnMut(&mut Shard, &mut Vec<(u64, KeyHash, u64, T)>),
+    ) -> Result<Vec<(Cursor, T)>> {
+        self.items_listed_in(listing, 0..self.cfg.shards, collect)
+    }
+
+    /// [`items_listed`](Self::items_listed) of the shards `shards` only.
+    pub(crate) fn items_listed_in<T>(
+        &self,
         (listing, kind): (&Listing, ListingKind),
+        shards: std::ops::Range<usize>,
         mut collect: impl FnMut(&mut Shard, &mut Vec<(u64, KeyHash, u64, T)>),
     ) -> Result<Vec<(Cursor, T)>> {
         self.check_cursor(listing, kind)?;
@@ -77,7 +87,7 @@ impl Engine {
         let store = self.listing_store_id();
         let mut found = Vec::new();
         let mut here = Vec::new();
-        for i in 0..self.cfg.shards {
+        for i in shards {
             collect(&mut self.index.lock_shard(i), &mut here);
             for (at, h, seq, item) in here.drain(..) {
                 let c = cursor((store, kind), at, h, seq);
@@ -244,31 +254,52 @@ fn listed(listing: &Listing, now: u64, cursor: Cursor) -> bool {
 /// scope, at most `limit`, with the cursor of the last one if more follow.
 pub(crate) fn page<C, T>(
     listing: &Listing,
+    found: Vec<(Cursor, C)>,
+    take: impl FnMut(C) -> Result<Option<T>>,
+    scope: impl Fn(&T) -> &[u8],
+) -> Result<Page<T>> {
+    let mut items = Vec::new();
+    fill(listing, found, take, scope, &mut items)?;
+    Ok(finish(listing, items))
+}
+
+/// Adds to `items` the entries of `found` (candidates in any order, all
+/// after those `items` holds): sorted, each made into an entry by `take`
+/// (`None`: gone meanwhile, skipped), filtered by scope, until `items`
+/// holds one more than a page (to know whether a next one follows).
+/// `true` once it does.
+pub(crate) fn fill<C, T>(
+    listing: &Listing,
     mut found: Vec<(Cursor, C)>,
     mut take: impl FnMut(C) -> Result<Option<T>>,
     scope: impl Fn(&T) -> &[u8],
-) -> Result<Page<T>> {
+    items: &mut Vec<(Cursor, T)>,
+) -> Result<bool> {
     found.sort_unstable_by_key(|e| e.0);
-    // One more than a page, to know whether there is a next one.
-    let mut items: Vec<(Cursor, T)> = Vec::new();
     for (cursor, c) in found {
+        if items.len() > listing.limit {
+            break;
+        }
         let Some(item) = take(c)? else { continue };
         if listing.scope.as_deref().is_some_and(|s| scope(&item) != s) {
             continue;
         }
         items.push((cursor, item));
-        if items.len() > listing.limit {
-            break;
-        }
     }
+    Ok(items.len() > listing.limit)
+}
+
+/// The page of `items` (one more than a page if a next one follows): at
+/// most `limit`, with the cursor of the last one if more follow.
+pub(crate) fn finish<T>(listing: &Listing, mut items: Vec<(Cursor, T)>) -> Page<T> {
     let next = if items.len() > listing.limit {
         items.truncate(listing.limit);
         items.last().map(|(c, _)| *c)
     } else {
         None
     };
-    Ok(Page {
+    Page {
         items: items.into_iter().map(|(_, t)| t).collect(),
         next,
-    })
+    }
 }

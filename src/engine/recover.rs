@@ -13,6 +13,10 @@
 //!   from expired tables too, so entities that still have events are
 //!   carried forward before those tables are deleted, and the records of
 //!   reconciliation windows still kept (`reconcile`), carried likewise;
+//! - a read-only open of one key (`Config::only_key`) replays the same
+//!   rows and applies only that key's records, so the key reads as a full
+//!   open reads it; the floors (time, fencing tokens) still come from
+//!   every record;
 //! - an open never yields fewer rows than the last commit recorded: in a
 //!   format-5 file every bucket table's rows are checked against its
 //!   summary during replay (see `log::summary`);
@@ -162,6 +166,7 @@ impl Engine {
                 expired_dead: ExpiredDeadLetters::new(),
                 expired_intents: ExpiredIntents::new(),
                 tallies: Recovered::new(&cfg, meta.hasher.secret(), now_bucket),
+                only: cfg.only_key.as_ref(),
             };
             let replayed = crate::log::replay(&db, now_bucket, checked, |row, recs| {
                 for r in recs {
@@ -236,6 +241,8 @@ struct Replaying<'a, 'c> {
     expired_dead: ExpiredDeadLetters,
     expired_intents: ExpiredIntents,
     tallies: Recovered<'c>,
+    /// The one key whose records are applied, if not all.
+    only: Option<&'c (Vec<u8>, Vec<u8>)>,
 }
 
 impl Replaying<'_, '_> {
@@ -256,6 +263,14 @@ impl Replaying<'_, '_> {
     /// not start) and no lock (a locked instruction waits for every read
     /// before it).
     fn apply_row(&mut self, row: u64, recs: &[Replay<'_>]) -> Result<()> {
+        if let Some((scope, id)) = self.only {
+            for r in recs {
+                if r.rec.scope == scope.as_slice() && r.rec.id == id.as_slice() {
+                    self.apply((r.bucket, row, r.expired), &r.rec, None)?;
+                }
+            }
+            return Ok(());
+        }
         let mut hashes = [None; WARM];
         for chunk in recs.chunks(WARM) {
             let hashes = &mut hashes[..chunk.len()];

@@ -11,6 +11,8 @@ use clap::Args;
 use dedupkv::{Fingerprint, Key, Store};
 use serde_json::Value;
 
+use crate::progress::Progress;
+
 /// The order of work and what a crash can do, in `--help` and docs/cli.md.
 pub const GUARANTEE: &str = "\
 Order of work, batch after batch (--batch lines): read the lines, derive their keys, record the \
@@ -96,6 +98,8 @@ struct Outputs {
     out: BufWriter<io::StdoutLock<'static>>,
     duplicates: Option<BufWriter<File>>,
     bad: Option<BufWriter<File>>,
+    /// Lines read, on stderr when it is a terminal.
+    progress: Progress,
 }
 
 /// Runs `filter`; the message of an error names the file and line.
@@ -127,6 +131,7 @@ pub fn run(args: &FilterArgs) -> Result<(), String> {
             BadLines::File(p) => Some(create(p)?),
             _ => None,
         },
+        progress: Progress::counting("filter", "lines"),
     };
     let mut counts = Counts::default();
     let inputs: Vec<Option<&PathBuf>> = if args.files.is_empty() {
@@ -151,6 +156,8 @@ pub fn run(args: &FilterArgs) -> Result<(), String> {
             break;
         }
     }
+    // The progress line is cleared before the summary.
+    drop(outs);
     // Lines/s for people: f64's precision is plenty.
     #[allow(clippy::cast_precision_loss)]
     let rate = counts.read as f64 / started.elapsed().as_secs_f64().max(1e-9);
@@ -232,6 +239,7 @@ fn flush(
         }
     }
     outs.out.flush().map_err(|e| format!("stdout: {e}"))?;
+    outs.progress.set(counts.read);
     for w in [outs.duplicates.as_mut(), outs.bad.as_mut()]
         .into_iter()
         .flatten()

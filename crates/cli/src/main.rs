@@ -11,6 +11,7 @@ mod filter;
 mod help;
 mod live;
 mod open;
+mod progress;
 mod records;
 mod replica;
 mod show;
@@ -239,8 +240,15 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Prints the man page (roff) on stdout (`dedupkv man > dedupkv.1`).
-    Man,
+    /// Prints the man page (roff) on stdout (`dedupkv man > dedupkv.1`);
+    /// with --dir, writes one page per command and subcommand there.
+    Man {
+        /// Write `dedupkv.1` and a page per subcommand (`dedupkv-get.1`,
+        /// `dedupkv-dead-letters-list.1`, ...) into this existing
+        /// directory, replacing pages of the same names.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -385,14 +393,21 @@ fn run(command: Command) -> Result<(), Fail> {
             Ok(())
         }
         Command::Evict(w) => write_store(&w, "evict"),
-        Command::Compact(w) => write_store(&w, "compact"),
+        Command::Compact(w) => {
+            let _progress = progress::Progress::spinner("compact");
+            write_store(&w, "compact")
+        }
         Command::Upgrade(w) => write_store(&w, "upgrade"),
         Command::Replica(ReplicaCmd::Status(args)) => {
             show::print(&replica::status(&args)?, args.json);
             Ok(())
         }
         Command::Replica(ReplicaCmd::Restore(args)) => {
-            show::print(&replica::restore(&args)?, args.json);
+            let restored = {
+                let _progress = progress::Progress::spinner("restore");
+                replica::restore(&args)?
+            };
+            show::print(&restored, args.json);
             Ok(())
         }
         Command::Replica(ReplicaCmd::Inspect(args)) => {
@@ -401,7 +416,8 @@ fn run(command: Command) -> Result<(), Fail> {
         }
         Command::Filter(args) => filter::run(&args).map_err(Fail::from),
         Command::Completions { shell } => help::completions(shell).map_err(Fail::from),
-        Command::Man => help::man().map_err(Fail::from),
+        Command::Man { dir: None } => help::man().map_err(Fail::from),
+        Command::Man { dir: Some(dir) } => help::man_pages(&dir).map_err(Fail::from),
     }
 }
 
@@ -417,6 +433,7 @@ fn list(ListArgs { common, filter }: &ListArgs, op: &str) -> Result<(), Fail> {
 }
 
 fn verify(common: &Common) -> Result<(), Fail> {
+    let progress = progress::Progress::spinner("verify: reading every record");
     let store = open::read_only(&common.store).map_err(|msg| {
         if msg.contains("corrupt") {
             Fail(exit::DAMAGED, msg)
@@ -424,7 +441,9 @@ fn verify(common: &Common) -> Result<(), Fail> {
             Fail(exit::ERROR, msg)
         }
     })?;
-    match store.verify() {
+    let verified = store.verify();
+    drop(progress);
+    match verified {
         Ok(rows) => {
             show::print(&json!({ "clean": true, "rows": rows }), common.json);
             Ok(())

@@ -4,11 +4,19 @@
 
 use std::path::Path;
 
-use dedupkv::{Error, Store};
+use dedupkv::{Error, Key, Store};
 
 /// Opens `path` read-only; nothing is created when it is missing.
 pub fn read_only(path: &Path) -> Result<Store, String> {
     Store::open_read_only(path).map_err(|e| named(path, &e))
+}
+
+/// Opens `path` read-only for reads of `key` alone: the index holds that
+/// key only (`StoreBuilder::open_read_only_key`).
+pub fn read_only_key(path: &Path, key: &Key<'_>) -> Result<Store, String> {
+    Store::builder()
+        .open_read_only_key(path, key)
+        .map_err(|e| named(path, &e))
 }
 
 /// Opens the existing store at `path` writable (never creates one): for

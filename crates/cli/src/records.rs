@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use dedupkv::{Begin, Failure, Fingerprint, Key, Listing, Record, State, Store};
 use serde_json::Value;
 
+use crate::progress::Progress;
 use crate::show;
 
 /// Calls `each` on every live record `listing` selects, page by page
@@ -43,9 +44,11 @@ pub fn state_name(s: State) -> String {
 pub fn export(store: &Store, listing: Listing) -> Result<u64, String> {
     let now = SystemTime::now();
     let mut out = BufWriter::new(std::io::stdout().lock());
+    let progress = Progress::counting("export", "records");
     let mut n = 0u64;
     each_record(store, listing.limit(1000), |r| {
         n += 1;
+        progress.inc(1);
         writeln!(out, "{}", show::record(r, now)).map_err(|e| format!("stdout: {e}"))?;
         Ok(true)
     })
@@ -75,7 +78,9 @@ pub fn import(path: &Path, input: impl BufRead) -> Result<Imported, String> {
     }
     let store = Store::open(path).map_err(|e| crate::open::named(path, &e))?;
     let mut done = Imported::default();
+    let progress = Progress::counting("import", "lines");
     for (i, line) in input.lines().enumerate() {
+        progress.inc(1);
         let at = |e: String| format!("line {}: {e}", i + 1);
         let line = line.map_err(|e| at(e.to_string()))?;
         if line.trim().is_empty() {
@@ -87,11 +92,11 @@ pub fn import(path: &Path, input: impl BufRead) -> Result<Imported, String> {
             done.records += 1;
         } else {
             done.skipped += 1;
-            eprintln!(
+            progress.note(&format!(
                 "dedupkv import: line {}: state {} is not imported",
                 i + 1,
                 v["state"]
-            );
+            ));
         }
     }
     store.flush().map_err(|e| crate::open::named(path, &e))?;

@@ -55,3 +55,59 @@ fn the_man_page_is_roff_and_names_the_subcommands() -> TestResult {
     }
     Ok(())
 }
+
+/// `man --dir DIR` writes one page per command: `dedupkv.1` and one for
+/// every subcommand at every level, each a roff page naming its command.
+#[test]
+fn man_dir_writes_a_page_per_subcommand() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().to_str().ok_or("path")?;
+    let out = dedupkv(&["man", "--dir", d])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut pages: Vec<String> = std::fs::read_dir(dir.path())?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    pages.sort();
+    // Every subcommand `--help` lists, and each group's own subcommands.
+    let mut want = vec!["dedupkv.1".to_owned()];
+    let help = String::from_utf8(dedupkv(&["--help"])?.stdout)?;
+    for sub in subcommands(&help) {
+        want.push(format!("dedupkv-{sub}.1"));
+        let inner = String::from_utf8(dedupkv(&[sub.as_str(), "--help"])?.stdout)?;
+        for leaf in subcommands(&inner) {
+            want.push(format!("dedupkv-{sub}-{leaf}.1"));
+        }
+    }
+    want.sort();
+    assert_eq!(pages, want);
+    for page in &pages {
+        let text = std::fs::read_to_string(dir.path().join(page))?;
+        let name = page.trim_end_matches(".1").replace('-', "\\-");
+        assert!(
+            text.contains(".TH") && text.contains(&name),
+            "{page}: {text}"
+        );
+    }
+    // Not a directory: an error naming it, nothing written.
+    let missing = dir.path().join("missing");
+    let out = dedupkv(&["man", "--dir", missing.to_str().ok_or("path")?])?;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8(out.stderr)?.contains("missing: not a directory"));
+    Ok(())
+}
+
+/// The subcommands a `--help` lists (`help` aside).
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|s| *s != "help")
+        .map(str::to_owned)
+        .collect()
+}

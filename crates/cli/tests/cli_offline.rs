@@ -141,6 +141,60 @@ fn every_offline_read_leaves_the_file_untouched() -> TestResult {
     Ok(())
 }
 
+/// `get` reads one key without loading the others (the one-key open):
+/// on a store kept with a journal, copied while its writer holds it (every
+/// commit still in the journal's tail), it finds the key and its history,
+/// answers as `export` (the full open) does, and leaves the file and the
+/// journal byte-identical with their mtimes.
+#[test]
+fn get_reads_the_journal_tail_and_writes_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let live = dir.path().join("live.redb");
+    let store = Store::builder().journal(Some(1 << 20)).open(&live)?;
+    let key = Key::new("pay", "p-9");
+    if let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? {
+        store.fail(&c, Failure::Retryable)?;
+    }
+    if let Begin::Started(c) = store.begin(&key, Fingerprint::NONE)? {
+        store.complete(&c, b"charged")?;
+    }
+    store.flush()?;
+    let path = dir.path().join("s.redb");
+    let journal = dir.path().join("s.redb.journal");
+    std::fs::copy(&live, &path)?;
+    std::fs::copy(dir.path().join("live.redb.journal"), &journal)?;
+    drop(store);
+    let p = path.to_str().ok_or("path")?;
+    let before = (snapshot(&path)?, snapshot(&journal)?);
+    let v = json(&dedupkv(&history_of(p, "p-9"))?)?;
+    assert_eq!(v["state"], "Completed", "{v}");
+    assert_eq!(v["attempts"], 2);
+    assert_eq!(v["history"].as_array().map(Vec::len), Some(4), "{v}");
+    let exported = dedupkv(&["export", "-s", p, "--jsonl"])?;
+    let full: Value = serde_json::from_slice(&exported.stdout)?;
+    let plain = json(&dedupkv(&[
+        "get", "-s", p, "--scope", "pay", "p-9", "--json",
+    ])?)?;
+    for field in [
+        "state",
+        "attempts",
+        "token",
+        "first_seen",
+        "updated",
+        "expires",
+        "outcome",
+    ] {
+        assert_eq!(plain[field]["at"], full[field]["at"], "{field}");
+        if plain[field].get("at").is_none() {
+            assert_eq!(plain[field], full[field], "{field}");
+        }
+    }
+    let missing = dedupkv(&["get", "-s", p, "--scope", "pay", "nope", "--json"])?;
+    assert_eq!(missing.status.code(), Some(4));
+    assert_eq!((snapshot(&path)?, snapshot(&journal)?), before, "get wrote");
+    Ok(())
+}
+
 #[test]
 fn stats_and_listings_count_what_is_there() -> TestResult {
     let dir = tempfile::tempdir()?;
