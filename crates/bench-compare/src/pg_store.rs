@@ -25,11 +25,17 @@ pub struct PgBackend {
 }
 
 impl PgBackend {
-    /// The backend with its default group commit.
+    /// The backend with its default group commit, or as many statements
+    /// in flight as `DEDUPKV_BENCH_PG_GROUP` says (for a sweep).
     pub fn grouped(url: &str) -> Self {
+        let statements = std::env::var("DEDUPKV_BENCH_PG_GROUP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(dedupkv_postgres::DEFAULT_GROUP_COMMIT);
         Self {
             url: url.to_owned(),
-            statements: dedupkv_postgres::DEFAULT_GROUP_COMMIT,
+            statements,
         }
     }
 
