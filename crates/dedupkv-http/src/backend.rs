@@ -1,0 +1,88 @@
+//! Which stores the layer runs over: any backend of dedupkv's contract
+//! ([`Write`] + [`Settle`]), plus how it waits for a running attempt.
+//!
+//! Invariant: every method here blocks; the layer calls them only from
+//! `spawn_blocking`, never on the async runtime's worker threads.
+
+use std::time::Duration;
+
+use dedupkv::contract::Write;
+#[cfg(doc)]
+use dedupkv::contract::Settle;
+use dedupkv::{Began, BeginOptions, Fingerprint, Key, Result};
+
+/// A backend of dedupkv's operation-level contract the layer can claim
+/// keys in: the embedded [`Store`](dedupkv::Store), `PgStore` (feature
+/// `postgres`), or your own (`impl Backend for MyStore {}` takes the
+/// provided `begin_or_wait`, which does not wait).
+///
+/// # Examples
+/// ```
+/// use dedupkv::{Began, BeginOptions, Fingerprint, Key, Store};
+/// use dedupkv_http::Backend;
+/// use std::time::Duration;
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path().join("s.redb"))?;
+/// let key = Key::new("http", "k-1");
+/// let answer = Backend::begin_or_wait(&store, &key, Fingerprint::NONE, &BeginOptions::new(), Duration::ZERO)?;
+/// assert!(matches!(answer, Began::Started(_)));
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub trait Backend: Write<Claim: Send + 'static> + Send + Sync + 'static {
+    /// `begin`, told once settled; when another attempt holds the key,
+    /// waits up to `timeout` for it to finish (the backend's own
+    /// `begin_or_wait` where it has one). The provided method does not
+    /// wait: it answers as `begin` did.
+    ///
+    /// # Errors
+    /// As [`Write::begin`] and [`Settle::wait`].
+    ///
+    /// # Examples
+    /// See [`Backend`].
+    fn begin_or_wait(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        timeout: Duration,
+    ) -> Result<Began<Self::Claim>> {
+        let _ = timeout;
+        begin(self, key, fingerprint, options)
+    }
+}
+
+impl Backend for dedupkv::Store {
+    fn begin_or_wait(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        timeout: Duration,
+    ) -> Result<Began<Self::Claim>> {
+        self.begin_or_wait_with(key, fingerprint, options, timeout)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Backend for dedupkv_postgres::PgStore {
+    fn begin_or_wait(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        timeout: Duration,
+    ) -> Result<Began<Self::Claim>> {
+        dedupkv_postgres::PgStore::begin_or_wait(self, key, fingerprint, options, timeout)
+    }
+}
+
+/// `begin` told: the one blocking call every mode starts with.
+pub(crate) fn begin<B: Backend + ?Sized>(
+    backend: &B,
+    key: &Key<'_>,
+    fingerprint: Fingerprint,
+    options: &BeginOptions,
+) -> Result<Began<B::Claim>> {
+    let pending = backend.begin(key, fingerprint, options, None)?;
+    backend.tell(pending)
+}
