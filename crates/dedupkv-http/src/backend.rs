@@ -86,3 +86,42 @@ pub(crate) fn begin<B: Backend + ?Sized>(
     let pending = backend.begin(key, fingerprint, options, None)?;
     backend.tell(pending)
 }
+
+/// The layer's hold on its backend. The last hold drops the backend off
+/// the runtime's threads: a blocking backend's drop blocks (the
+/// embedded store joins its threads) or refuses to run inside a runtime
+/// (`postgres`'s client closes its connection with a `block_on`).
+pub(crate) struct Backed<B: Backend>(Option<std::sync::Arc<B>>);
+
+impl<B: Backend> Backed<B> {
+    pub(crate) fn new(backend: std::sync::Arc<B>) -> Backed<B> {
+        Backed(Some(backend))
+    }
+
+    pub(crate) fn arc(&self) -> &std::sync::Arc<B> {
+        // Some until dropped.
+        self.0.as_ref().unwrap_or_else(|| unreachable!("a backend hold is Some until dropped"))
+    }
+}
+
+impl<B: Backend> Clone for Backed<B> {
+    fn clone(&self) -> Self {
+        Backed(self.0.clone())
+    }
+}
+
+impl<B: Backend> Drop for Backed<B> {
+    fn drop(&mut self) {
+        let last = self.0.take().and_then(std::sync::Arc::into_inner);
+        if let Some(backend) = last {
+            if tokio::runtime::Handle::try_current().is_err() {
+                return drop(backend);
+            }
+            // A thread of its own, not the blocking pool: a runtime
+            // shutting down drops the tasks it has not started in place.
+            let _ = std::thread::Builder::new()
+                .name("dedupkv-http-drop".into())
+                .spawn(move || drop(backend));
+        }
+    }
+}

@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::{HeaderName, Method, header};
 
 use crate::Backend;
+use crate::backend::Backed;
 use crate::service::Idempotency;
 
 /// What a request gets when another request with its key is still
@@ -77,21 +78,21 @@ pub const DEFAULT_SCOPE: &str = "http";
 /// # let _ = app;
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
-pub struct IdempotencyLayer<B> {
-    pub(crate) backend: Arc<B>,
+pub struct IdempotencyLayer<B: Backend> {
+    pub(crate) backend: Backed<B>,
     pub(crate) settings: Arc<Settings>,
 }
 
-impl<B> Clone for IdempotencyLayer<B> {
+impl<B: Backend> Clone for IdempotencyLayer<B> {
     fn clone(&self) -> Self {
         IdempotencyLayer {
-            backend: Arc::clone(&self.backend),
+            backend: self.backend.clone(),
             settings: Arc::clone(&self.settings),
         }
     }
 }
 
-impl<B> std::fmt::Debug for IdempotencyLayer<B> {
+impl<B: Backend> std::fmt::Debug for IdempotencyLayer<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = &*self.settings;
         f.debug_struct("IdempotencyLayer")
@@ -116,7 +117,10 @@ impl<B: Backend> IdempotencyLayer<B> {
         IdempotencyLayer::shared(Arc::new(backend))
     }
 
-    /// A layer over a backend shared with the rest of the service.
+    /// A layer over a backend shared with the rest of the service. The
+    /// layer drops its last handle off the runtime's threads; drop yours
+    /// the same way (`spawn_blocking`) or outside the runtime: a blocking
+    /// client (`postgres`) panics when closed inside one.
     ///
     /// # Examples
     /// ```
@@ -130,7 +134,7 @@ impl<B: Backend> IdempotencyLayer<B> {
     /// ```
     pub fn shared(backend: Arc<B>) -> IdempotencyLayer<B> {
         IdempotencyLayer {
-            backend,
+            backend: Backed::new(backend),
             settings: Arc::new(Settings {
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: false,
@@ -318,7 +322,7 @@ impl<B: Backend> IdempotencyLayer<B> {
     }
 }
 
-impl<S, B> tower::Layer<S> for IdempotencyLayer<B> {
+impl<S, B: Backend> tower::Layer<S> for IdempotencyLayer<B> {
     type Service = Idempotency<S, B>;
 
     fn layer(&self, inner: S) -> Idempotency<S, B> {

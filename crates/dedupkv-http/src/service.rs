@@ -20,6 +20,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 
+use crate::backend::Backed;
 use crate::layer::{Settings, WhileRunning};
 use crate::problem::Refusal;
 use crate::stored::Stored;
@@ -47,12 +48,12 @@ pub const BODY_OMITTED: &str = "idempotency-body-omitted";
 /// # let _ = service;
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
-pub struct Idempotency<S, B> {
+pub struct Idempotency<S, B: Backend> {
     pub(crate) inner: S,
     pub(crate) layer: IdempotencyLayer<B>,
 }
 
-impl<S: Clone, B> Clone for Idempotency<S, B> {
+impl<S: Clone, B: Backend> Clone for Idempotency<S, B> {
     fn clone(&self) -> Self {
         Idempotency {
             inner: self.inner.clone(),
@@ -61,7 +62,7 @@ impl<S: Clone, B> Clone for Idempotency<S, B> {
     }
 }
 
-impl<S, B> std::fmt::Debug for Idempotency<S, B> {
+impl<S, B: Backend> std::fmt::Debug for Idempotency<S, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotency")
             .field("layer", &self.layer)
@@ -164,14 +165,14 @@ where
     let key = Key::owned(scope.into_bytes(), id.clone().into_bytes());
     let options = settings.options;
     let mode = settings.while_running;
-    let began = blocking(&layer.backend, move |b| match mode {
+    let began = blocking(layer.backend.arc(), move |b| match mode {
         WhileRunning::Wait(timeout) => b.begin_or_wait(&key, fingerprint, &options, timeout),
         WhileRunning::Conflict => crate::backend::begin(b, &key, fingerprint, &options),
     })
     .await;
     let claim = match began {
         Ok(Began::Started(claim)) => Held {
-            backend: Arc::clone(&layer.backend),
+            backend: layer.backend.clone(),
             claim: Some(claim),
         },
         Ok(Began::Completed(record)) => return Ok(replay(&record, &settings, &id)),
@@ -387,7 +388,7 @@ async fn blocking<B: Backend, T: Send + 'static>(
 /// A claim this request holds: finished on purpose, or released when the
 /// request is dropped (the client went away), off the runtime's threads.
 struct Held<B: Backend> {
-    backend: Arc<B>,
+    backend: Backed<B>,
     claim: Option<B::Claim>,
 }
 
@@ -399,7 +400,7 @@ impl<B: Backend> Held<B> {
         let Some(claim) = self.claim.take() else {
             return Ok(());
         };
-        blocking(&self.backend, move |b| f(b, &claim)).await
+        blocking(self.backend.arc(), move |b| f(b, &claim)).await
     }
 
     /// Frees the key for a retry of the same request.
@@ -451,6 +452,28 @@ where
         match &mut this.rest {
             Some(rest) => rest.as_mut().poll_frame(cx).map_err(Into::into),
             None => Poll::Ready(None),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let read: u64 = self
+            .read
+            .iter()
+            .filter_map(Frame::data_ref)
+            .map(|d| d.len() as u64)
+            .sum();
+        match &self.rest {
+            None => http_body::SizeHint::with_exact(read),
+            Some(rest) => {
+                let rest = rest.size_hint();
+                let mut hint = http_body::SizeHint::new();
+                // The upper bound first: a lower bound over it panics.
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(read));
+                }
+                hint.set_lower(rest.lower().saturating_add(read));
+                hint
+            }
         }
     }
 
