@@ -96,8 +96,15 @@ pub fn req(path: &str, key: Option<&str>, body: &'static str) -> Request<Body> {
     r.body(Body::from(body)).expect("valid request")
 }
 
+/// A liveness bound, not a speed target: a request that hangs (the layer
+/// letting a repeat through to a handler that waits) fails the test.
+const BOUND: Duration = Duration::from_secs(120);
+
 pub async fn send(app: &App, r: Request<Body>) -> Result<(Response<()>, Bytes), axum::Error> {
-    let res = app.router.clone().oneshot(r).await.expect("infallible");
+    let res = tokio::time::timeout(BOUND, app.router.clone().oneshot(r))
+        .await
+        .map_err(axum::Error::new)?
+        .expect("infallible");
     let (head, body) = res.into_parts();
     Ok((Response::from_parts(head, ()), body.collect().await?.to_bytes()))
 }
