@@ -40,6 +40,10 @@
 //!   `idempotency-body-omitted: <limit>` ([`BODY_OMITTED`]). The handler
 //!   still never runs twice.
 //!
+//! - **A request body over [`max_request_body`](IdempotencyLayer::max_request_body)**
+//!   (the layer reads a keyed request's body whole, to fingerprint it):
+//!   413, nothing claimed.
+//!
 //! The layer's own answers are RFC 9457 problem details
 //! (`application/problem+json`). Keys are [scoped](IdempotencyLayer::scope)
 //! (per tenant; by default all in one scope). Every backend call is
@@ -73,6 +77,11 @@
 //! ```
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL, axum) are not code
+
+/// The README's code, compiled and run as doc tests so it cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}
 
 mod backend;
 mod layer;
