@@ -29,6 +29,15 @@ use dedupkv::{Began, BeginOptions, Fingerprint, Key, Result};
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
 pub trait Backend: Write<Claim: Send + 'static> + Send + Sync + 'static {
+    /// Whether `begin`, `complete` and `fail` block the calling thread
+    /// (a network round trip): then the layer makes them on
+    /// `spawn_blocking`. `false` for a backend whose calls return at once
+    /// and whose [`Settle::poll_settled`] registers a waker (the embedded
+    /// store: its calls decide in memory and the commit wakes the
+    /// future): the layer calls it inline and awaits the basis. Default:
+    /// `true`.
+    const CALLS_BLOCK: bool = true;
+
     /// `begin`, told once settled; when another attempt holds the key,
     /// waits up to `timeout` for it to finish (the backend's own
     /// `begin_or_wait` where it has one). The provided method does not
@@ -52,6 +61,8 @@ pub trait Backend: Write<Claim: Send + 'static> + Send + Sync + 'static {
 }
 
 impl Backend for dedupkv::Store {
+    const CALLS_BLOCK: bool = false;
+
     fn begin_or_wait(
         &self,
         key: &Key<'_>,

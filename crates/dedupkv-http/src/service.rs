@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use dedupkv::contract::Outcome;
+use dedupkv::contract::{Outcome, Pending};
 use dedupkv::{Began, Error, Failure, Key};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
@@ -164,12 +164,19 @@ where
     let fingerprint = request::fingerprint(&parts, &settings.fingerprint_headers, &body);
     let key = Key::owned(scope.into_bytes(), id.clone().into_bytes());
     let options = settings.options;
-    let mode = settings.while_running;
-    let began = blocking(layer.backend.arc(), move |b| match mode {
-        WhileRunning::Wait(timeout) => b.begin_or_wait(&key, fingerprint, &options, timeout),
-        WhileRunning::Conflict => crate::backend::begin(b, &key, fingerprint, &options),
-    })
-    .await;
+    let began = {
+        let key = key.clone();
+        call(layer.backend.arc(), move |b| b.begin(&key, fingerprint, &options, None)).await
+    };
+    let began = match (began, settings.while_running) {
+        (Ok(Began::InProgress(_)), WhileRunning::Wait(timeout)) => {
+            blocking(layer.backend.arc(), move |b| {
+                b.begin_or_wait(&key, fingerprint, &options, timeout)
+            })
+            .await
+        }
+        (began, _) => began,
+    };
     let claim = match began {
         Ok(Began::Started(claim)) => Held {
             backend: layer.backend.clone(),
@@ -271,7 +278,7 @@ where
     };
     let outcome = stored.encode();
     if let Err(e) = claim
-        .finish(move |b, c| b.tell(b.complete(c, Outcome::raw(&outcome))?))
+        .finish(move |b, c| b.complete(c, Outcome::raw(&outcome)))
         .await
     {
         // The handler ran: its client gets its answer; a repeat after the
@@ -373,6 +380,20 @@ impl std::fmt::Display for Failed {
     }
 }
 
+/// Makes the call `f` on the backend and awaits its answer's basis: on
+/// tokio's blocking pool for a backend whose calls block, else inline.
+async fn call<B: Backend, T: Send + 'static>(
+    backend: &Arc<B>,
+    f: impl FnOnce(&B) -> dedupkv::Result<Pending<T>> + Send + 'static,
+) -> Result<T, Failed> {
+    if B::CALLS_BLOCK {
+        return blocking(backend, move |b| b.tell(f(b)?)).await;
+    }
+    let (value, basis) = f(backend).map_err(Failed::Store)?.into_parts();
+    backend.settled(basis).await.map_err(Failed::Store)?;
+    Ok(value)
+}
+
 /// Runs `f` on the backend on tokio's blocking pool.
 async fn blocking<B: Backend, T: Send + 'static>(
     backend: &Arc<B>,
@@ -395,18 +416,18 @@ struct Held<B: Backend> {
 impl<B: Backend> Held<B> {
     async fn finish(
         mut self,
-        f: impl FnOnce(&B, &B::Claim) -> dedupkv::Result<()> + Send + 'static,
+        f: impl FnOnce(&B, &B::Claim) -> dedupkv::Result<Pending<()>> + Send + 'static,
     ) -> Result<(), Failed> {
         let Some(claim) = self.claim.take() else {
             return Ok(());
         };
-        blocking(self.backend.arc(), move |b| f(b, &claim)).await
+        call(self.backend.arc(), move |b| f(b, &claim)).await
     }
 
     /// Frees the key for a retry of the same request.
     async fn fail(self, id: &str) {
         if let Err(e) = self
-            .finish(|b, c| b.tell(b.fail(c, Failure::Retryable)?))
+            .finish(|b, c| b.fail(c, Failure::Retryable))
             .await
         {
             // The lease lapses instead: a retry runs after it.

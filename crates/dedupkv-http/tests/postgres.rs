@@ -7,32 +7,13 @@
 
 mod suite;
 
-use std::io::Write as _;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use dedupkv_postgres::PgStore;
 
-/// The server's URL, or `None` (after saying so) when there is none and
-/// this is not CI.
-pub fn url(test: &str) -> Option<String> {
-    if let Ok(u) = std::env::var("DEDUPKV_PG_URL") {
-        return Some(u);
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "false" | "0"));
-    assert!(
-        !ci,
-        "{test}: DEDUPKV_PG_URL is not set under CI: run it under scripts/with-postgres.sh"
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "skip {test}: DEDUPKV_PG_URL is not set (run under scripts/with-postgres.sh)"
-    );
-    None
-}
-
 fn open(test: &str) -> Result<Option<PgStore>, Box<dyn std::error::Error + Send + Sync>> {
     static N: AtomicU32 = AtomicU32::new(0);
-    let Some(url) = url(test) else {
+    let Some(url) = suite::pg_url(test) else {
         return Ok(None);
     };
     let schema = format!(

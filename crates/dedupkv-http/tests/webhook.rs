@@ -6,15 +6,13 @@
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
+mod suite;
 #[path = "../examples/webhook.rs"]
 mod webhook;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_charge_each_order_once() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let Ok(url) = std::env::var("DEDUPKV_PG_URL") else {
-        let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "false" | "0"));
-        assert!(!ci, "DEDUPKV_PG_URL is not set under CI: run under scripts/with-postgres.sh");
-        eprintln!("skip two_instances_charge_each_order_once: DEDUPKV_PG_URL is not set");
+    let Some(url) = suite::pg_url("two_instances_charge_each_order_once") else {
         return Ok(());
     };
     let schema = format!("webhook_test_{}", std::process::id());
