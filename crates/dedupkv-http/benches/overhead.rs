@@ -29,14 +29,17 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
-use dedupkv::contract::{Outcome, Settle, Write};
+use dedupkv::contract::Outcome;
 use dedupkv::{Began, BeginOptions, Fingerprint, Key};
 use dedupkv_http::{Backend, IdempotencyLayer};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 fn router() -> Router {
-    Router::new().route("/charge", post(|body: String| async move { format!("charged {body}") }))
+    Router::new().route(
+        "/charge",
+        post(|body: String| async move { format!("charged {body}") }),
+    )
 }
 
 fn req(key: &str) -> http::Request<Body> {
@@ -85,12 +88,24 @@ fn measure<B: Backend>(name: &str, backend: B, ops: usize, rt: &tokio::runtime::
         let k = format!("direct-{i}");
         let key = Key::new("bench", &k);
         let t = Instant::now();
-        let p = backend.begin(&key, Fingerprint::NONE, &BeginOptions::new(), None).unwrap();
-        let Began::Started(claim) = backend.tell(p).unwrap() else { panic!("fresh key") };
-        backend.tell(backend.complete(&claim, Outcome::raw(b"charged 100 EUR")).unwrap()).unwrap();
+        let p = backend
+            .begin(&key, Fingerprint::NONE, &BeginOptions::new(), None)
+            .unwrap();
+        let Began::Started(claim) = backend.tell(p).unwrap() else {
+            panic!("fresh key")
+        };
+        backend
+            .tell(
+                backend
+                    .complete(&claim, Outcome::raw(b"charged 100 EUR"))
+                    .unwrap(),
+            )
+            .unwrap();
         t_bc.push(t.elapsed());
         let t = Instant::now();
-        let p = backend.begin(&key, Fingerprint::NONE, &BeginOptions::new(), None).unwrap();
+        let p = backend
+            .begin(&key, Fingerprint::NONE, &BeginOptions::new(), None)
+            .unwrap();
         assert!(matches!(backend.tell(p).unwrap(), Began::Completed(_)));
         t_b.push(t.elapsed());
     }
@@ -121,6 +136,17 @@ fn measure<B: Backend>(name: &str, backend: B, ops: usize, rt: &tokio::runtime::
         us(b),
         replay_over - us(b)
     );
+    let hops: Vec<Duration> = (0..ops)
+        .map(|_| {
+            let t = Instant::now();
+            rt.block_on(async { tokio::task::spawn_blocking(|| ()).await.unwrap() });
+            t.elapsed()
+        })
+        .collect();
+    println!(
+        "| (a `spawn_blocking` hop alone, from the runtime) | {:.1} | — | — | — |",
+        us(median(hops))
+    );
     // The last handle off the runtime (postgres's client).
     drop(layered);
     drop(backend);
@@ -145,9 +171,14 @@ fn main() {
     match std::env::var("DEDUPKV_PG_URL") {
         Ok(url) => {
             let schema = format!("http_bench_{}", std::process::id());
-            let pg = dedupkv_postgres::PgStore::builder(url).schema(schema).open().unwrap();
+            let pg = dedupkv_postgres::PgStore::builder(url)
+                .schema(schema)
+                .open()
+                .unwrap();
             measure("PostgreSQL (synchronous_commit=on, loopback)", pg, ops, &rt);
         }
-        Err(_) => println!("\nPostgreSQL skipped: DEDUPKV_PG_URL is not set (run under scripts/with-postgres.sh)"),
+        Err(_) => println!(
+            "\nPostgreSQL skipped: DEDUPKV_PG_URL is not set (run under scripts/with-postgres.sh)"
+        ),
     }
 }

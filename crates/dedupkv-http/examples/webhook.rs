@@ -45,17 +45,25 @@ pub struct Report {
 }
 
 /// One instance: the webhook route behind the layer, on its own store.
-async fn instance(url: &str, schema: &str, name: &'static str, ledger: Ledger) -> Result<SocketAddr, BoxError> {
+async fn instance(
+    url: &str,
+    schema: &str,
+    name: &'static str,
+    ledger: Ledger,
+) -> Result<SocketAddr, BoxError> {
     // Opened off the runtime's threads: `postgres` is a blocking client.
     let (url, schema) = (url.to_owned(), schema.to_owned());
-    let store = tokio::task::spawn_blocking(move || PgStore::builder(url).schema(schema).open()).await??;
+    let store =
+        tokio::task::spawn_blocking(move || PgStore::builder(url).schema(schema).open()).await??;
     let app = Router::new()
         .route(
             "/orders/{id}/charge",
             post(move |Path(id): Path<u32>| async move {
                 // The provider's call: the effect that must happen once.
                 let n = {
-                    let mut l = ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let mut l = ledger
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     let n = l.entry(id).or_insert(0);
                     *n += 1;
                     *n
@@ -86,11 +94,7 @@ async fn send(addr: SocketAddr, path: &str, key: &str) -> Result<(u16, bool, Str
     s.read_to_end(&mut buf).await?;
     let text = String::from_utf8(buf)?;
     let (head, body) = text.split_once("\r\n\r\n").ok_or("no end of head")?;
-    let status = head
-        .split(' ')
-        .nth(1)
-        .ok_or("no status")?
-        .parse()?;
+    let status = head.split(' ').nth(1).ok_or("no status")?.parse()?;
     let head = head.to_ascii_lowercase();
     let body = if head.contains("transfer-encoding: chunked") {
         dechunk(body)?
@@ -114,7 +118,12 @@ fn dechunk(mut s: &str) -> Result<String, BoxError> {
 }
 
 /// Runs `orders` orders through both instances, `parallel` at a time.
-pub async fn run(url: &str, schema: &str, orders: u32, parallel: usize) -> Result<Report, BoxError> {
+pub async fn run(
+    url: &str,
+    schema: &str,
+    orders: u32,
+    parallel: usize,
+) -> Result<Report, BoxError> {
     let ledger = Ledger::default();
     let a = instance(url, schema, "a", ledger.clone()).await?;
     let b = instance(url, schema, "b", ledger.clone()).await?;
@@ -141,7 +150,9 @@ pub async fn run(url: &str, schema: &str, orders: u32, parallel: usize) -> Resul
         }
         report.replays += u32::from(r1) + u32::from(r2);
     }
-    let ledger = ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ledger = ledger
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for id in 0..orders {
         match ledger.get(&id).copied().unwrap_or(0) {
             0 => report.uncharged += 1,

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use dedupkv::contract::Write;
 #[cfg(doc)]
 use dedupkv::contract::Settle;
+use dedupkv::contract::Write;
 use dedupkv::{Began, BeginOptions, Fingerprint, Key, Result};
 
 /// A backend of dedupkv's operation-level contract the layer can claim
@@ -111,7 +111,9 @@ impl<B: Backend> Backed<B> {
 
     pub(crate) fn arc(&self) -> &std::sync::Arc<B> {
         // Some until dropped.
-        self.0.as_ref().unwrap_or_else(|| unreachable!("a backend hold is Some until dropped"))
+        self.0
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("a backend hold is Some until dropped"))
     }
 }
 

@@ -139,7 +139,10 @@ where
         )
         .into_response());
     };
-    let body = match Limited::new(body, settings.max_request_body).collect().await {
+    let body = match Limited::new(body, settings.max_request_body)
+        .collect()
+        .await
+    {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<LengthLimitError>() => {
             return Ok(Refusal::new(
@@ -163,45 +166,14 @@ where
     };
     let fingerprint = request::fingerprint(&parts, &settings.fingerprint_headers, &body);
     let key = Key::owned(scope.into_bytes(), id.clone().into_bytes());
-    let options = settings.options;
-    let began = {
-        let key = key.clone();
-        call(layer.backend.arc(), move |b| b.begin(&key, fingerprint, &options, None)).await
+    let claim = match claim(&layer, key, fingerprint, &id).await {
+        Ok(claim) => claim,
+        Err(answer) => return Ok(answer),
     };
-    let began = match (began, settings.while_running) {
-        (Ok(Began::InProgress(_)), WhileRunning::Wait(timeout)) => {
-            blocking(layer.backend.arc(), move |b| {
-                b.begin_or_wait(&key, fingerprint, &options, timeout)
-            })
-            .await
-        }
-        (began, _) => began,
-    };
-    let claim = match began {
-        Ok(Began::Started(claim)) => Held {
-            backend: layer.backend.clone(),
-            claim: Some(claim),
-        },
-        Ok(Began::Completed(record)) => return Ok(replay(&record, &settings, &id)),
-        Ok(Began::InProgress(_)) => {
-            return Ok(Refusal::new(
-                StatusCode::CONFLICT,
-                "Request in progress",
-                format!("a request with Idempotency-Key {id:?} is still being processed; retry later"),
-            )
-            .into_response());
-        }
-        Ok(Began::DeadLettered(_)) => {
-            return Ok(Refusal::new(
-                StatusCode::CONFLICT,
-                "Request held for an operator",
-                format!("the request with Idempotency-Key {id:?} is in the dead-letter area"),
-            )
-            .into_response());
-        }
-        Err(e) => return Ok(refusal_of(&e, &id).into_response()),
-    };
-    let response = match inner.call(Request::from_parts(parts, ReqB::from(body))).await {
+    let response = match inner
+        .call(Request::from_parts(parts, ReqB::from(body)))
+        .await
+    {
         Ok(response) => response,
         Err(e) => {
             claim.fail(&id).await;
@@ -213,6 +185,54 @@ where
         return Ok(passed(response));
     }
     Ok(store_and_answer(response, claim, &settings, &id).await)
+}
+
+/// Claims `key`, or gives the answer without the handler: the stored
+/// response, 409, or the layer's refusal.
+async fn claim<B: Backend>(
+    layer: &IdempotencyLayer<B>,
+    key: Key<'static>,
+    fingerprint: dedupkv::Fingerprint,
+    id: &str,
+) -> Result<Held<B>, Response<ResponseBody>> {
+    let settings = &*layer.settings;
+    let options = settings.options;
+    let began = {
+        let key = key.clone();
+        call(layer.backend.arc(), move |b| {
+            b.begin(&key, fingerprint, &options, None)
+        })
+        .await
+    };
+    let began = match (began, settings.while_running) {
+        (Ok(Began::InProgress(_)), WhileRunning::Wait(timeout)) => {
+            blocking(layer.backend.arc(), move |b| {
+                b.begin_or_wait(&key, fingerprint, &options, timeout)
+            })
+            .await
+        }
+        (began, _) => began,
+    };
+    match began {
+        Ok(Began::Started(claim)) => Ok(Held {
+            backend: layer.backend.clone(),
+            claim: Some(claim),
+        }),
+        Ok(Began::Completed(record)) => Err(replay(&record, settings, id)),
+        Ok(Began::InProgress(_)) => Err(Refusal::new(
+            StatusCode::CONFLICT,
+            "Request in progress",
+            format!("a request with Idempotency-Key {id:?} is still being processed; retry later"),
+        )
+        .into_response()),
+        Ok(Began::DeadLettered(_)) => Err(Refusal::new(
+            StatusCode::CONFLICT,
+            "Request held for an operator",
+            format!("the request with Idempotency-Key {id:?} is in the dead-letter area"),
+        )
+        .into_response()),
+        Err(e) => Err(refusal_of(&e, id).into_response()),
+    }
 }
 
 /// Reads the handler's body up to the limit, completes the claim with
@@ -294,7 +314,11 @@ fn replay(record: &dedupkv::Record, settings: &Settings, id: &str) -> Response<R
     let stored = match record.outcome().map(Stored::decode) {
         Some(Ok(stored)) => stored,
         Some(Err(why)) => {
-            tracing::error!(key = id, why, "dedupkv-http: a stored response does not decode");
+            tracing::error!(
+                key = id,
+                why,
+                "dedupkv-http: a stored response does not decode"
+            );
             return Refusal::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "Stored response unreadable",
@@ -426,10 +450,7 @@ impl<B: Backend> Held<B> {
 
     /// Frees the key for a retry of the same request.
     async fn fail(self, id: &str) {
-        if let Err(e) = self
-            .finish(|b, c| b.fail(c, Failure::Retryable))
-            .await
-        {
+        if let Err(e) = self.finish(|b, c| b.fail(c, Failure::Retryable)).await {
             // The lease lapses instead: a retry runs after it.
             tracing::warn!(key = id, error = %e, "dedupkv-http: a failed request's key could not be freed");
         }
@@ -499,6 +520,10 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.read.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+        self.read.is_empty()
+            && self
+                .rest
+                .as_ref()
+                .is_none_or(|r| Body::is_end_stream(r.as_ref().get_ref()))
     }
 }

@@ -32,7 +32,9 @@ impl Stored {
         let headers: Vec<_> = self
             .headers
             .iter()
-            .filter(|(n, v)| n.as_str().len() <= usize::from(u16::MAX) && v.len() <= u32::MAX as usize)
+            .filter(|(n, v)| {
+                u16::try_from(n.as_str().len()).is_ok() && u32::try_from(v.len()).is_ok()
+            })
             .take(usize::from(u16::MAX))
             .collect();
         out.extend_from_slice(&(headers.len() as u16).to_be_bytes());
@@ -98,7 +100,10 @@ mod tests {
     #[test]
     fn round_trips_and_refuses_every_cut() {
         let mut headers = HeaderMap::new();
-        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain"),
+        );
         headers.append("x-a", HeaderValue::from_static("1"));
         headers.append("x-a", HeaderValue::from_static("2"));
         let s = Stored {

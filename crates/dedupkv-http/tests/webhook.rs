@@ -11,7 +11,8 @@ mod suite;
 mod webhook;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_charge_each_order_once() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn two_instances_charge_each_order_once()
+-> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let Some(url) = suite::pg_url("two_instances_charge_each_order_once") else {
         return Ok(());
     };

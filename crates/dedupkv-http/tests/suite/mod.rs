@@ -3,6 +3,7 @@
 //! over PostgreSQL.
 
 #![allow(dead_code)] // each test binary uses what it needs
+#![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -126,7 +127,10 @@ pub async fn send(app: &App, r: Request<Body>) -> Result<(Response<()>, Bytes), 
         .map_err(axum::Error::new)?
         .expect("infallible");
     let (head, body) = res.into_parts();
-    Ok((Response::from_parts(head, ()), body.collect().await?.to_bytes()))
+    Ok((
+        Response::from_parts(head, ()),
+        body.collect().await?.to_bytes(),
+    ))
 }
 
 fn runs(app: &App) -> usize {
@@ -188,7 +192,8 @@ pub async fn repeat_while_running_conflicts<B: Backend>(b: B) -> TestResult {
 /// With `WhileRunning::Wait`, a repeat while the first runs waits and
 /// gets the first one's response.
 pub async fn repeat_while_running_waits<B: Backend>(b: B) -> TestResult {
-    let app = app(IdempotencyLayer::new(b).while_running(WhileRunning::Wait(Duration::from_secs(60))));
+    let app =
+        app(IdempotencyLayer::new(b).while_running(WhileRunning::Wait(Duration::from_secs(60))));
     let entered = app.entered.notified();
     let first = tokio::spawn({
         let app = app.clone();
@@ -330,9 +335,8 @@ pub async fn a_response_over_the_limit<B: Backend>(b: B) -> TestResult {
 
 /// Keys are per scope: the same key of two tenants is two operations.
 pub async fn keys_are_scoped_per_tenant<B: Backend>(b: B) -> TestResult {
-    let layer = IdempotencyLayer::new(b).scope(|req| {
-        Some(req.headers.get("x-tenant")?.to_str().ok()?.to_owned())
-    });
+    let layer = IdempotencyLayer::new(b)
+        .scope(|req| Some(req.headers.get("x-tenant")?.to_str().ok()?.to_owned()));
     let app = app(layer);
     let tenant = |t: &str| {
         Request::post("/charge")
