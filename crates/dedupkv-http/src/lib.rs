@@ -46,9 +46,12 @@
 //!
 //! The layer's own answers are RFC 9457 problem details
 //! (`application/problem+json`). Keys are [scoped](IdempotencyLayer::scope)
-//! (per tenant; by default all in one scope). Every backend call is
-//! blocking and runs on tokio's `spawn_blocking`, never on the runtime's
-//! worker threads.
+//! (per tenant; by default all in one scope). A blocking backend's calls
+//! (PostgreSQL's) run on tokio's `spawn_blocking`, never on the
+//! runtime's worker threads; the embedded store's return at once and
+//! their commit is awaited ([`Backend::CALLS_BLOCK`]). Waiting for a
+//! running request ([`WhileRunning::Wait`]) holds a blocking thread while
+//! it waits.
 //!
 //! # Examples
 //! ```

@@ -13,7 +13,7 @@ use dedupkv_postgres::PgStore;
 
 fn open(test: &str) -> Result<Option<PgStore>, Box<dyn std::error::Error + Send + Sync>> {
     static N: AtomicU32 = AtomicU32::new(0);
-    let Some(url) = suite::pg_url(test) else {
+    let Some(url) = dedupkv_testkit::pg_url(test) else {
         return Ok(None);
     };
     let schema = format!(

@@ -6,14 +6,13 @@
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
-mod suite;
 #[path = "../examples/webhook.rs"]
 mod webhook;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_charge_each_order_once()
 -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let Some(url) = suite::pg_url("two_instances_charge_each_order_once") else {
+    let Some(url) = dedupkv_testkit::pg_url("two_instances_charge_each_order_once") else {
         return Ok(());
     };
     let schema = format!("webhook_test_{}", std::process::id());

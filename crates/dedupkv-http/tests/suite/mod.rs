@@ -5,7 +5,6 @@
 #![allow(dead_code)] // each test binary uses what it needs
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
-use std::io::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -19,25 +18,6 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::{Notify, Semaphore};
 use tower::ServiceExt;
-
-/// The PostgreSQL server's URL (`DEDUPKV_PG_URL`, which
-/// scripts/with-postgres.sh sets), or `None` (after saying so) when there is none and
-/// this is not CI.
-pub fn pg_url(test: &str) -> Option<String> {
-    if let Ok(u) = std::env::var("DEDUPKV_PG_URL") {
-        return Some(u);
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "false" | "0"));
-    assert!(
-        !ci,
-        "{test}: DEDUPKV_PG_URL is not set under CI: run it under scripts/with-postgres.sh"
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "skip {test}: DEDUPKV_PG_URL is not set (run under scripts/with-postgres.sh)"
-    );
-    None
-}
 
 pub type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
