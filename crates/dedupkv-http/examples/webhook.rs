@@ -171,5 +171,8 @@ async fn main() -> Result<(), BoxError> {
     let schema = format!("webhook_{}", std::process::id());
     let report = run(&url, &schema, 500, 16).await?;
     println!("{report:#?}");
+    if report.double_charges + report.uncharged + report.different_answers > 0 {
+        return Err(format!("the webhook did not hold: {report:?}").into());
+    }
     Ok(())
 }
