@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command: the whole workspace's suite (the library's
 # unit, integration and doc tests, the fixture command's tests, and the
-# comparison harness's smoke test, the PostgreSQL backend's tests), with a
-# throwaway PostgreSQL on loopback for those two. Without PostgreSQL (and
+# comparison harness's smoke test, the PostgreSQL backend's tests, the
+# HTTP layer's tests over PostgreSQL and its 2-instance webhook), with a
+# throwaway PostgreSQL on loopback for those. Without PostgreSQL (and
 # no way to install it) they skip with a message and everything else still
 # runs; under CI (CI=true; .ci/run sets it) that is an error instead.
 #

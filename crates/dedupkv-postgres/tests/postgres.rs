@@ -22,22 +22,7 @@ use dedupkv_testkit::conformance::{self, Suite};
 
 /// The server's URL, or `None` (after saying so) when there is none and
 /// this is not CI.
-fn url(test: &str) -> Option<String> {
-    if let Ok(u) = std::env::var("DEDUPKV_PG_URL") {
-        return Some(u);
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "false" | "0"));
-    assert!(
-        !ci,
-        "{test}: DEDUPKV_PG_URL is not set under CI: run it under scripts/with-postgres.sh"
-    );
-    // Straight to stderr, past the test harness's capture: a skip is said.
-    let _ = writeln!(
-        std::io::stderr(),
-        "skip {test}: DEDUPKV_PG_URL is not set (run under scripts/with-postgres.sh)"
-    );
-    None
-}
+use dedupkv_testkit::pg_url as url;
 
 /// A schema no other test (or earlier run) uses.
 fn fresh_schema(tag: &str) -> String {

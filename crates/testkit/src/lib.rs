@@ -168,3 +168,34 @@ pub fn is_fault(e: &Error) -> bool {
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
+
+/// The PostgreSQL server's URL for a test named `test`
+/// (`DEDUPKV_PG_URL`, which scripts/with-postgres.sh sets), or `None`
+/// after saying on stderr that the test skipped; under CI (`CI` set, not
+/// `false` or `0`) a missing server fails the test instead.
+///
+/// # Examples
+///
+/// ```
+/// if let Some(url) = dedupkv_testkit::pg_url("example") {
+///     assert!(!url.is_empty());
+/// }
+/// ```
+#[allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
+pub fn pg_url(test: &str) -> Option<String> {
+    use std::io::Write as _;
+    if let Ok(u) = std::env::var("DEDUPKV_PG_URL") {
+        return Some(u);
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "false" | "0"));
+    assert!(
+        !ci,
+        "{test}: DEDUPKV_PG_URL is not set under CI: run it under scripts/with-postgres.sh"
+    );
+    // Straight to stderr, past the test harness's capture: a skip is said.
+    let _ = writeln!(
+        std::io::stderr(),
+        "skip {test}: DEDUPKV_PG_URL is not set (run under scripts/with-postgres.sh)"
+    );
+    None
+}
