@@ -78,6 +78,13 @@
 //! `WHERE` on the row's latest version). Answers are durable as the
 //! server's `synchronous_commit` makes commits (on, by default).
 //!
+//! # In async code
+//! Every call blocks its thread for a round trip or more: from async code,
+//! run the calls in `spawn_blocking` (as `dedupkv-http` does). Opening a
+//! store and dropping a store or an unfinished claim work on a runtime's
+//! thread too: the blocking client they need runs off it (the `postgres`
+//! client would otherwise panic there, starting a runtime inside one).
+//!
 //! # Schema
 //! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
 //! `dedupkv_schema_version`, `dedupkv_keys` and the sequence
@@ -236,9 +243,37 @@ impl Drop for Pooled<'_> {
             let mut idle = self.shared.idle.lock();
             if idle.len() < self.shared.max_idle {
                 idle.push(c);
+                return;
             }
+            drop(idle);
+            off_runtime(move || drop(c));
         }
     }
+}
+
+impl Drop for Shared {
+    /// Closes the pool's connections, off any async runtime (see
+    /// [`off_runtime`]): a store dropped in async code must not panic.
+    fn drop(&mut self) {
+        let idle = std::mem::take(self.idle.get_mut());
+        if !idle.is_empty() {
+            off_runtime(move || drop(idle));
+        }
+    }
+}
+
+/// Runs `f` here, or on a thread of its own when called from inside a
+/// tokio runtime: the blocking `postgres` client runs each call (and its
+/// close) on a runtime of its own, which tokio refuses to start inside
+/// another — it panics. So opening a store, and dropping a store or a
+/// claim, work in async code too (they block the calling thread, as every
+/// call of this store does; from async code run the calls themselves in
+/// `spawn_blocking`).
+fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    std::thread::scope(|s| s.spawn(f).join()).unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
 impl Shared {
@@ -625,8 +660,11 @@ impl PgStoreBuilder {
                 self.lease
             )));
         }
-        let mut client = connect(&self.url)?;
-        create_schema(&mut client, s)?;
+        let client = off_runtime(|| {
+            let mut client = connect(&self.url)?;
+            create_schema(&mut client, s)?;
+            Ok::<_, Error>(client)
+        })?;
         let shared = Shared {
             url: self.url,
             schema: s.clone(),
@@ -1448,6 +1486,6 @@ impl Drop for PgClaim {
                 .map_err(storage)
         };
         // A failed release leaves the lease to lapse: nothing is lost.
-        let _ = release();
+        let _ = off_runtime(release);
     }
 }

@@ -1172,3 +1172,39 @@ fn only_attempts_someone_waits_for_notify_when_they_end() -> Result<(), Error> {
     assert!(got[0].starts_with(&format!("{schema}.")), "{got:?}");
     Ok(())
 }
+
+/// Async code may open a store, and drop a claim and the store, on a
+/// runtime's thread: the blocking client's own runtime would panic there
+/// ("Cannot start a runtime from within a runtime"), so these run off
+/// it. The dropped claim is released (the next `begin` is attempt 2).
+#[test]
+fn a_store_opened_and_dropped_inside_a_tokio_runtime_does_not_panic() -> Result<(), Error> {
+    let Some(url) = url("in_runtime") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("rt");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a tokio runtime");
+    rt.block_on(async {
+        let store = std::sync::Arc::new(PgStore::builder(url.as_str()).schema(&schema).open()?);
+        let s = std::sync::Arc::clone(&store);
+        let claim = tokio::task::spawn_blocking(move || {
+            begin(&s, &Key::new("t", "in-rt"), &BeginOptions::new())
+        })
+        .await
+        .expect("the blocking task panicked")?;
+        let Began::Started(claim) = claim else {
+            panic!("not started: {claim:?}");
+        };
+        drop(claim); // on the runtime's thread: released off it
+        drop(store); // the last handle: the pool closed off it
+        Ok::<(), Error>(())
+    })?;
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let Began::Started(next) = begin(&store, &Key::new("t", "in-rt"), &BeginOptions::new())? else {
+        panic!("the dropped claim was not released");
+    };
+    assert_eq!(next.attempt(), 2);
+    Ok(())
+}
