@@ -107,6 +107,7 @@ pub fn all() -> Vec<Scenario> {
         key("key-w1", "one key per op, 1 worker, 10% duplicates", 1),
         key("key-w4", "one key per op, 4 workers, 10% duplicates", 4),
         key("key-w16", "one key per op, 16 workers, 10% duplicates", 16),
+        key("key-w64", "one key per op, 64 workers, 10% duplicates", 64),
         batch(
             "batch-w1",
             "batches of 1,000 keys, 1 worker, 10% duplicates",
