@@ -38,7 +38,9 @@ fn a_new_store_at_a_path_gets_a_16_mib_journal_and_keeps_it() -> TestResult {
     // A crash image without the journal is refused: the store was kept
     // with one.
     std::fs::remove_file(journal_of(&path))?;
-    let err = Store::open(&path).err().ok_or("opened without its journal")?;
+    let err = Store::open(&path)
+        .err()
+        .ok_or("opened without its journal")?;
     assert!(matches!(err, dedupkv::Error::Corrupt(_)), "{err}");
     Ok(())
 }
