@@ -105,3 +105,23 @@ fn a_store_on_a_backend_has_no_journal_by_default() -> TestResult {
     assert!(matches!(err, dedupkv::Error::InvalidConfig(_)), "{err}");
     Ok(())
 }
+
+#[test]
+fn a_foreign_file_is_refused_and_no_journal_is_left_beside_it() -> TestResult {
+    let dir = dedupkv_testkit::tempdir();
+    let path = dir.path().join("other.redb");
+    {
+        let db = redb::Database::create(&path)?;
+        let txn = db.begin_write()?;
+        txn.open_table(redb::TableDefinition::<u64, u64>::new("theirs"))?
+            .insert(1, 2)?;
+        txn.commit()?;
+    }
+    let err = Store::open(&path).err().ok_or("a foreign file opened")?;
+    assert!(matches!(err, dedupkv::Error::NotAStore(_)), "{err}");
+    assert!(
+        !journal_of(&path).exists(),
+        "the default journal was made beside a file that is not a store"
+    );
+    Ok(())
+}

@@ -93,14 +93,16 @@ impl JournalSetting {
 }
 
 /// Whether a store without a journal (no [`MARK`]) gets one: when asked
-/// for, or when the store is new (no metadata yet: this open creates it)
+/// for, or when the store is new (no table yet: this open creates it)
 /// and lives at a path. A default journal is never put in front of an
-/// existing store, nor of one on a caller's backend or in memory.
+/// existing store, nor of one on a caller's backend or in memory, nor
+/// beside a file with tables but no store's metadata (a foreign file,
+/// which the open refuses next: no journal is left beside it).
 fn adopts(setting: &JournalSetting, base: &dyn LogStore, path: Option<&Path>) -> StoreResult<bool> {
     if setting.asked || setting.backend.is_some() {
         return Ok(true);
     }
-    Ok(path.is_some() && base.read_meta()?.is_none())
+    Ok(path.is_some() && base.table_names()?.is_empty())
 }
 
 /// Where the journal of the store file at `store` lives: beside it, its
