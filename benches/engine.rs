@@ -3,7 +3,8 @@
 //! noisy: compare ratios measured in the same run, not absolute figures).
 //!
 //! `cargo bench --bench engine` (10M keys; `DEDUPKV_BENCH_KEYS=1000000`
-//! for a quicker run; `DEDUPKV_BENCH_RUNS` runs per figure, default 3).
+//! for a quicker run; `DEDUPKV_BENCH_RUNS` runs per figure, default 3;
+//! `DEDUPKV_BENCH_ONLY` one group: `batch`, `threads`, `index`, `reopen`).
 #![allow(missing_docs, clippy::unwrap_used, clippy::cast_precision_loss)]
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
@@ -215,8 +216,18 @@ fn single_key_rate(dir: &Path, threads: usize, secs: f64, seed: u64) -> f64 {
     done as f64 / start.elapsed().as_secs_f64()
 }
 
+/// A crash image of the store at `from` (and of its journal, if any):
+/// the store is still open.
 fn copy_while_open(from: &Path, to: &Path) {
     std::fs::copy(from, to).unwrap();
+    let journal = |p: &Path| {
+        let mut s = p.as_os_str().to_owned();
+        s.push(".journal");
+        std::path::PathBuf::from(s)
+    };
+    if journal(from).exists() {
+        std::fs::copy(journal(from), journal(to)).unwrap();
+    }
 }
 
 fn reopen_secs(path: &Path, quick_repair: bool) -> f64 {
@@ -228,6 +239,54 @@ fn reopen_secs(path: &Path, quick_repair: bool) -> f64 {
     let secs = start.elapsed().as_secs_f64();
     drop(store);
     secs
+}
+
+/// Reopen of `n` keys with the journal (the default) and without
+/// (`journal(None)`), each loaded into its own store: clean, alternating
+/// the two (which goes first alternates too, so neither always meets a
+/// colder machine), the median of `runs` each; then from a crash image of
+/// each, taken while it was open (once).
+fn bench_reopen(n: usize, runs: usize) -> Vec<String> {
+    let ids = random_ids(n, 11);
+    let builder = |journal: bool| {
+        let b = Store::builder();
+        if journal { b } else { b.journal(None) }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let paths = [true, false].map(|journal| {
+        let path = dir.path().join(format!("r-{journal}.redb"));
+        let store = builder(journal).open(&path).unwrap();
+        load(&store, &ids);
+        let crash = dir.path().join(format!("crash-{journal}.redb"));
+        copy_while_open(&path, &crash);
+        drop(store);
+        (journal, path, crash)
+    });
+    drop(ids);
+    let reopen = |journal: bool, p: &Path| {
+        let start = Instant::now();
+        let store = builder(journal).open(p).unwrap();
+        let secs = start.elapsed().as_secs_f64();
+        assert_eq!(store.stats().keys, n as u64);
+        drop(store);
+        secs
+    };
+    let mut clean = [vec![], vec![]];
+    for r in 0..runs {
+        for i in [r % 2, 1 - r % 2] {
+            clean[i].push(reopen(paths[i].0, &paths[i].1));
+        }
+    }
+    let mut rows = Vec::new();
+    for (i, (journal, _, crash)) in paths.iter().enumerate() {
+        let crashed = reopen(*journal, crash);
+        rows.push(format!(
+            "| reopen {n} keys, {}: clean / after crash (s) | {:.2} / {crashed:.2} | — | — | no slower with the journal |",
+            if *journal { "journal (default)" } else { "`journal(None)`" },
+            median(clean[i].clone())
+        ));
+    }
+    rows
 }
 
 /// B. `insert_batch` of 1,000 new keys, Immediate, vs raw redb keyed table,
@@ -427,6 +486,11 @@ fn main() {
     }
     if want("index") {
         for r in bench_index(n, runs) {
+            row(r);
+        }
+    }
+    if want("reopen") {
+        for r in bench_reopen(n, runs) {
             row(r);
         }
     }

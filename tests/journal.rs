@@ -15,10 +15,13 @@ fn builder(bytes: u64) -> StoreBuilder {
     plain().journal(Some(bytes))
 }
 
-/// A builder without a journal, on the same clock (the keys' retention
-/// is measured on it).
+/// A builder without a journal (turned off: the default journal is on
+/// for a new store, and an open with it off settles one it finds), on
+/// the same clock (the keys' retention is measured on it).
 fn plain() -> StoreBuilder {
-    Store::builder().clock(ManualClock::new(1_700_000_000_000))
+    Store::builder()
+        .clock(ManualClock::new(1_700_000_000_000))
+        .journal(None)
 }
 
 fn open(db: &FaultBackend, journal: &FaultFile, bytes: u64) -> Result<Store> {
@@ -480,7 +483,7 @@ fn the_committed_journal_fixture_reads_as_journal_format_1() -> TestResult {
     let upgraded = std::fs::read(path.with_file_name("v5-journal.redb.journal"))?;
     assert_eq!(upgraded[8..12], 2u32.to_le_bytes(), "journal format 2");
     // Without it: settled, and the journal removed.
-    let store = fixture_builder().open(&path)?;
+    let store = fixture_builder().journal(None).open(&path)?;
     assert_fixture_keys(&store)?;
     assert!(!path.with_file_name("v5-journal.redb.journal").exists());
     Ok(())

@@ -26,6 +26,9 @@ fn builder(clock: &ManualClock) -> StoreBuilder {
         .background_eviction(false)
         .compact_when_free(None)
         .verify_pages_on_open(false)
+        // These tests damage the store file's bytes and open copies of
+        // that one file: redb alone, no journal beside it.
+        .journal(None)
 }
 
 /// The buckets of [`write_store`] not expired at `clock`'s time.

@@ -129,7 +129,21 @@ fn a_file_left_by_a_fenced_owner_is_replaced_by_the_replica() -> TestResult {
         r.replaced.as_ref().is_some_and(|p| p.exists()),
         "the old file is kept aside"
     );
+    let journal = |p: &std::path::Path| {
+        let mut s = p.as_os_str().to_owned();
+        s.push(".journal");
+        std::path::PathBuf::from(s)
+    };
+    assert!(
+        r.replaced.as_deref().is_some_and(|p| journal(p).exists()),
+        "with its journal (the default journal: acknowledged commits may be in it)"
+    );
     assert!(!s.insert_if_absent(&Key::new("t", "written-by-b"))?);
+    drop(s);
+    assert!(
+        journal(&a).exists(),
+        "the restored file, new, gets the default journal"
+    );
     Ok(())
 }
 
@@ -151,20 +165,17 @@ fn a_file_older_than_its_replica_is_restored_and_a_current_one_is_not() -> TestR
         let s = builder().open(&a)?;
         assert!(s.replica_status().and_then(|st| st.restored).is_none());
         assert!(s.insert_if_absent(&Key::new("t", "early"))?);
-        // A copy of the disk taken now (nothing commits meanwhile) ...
-        std::fs::copy(&a, backup.join("a.redb"))?;
-        std::fs::copy(
-            dir.path().join("a.redb.replica"),
-            backup.join("a.redb.replica"),
-        )?;
+        // A copy of the disk taken now (nothing commits meanwhile): the
+        // store is its file and its journal (where "early" is) ...
+        for name in ["a.redb", "a.redb.journal", "a.redb.replica"] {
+            std::fs::copy(dir.path().join(name), backup.join(name))?;
+        }
         // ... misses what this owner ships after it.
         assert!(s.insert_if_absent(&Key::new("t", "late"))?);
     }
-    std::fs::copy(backup.join("a.redb"), &a)?;
-    std::fs::copy(
-        backup.join("a.redb.replica"),
-        dir.path().join("a.redb.replica"),
-    )?;
+    for name in ["a.redb", "a.redb.journal", "a.redb.replica"] {
+        std::fs::copy(backup.join(name), dir.path().join(name))?;
+    }
     let s = builder().open(&a)?;
     let r = s
         .replica_status()

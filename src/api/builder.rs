@@ -502,20 +502,32 @@ impl StoreBuilder {
         self
     }
 
-    /// Puts a journal in front of the store file: a preallocated segment
-    /// of `bytes` beside it (its name with `.journal` added; the length is
+    /// The journal in front of the store file: a preallocated segment of
+    /// `bytes` beside it (its name with `.journal` added; the length is
     /// fixed when the segment is made, a later open keeps it), so a durable
     /// commit is one sequential write and one `fdatasync` there; the
-    /// commits are moved into the store file in one transaction when the
-    /// segment is full (the writer waits for that), before a scan, and at
-    /// close. `None` turns it off: an open without it moves a journal it
-    /// finds into the file and removes it. Opt-in, and new: see
-    /// docs/design.md, "The journal". Default: off.
+    /// commits are moved into the store file by a background checkpoint
+    /// as the segment fills (a writer waits only when it is full), before
+    /// a scan, and at close. Their records stay in memory until then: the
+    /// journal holds at most `bytes` of them. See docs/design.md, "The
+    /// journal".
+    ///
+    /// Default: on, 16 MiB, for a store this open creates at a path and
+    /// for a store that has a journal. A store kept without one (made by
+    /// an earlier build, or opened with `journal(None)`) stays without
+    /// until opened with `journal(Some(..))` or
+    /// [`upgrade(true)`](Self::upgrade): a build without the journal
+    /// refuses a store that has one, so it is not added behind an
+    /// operator's back. A store on a [`PageBackend`](crate::PageBackend)
+    /// has none. `None` turns it off: an open without it moves a journal
+    /// it finds into the file and removes it (the way back to a build
+    /// without the journal).
     ///
     /// # Errors
     /// `open` fails with [`Error::InvalidConfig`] for fewer than 8 KiB or
-    /// more than 4 GiB, or on [`open_with_backend`](Self::open_with_backend);
-    /// with [`Error::Corrupt`] naming the journal when it is damaged, or
+    /// more than 4 GiB, or for `Some` on
+    /// [`open_with_backend`](Self::open_with_backend); with
+    /// [`Error::Corrupt`] naming the journal when it is damaged, or
     /// missing from a store kept with one.
     ///
     /// # Examples
@@ -523,15 +535,21 @@ impl StoreBuilder {
     /// ```
     /// # let dir = tempfile::tempdir()?;
     /// let path = dir.path().join("s.redb");
-    /// let s = dedupkv::Store::builder().journal(Some(1 << 20)).open(&path)?;
+    /// let s = dedupkv::Store::open(&path)?;
     /// assert!(s.insert_if_absent(&dedupkv::Key::new("orders", "o-1"))?);
     /// assert!(dir.path().join("s.redb.journal").exists());
+    /// drop(s);
+    /// // Off: the journal is settled into the store file and removed.
+    /// let s = dedupkv::Store::builder().journal(None).open(&path)?;
+    /// assert!(!dir.path().join("s.redb.journal").exists());
+    /// assert!(!s.insert_if_absent(&dedupkv::Key::new("orders", "o-1"))?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn journal(mut self, bytes: Option<u64>) -> Self {
         self.cfg.journal = bytes.map(|bytes| crate::engine::JournalSetting {
             bytes,
             backend: self.cfg.journal.take().and_then(|j| j.backend),
+            asked: true,
         });
         self
     }
@@ -559,6 +577,7 @@ impl StoreBuilder {
         self.cfg.journal = Some(crate::engine::JournalSetting {
             bytes,
             backend: Some(Arc::new(journal)),
+            asked: true,
         });
         self.open_with_backend(store)
     }
@@ -606,7 +625,10 @@ impl StoreBuilder {
     /// formats refuse the file (`UnsupportedVersion`) from then on. A new file is always created in the newest format; files
     /// of formats 1 and 2 (which no release wrote) are rewritten as format
     /// 3 by their first commit either way. [`Store::upgrade`] does the
-    /// same on an open store. Default: false.
+    /// same on an open store. On also puts the default
+    /// [`journal`](Self::journal) in front of a store kept without one
+    /// (unless `journal(None)`); [`Store::upgrade`] does not (the journal
+    /// is chosen at open). Default: false.
     ///
     /// # Examples
     /// ```
@@ -1008,6 +1030,11 @@ impl StoreBuilder {
         let prepared = crate::replica::open::prepare(path, &replica, self.cfg.cache_bytes)?;
         self.cfg.ship = Some(prepared.ship);
         self.cfg.token_base = prepared.token_base;
+        if prepared.restored
+            && let Some(j) = self.cfg.journal.as_mut()
+        {
+            j.asked = true;
+        }
         let uploader = prepared.uploader;
         match Store::open_with(self.cfg, self.clock, location) {
             Ok(store) => Ok(store.with_replica(uploader)),

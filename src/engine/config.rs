@@ -57,7 +57,8 @@ pub(crate) struct Config {
     pub verify_pages: bool,
     /// What the store's time does while the clock reads behind it.
     pub clock_behind: crate::clock::ClockBehind,
-    /// The journal in front of the file (off: `None`).
+    /// The journal in front of the file (off: `None`; by default on for
+    /// new stores at a path and stores that have one).
     pub journal: Option<super::JournalSetting>,
     /// The one key (scope, id) a read-only open loads into its index
     /// (`StoreBuilder::open_read_only_key`); `None`: every key.
@@ -102,7 +103,7 @@ impl Default for Config {
             upgrade: false,
             verify_pages: true,
             clock_behind: crate::clock::ClockBehind::StandStill,
-            journal: None,
+            journal: Some(super::JournalSetting::default_on()),
             only_key: None,
             ship: None,
             token_base: 0,

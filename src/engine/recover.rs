@@ -455,7 +455,12 @@ impl Config {
             cache_bytes: self.cache_bytes,
             verify_pages: self.verify_pages,
             quick_repair: self.quick_repair,
-            journal: self.journal.clone(),
+            // The operator's upgrade is the call that gives up a rollback:
+            // it puts the journal in front of a store kept without one.
+            journal: self.journal.clone().map(|mut j| {
+                j.asked |= self.upgrade;
+                j
+            }),
         }
     }
 }

@@ -56,6 +56,8 @@ pub(crate) use ship::Ship;
 #[cfg(feature = "replica")]
 pub(crate) use ship::{Acks, LocalFile, Restorer, Shipped, Sink, inspect};
 pub use store::PageBackend;
+#[cfg(feature = "replica")]
+pub(crate) use store::journal::journal_path;
 pub(crate) use store::journal::{
     DEFAULT_BYTES as JOURNAL_BYTES, JournalSetting, fuzz_segment as fuzz_journal,
     segment_of_payload as journal_of_payload,
@@ -91,16 +93,23 @@ fn open_store(location: Location, options: RedbOptions) -> Result<Storage> {
 
 /// Opens (or creates) the storage at `location` with a small page cache,
 /// no page checks and no quick repair: for a file this process writes or
-/// reads once (a restore, an inspection).
+/// reads once (a restore, an inspection). `journal`: `None` for a file
+/// made aside and renamed (its journal would keep the wrong name; an
+/// existing one is settled); the default for a store to inspect, whose
+/// journal stays on.
 #[cfg(feature = "replica")]
-fn open_plain(location: Location, cache_bytes: usize) -> Result<Storage> {
+fn open_plain(
+    location: Location,
+    cache_bytes: usize,
+    journal: Option<JournalSetting>,
+) -> Result<Storage> {
     open_store(
         location,
         RedbOptions {
             cache_bytes,
             verify_pages: false,
             quick_repair: false,
-            journal: None,
+            journal,
         },
     )
 }

@@ -193,7 +193,13 @@ pub(crate) fn inspect(path: &Path) -> Result<Option<LocalFile>> {
     if !path.exists() {
         return Ok(None);
     }
-    let db = open_plain(Location::Existing(path.to_path_buf()), 1 << 20)?;
+    // The default journal: a store kept with one keeps it (no setting
+    // would settle it, and the open that follows would find it without).
+    let db = open_plain(
+        Location::Existing(path.to_path_buf()),
+        1 << 20,
+        Some(super::JournalSetting::default_on()),
+    )?;
     Ok(Some(LocalFile {
         last_row: db.last_row()?,
     }))
@@ -222,7 +228,7 @@ impl Restorer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::Storage(crate::error::io_at(&tmp, &e))),
         }
-        let db = open_plain(Location::Path(tmp.clone()), cache_bytes)?;
+        let db = open_plain(Location::Path(tmp.clone()), cache_bytes, None)?;
         Ok(Restorer {
             db,
             tmp,

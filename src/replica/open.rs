@@ -45,6 +45,9 @@ pub(crate) struct Prepared {
     pub ship: Ship,
     pub token_base: u64,
     pub uploader: Arc<Uploader>,
+    /// The file was restored from the replica: a new file of this build,
+    /// which gets the default journal as a new store does.
+    pub restored: bool,
 }
 
 /// The local state file of the store at `path`.
@@ -222,6 +225,15 @@ fn restore_aside(
     let replaced = if path.exists() {
         let aside = beside(path, &format!(".replaced-{epoch}"));
         std::fs::rename(path, &aside).map_err(|e| io(path, &e))?;
+        // Then its journal, under the matching name: the file aside may
+        // need it (acknowledged commits). In this order a crash never
+        // leaves the store at `path` without its journal; a segment left
+        // behind is only reused by the restored file (a fresh epoch: none
+        // of its records is replayed).
+        let journal = log::journal_path(path);
+        if journal.exists() {
+            std::fs::rename(&journal, log::journal_path(&aside)).map_err(|e| io(&journal, &e))?;
+        }
         Some(aside)
     } else {
         None
@@ -416,6 +428,7 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
         },
     )?;
     let synchronous = replica.mode == ReplicaMode::Synchronous;
+    let was_restored = restored.is_some();
     let uploader = Uploader::start(
         objects,
         Settings {
@@ -443,5 +456,6 @@ pub(crate) fn prepare(path: &Path, replica: &Replica, cache_bytes: usize) -> Res
         },
         token_base: epoch << EPOCH_SHIFT,
         uploader,
+        restored: was_restored,
     })
 }

@@ -10,8 +10,9 @@ use crate::contender::{Contender, Instance, Key16, Result, SCOPE, Worker};
 /// dedupkv with a given [`Durability`], with or without its journal.
 pub struct Dedupkv {
     durability: Durability,
-    /// The journal's segment bytes, when it is on.
-    journal: Option<u64>,
+    /// With the journal (the builder's default: 16 MiB); else
+    /// `journal(None)`, redb only.
+    journal: bool,
 }
 
 impl Dedupkv {
@@ -19,16 +20,16 @@ impl Dedupkv {
     pub fn immediate() -> Self {
         Self {
             durability: Durability::Immediate,
-            journal: None,
+            journal: false,
         }
     }
 
-    /// Acknowledge after fdatasync of a record in the journal (64 MiB
-    /// segment) in front of the file.
+    /// Acknowledge after fdatasync of a record in the journal in front
+    /// of the file (the default journal: 16 MiB).
     pub fn journal() -> Self {
         Self {
             durability: Durability::Immediate,
-            journal: Some(64 << 20),
+            journal: true,
         }
     }
 
@@ -38,14 +39,14 @@ impl Dedupkv {
             durability: Durability::Deferred {
                 max_delay: Duration::from_millis(10),
             },
-            journal: None,
+            journal: false,
         }
     }
 }
 
 impl Contender for Dedupkv {
     fn id(&self) -> &'static str {
-        if self.journal.is_some() {
+        if self.journal {
             return "dedupkv-journal";
         }
         match self.durability {
@@ -55,7 +56,7 @@ impl Contender for Dedupkv {
     }
 
     fn name(&self) -> String {
-        if self.journal.is_some() {
+        if self.journal {
             return "dedupkv Immediate + journal".into();
         }
         match self.durability {
@@ -76,11 +77,17 @@ impl Contender for Dedupkv {
 
     fn open(&self, expected_keys: usize) -> Result<Box<dyn Instance>> {
         let dir = tempfile::tempdir()?;
-        let store = Store::builder()
+        let builder = Store::builder()
             .durability(self.durability)
-            .expected_keys(expected_keys)
-            .journal(self.journal)
-            .open(dir.path().join("bench.redb"))?;
+            .expected_keys(expected_keys);
+        // The journal contender takes the builder's default (what a user
+        // gets); the others turn it off.
+        let builder = if self.journal {
+            builder
+        } else {
+            builder.journal(None)
+        };
+        let store = builder.open(dir.path().join("bench.redb"))?;
         Ok(Box::new(DedupkvInstance { store, _dir: dir }))
     }
 }

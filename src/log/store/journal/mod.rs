@@ -53,8 +53,14 @@ pub(crate) const MARK: &str = "dedupkv.journal";
 /// What no sequence or epoch of a journal reaches (see [`read_mark`]).
 const MARK_LIMIT: u64 = 1 << 63;
 
-/// The segment's length when the builder does not say. Default: 64 MiB.
-pub(crate) const DEFAULT_BYTES: u64 = 64 << 20;
+/// The segment's length when the builder does not say. Default: 16 MiB:
+/// the disk a store's journal takes, and the most record bytes its
+/// overlay holds in memory until checkpointed (two runs); a checkpoint
+/// starts every 4 MiB (half of a half: ~25,000 one-key commits, so
+/// redb's ~28 KB commit is spread over that many), and a batch larger
+/// than a half (8 MiB) goes to redb directly, as batches that large gain
+/// nothing from the journal.
+pub(crate) const DEFAULT_BYTES: u64 = 16 << 20;
 /// The shortest segment: the header and one block of records.
 pub(crate) const MIN_BYTES: u64 = 2 * HEADER_BYTES;
 
@@ -66,6 +72,37 @@ pub(crate) struct JournalSetting {
     /// The segment's medium, for a store opened on a backend (tests);
     /// else the file beside the store ([`journal_path`]).
     pub backend: Option<Arc<dyn PageBackend>>,
+    /// Asked for (`journal(Some(..))`, `upgrade(true)`, a store just
+    /// restored): put in front of a store kept without one. Else, the
+    /// default, only a new store at a path gets one (and a store that
+    /// has one keeps it), so an existing store is not changed into a
+    /// format the build that wrote it refuses (see [`adopts`]).
+    pub asked: bool,
+}
+
+impl JournalSetting {
+    /// The default: a journal of [`DEFAULT_BYTES`] for new stores at a
+    /// path and for stores that have one.
+    pub(crate) fn default_on() -> Self {
+        JournalSetting {
+            bytes: DEFAULT_BYTES,
+            backend: None,
+            asked: false,
+        }
+    }
+}
+
+/// Whether a store without a journal (no [`MARK`]) gets one: when asked
+/// for, or when the store is new (no table yet: this open creates it)
+/// and lives at a path. A default journal is never put in front of an
+/// existing store, nor of one on a caller's backend or in memory, nor
+/// beside a file with tables but no store's metadata (a foreign file,
+/// which the open refuses next: no journal is left beside it).
+fn adopts(setting: &JournalSetting, base: &dyn LogStore, path: Option<&Path>) -> StoreResult<bool> {
+    if setting.asked || setting.backend.is_some() {
+        return Ok(true);
+    }
+    Ok(path.is_some() && base.table_names()?.is_empty())
 }
 
 /// Where the journal of the store file at `store` lives: beside it, its
@@ -77,8 +114,8 @@ pub(crate) fn journal_path(store: &Path) -> PathBuf {
 }
 
 /// The storage the log uses: `base` (the store of record, at `path` if a
-/// file), with its journal if `setting` asks for one or the store has
-/// one. A store that has a journal but is opened without the setting is
+/// file), with its journal if the store has one, or `setting` asks for
+/// one ([`adopts`]: the default setting only for a new store at a path). A store that has a journal but is opened without the setting is
 /// settled: its journal replayed into it, then removed. A read-only open
 /// replays into memory only.
 ///
@@ -91,11 +128,7 @@ pub(crate) fn wrap(
     read_only: bool,
     setting: Option<JournalSetting>,
 ) -> Result<Box<dyn LogStore>> {
-    let (wanted, backend) = match setting {
-        Some(s) => (Some(s.bytes), s.backend),
-        None => (None, None),
-    };
-    if let Some(bytes) = wanted
+    if let Some(bytes) = setting.as_ref().map(|s| s.bytes)
         && !(MIN_BYTES..=u64::from(u32::MAX)).contains(&bytes)
     {
         return Err(Error::InvalidConfig(format!(
@@ -104,6 +137,16 @@ pub(crate) fn wrap(
         )));
     }
     let mark = read_mark(&*base)?;
+    let setting = match setting {
+        // The default keeps a store without a journal as it is (a leftover
+        // segment beside it is settled, as without the setting).
+        Some(s) if mark.is_none() && !adopts(&s, &*base, path)? => None,
+        s => s,
+    };
+    let (wanted, backend) = match setting {
+        Some(s) => (Some(s.bytes), s.backend),
+        None => (None, None),
+    };
     let (segment, name) = segment_of(path, read_only, wanted.is_some(), backend)?;
     let Some(segment) = segment else {
         if mark.is_some() {
