@@ -177,25 +177,56 @@ pub(crate) fn wrap(
         return Ok(with_filter(base));
     }
     let (seg_bytes, version) = made(&*segment, &name, len, wanted)?;
-    let (seq, epoch) = match mark {
-        Some(m) => m,
-        None => (0, fresh_epoch()?),
+    let opened = Opened {
+        base,
+        path,
+        segment,
+        name,
+        mark,
     };
-    let (replayed, last_epoch) = match mark {
-        Some(_) => replay(&*segment, &name, seg_bytes, version, seq, epoch)?,
-        None => (Vec::new(), epoch),
-    };
-    let last = seq + replayed.len() as u64;
-    if read_only {
-        base.commit_all(coalesce(&replayed))?;
-        return Ok(with_filter(base));
+    match wanted {
+        _ if read_only => opened.replay_in_memory(seg_bytes, version),
+        None => opened.settle(seg_bytes, version),
+        Some(_) => opened.resume(seg_bytes, version),
     }
-    if wanted.is_none() {
-        // Settled into the store, the mark removed, then the file.
+}
+
+/// A store and its journal's segment, whole, as [`wrap`] found them.
+struct Opened<'p> {
+    base: Box<dyn LogStore>,
+    path: Option<&'p Path>,
+    segment: Arc<dyn PageBackend>,
+    name: String,
+    /// The store's mark: the sequence and epoch checkpointed last.
+    mark: Option<(u64, u64)>,
+}
+
+impl Opened<'_> {
+    /// The segment's records past the mark, and the epoch of the last.
+    fn replayed(&self, seg_bytes: u64, version: u32) -> Result<(Vec<format::Owned>, u64)> {
+        Ok(match self.mark {
+            Some((seq, epoch)) => {
+                replay(&*self.segment, &self.name, seg_bytes, version, seq, epoch)?
+            }
+            None => (Vec::new(), fresh_epoch()?),
+        })
+    }
+
+    /// A read-only open: the records past the mark applied in memory.
+    fn replay_in_memory(self, seg_bytes: u64, version: u32) -> Result<Box<dyn LogStore>> {
+        let (replayed, _) = self.replayed(seg_bytes, version)?;
+        self.base.commit_all(coalesce(&replayed))?;
+        Ok(with_filter(self.base))
+    }
+
+    /// An open without the journal setting: the records settled into the
+    /// store, the mark removed, then the file.
+    fn settle(self, seg_bytes: u64, version: u32) -> Result<Box<dyn LogStore>> {
+        let (replayed, _) = self.replayed(seg_bytes, version)?;
         let mut all = coalesce(&replayed);
         all.push(mark_commit(None));
-        base.commit_all(all)?;
-        if let Some(p) = path {
+        self.base.commit_all(all)?;
+        if let Some(p) = self.path {
             let jp = journal_path(p);
             std::fs::remove_file(&jp)
                 .map_err(|e| LogError::Storage(crate::error::io_at(&jp, &e)))?;
@@ -203,45 +234,60 @@ pub(crate) fn wrap(
                 file::sync_dir(dir);
             }
         }
-        return Ok(base);
+        Ok(self.base)
     }
-    let mut epoch = epoch;
-    if !replayed.is_empty() {
-        // Past every epoch a run before the crash could have used.
-        epoch = last_epoch + 1;
-        let mut all = coalesce(&replayed);
-        all.push(mark_commit(Some((last, epoch))));
-        base.commit_all(all)?;
-    }
-    if version < format::VERSION {
-        // Nothing in the segment is needed now (what it held is in the
-        // store): the header says format 2 before a run starts mid-way,
-        // so an older build refuses the segment instead of missing it.
-        let io = || -> io::Result<()> {
-            segment.write(0, &format::header(seg_bytes))?;
-            segment.sync_data()
-        };
-        io().map_err(|e| io_err(&name, &e))?;
-    }
-    let store = JournalStore::new(Inner {
-        base,
-        journal: Some(Journal {
+
+    /// A writable open with the journal: the records past the mark
+    /// committed to the store, then the journal store started on the
+    /// segment.
+    fn resume(self, seg_bytes: u64, version: u32) -> Result<Box<dyn LogStore>> {
+        let (replayed, last_epoch) = self.replayed(seg_bytes, version)?;
+        let Opened {
+            base,
             segment,
             name,
-            halves: format::halves(seg_bytes),
-            writer: Mutex::new(Writer {
-                half: 0,
-                pos: HEADER_BYTES,
-                seq: last,
-                epoch,
-                marked: mark.is_some(),
-                poisoned: None,
+            mark,
+            ..
+        } = self;
+        let (seq, mut epoch) = mark.unwrap_or((0, last_epoch));
+        let last = seq + replayed.len() as u64;
+        if !replayed.is_empty() {
+            // Past every epoch a run before the crash could have used.
+            epoch = last_epoch + 1;
+            let mut all = coalesce(&replayed);
+            all.push(mark_commit(Some((last, epoch))));
+            base.commit_all(all)?;
+        }
+        if version < format::VERSION {
+            // Nothing in the segment is needed now (what it held is in the
+            // store): the header says format 2 before a run starts mid-way,
+            // so an older build refuses the segment instead of missing it.
+            let io = || -> io::Result<()> {
+                segment.write(0, &format::header(seg_bytes))?;
+                segment.sync_data()
+            };
+            io().map_err(|e| io_err(&name, &e))?;
+        }
+        let store = JournalStore::new(Inner {
+            base,
+            journal: Some(Journal {
+                segment,
+                name,
+                halves: format::halves(seg_bytes),
+                writer: Mutex::new(Writer {
+                    half: 0,
+                    pos: HEADER_BYTES,
+                    seq: last,
+                    epoch,
+                    marked: mark.is_some(),
+                    poisoned: None,
+                }),
+                handoff: checkpointer::Handoff::default(),
             }),
-            handoff: checkpointer::Handoff::default(),
-        }),
-        overlay: RwLock::new(Overlays::default()),
-    })?;
-    Ok(Box::new(store))
+            overlay: RwLock::new(Overlays::default()),
+        })?;
+        Ok(Box::new(store))
+    }
 }
 
 /// The journal's segment, if there is one, and its name for errors: the
