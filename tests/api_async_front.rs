@@ -20,6 +20,36 @@ fn multi_thread() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// Releases a held disk every 30 s until dropped, so a test whose call
+/// wrongly blocks its thread on a held commit fails instead of hanging.
+struct Watchdog(Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>);
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some((stop, thread)) = self.0.take() {
+            let _ = stop.send(());
+            thread.join().expect("watchdog");
+        }
+    }
+}
+
+/// A current-thread runtime (one thread: a blocked call stops every
+/// task) and the watchdog of `backend`'s held syncs.
+fn held_disk_runtime(backend: &FaultBackend) -> (tokio::runtime::Runtime, Watchdog) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let backend = backend.clone();
+    let thread = std::thread::spawn(move || {
+        while stopped.recv_timeout(Duration::from_secs(30)).is_err() {
+            backend.release_syncs();
+        }
+    });
+    (rt, Watchdog(Some((stop, thread))))
+}
+
 #[test]
 fn many_tasks_racing_one_key_get_exactly_one_started() -> Result<()> {
     let dir = tempdir();
@@ -162,21 +192,9 @@ fn a_failed_commit_fails_the_futures_waiting_for_it() -> Result<()> {
 /// worst stall).
 #[test]
 fn async_calls_never_block_a_current_thread_runtime() -> Result<()> {
-    let backend = dedupkv_testkit::FaultBackend::new();
+    let backend = FaultBackend::new();
     let store = AsyncStore::new(Store::builder().open_with_backend(backend.clone())?);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let (stop_watchdog, stopped) = std::sync::mpsc::channel::<()>();
-    let watchdog = {
-        let backend = backend.clone();
-        std::thread::spawn(move || {
-            while stopped.recv_timeout(Duration::from_secs(30)).is_err() {
-                backend.release_syncs();
-            }
-        })
-    };
+    let (rt, watchdog) = held_disk_runtime(&backend);
     let result = rt.block_on(async {
         for op in ["insert_if_absent", "begin", "complete"] {
             let pending = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -234,7 +252,64 @@ fn async_calls_never_block_a_current_thread_runtime() -> Result<()> {
         }
         Ok(())
     });
-    let _ = stop_watchdog.send(());
-    watchdog.join().expect("watchdog");
+    drop(watchdog);
+    result
+}
+
+/// A call that reads a record whose commit is still in flight (a repeat
+/// of a key completed a moment ago, a `get` of it) reads that record from
+/// memory: it neither blocks the runtime's one thread nor runs again, and
+/// it answers only once that commit is durable. With the disk's syncs
+/// held, the three futures stay pending while other tasks run; released,
+/// each answers the completed outcome. A call that waited inline would
+/// hold the thread until the watchdog released the disk (30 s), and all
+/// three would be finished when first looked at.
+#[test]
+fn a_read_of_a_record_in_flight_awaits_its_commit_without_blocking() -> Result<()> {
+    let backend = FaultBackend::new();
+    let store = AsyncStore::new(Store::builder().open_with_backend(backend.clone())?);
+    let (rt, watchdog) = held_disk_runtime(&backend);
+    let result = rt.block_on(async {
+        let key = Key::new("op", "k");
+        let claim = started(store.begin(&key, Fingerprint::NONE).await?);
+        backend.hold_syncs();
+        let completing = {
+            let store = store.clone();
+            tokio::spawn(async move { store.complete(&claim, b"done").await })
+        };
+        // Its record is appended on its first poll.
+        tokio::task::yield_now().await;
+        let replay = {
+            let store = store.clone();
+            let key = key.clone();
+            tokio::spawn(async move { store.begin(&key, Fingerprint::NONE).await })
+        };
+        let got = {
+            let store = store.clone();
+            tokio::spawn(async move { store.get(&key).await })
+        };
+        for _ in 0..200 {
+            tokio::task::yield_now().await;
+        }
+        let told = [
+            completing.is_finished(),
+            replay.is_finished(),
+            got.is_finished(),
+        ];
+        assert_eq!(told, [false; 3], "answered before its commit was durable");
+        backend.release_syncs();
+        completing.await.expect("complete")?;
+        match replay.await.expect("begin")? {
+            Begin::Completed(r) => assert_eq!(r.outcome(), Some(&b"done"[..])),
+            other => panic!("a replay of the completed key: {other:?}"),
+        }
+        let got = got.await.expect("get")?.expect("recorded");
+        assert_eq!(
+            (got.state(), got.outcome()),
+            (State::Completed, Some(&b"done"[..]))
+        );
+        Ok(())
+    });
+    drop(watchdog);
     result
 }

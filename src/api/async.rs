@@ -1,9 +1,9 @@
 //! The async front (feature `async`): one wrapper over the same core.
 //!
-//! Each call runs the synchronous operation inline — validate, decide and
-//! append under the key's shard lock, a few microseconds — with its
-//! durability waits deferred, then awaits the group commit that makes its
-//! answer durable: the future is woken by that commit, never by polling,
+//! Each call runs the contract's operation inline — validate, decide and
+//! append under the key's shard lock, a few microseconds; it never waits
+//! for a commit, and returns what its answer rests on — then awaits the
+//! group commit that makes its answer durable: the future is woken by that commit, never by polling,
 //! and no executor thread sleeps on it. No runtime is assumed: the wake-up
 //! comes from the store's own commit thread, and the timed waits of
 //! [`AsyncStore::begin_or_wait`] from one timer thread of its own.
@@ -15,9 +15,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::timer::Sleep;
 use super::wait::wait_after;
-use crate::contract::{Basis, DeadLetters, Intents, Order, Outcome, Pending, Read, Settle, Write};
+use crate::contract::{DeadLetters, Intents, Order, Outcome, Pending, Read, Settle, Write};
 use crate::engine::Engine;
-use crate::engine::durable::{Scope, Waiting, deferring};
+use crate::engine::durable::Waiting;
 use crate::engine::waiters::KeyWaiter;
 use crate::sync::Arc;
 use crate::types::{
@@ -170,21 +170,18 @@ impl AsyncStore {
         }
     }
 
-    /// Runs `op` — one or more write calls of the blocking [`Store`] API —
-    /// inline, with their durability waits deferred, and resolves once
-    /// every answer they gave is durable. The named methods of this type
-    /// are this, around one call each; use it for a sequence that should
-    /// share one wait (each call's records still go in call order).
+    /// Runs `op` — one or more calls of the [contract](crate::contract) on
+    /// the store, their answers joined into one [`Pending`] — inline, and
+    /// resolves with its value once what it rests on is settled: the
+    /// named methods of this type are this around one call each; use it
+    /// for a sequence that should share one wait (each call's records
+    /// still go in call order, so the newest one's commit covers them
+    /// all).
     ///
-    /// `op` may run more than once: when a call must read a record whose
-    /// commit is still in flight (a `begin` replaying an outcome completed
-    /// a moment ago) and nothing was recorded yet, the future awaits that
-    /// commit and runs `op` again. Once something was recorded, such a
-    /// read waits inline (for one commit) instead.
-    ///
-    /// Only the write calls listed on this type, and `get`, defer their
-    /// waits; anything else in `op` (`evict_expired`, `compact`, a
-    /// listing) blocks as it does outside.
+    /// Every contract call returns at once (it decides and appends, it
+    /// never waits for a commit): `op` runs exactly once and never blocks
+    /// on the store's disk. The blocking [`Store`] methods in `op` would
+    /// wait for their commits on this thread; use the contract's.
     ///
     /// # Errors
     /// What `op` returns, and [`Error::Poisoned`] if the commit that was
@@ -193,6 +190,7 @@ impl AsyncStore {
     ///
     /// # Examples
     /// ```
+    /// use dedupkv::contract::Write;
     /// use dedupkv::{AsyncStore, Key, Store};
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
@@ -200,50 +198,25 @@ impl AsyncStore {
     /// let store = AsyncStore::new(Store::open(dir.path().join("s.redb"))?);
     /// let (a, b) = (Key::new("t", "a"), Key::new("t", "b"));
     /// // Two inserts, one wait.
-    /// let both = store.call(|s| Ok((s.insert_if_absent(&a)?, s.insert_if_absent(&b)?))).await?;
+    /// let both = store
+    ///     .call(|s| Ok(Write::insert(s, &a, None)?.zip(Write::insert(s, &b, None)?)))
+    ///     .await?;
     /// assert_eq!(both, (true, true));
     /// # Ok::<(), dedupkv::Error>(())
     /// # }).unwrap();
     /// ```
-    pub async fn call<T>(&self, mut op: impl FnMut(&Store) -> Result<T>) -> Result<T> {
-        // What `op`'s calls rest on is noted by the scope `run` opens.
-        self.run(|s| op(s).map(Pending::settled)).await
-    }
-
-    /// Runs `op` — one call of the [contract](crate::contract) — inline
-    /// and resolves with its value once the basis it returned is settled:
-    /// the named methods' one body, shared with the blocking face (which
-    /// waits for the same basis). It runs in a deferring scope: what the
-    /// blocking calls inside `op` waited for is noted and awaited too (the
-    /// body of [`call`](Self::call)), and a read of a row still in
-    /// flight, before anything was recorded, awaits that row and runs `op`
-    /// again.
-    async fn run<T>(&self, mut op: impl FnMut(&Store) -> Result<Pending<T>>) -> Result<T> {
-        loop {
-            let (out, noted) = deferring(Scope::Retry, || op(&self.store));
-            if let Some(row) = noted.unreadable {
-                drop(out);
-                self.durable(row).await?;
-                continue;
-            }
-            let (value, basis) = out?.into_parts();
-            let basis = basis.and(Basis::read(noted.row));
-            if !basis.is_settled() {
-                self.store.settled(basis).await?;
-            }
-            return Ok(value);
-        }
-    }
-
-    /// [`call`](Self::call) for an `op` that runs once (it takes what it
-    /// is given): a read of a row still in flight waits inline instead.
-    pub(crate) async fn call_once<T>(&self, op: impl FnOnce(&Store) -> Result<T>) -> Result<T> {
-        let (out, noted) = deferring(Scope::Once, || op(&self.store));
-        let value = out?;
-        if noted.row > 0 {
-            self.durable(noted.row).await?;
+    pub async fn call<T>(&self, op: impl FnOnce(&Store) -> Result<Pending<T>>) -> Result<T> {
+        let (value, basis) = op(&self.store)?.into_parts();
+        if !basis.is_settled() {
+            self.store.settled(basis).await?;
         }
         Ok(value)
+    }
+
+    /// [`call`](Self::call): the named methods' one body, shared with the
+    /// blocking face (which waits for the same basis).
+    async fn run<T>(&self, op: impl FnOnce(&Store) -> Result<Pending<T>>) -> Result<T> {
+        self.call(op).await
     }
 
     /// [`Store::insert_if_absent`], resolved once durable.

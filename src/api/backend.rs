@@ -70,7 +70,7 @@ impl Settle for Store {
 
 impl Read for Store {
     fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>> {
-        self.engine().get(key).map(Pending::settled)
+        self.engine().get(key)
     }
 }
 

@@ -445,8 +445,7 @@ impl Store {
     /// # Examples
     /// See [`Eviction`].
     pub fn evict_expired(&self) -> Result<Eviction> {
-        // Its waits happen in order, even inside `AsyncStore::call`.
-        let evicted = crate::engine::durable::blocking(|| self.engine.evict());
+        let evicted = self.engine.evict();
         // Time moved: callers waiting on a lapsed lease take over now.
         self.engine.wake_lapsed();
         evicted

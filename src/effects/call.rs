@@ -32,6 +32,7 @@ use std::ops::ControlFlow;
 use super::limits::{cut, dead_letter_before};
 use super::retry::{ErrorClass, GiveUpReason, RetryPolicy};
 use super::run::{Raw, Run};
+use crate::contract::{Intents, Pending, Settle, Write};
 use crate::{Claim, Fingerprint, Intent, Key, Result, Store};
 #[cfg(doc)]
 use crate::{Failure, Listing};
@@ -153,6 +154,9 @@ impl<L, S, C> fmt::Debug for Effect<'_, L, S, C> {
             .finish_non_exhaustive()
     }
 }
+
+/// What a lookup step decided: the answer, or make the call.
+pub(crate) type Asked<E> = ControlFlow<Run<Vec<u8>, E>, Claim>;
 
 /// What the runner of an external call does next; each step has recorded
 /// what it decided before it is returned.
@@ -297,7 +301,7 @@ impl RetryPolicy {
             classify,
             amount,
         } = effect;
-        let claim = match self.begun(store, key, fingerprint, intent)? {
+        let claim = match store.tell(self.begun(store, key, fingerprint, intent)?)? {
             Step::Answer(run) => return Ok(run),
             Step::Send(claim) => {
                 claim.provider_key()?;
@@ -306,14 +310,14 @@ impl RetryPolicy {
             Step::Ask(claim, limit) => {
                 claim.provider_key()?;
                 let found = lookup(&claim);
-                match self.asked(store, claim, intent, found, amount, limit)? {
+                match store.tell(self.asked(store, claim, intent, found, amount, limit)?)? {
                     ControlFlow::Continue(claim) => claim,
                     ControlFlow::Break(run) => return Ok(run),
                 }
             }
         };
         let sent = send(&claim);
-        self.sent(store, &claim, intent, sent, classify, amount)
+        store.tell(self.sent(store, &claim, intent, sent, classify, amount)?)
     }
 
     /// Step 1 and 2: claims the key with `intent` and checks the limits.
@@ -323,29 +327,31 @@ impl RetryPolicy {
         key: &Key<'_>,
         fingerprint: Fingerprint,
         intent: Intent<'_>,
-    ) -> Result<Step<E>> {
-        let begun = store.begin_with_intent(key, fingerprint, &self.begin, intent)?;
+    ) -> Result<Pending<Step<E>>> {
+        let (begun, basis) =
+            Write::begin(store, key, fingerprint, &self.begin, Some(intent))?.into_parts();
         let claim = match self.started::<Raw, _, E>(key, begun)? {
             ControlFlow::Continue(claim) => claim,
-            ControlFlow::Break(run) => return Ok(Step::Answer(run)),
+            ControlFlow::Break(run) => return Ok(Pending::new(Step::Answer(run), basis)),
         };
+        let step = |step| Ok(Pending::new(step, basis));
         let ask = claim.interrupted() || claim.unanswered_intent();
         if let Some(reason) = self.limit_reached(&claim) {
             // An earlier call may have happened: settle it first, asking
             // from one claim past `max_attempts` at most, so a lookup that
             // crashes its worker is bounded too.
             if ask && claim.round_attempt() <= self.max_attempts.saturating_add(1) {
-                return Ok(Step::Ask(claim, Some(reason)));
+                return step(Step::Ask(claim, Some(reason)));
             }
             let unanswered = claim.unanswered_intent();
             let run = dead_letter_before(store, &claim, reason, Some(intent.request), unanswered)?;
-            return Ok(Step::Answer(run));
+            return Ok(run.map(Step::Answer).after(basis));
         }
-        if ask {
-            Ok(Step::Ask(claim, None))
+        step(if ask {
+            Step::Ask(claim, None)
         } else {
-            Ok(Step::Send(claim))
-        }
+            Step::Send(claim)
+        })
     }
 
     /// Step 3: records what the provider's lookup found; `Continue`: it
@@ -360,28 +366,28 @@ impl RetryPolicy {
         found: std::result::Result<Option<Vec<u8>>, E>,
         amount: i64,
         limit: Option<GiveUpReason>,
-    ) -> Result<ControlFlow<Run<Vec<u8>, E>, Claim>> {
+    ) -> Result<Pending<Asked<E>>> {
         let payload = Some(intent.request);
         let run = match (found, limit) {
             (Ok(Some(reference)), _) => {
-                accepted(store, &claim, intent, (true, &reference), amount)?;
-                Run::Reconciled(reference)
+                let done = accepted(store, &claim, intent, (true, &reference), amount)?;
+                done.map(|()| Run::Reconciled(reference))
             }
             (Ok(None), None) => {
                 // Settles the earlier call before this one is made.
-                record(store, &claim, intent, &Answer::NotFound)?;
-                return Ok(ControlFlow::Continue(claim));
+                let asked = record(store, &claim, intent, &Answer::NotFound)?;
+                return Ok(asked.map(|()| ControlFlow::Continue(claim)));
             }
             (Ok(None), Some(reason)) => {
-                record(store, &claim, intent, &Answer::NotFound)?;
-                dead_letter_before(store, &claim, reason, payload, false)?
+                let asked = record(store, &claim, intent, &Answer::NotFound)?.basis();
+                dead_letter_before(store, &claim, reason, payload, false)?.after(asked)
             }
             (Err(error), None) => {
                 self.failed(store, &claim, ErrorClass::Unanswered, error, payload)?
             }
             (Err(_), Some(reason)) => dead_letter_before(store, &claim, reason, payload, true)?,
         };
-        Ok(ControlFlow::Break(run))
+        Ok(run.map(ControlFlow::Break))
     }
 
     /// Step 4: records what came of the call.
@@ -393,11 +399,11 @@ impl RetryPolicy {
         sent: std::result::Result<Vec<u8>, E>,
         classify: impl FnOnce(&E) -> ErrorClass,
         amount: i64,
-    ) -> Result<Run<Vec<u8>, E>> {
+    ) -> Result<Pending<Run<Vec<u8>, E>>> {
         match sent {
             Ok(reference) => {
-                accepted(store, claim, intent, (false, &reference), amount)?;
-                Ok(Run::Done(reference))
+                let done = accepted(store, claim, intent, (false, &reference), amount)?;
+                Ok(done.map(|()| Run::Done(reference)))
             }
             Err(error) => {
                 let class = classify(&error);
@@ -406,8 +412,9 @@ impl RetryPolicy {
                 } else {
                     Answer::Refused(&error)
                 };
-                record(store, claim, intent, &answer)?;
-                self.failed(store, claim, class, error, Some(intent.request))
+                let answered = record(store, claim, intent, &answer)?.basis();
+                let failed = self.failed(store, claim, class, error, Some(intent.request))?;
+                Ok(failed.after(answered))
             }
         }
     }
@@ -421,29 +428,37 @@ fn accepted(
     intent: Intent<'_>,
     (found, reference): (bool, &[u8]),
     amount: i64,
-) -> Result<()> {
+) -> Result<Pending<()>> {
     let answer = if found {
         Answer::Found(reference)
     } else {
         Answer::Accepted(reference)
     };
-    record(store, claim, intent, &answer)?;
-    store.complete_with_amount(claim, reference, amount)
+    let answered = record(store, claim, intent, &answer)?.basis();
+    let outcome = crate::contract::Outcome::raw(reference).amount(amount);
+    Ok(Write::complete(store, claim, outcome)?.after(answered))
 }
 
 /// Records the provider's answer to the claim's intent (one that did not
 /// come as `Unknown`: the intent stays unanswered).
-fn record(store: &Store, claim: &Claim, intent: Intent<'_>, answer: &Answer<'_>) -> Result<()> {
-    match answer {
-        Answer::Accepted(reference) => store.mark_sent(claim, reference),
-        Answer::Found(reference) => store.mark_answered(claim, crate::Answer::Found(reference)),
+fn record(
+    store: &Store,
+    claim: &Claim,
+    intent: Intent<'_>,
+    answer: &Answer<'_>,
+) -> Result<Pending<()>> {
+    let text;
+    let answer = match answer {
+        Answer::Accepted(reference) => crate::Answer::Accepted(reference),
+        Answer::Found(reference) => crate::Answer::Found(reference),
         Answer::Refused(error) => {
             // Within the intent record's limit, with its target.
             let limit = store.max_outcome_len().saturating_sub(intent.target.len());
-            let text = cut(error.to_string(), limit);
-            store.mark_answered(claim, crate::Answer::Refused(&text))
+            text = cut(error.to_string(), limit);
+            crate::Answer::Refused(&text)
         }
-        Answer::Unknown => store.mark_answered(claim, crate::Answer::Unknown),
-        Answer::NotFound => store.mark_answered(claim, crate::Answer::NotFound),
-    }
+        Answer::Unknown => crate::Answer::Unknown,
+        Answer::NotFound => crate::Answer::NotFound,
+    };
+    Intents::mark_answered(store, claim, answer)
 }

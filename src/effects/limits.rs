@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::retry::{Decision, ErrorClass, GiveUpReason, MAX_FAILURE_TEXT, RetryPolicy};
 use super::run::Run;
+use crate::contract::{Pending, Write};
 use crate::{Claim, Failure, Result, Store};
 
 impl RetryPolicy {
@@ -53,7 +54,7 @@ impl RetryPolicy {
         class: ErrorClass,
         error: E,
         payload: Option<&[u8]>,
-    ) -> Result<Run<T, E>> {
+    ) -> Result<Pending<Run<T, E>>> {
         let attempt = claim.attempt();
         let reason = match class {
             ErrorClass::Permanent => GiveUpReason::Permanent,
@@ -64,12 +65,12 @@ impl RetryPolicy {
                 };
                 match self.decide(claim.round_attempt(), elapsed, None) {
                     Decision::Retry { after } => {
-                        store.fail(claim, Failure::Retryable)?;
-                        return Ok(Run::RetryAfter {
+                        let failed = Write::fail(store, claim, Failure::Retryable)?;
+                        return Ok(failed.map(|()| Run::RetryAfter {
                             after,
                             attempt,
                             error,
-                        });
+                        }));
                     }
                     Decision::GiveUp(reason) => reason,
                 }
@@ -83,13 +84,13 @@ impl RetryPolicy {
         } else {
             Failure::Permanent(text.as_bytes())
         };
-        store.fail(claim, failure)?;
-        Ok(Run::GaveUp {
+        let failed = Write::fail(store, claim, failure)?;
+        Ok(failed.map(|()| Run::GaveUp {
             attempts: attempt,
             reason,
             dead_lettered,
             error,
-        })
+        }))
     }
 
     /// Time since the round of `claim` began, as the store recorded it
@@ -115,17 +116,21 @@ pub(super) fn dead_letter_before<T, E>(
     reason: GiveUpReason,
     payload: Option<&[u8]>,
     unanswered: bool,
-) -> Result<Run<T, E>> {
+) -> Result<Pending<Run<T, E>>> {
     let mut text = format!("{reason}; attempt {} not started", claim.attempt());
     if unanswered {
         text.push_str("; an earlier call is unanswered (see pending_intents)");
     }
     let text = cut(text, store.max_outcome_len());
-    store.fail(claim, exhausted(&text, payload, store.max_outcome_len()))?;
-    Ok(Run::Exhausted {
+    let failed = Write::fail(
+        store,
+        claim,
+        exhausted(&text, payload, store.max_outcome_len()),
+    )?;
+    Ok(failed.map(|()| Run::Exhausted {
         attempt: claim.attempt(),
         reason,
-    })
+    }))
 }
 
 /// `Failure::Exhausted` with `reason`, and `payload` if both fit `limit`.

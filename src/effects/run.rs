@@ -11,6 +11,7 @@ use super::limits::dead_letter_before;
 use super::retry::{ErrorClass, GiveUpReason, RetryPolicy};
 #[cfg(doc)]
 use crate::Failure;
+use crate::contract::{Pending, Settle, Write};
 use crate::{Begin, Claim, DeadLetter, Error, Fingerprint, Key, Record, Result, State, Store};
 
 /// What [`RetryPolicy::run`] or [`RetryPolicy::call`] did.
@@ -296,16 +297,27 @@ impl RetryPolicy {
                 ControlFlow::Break(run) => return Ok(run),
             };
         if let Some(reason) = self.limit_reached(&claim) {
-            return dead_letter_before(store, &claim, reason, None, claim.unanswered_intent());
+            let unanswered = claim.unanswered_intent();
+            return store.tell(dead_letter_before(store, &claim, reason, None, unanswered)?);
         }
-        match work(&claim) {
-            Ok(outcome) => {
-                K::record(store, &claim, &outcome)?;
-                Ok(Run::Done(outcome))
-            }
+        let done = work(&claim);
+        store.tell(self.worked::<K, T, E>(store, &claim, done, classify)?)
+    }
+
+    /// Step 3 of `run`: records what came of the work (its outcome, or
+    /// its failure as the policy classes it).
+    pub(super) fn worked<K: Outcome<T>, T, E: fmt::Display>(
+        &self,
+        store: &Store,
+        claim: &Claim,
+        done: std::result::Result<T, E>,
+        classify: impl FnOnce(&E) -> ErrorClass,
+    ) -> Result<Pending<Run<T, E>>> {
+        match done {
+            Ok(outcome) => Ok(K::record(store, claim, &outcome)?.map(|()| Run::Done(outcome))),
             Err(error) => {
                 let class = classify(&error);
-                self.failed(store, &claim, class, error, None)
+                self.failed(store, claim, class, error, None)
             }
         }
     }
@@ -349,7 +361,7 @@ impl RetryPolicy {
 
 /// How the runner records an outcome and replays a stored one.
 pub(super) trait Outcome<T> {
-    fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<()>;
+    fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<Pending<()>>;
     fn replay(record: &Record) -> Result<T>;
 }
 
@@ -357,8 +369,8 @@ pub(super) trait Outcome<T> {
 pub(super) struct Raw;
 
 impl Outcome<Vec<u8>> for Raw {
-    fn record(store: &Store, claim: &Claim, outcome: &Vec<u8>) -> Result<()> {
-        store.complete(claim, outcome)
+    fn record(store: &Store, claim: &Claim, outcome: &Vec<u8>) -> Result<Pending<()>> {
+        Write::complete(store, claim, crate::contract::Outcome::raw(outcome))
     }
 
     fn replay(record: &Record) -> Result<Vec<u8>> {
@@ -370,8 +382,8 @@ impl Outcome<Vec<u8>> for Raw {
 pub(super) struct Typed;
 
 impl<T: serde::Serialize + serde::de::DeserializeOwned> Outcome<T> for Typed {
-    fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<()> {
-        store.complete_value(claim, outcome)
+    fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<Pending<()>> {
+        store.complete_value_pending(claim, outcome)
     }
 
     fn replay(record: &Record) -> Result<T> {

@@ -3,7 +3,8 @@
 //! decision steps as `run` and `call` — each step recorded through the
 //! [`AsyncStore`], its durability awaited, the work awaited between steps.
 //! No second copy of the decisions: the steps are the blocking runners'
-//! own, run inside `AsyncStore`'s deferring scope.
+//! own, each returning what its answer rests on ([`Pending`](crate::contract::Pending)),
+//! which the blocking runner waits for and this one awaits.
 
 use std::fmt;
 use std::future::Future;
@@ -12,7 +13,8 @@ use std::ops::ControlFlow;
 use super::call::{Effect, Step};
 use super::limits::dead_letter_before;
 use super::retry::{ErrorClass, RetryPolicy};
-use super::run::{Outcome, Raw, Run};
+use super::run::{Raw, Run};
+use crate::contract::Write;
 use crate::{AsyncStore, Claim, Fingerprint, Key, Result};
 
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
@@ -75,35 +77,22 @@ impl RetryPolicy {
         Fut: Future<Output = std::result::Result<Vec<u8>, E>>,
     {
         let begun = store
-            .call(|s| {
-                let begun = s.begin_with(key, fingerprint, &self.begin)?;
-                self.started::<Raw, Vec<u8>, E>(key, begun)
-            })
+            .call(|s| Write::begin(s, key, fingerprint, &self.begin, None))
             .await?;
-        let claim = match begun {
+        let claim = match self.started::<Raw, Vec<u8>, E>(key, begun)? {
             ControlFlow::Continue(claim) => claim,
             ControlFlow::Break(run) => return Ok(run),
         };
         if let Some(reason) = self.limit_reached(&claim) {
             let unanswered = claim.unanswered_intent();
             return store
-                .call_once(|s| dead_letter_before(s, &claim, reason, None, unanswered))
+                .call(|s| dead_letter_before(s, &claim, reason, None, unanswered))
                 .await;
         }
-        match work(&claim).await {
-            Ok(outcome) => {
-                store
-                    .call_once(|s| Raw::record(s, &claim, &outcome))
-                    .await?;
-                Ok(Run::Done(outcome))
-            }
-            Err(error) => {
-                let class = classify(&error);
-                store
-                    .call_once(|s| self.failed(s, &claim, class, error, None))
-                    .await
-            }
-        }
+        let done = work(&claim).await;
+        store
+            .call(|s| self.worked::<Raw, _, E>(s, &claim, done, classify))
+            .await
     }
 
     /// [`call`](Self::call) with an async lookup and send (feature
@@ -178,7 +167,7 @@ impl RetryPolicy {
                 claim.provider_key_async().await?;
                 let found = lookup(&claim).await;
                 let asked = store
-                    .call_once(|s| self.asked(s, claim, intent, found, amount, limit))
+                    .call(|s| self.asked(s, claim, intent, found, amount, limit))
                     .await?;
                 match asked {
                     ControlFlow::Continue(claim) => claim,
@@ -188,7 +177,7 @@ impl RetryPolicy {
         };
         let answer = send(&claim).await;
         store
-            .call_once(|s| self.sent(s, &claim, intent, answer, classify, amount))
+            .call(|s| self.sent(s, &claim, intent, answer, classify, amount))
             .await
     }
 }

@@ -263,6 +263,8 @@ impl Engine {
                 Attempt::Start(start) => start,
                 Attempt::Recorded(recorded) => {
                     drop(shard);
+                    // Its record may be on its way to the storage still.
+                    waits.seen = waits.seen.max(recorded.2);
                     return this.replay(key, h, recorded, fingerprint);
                 }
                 Attempt::Running(running, row) => {
@@ -673,7 +675,7 @@ impl Engine {
 
     /// Answers `begin` on a finished key from its log record.
     /// The answer to a `begin` of a key whose slot was seen in `state` at
-    /// (`bucket`, `row`): read from that row once it is durable. Other
+    /// (`bucket`, `row`): read from that row (the answer rests on it). Other
     /// records of the key may have joined the row after the slot was seen
     /// (a requeue, a new claim), so the answer is built only from a record
     /// of the state decided on; otherwise `None`, and the caller decides

@@ -116,7 +116,7 @@ impl Engine {
     /// Forgets a key on purpose (see `Store::forget`).
     ///
     /// The record forgotten is read outside the shard lock (from its row,
-    /// once that row is durable), and the decision — refuse over a live
+    /// which the read closes if it is still open), and the decision — refuse over a live
     /// claim, or append the Forget record — is made again under the lock
     /// that appends, against the key's state at that moment: several
     /// records of a key can share a row, so a slot still pointing at the
@@ -135,16 +135,16 @@ impl Engine {
                 Decision::At(bucket, row) => (bucket, row),
             };
             drop(shard);
-            // What is forgotten, for the caller's audit. `load` reads the
-            // row once it is durable, so no record can join it afterwards.
-            let Some(old) = self.load(key, bucket, row)? else {
+            // What is forgotten, for the caller's audit. `load` closes the
+            // row it reads, so no record can join it afterwards.
+            let Some(old) = self.load_closed(key, bucket, row)? else {
                 continue; // evicted meanwhile: look again
             };
             let (_, now, nb) = self.write_start(key)?;
             let mut shard = self.index.lock(h);
             let w = Write::new(&mut shard, h, nb);
             match self.forget_decision(&w, now) {
-                // Still the durable row that was read: `old` is the key's
+                // Still the closed row that was read: `old` is the key's
                 // latest record, and no live claim holds the key.
                 Decision::At(b, r) if b == bucket && r == row => {}
                 Decision::Held(row, busy) => {

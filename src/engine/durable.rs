@@ -1,7 +1,7 @@
-//! The engine's side of the async front: a call run with its durability
-//! waits deferred (see `log/durable.rs`), and the wait for a row, as a
-//! poll. The call itself is the one synchronous operation, unchanged.
-//! Without the `async` feature only `blocking` is used.
+//! The engine's side of the two faces: what an answer rests on, waited
+//! for (the blocking face) or polled (the async face, see
+//! `log/durable.rs`). The call itself is the same for both: it decides,
+//! appends and returns its basis without waiting.
 #![cfg_attr(not(feature = "async"), allow(dead_code, unused_imports))]
 
 use std::task::{Context, Poll};
@@ -11,18 +11,12 @@ use crate::Result;
 use crate::sync::Arc;
 use crate::types::Basis;
 
-/// `deferring(scope, f)` runs `f` (one or more of the engine's calls) on
-/// this thread with the waits its answers need deferred, and returns its
-/// result and the rows to await; `blocking(f)` runs `f` with no deferring
-/// scope, even inside one (work whose waits must happen in order, such as
-/// eviction).
-pub(crate) use super::{Scope, Waiting, blocking, deferring};
+pub(crate) use super::Waiting;
 
 impl Engine {
     /// Waits until an answer resting on `basis` may be told: its own rows
     /// made durable as the durability mode requires, the rows it was read
-    /// from durable in `Immediate` mode. Inside a deferring scope (the
-    /// async front's `call`), the waits are noted instead.
+    /// from durable in `Immediate` mode.
     #[inline]
     pub(crate) fn wait_basis(&self, basis: Basis) -> Result<()> {
         if basis.written_at() > 0 {

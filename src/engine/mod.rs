@@ -89,12 +89,10 @@ use crate::sync::Arc;
 
 /// What the engine's rooms take from the log, named in one place (the open,
 /// in `recover.rs` and `start.rs`, uses the log's opening vocabulary too):
-/// where a log lives, its open batch, the deferring scope of the async
-/// front's waits, what the replica ships through, the commit observer, and
+/// where a log lives, its open batch, the async front's `Waiting`, what the replica ships through, the commit observer, and
 /// the journal's setting (which the builder fills in).
 pub(crate) use crate::log::{
-    Batch, CommitObserver, JOURNAL_BYTES, JournalSetting, Location, ROW_SPLIT_BYTES, Scope, Ship,
-    Waiting, blocking, deferring,
+    Batch, CommitObserver, JOURNAL_BYTES, JournalSetting, Location, ROW_SPLIT_BYTES, Ship, Waiting,
 };
 pub(crate) use background::Threads;
 pub(crate) use claims::{Begun, Ticket};
@@ -152,7 +150,7 @@ impl Engine {
     #[inline]
     pub(crate) fn settle_seen(&self, row: u64) -> crate::Result<()> {
         match self.cfg.durability {
-            crate::Durability::Immediate => self.log.wait_answer(row),
+            crate::Durability::Immediate => self.log.wait_durable(row),
             crate::Durability::Deferred { .. } => Ok(()),
         }
     }

@@ -5,7 +5,7 @@ use super::write::Write;
 use crate::error::show_key;
 use crate::key::KeyHash;
 use crate::records::{ClaimFields, Kind, RecordRef, read_row};
-use crate::types::{DeadLetter, Record, State};
+use crate::types::{Basis, DeadLetter, Pending, Record, State};
 use crate::{Error, Fingerprint, Key, Result};
 
 impl Engine {
@@ -19,8 +19,8 @@ impl Engine {
     }
 
     /// The latest record of `key`, or `None` if it is not recorded (or has
-    /// expired).
-    pub(crate) fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
+    /// expired), resting on the row it was read from.
+    pub(crate) fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>> {
         self.check_readable()?;
         self.check_key(key)?;
         let h = self.hash(key);
@@ -28,12 +28,12 @@ impl Engine {
             let (_, nb) = self.time()?;
             let mut shard = self.index.lock(h);
             let Some(s) = Write::new(&mut shard, h, nb).recorded() else {
-                return Ok(None);
+                return Ok(Pending::settled(None));
             };
             let (bucket, row) = (s.bucket(nb), s.row(self.log.open_row()));
             drop(shard);
             if let Some(rec) = self.load(key, bucket, row)? {
-                return Ok(Some(rec));
+                return Ok(Pending::new(Some(rec), Basis::read(row)));
             }
             // Its bucket was deleted under us: expired, unless eviction
             // carried the record elsewhere (a dead letter); look again.
@@ -43,15 +43,31 @@ impl Engine {
                 .get(h)
                 .is_some_and(|s| !s.is_at(bucket, row));
             if !moved {
-                return Ok(None);
+                return Ok(Pending::settled(None));
             }
         }
     }
 
     /// Reads the key's latest record from the row its slot points at;
     /// `None` if the bucket was evicted between the lookup and the read.
+    /// The row may still be on its way to the storage (see
+    /// `Log::read_row_unsettled`): an answer built from it rests on it.
     pub(crate) fn load(&self, key: &Key<'_>, bucket: u64, row: u64) -> Result<Option<Record>> {
         self.load_with(key, bucket, row, |rec| Ok(self.record_of(rec)))
+    }
+
+    /// [`load`](Self::load), closing the row if it is still open: no
+    /// record joins it after this read, so a slot still pointing at the
+    /// row later means the record read is still the key's latest.
+    pub(crate) fn load_closed(
+        &self,
+        key: &Key<'_>,
+        bucket: u64,
+        row: u64,
+    ) -> Result<Option<Record>> {
+        self.load_in((key, false, true), (bucket, row), |rec| {
+            Ok(self.record_of(rec))
+        })
     }
 
     /// [`load`](Self::load), made into `T` by `f`.
@@ -74,9 +90,18 @@ impl Engine {
         row: u64,
         f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
+        self.load_in((key, intent, false), (bucket, row), f)
+    }
+
+    /// [`load_of`](Self::load_of), the row closed first if `close`.
+    fn load_in<T>(
+        &self,
+        (key, intent, close): (&Key<'_>, bool, bool),
+        (bucket, row): (u64, u64),
+        f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
         let found = self.find_in_row(
-            bucket,
-            row,
+            (bucket, row, close),
             |rec| wanted(rec, intent) && rec.scope == key.scope() && rec.id == key.id(),
             &|| show_key(key.scope(), key.id()),
             f,
@@ -94,9 +119,10 @@ impl Engine {
         row: u64,
         f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
+        // A listing answers at once: only from durable rows.
+        self.log.wait_durable(row)?;
         let found = self.find_in_row(
-            bucket,
-            row,
+            (bucket, row, false),
             |rec| wanted(rec, intent) && self.hasher.hash(rec.scope, rec.id) == h,
             &|| format!("hashed {:016x}{:016x}", h.hi, h.lo),
             f,
@@ -111,17 +137,16 @@ impl Engine {
     }
 
     /// The last record in (`bucket`, `row`) that `is_it`, made
-    /// into `T` by `f`. `show` names the key in an error.
+    /// into `T` by `f`, the row closed first if `close` (see
+    /// `Log::read_row_unsettled`). `show` names the key in an error.
     fn find_in_row<T>(
         &self,
-        bucket: u64,
-        row: u64,
+        (bucket, row, close): (u64, u64, bool),
         is_it: impl Fn(&RecordRef<'_>) -> bool,
         show: &dyn Fn() -> String,
         f: impl FnOnce(&RecordRef<'_>) -> Result<T>,
     ) -> Result<Found<T>> {
-        self.log.wait_readable(row)?;
-        let Some(bytes) = self.log.read_row(bucket, row)? else {
+        let Some(bytes) = self.log.read_row_unsettled(bucket, row, close)? else {
             return Ok(Found::Evicted);
         };
         let where_ = |e: Error| match e {

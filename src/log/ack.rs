@@ -266,7 +266,7 @@ impl Ack {
     }
 }
 
-// The blocking waits, the deferring scope's hooks and the async polls.
+// The blocking waits and the async polls.
 impl Log {
     /// Fails if an earlier commit failed, or if the log is read-only:
     /// what every append checks first.
@@ -295,7 +295,7 @@ impl Log {
     /// committer when enough is buffered.
     pub(crate) fn settle(&self, row: u64) -> Result<()> {
         match self.durability {
-            Durability::Immediate => self.wait_answer(row),
+            Durability::Immediate => self.wait_durable(row),
             Durability::Deferred { .. } => {
                 if self.shared.batch.lock().bytes >= DEFERRED_FLUSH_BYTES {
                     let _ = self.shared.kick.try_send(());
@@ -330,31 +330,6 @@ impl Log {
         s.ack.count_caller(row);
         self.lead_or_kick();
         s.ack.sleep_until(row, || s.ack.acked_row() >= row)
-    }
-
-    /// Waits until `row` is durable, as an answer resting on it requires;
-    /// inside a deferring scope, notes it for the caller to await instead.
-    pub(crate) fn wait_answer(&self, row: u64) -> Result<()> {
-        if durable::defer_answer(row) {
-            return Ok(());
-        }
-        self.wait_durable(row)
-    }
-
-    /// Waits until `row` is durable, so it can be read. Inside a deferring
-    /// scope that may run its call again and has recorded nothing, fails
-    /// with `WouldBlock` instead, the row noted for the caller to await.
-    pub(crate) fn wait_readable(&self, row: u64) -> Result<()> {
-        if self.shared.ack.is_durable(row) {
-            return Ok(());
-        }
-        if durable::defer_read(row) {
-            return Err(Error::Io {
-                what: "reading a log row before its commit",
-                source: std::io::ErrorKind::WouldBlock.into(),
-            });
-        }
-        self.wait_durable(row)
     }
 
     /// An asynchronous replica, if the log ships to one.

@@ -8,10 +8,13 @@
 //!   lands in is known at append time and never changes;
 //! - rows `first_row..row` are closed and `row` is open: a row is closed
 //!   once it holds `split_at` bytes, so no row passes
-//!   [`ROW_SPLIT_BYTES`] plus one record;
+//!   [`ROW_SPLIT_BYTES`] plus one record, or once it is read;
 //! - `open_row` mirrors `row` (readable without the batch lock), and moves
 //!   only forward;
-//! - `next_idx` orders the batch's records across every bucket's part.
+//! - `next_idx` orders the batch's records across every bucket's part;
+//! - closed rows are `first_row..row` in order (`closed[i]` is row
+//!   `first_row + i`); a row read before its commit with `close` is closed
+//!   when read, so that reader reads all it will ever hold.
 
 use super::summary::Summary;
 use crate::records::{RecordRef, RowWriter};
@@ -50,6 +53,15 @@ pub(crate) struct Batch {
     pub(super) max_at: u64,
     /// What else the commit carries.
     pub(super) also: Also,
+}
+
+/// A read of a row in the open batch.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum InBatch {
+    /// The row is not in the batch (committed, or being committed).
+    Elsewhere,
+    /// The row's part for the bucket read (`None`: the row has none).
+    Here(Option<Vec<u8>>),
 }
 
 /// What a commit carries besides the records.
@@ -135,15 +147,63 @@ impl Batch {
         self.next_idx - self.extras
     }
 
+    /// Closes the open row: later records go to the next one.
+    fn close_row(&mut self) {
+        let parts = std::mem::take(&mut self.parts);
+        self.closed.push((self.row, parts));
+        self.row += 1;
+        self.row_bytes = 0;
+        self.open_row.store(self.row, Ordering::Release);
+    }
+
+    /// Row `row`'s part for `bucket`, sealed as the records in it so far,
+    /// if `row` is in this batch (at least `first_row`). With `close`, the open row is
+    /// closed first, so no record joins the row after it was read, as none
+    /// joins a committed one; that costs a row number (see the slot's
+    /// widening), so only a reader that needs it asks.
+    pub(super) fn read_row(&mut self, bucket: u64, row: u64, close: bool) -> InBatch {
+        if row < self.first_row || row > self.row {
+            return InBatch::Elsewhere;
+        }
+        if close && row == self.row && !self.parts.is_empty() {
+            self.close_row();
+        }
+        let parts = if row == self.row {
+            self.parts.as_slice()
+        } else {
+            usize::try_from(row - self.first_row)
+                .ok()
+                .and_then(|i| self.closed.get(i))
+                .map_or(&[][..], |(_, parts)| parts.as_slice())
+        };
+        InBatch::Here(
+            parts
+                .iter()
+                .find(|(b, _)| *b == bucket)
+                .map(|(_, part)| part.sealed_copy()),
+        )
+    }
+
+    /// Takes every row's parts out of the batch, sealed, as (bucket, row,
+    /// bytes) in row order: what the commit writes.
+    pub(super) fn seal(&mut self) -> Vec<(u64, u64, Vec<u8>)> {
+        let last = (self.row, std::mem::take(&mut self.parts));
+        std::mem::take(&mut self.closed)
+            .into_iter()
+            .chain(std::iter::once(last))
+            .flat_map(|(row, parts)| {
+                parts
+                    .into_iter()
+                    .map(move |(bucket, part)| (bucket, row, part.finish()))
+            })
+            .collect()
+    }
+
     /// Appends a record to the part for `bucket`; returns the row number.
     /// The caller holds the key's shard lock.
     pub(crate) fn push(&mut self, bucket: u64, rec: &mut RecordRef<'_>) -> u64 {
         if self.row_bytes >= self.split_at {
-            let parts = std::mem::take(&mut self.parts);
-            self.closed.push((self.row, parts));
-            self.row += 1;
-            self.row_bytes = 0;
-            self.open_row.store(self.row, Ordering::Release);
+            self.close_row();
         }
         self.max_at = self.max_at.max(rec.at);
         rec.idx = self.next_idx;
@@ -160,5 +220,66 @@ impl Batch {
         self.bytes += part.len() - before;
         self.row_bytes += part.len() - before;
         self.row
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{Kind, read_row, sample};
+
+    fn ids(bytes: &[u8]) -> Vec<u32> {
+        read_row(bytes)
+            .expect("a sealed row")
+            .map(|r| r.expect("a record").idx)
+            .collect()
+    }
+
+    #[test]
+    fn a_row_read_before_its_commit_closing_it_takes_no_later_record() {
+        let open_row = Arc::new(AtomicU64::new(7));
+        let mut b = Batch::new(7, ROW_SPLIT_BYTES, &open_row);
+        assert_eq!(b.push(3, &mut sample(Kind::Insert, 0, b"")), 7);
+        assert_eq!(b.push(4, &mut sample(Kind::Insert, 0, b"")), 7);
+        // Read without closing: the records so far; the row stays open.
+        let InBatch::Here(Some(prefix)) = b.read_row(4, 7, false) else {
+            panic!("bucket 4's part of row 7")
+        };
+        assert_eq!(ids(&prefix), [1]);
+        assert_eq!(open_row.load(Ordering::Acquire), 7);
+        let InBatch::Here(Some(read)) = b.read_row(3, 7, true) else {
+            panic!("bucket 3's part of row 7")
+        };
+        assert_eq!(ids(&read), [0]);
+        assert_eq!(
+            open_row.load(Ordering::Acquire),
+            8,
+            "the read row is closed"
+        );
+        // A record appended after the read never joins the row it read.
+        assert_eq!(b.push(3, &mut sample(Kind::Complete, 0, b"ok")), 8);
+        assert_eq!(b.read_row(3, 7, false), InBatch::Here(Some(read)));
+        assert_eq!(
+            b.read_row(9, 7, false),
+            InBatch::Here(None),
+            "no part for bucket 9"
+        );
+        assert_eq!(
+            b.read_row(3, 6, false),
+            InBatch::Elsewhere,
+            "before the batch"
+        );
+        assert_eq!(
+            b.read_row(3, 9, false),
+            InBatch::Elsewhere,
+            "past the open row"
+        );
+        // The commit writes every row, each part as read.
+        let rows: Vec<(u64, u64, Vec<u32>)> = b
+            .seal()
+            .iter()
+            .map(|(bk, r, v)| (*bk, *r, ids(v)))
+            .collect();
+        assert_eq!(rows, [(3, 7, vec![0]), (4, 7, vec![1]), (3, 8, vec![2])]);
     }
 }

@@ -60,6 +60,10 @@ pub(super) struct Db {
     /// so the database is closed under `catch_unwind` (or leaked, when the
     /// log is dropped while a panic unwinds).
     pub(super) panicked: AtomicBool,
+    /// The rows of the commit being made, until the storage holds them
+    /// (taken before the batch's lock by the committer; readers never
+    /// hold both).
+    pub(super) flight: Mutex<Option<Flight>>,
 }
 
 /// The file's tables as of the last commit; only a commit changes them.
@@ -80,6 +84,15 @@ pub(super) struct Tables {
 pub(super) struct Writing {
     /// See [`LogSettings::time_step`](super::LogSettings::time_step).
     pub(super) time_step: u64,
+}
+
+/// The rows of the commit being made, sealed, from when it took the
+/// batch until the storage holds them: a read of one of them meanwhile
+/// is answered from here (see `Log::read_row_unsettled`).
+pub(super) struct Flight {
+    pub(super) rows: std::ops::RangeInclusive<u64>,
+    /// (bucket, row, sealed bytes), as written.
+    pub(super) parts: Vec<(u64, u64, Vec<u8>)>,
 }
 
 /// What the log's callers, its committer and its replica share.
@@ -191,7 +204,11 @@ pub(super) fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
     if let Err(e) = s.ack.check() {
         return Committed::Failed(e);
     }
-    let batch = {
+    // Held from before the batch is taken until its rows are in it, so a
+    // reader that finds a row gone from the batch finds it here (or, once
+    // the storage holds it, there).
+    let mut flight = s.db.flight.lock();
+    let mut batch = {
         let mut b = s.batch.lock();
         if b.is_empty() {
             return Committed::Nothing;
@@ -202,6 +219,12 @@ pub(super) fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
         std::mem::replace(&mut *b, next)
     };
     let (first_row, row) = (batch.first_row, batch.row);
+    let rows = batch.seal();
+    *flight = Some(Flight {
+        rows: first_row..=row,
+        parts: rows.clone(),
+    });
+    drop(flight);
     lead.last_records = batch.own_records();
     let span = tracing::trace_span!(
         "dedupkv.commit",
@@ -212,16 +235,10 @@ pub(super) fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
     let _entered = span.enter();
     let started = std::time::Instant::now();
     let dropped = batch.also.drop_buckets.clone();
-    let written: Vec<u64> = batch
-        .closed
-        .iter()
-        .flat_map(|(_, parts)| parts)
-        .chain(&batch.parts)
-        .map(|(b, _)| *b)
-        .collect();
+    let written: Vec<u64> = rows.iter().map(|(b, _, _)| *b).collect();
     // A panic inside the storage engine must poison the store, not leave
     // every waiter blocked forever.
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(s, batch)))
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(s, batch, rows)))
         .unwrap_or_else(|_| {
             s.db.panicked.store(true, Ordering::Release);
             Err(Error::Storage(
@@ -241,11 +258,13 @@ pub(super) fn commit_pending(s: &Shared, lead: &mut Lead) -> Committed {
             s.observed
                 .committed(started.elapsed(), u64::from(lead.last_records));
             lead.last_callers = s.ack.committed(first_row, row);
+            *s.db.flight.lock() = None;
             Committed::Row
         }
         Err(e) => {
             tracing::error!(row, error = %e, "dedupkv commit failed; store poisoned");
             s.ack.failed(format!("commit of log row {row} failed: {e}"));
+            *s.db.flight.lock() = None;
             Committed::Failed(e)
         }
     }
@@ -281,7 +300,7 @@ fn gather(s: &Shared, kicked: &Receiver<()>, last_records: u32) {
 /// so the file's tables are the manifest's after every commit; in a
 /// format-5 file, so is the summary of every bucket the batch writes or
 /// trims.
-fn write(s: &Shared, batch: Batch) -> Result<()> {
+fn write(s: &Shared, batch: Batch, rows: Vec<(u64, u64, Vec<u8>)>) -> Result<()> {
     let db = s.db.store.read();
     let db = db.as_ref().ok_or(Error::Closed)?;
     let mut manifest = s.tables.manifest.lock();
@@ -299,7 +318,7 @@ fn write(s: &Shared, batch: Batch) -> Result<()> {
         next.time_floor = batch.max_at;
     }
     let last_row = batch.row;
-    let plan = Plan::of(batch, &mut next, &summaries);
+    let plan = Plan::of(batch, rows, &mut next, &summaries);
     let stored = summaries_to_store(format, upgrade, &next.buckets, &plan.changed, &summaries);
     let meta = match upgrade {
         Some(to) => meta::upgrade_changes(&**db, &next, to)?,
@@ -344,8 +363,14 @@ struct Plan {
 }
 
 impl Plan {
-    /// Lays out `batch`, noting in `next` the tables it creates or deletes.
-    fn of(batch: Batch, next: &mut Manifest, summaries: &BTreeMap<u64, Summary>) -> Plan {
+    /// Lays out `batch` and its sealed `rows`, noting in `next` the tables
+    /// it creates or deletes.
+    fn of(
+        batch: Batch,
+        rows: Vec<(u64, u64, Vec<u8>)>,
+        next: &mut Manifest,
+        summaries: &BTreeMap<u64, Summary>,
+    ) -> Plan {
         let mut changed: BTreeMap<u64, Option<Summary>> = BTreeMap::new();
         let also = batch.also;
         // Deletions first: a bucket dropped and written in one commit keeps
@@ -368,19 +393,13 @@ impl Plan {
                 .get_or_insert_default()
                 .remove(&gone);
         }
-        let mut rows = Vec::with_capacity(batch.parts.len());
-        let last = (batch.row, batch.parts);
-        for (row, parts) in batch.closed.into_iter().chain(std::iter::once(last)) {
-            for (bucket, part) in parts {
-                let bytes = part.finish();
-                changed
-                    .entry(bucket)
-                    .or_insert_with(|| summaries.get(&bucket).copied())
-                    .get_or_insert_default()
-                    .add(bucket, row, &bytes);
-                rows.push((bucket, row, bytes));
-                next.buckets.insert(bucket);
-            }
+        for (bucket, row, bytes) in &rows {
+            changed
+                .entry(*bucket)
+                .or_insert_with(|| summaries.get(bucket).copied())
+                .get_or_insert_default()
+                .add(*bucket, *row, bytes);
+            next.buckets.insert(*bucket);
         }
         Plan {
             drops: also.drop_buckets,

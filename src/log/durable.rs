@@ -1,147 +1,22 @@
 //! Durability that can be awaited as well as waited on.
 //!
 //! A blocking caller sleeps on the commit futex ([`Log::wait_durable`](super::Log::wait_durable)).
-//! An async caller instead runs its call in a *deferring scope*
-//! ([`deferring`]): on this thread, for the length of the call, the waits
-//! an answer needs (its own records, and the records it was answered from)
-//! are noted instead of waited for; the caller then awaits the noted row
-//! through [`Log::poll_durable`](super::Log::poll_durable), whose waker sits in [`Wakers`] until the
-//! commit that covers the row wakes it.
+//! An async caller awaits the row its answer rests on (every call of the
+//! contract returns it, never waiting itself) through
+//! [`Log::poll_durable`](super::Log::poll_durable), whose waker sits in
+//! [`Wakers`] until the commit that covers the row wakes it.
 //!
-//! Invariants:
-//! - a deferring scope only changes *when* the caller is told, never what
-//!   is recorded or in which order: the answer is withheld until the
-//!   noted row is durable, which covers every record the call appended
-//!   (rows of later appends are never smaller);
-//! - a call that must read a row before it is durable (a replay of a
-//!   record still in the open batch) blocks as before — unless nothing was
-//!   appended yet in the scope and the caller can run the call again
-//!   ([`Scope::Retry`]): then the read fails with `WouldBlock`, the row is
-//!   noted as [`Deferred::unreadable`], and the caller awaits it and runs
-//!   the call again, which is the same call, since nothing was recorded;
-//! - a waker is registered before the durable row is checked again, and a
-//!   commit publishes the durable row before it takes the list: a commit
-//!   that covers the row either sees the waker or is seen by the check.
-//!
-//! Outside a scope (every blocking call) each hook is one thread-local
-//! read, and a commit takes one uncontended lock to see the list empty.
-//! Without the `async` feature nothing opens a scope or registers a waker.
+//! Invariant: a waker is registered before the durable row is checked
+//! again, and a commit publishes the durable row before it takes the list:
+//! a commit that covers the row either sees the waker or is seen by the
+//! check. A commit with nobody awaiting takes no lock (one atomic read).
+//! Without the `async` feature nothing registers a waker.
 #![cfg_attr(not(feature = "async"), allow(dead_code))]
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::task::Waker;
 
 use crate::sync::{Arc, Mutex};
-
-/// What a deferring scope noted.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Deferred {
-    /// The newest row an answer given in the scope rests on (0: none):
-    /// await it before acting on the answer.
-    pub(crate) row: u64,
-    /// The call could not read this row yet and recorded nothing: await
-    /// it, then run the call again.
-    pub(crate) unreadable: Option<u64>,
-    /// Something was appended to the batch in the scope.
-    appended: bool,
-}
-
-/// How a scope treats a read of a row that is not durable yet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Scope {
-    /// The caller can run the call again: fail the read if nothing was
-    /// appended yet (see the module's invariants).
-    Retry,
-    /// The call runs once: a read blocks until its row is durable.
-    Once,
-}
-
-#[derive(Clone, Copy)]
-struct Active {
-    noted: Deferred,
-    scope: Scope,
-}
-
-thread_local! {
-    static SCOPE: Cell<Option<Active>> = const { Cell::new(None) };
-}
-
-/// Puts back the scope that was active before (none, or an outer one).
-struct Restore(Option<Active>);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        SCOPE.with(|s| s.set(self.0));
-    }
-}
-
-/// Runs `f` in a deferring scope on this thread; returns its result and
-/// what it noted. A scope inside another is its own (the outer one is
-/// restored after, also if `f` panics).
-pub(crate) fn deferring<T>(scope: Scope, f: impl FnOnce() -> T) -> (T, Deferred) {
-    let restore = Restore(SCOPE.with(|s| {
-        s.replace(Some(Active {
-            noted: Deferred::default(),
-            scope,
-        }))
-    }));
-    let out = f();
-    let noted = SCOPE.with(Cell::get).map(|a| a.noted).unwrap_or_default();
-    drop(restore);
-    (out, noted)
-}
-
-/// Runs `f` with no deferring scope, even inside one: for work whose waits
-/// must really happen in order (eviction deletes tables only after what it
-/// carried out of them is durable).
-pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    let _restore = Restore(SCOPE.with(|s| s.replace(None)));
-    f()
-}
-
-/// Applies `change` to the active scope, if there is one; returns whether
-/// there was one.
-#[inline]
-fn with_scope(change: impl FnOnce(&mut Active)) -> bool {
-    SCOPE.with(|s| match s.get() {
-        None => false,
-        Some(mut a) => {
-            change(&mut a);
-            s.set(Some(a));
-            true
-        }
-    })
-}
-
-/// Inside a scope, notes that an answer rests on `row` and returns `true`
-/// (the caller does not wait); outside, `false`.
-#[inline]
-pub(crate) fn defer_answer(row: u64) -> bool {
-    with_scope(|a| a.noted.row = a.noted.row.max(row))
-}
-
-/// Notes that the call appends to the batch (a later read blocks).
-#[inline]
-pub(crate) fn note_append() {
-    with_scope(|a| a.noted.appended = true);
-}
-
-/// Inside a [`Scope::Retry`] scope in which nothing was appended, notes
-/// `row` as unreadable and returns `true` (the read fails, the caller
-/// runs the call again once the row is durable); otherwise `false` (the
-/// read waits).
-#[inline]
-pub(crate) fn defer_read(row: u64) -> bool {
-    let mut deferred = false;
-    with_scope(|a| {
-        if a.scope == Scope::Retry && !a.noted.appended && a.noted.unreadable.is_none() {
-            a.noted.unreadable = Some(row);
-            deferred = true;
-        }
-    });
-    deferred
-}
 
 /// One awaiting caller: the row it waits for and its task's waker.
 pub(crate) struct Waiting {
@@ -297,39 +172,5 @@ mod tests {
         wakers.wake_through(5);
         assert_eq!(count.0.load(Ordering::SeqCst), 2);
         assert_eq!(wakers.len.load(Ordering::SeqCst), 0);
-    }
-
-    #[test]
-    fn a_scope_notes_the_newest_row_and_restores_the_outer_one() {
-        let ((), outer) = deferring(Scope::Retry, || {
-            assert!(defer_answer(4));
-            let ((), inner) = deferring(Scope::Once, || {
-                assert!(defer_answer(9));
-                note_append();
-                assert!(!defer_read(9), "a Once scope blocks on reads");
-            });
-            assert_eq!(inner.row, 9);
-            assert!(defer_answer(2));
-            assert!(defer_read(5), "nothing appended in the outer scope yet");
-            assert!(!defer_read(6), "only the first unreadable row is noted");
-        });
-        assert_eq!((outer.row, outer.unreadable), (4, Some(5)));
-        assert!(!defer_answer(1), "no scope outside");
-    }
-
-    #[test]
-    fn a_read_after_an_append_blocks() {
-        let (read, noted) = deferring(Scope::Retry, || {
-            note_append();
-            defer_read(3)
-        });
-        assert!(!read);
-        assert_eq!(noted.unreadable, None);
-    }
-
-    #[test]
-    fn blocking_suspends_the_scope() {
-        let (inside, _) = deferring(Scope::Retry, || blocking(|| defer_answer(1)));
-        assert!(!inside);
     }
 }

@@ -17,9 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::Storage;
 use super::ack::Ack;
-use super::batch::{Batch, ROW_SPLIT_BYTES};
+use super::batch::{Batch, InBatch, ROW_SPLIT_BYTES};
 use super::commit::{Committed, Db, Lead, Shared, Tables, Writing, commit_pending, run};
-use super::durable;
 use super::meta::Manifest;
 use super::observe::CommitStats;
 use super::ship::{AckTarget, Acks, Ship};
@@ -151,6 +150,46 @@ impl Log {
         Ok(found)
     }
 
+    /// Row `row` of `bucket` as it is or will be stored, whether its
+    /// commit is made or not: from the open batch (the records in it so
+    /// far; with `close`, the row is closed first, so no record joins it
+    /// after this read), from the commit being made, or from the storage.
+    /// An answer read from a row whose commit is not durable yet must rest
+    /// on it ([`Basis::read`](crate::contract::Basis::read)): the caller
+    /// tells it only once the row is durable. `None`: the row has no part
+    /// for `bucket` (its table was deleted: expired).
+    pub(crate) fn read_row_unsettled(
+        &self,
+        bucket: u64,
+        row: u64,
+        close: bool,
+    ) -> Result<Option<Vec<u8>>> {
+        let s = &*self.shared;
+        if !s.ack.is_durable(row) {
+            if let InBatch::Here(found) = s.batch.lock().read_row(bucket, row, close) {
+                return Ok(found);
+            }
+            if let Some(f) = &*s.db.flight.lock()
+                && f.rows.contains(&row)
+            {
+                let part = f.parts.iter().find(|p| p.0 == bucket && p.1 == row);
+                let found = part.map(|p| p.2.clone());
+                // Not from a commit that failed (it poisons before it
+                // clears the flight).
+                self.check_readable()?;
+                return Ok(found);
+            }
+            // Committed since (the commit cleared the flight only after
+            // the storage had it), unless it failed.
+            self.check_readable()?;
+        }
+        let found = self.read_row(bucket, row)?;
+        if found.is_none() {
+            self.check_readable()?;
+        }
+        Ok(found)
+    }
+
     /// Calls `each(row, bytes, records)` for every row of `bucket`'s table,
     /// in row order, with the row's stored size and its records; nothing
     /// if the bucket has no table. Commits are not paused meanwhile: the
@@ -233,7 +272,6 @@ impl Log {
     /// The batch to append to. Fails if the log is poisoned.
     pub(crate) fn batch(&self) -> Result<MutexGuard<'_, Batch>> {
         self.check()?;
-        durable::note_append();
         Ok(self.shared.batch.lock())
     }
 
@@ -349,6 +387,7 @@ fn shared(
         db: Db {
             store: RwLock::new(Some(db)),
             panicked: AtomicBool::new(false),
+            flight: Mutex::new(None),
         },
         batch: Mutex::new(first),
         open_row,

@@ -12,7 +12,7 @@
 //! - `ack.rs`: what a caller may be told (the durable and replicated
 //!   watermarks, the poison and the fence), the waits and the polls;
 //! - `durable.rs`: durability awaited by async callers (a waker list beside
-//!   the commit futex, and the deferring scope);
+//!   the commit futex);
 //! - `meta.rs`: the settings fixed at creation and the manifest;
 //! - `observe.rs`: what commits cost (totals, and an observer per commit);
 //! - `summary.rs`: each bucket table's summary, which an open checks;
@@ -47,7 +47,7 @@ use std::path::Path;
 use crate::{Error, Result};
 
 pub(crate) use batch::{Batch, ROW_SPLIT_BYTES};
-pub(crate) use durable::{Scope, Waiting, blocking, deferring};
+pub(crate) use durable::Waiting;
 pub(crate) use facade::{Found, Log, LogSettings};
 pub(crate) use meta::FileMeta;
 pub(crate) use observe::CommitObserver;

@@ -238,6 +238,18 @@ impl RowWriter {
         self.buf.len()
     }
 
+    /// A sealed copy of the row as it stands (as [`finish`](Self::finish)
+    /// would make it), the writer left as it was: a read of a row whose
+    /// commit has not been made yet.
+    pub(crate) fn sealed_copy(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(self.buf.len() + 8);
+        buf.extend_from_slice(&self.buf);
+        buf[2..6].copy_from_slice(&self.count.to_le_bytes());
+        let sum = xxhash_rust::xxh3::xxh3_64(&buf);
+        buf.extend_from_slice(&sum.to_le_bytes());
+        buf
+    }
+
     /// Writes the count and the checksum; the row is ready to store.
     pub(crate) fn finish(mut self) -> Vec<u8> {
         self.buf[2..6].copy_from_slice(&self.count.to_le_bytes());

@@ -29,6 +29,8 @@ pub(crate) use body::{
 };
 pub(crate) use decode::{RowReader, read_row};
 pub(crate) use format::RowWriter;
+#[cfg(test)]
+pub(crate) use format::tests::sample;
 pub(crate) use record::{
     ClaimFields, FORMAT_MAX_KEY_PART, FORMAT_MAX_OUTCOME, FORMAT_MAX_RECORD, INTENT_CLOSED,
     INTENT_PENDING, INTENT_SETTLED, Kind, RELEASE_ABANDONED, RELEASE_ANY_REQUEST, RecordRef,

@@ -168,6 +168,38 @@ impl<T> Pending<T> {
         }
     }
 
+    /// Both values, resting on both bases: two calls' answers told
+    /// together (after one wait).
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::contract::{Basis, Pending};
+    /// let both = Pending::new(1, Basis::written(3)).zip(Pending::new(2, Basis::read(5)));
+    /// assert_eq!(both.basis(), Basis::written(3).and(Basis::read(5)));
+    /// ```
+    pub fn zip<U>(self, other: Pending<U>) -> Pending<(T, U)> {
+        Pending {
+            value: (self.value, other.value),
+            basis: self.basis.and(other.basis),
+        }
+    }
+
+    /// The value, resting on `basis` too: an answer decided after an
+    /// earlier call whose records it depends on.
+    ///
+    /// # Examples
+    /// ```
+    /// # use dedupkv::contract::{Basis, Pending};
+    /// let p = Pending::new((), Basis::written(4)).after(Basis::written(2));
+    /// assert_eq!(p.basis(), Basis::written(4));
+    /// ```
+    pub fn after(self, basis: Basis) -> Pending<T> {
+        Pending {
+            value: self.value,
+            basis: self.basis.and(basis),
+        }
+    }
+
     /// The value and its basis, apart: the caller keeps the promise not to
     /// tell the value before the basis is settled.
     ///

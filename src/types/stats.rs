@@ -55,7 +55,9 @@ pub struct Stats {
     pub interrupted: u64,
     /// `begin` calls answered `InProgress`.
     pub in_progress: u64,
-    /// `begin` calls answered `Completed` (replays).
+    /// `begin` calls answered `Completed` (replays), counted when the
+    /// answer is decided: under `Immediate`, a replay of an outcome whose
+    /// commit then fails (the store is poisoned) is counted too.
     pub replays: u64,
     /// Claims completed.
     pub completed: u64,
