@@ -16,13 +16,13 @@
 //! `Failure::Exhausted`, `requeue`, `resolve`. [`Intents`](dedupkv::contract::Intents): `begin` with an
 //! intent, `mark_answered`, the provider key every instance derives, and
 //! [`PgStore::intent`], [`PgStore::pending_intents`],
-//! [`PgStore::duplicate_candidates`]. [`Order`](dedupkv::contract::Order)'s versions: `advance`,
-//! `apply_event` (the sequencer refuses, not yet).
+//! [`PgStore::duplicate_candidates`]. [`Order`](dedupkv::contract::Order): versions (`advance`,
+//! `apply_event`, expiring as records do) and the sequencer (`sequence`,
+//! `release_held`, `ack`).
 //! [`PgStore::begin_or_wait`]: waiting across instances, woken by
 //! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
 //! [`PgStore::evict_expired`] (batched deletes; why not time partitions:
 //! see there). [`PgStore::dead_letters`] lists the dead-letter area.
-//! Not yet: the sequencer.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
@@ -49,6 +49,13 @@
 //! - `begin` with an intent: its columns written by the claim's own
 //!   statement (the `INSERT` or the takeover's `UPDATE`);
 //!   `mark_answered`: one conditional `UPDATE` by the claim's token.
+//! - `advance`: one `INSERT … ON CONFLICT DO UPDATE … RETURNING` on the
+//!   entity's row; `apply_event`: the event's insert and the advance in one
+//!   transaction.
+//! - `sequence`, `release_held`, `ack`: one transaction under the entity's
+//!   row lock (an `INSERT … ON CONFLICT DO UPDATE` that makes or locks it,
+//!   or `SELECT … FOR UPDATE`), its stored events read, the engine's
+//!   decision made on them, what changed written back.
 //! - Every statement that ends an attempt a waiter marked also notifies
 //!   the channel `dedupkv_done` (`pg_notify` in the same statement, sent
 //!   at its commit): what [`PgStore::begin_or_wait`] sleeps on. Attempts
@@ -87,11 +94,13 @@
 //!
 //! # Schema
 //! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
-//! `dedupkv_schema_version`, `dedupkv_keys` and the sequence
-//! `dedupkv_token`, at [`SCHEMA_VERSION`] 4. An older schema is migrated
-//! in place by the next open, under the same advisory lock: the
-//! dead-letter columns (2), the intent columns (3) and the waiters' mark
-//! (4) are added. A schema written by
+//! `dedupkv_schema_version`, `dedupkv_keys`, `dedupkv_versions` (one row
+//! per entity), `dedupkv_events` (the sequencer's stored events) and the
+//! sequence `dedupkv_token`, at [`SCHEMA_VERSION`] 5. An older schema is
+//! migrated in place by the next open, under the same advisory lock: the
+//! dead-letter columns (2), the intent columns and the versions' table
+//! (3), the waiters' mark (4), and the sequencer's columns, the entities'
+//! expiry and the events' table (5) are added. A schema written by
 //! a newer build is refused with [`Error::InvalidConfig`] naming it.
 //!
 //! # Examples
@@ -131,6 +140,7 @@ mod dead_letters;
 mod group;
 mod intents;
 mod order;
+mod sequencer;
 mod sql;
 mod wait;
 
@@ -140,7 +150,7 @@ use sql::{
 };
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The store's default claim lease (the engine's default).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -202,6 +212,9 @@ struct Shared {
     /// How long a record is kept after its last write, when the call
     /// names no retention.
     retention_ms: i64,
+    /// The sequencer's settings and the entities' retention
+    /// ([`PgStoreBuilder::entities`]).
+    entities: Entities,
 }
 
 /// One pooled connection and its prepared statements.
@@ -517,9 +530,101 @@ pub struct PgStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     max_idle: usize,
     group_commit: usize,
+    entities: Entities,
+}
+
+/// The entities' settings (versions and the sequencer), each as the
+/// engine's of the same name and with its default.
+///
+/// # Examples
+/// See [`PgStoreBuilder::entities`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Entities {
+    /// How long an entity (its version and sequencer position) is kept
+    /// after its last change while it stores no event (one that stores
+    /// events never expires). Default 7 days.
+    pub retention: Duration,
+    /// How long a gap may stay open before the events parked behind it
+    /// move to the holding area (at the entity's next `sequence`).
+    /// Default 5 minutes.
+    pub max_hold: Duration,
+    /// How long what the sequencer hands back is held for its caller
+    /// when the call names no lease. Default 30 s.
+    pub handback_lease: Duration,
+}
+
+impl Default for Entities {
+    fn default() -> Self {
+        Entities {
+            retention: Duration::from_secs(7 * 86_400),
+            max_hold: Duration::from_secs(300),
+            handback_lease: DEFAULT_LEASE,
+        }
+    }
+}
+
+impl Entities {
+    /// The defaults (see the fields).
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder::entities`].
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`retention`](Self::retention).
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder::entities`].
+    #[must_use]
+    pub fn retention(mut self, d: Duration) -> Self {
+        self.retention = d;
+        self
+    }
+
+    /// Sets [`max_hold`](Self::max_hold).
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder::entities`].
+    #[must_use]
+    pub fn max_hold(mut self, d: Duration) -> Self {
+        self.max_hold = d;
+        self
+    }
+
+    /// Sets [`handback_lease`](Self::handback_lease).
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder::entities`].
+    #[must_use]
+    pub fn handback_lease(mut self, d: Duration) -> Self {
+        self.handback_lease = d;
+        self
+    }
 }
 
 impl PgStoreBuilder {
+    /// The entities' settings: their retention and the sequencer's hold
+    /// and hand-back lease. Default [`Entities::default`] (the engine's
+    /// defaults); each at least 1 ms.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv_postgres::{Entities, PgStore};
+    /// use std::time::Duration;
+    ///
+    /// let store = PgStore::builder("host=127.0.0.1 user=postgres dbname=postgres")
+    ///     .entities(Entities::new().max_hold(Duration::from_secs(60)).retention(Duration::from_secs(86_400)))
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn entities(mut self, entities: Entities) -> Self {
+        self.entities = entities;
+        self
+    }
+
     /// The PostgreSQL schema (namespace) of the tables: lowercase ASCII
     /// letters, digits and `_`, not starting with a digit, at most 63
     /// bytes. Default `dedupkv`. Instances that share keys open the same.
@@ -654,11 +759,17 @@ impl PgStoreBuilder {
                 self.retention
             )));
         }
-        if self.lease < Duration::from_millis(1) {
-            return Err(Error::InvalidConfig(format!(
-                "lease {:?}: must be at least 1 ms",
-                self.lease
-            )));
+        for (what, d) in [
+            ("lease", self.lease),
+            ("entities.retention", self.entities.retention),
+            ("entities.max_hold", self.entities.max_hold),
+            ("entities.handback_lease", self.entities.handback_lease),
+        ] {
+            if d < Duration::from_millis(1) {
+                return Err(Error::InvalidConfig(format!(
+                    "{what} {d:?}: must be at least 1 ms"
+                )));
+            }
         }
         let client = off_runtime(|| {
             let mut client = connect(&self.url)?;
@@ -675,6 +786,7 @@ impl PgStoreBuilder {
             clock: self.clock,
             lease_ms: ms(self.lease),
             retention_ms: ms(self.retention),
+            entities: self.entities,
         };
         shared.idle.lock().push(Conn {
             client,
@@ -747,7 +859,8 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
 /// never expires); version 3 the intent columns (a row of an older
 /// version has no intent), `updated_at` and the table
 /// `dedupkv_versions`; version 4 the `waited` mark (a finish notifies
-/// only rows a waiter marked). Instances of an older build that are already
+/// only rows a waiter marked); version 5 the sequencer (see
+/// [`migrate_to_5`]). Instances of an older build that are already
 /// running keep working on it (one starting later refuses the newer
 /// version): they never write the new columns (an intent an older
 /// instance's takeover leaves behind stays, as an attempt without an
@@ -763,9 +876,42 @@ fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()>
     if from < 3 {
         migrate_to_3(tx, s)?;
     }
+    if from < 4 {
+        tx.batch_execute(&format!(
+            "ALTER TABLE {s}.dedupkv_keys ADD COLUMN IF NOT EXISTS waited bool NOT NULL DEFAULT false;
+             INSERT INTO {s}.dedupkv_schema_version VALUES (4);"
+        ))
+        .map_err(storage)?;
+    }
+    migrate_to_5(tx, s)
+}
+
+/// Version 5: the sequencer's state on the entity's row (`next`,
+/// `gap_since`; `version` NULL for an entity that has none), the entity's
+/// expiry (NULL on a row from before: it expires from its next write on;
+/// 0 while it stores events) and the table of stored events.
+fn migrate_to_5(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
     tx.batch_execute(&format!(
-        "ALTER TABLE {s}.dedupkv_keys ADD COLUMN IF NOT EXISTS waited bool NOT NULL DEFAULT false;
-         INSERT INTO {s}.dedupkv_schema_version VALUES (4);"
+        "ALTER TABLE {s}.dedupkv_versions
+             ALTER COLUMN version DROP NOT NULL,
+             ADD COLUMN IF NOT EXISTS next int8 NOT NULL DEFAULT {no_next},
+             ADD COLUMN IF NOT EXISTS gap_since int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS expires_at int8;
+         CREATE INDEX IF NOT EXISTS dedupkv_versions_expiry ON {s}.dedupkv_versions (expires_at)
+             WHERE expires_at > 0;
+         CREATE TABLE IF NOT EXISTS {s}.dedupkv_events (
+             scope bytea NOT NULL,
+             id bytea NOT NULL,
+             seq int8 NOT NULL,
+             state int2 NOT NULL,
+             payload bytea NOT NULL,
+             at int8 NOT NULL,
+             missing int8 NOT NULL,
+             since int8 NOT NULL,
+             handed_until int8 NOT NULL,
+             PRIMARY KEY (scope, id, seq));
+         INSERT INTO {s}.dedupkv_schema_version VALUES (5);",
+        no_next = sql::NO_NEXT,
     ))
     .map_err(storage)
 }
@@ -837,10 +983,12 @@ impl PgStore {
             clock: None,
             max_idle: 16,
             group_commit: DEFAULT_GROUP_COMMIT,
+            entities: Entities::default(),
         }
     }
 
-    /// Deletes every expired row (never a dead letter), [`EVICT_BATCH`]
+    /// Deletes every expired row (never a dead letter), then every expired
+    /// entity (never one that stores events), [`EVICT_BATCH`]
     /// at a time, each batch its own statement, so no transaction holds
     /// many row locks or runs long; the value is how many were deleted.
     /// Rows a concurrent call holds locked are skipped and left to a later
@@ -869,18 +1017,21 @@ impl PgStore {
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
-        let st = c.stmt(&sh.sql, Q::Evict)?;
         let mut total = 0;
-        loop {
-            let n = c
-                .client
-                .execute(&st, &[&sh.now(), &EVICT_BATCH])
-                .map_err(storage)?;
-            total += n;
-            if n < u64::try_from(EVICT_BATCH).unwrap_or(u64::MAX) {
-                return Ok(total);
+        for q in [Q::Evict, Q::EvictEntities] {
+            let st = c.stmt(&sh.sql, q)?;
+            loop {
+                let n = c
+                    .client
+                    .execute(&st, &[&sh.now(), &EVICT_BATCH])
+                    .map_err(storage)?;
+                total += n;
+                if n < u64::try_from(EVICT_BATCH).unwrap_or(u64::MAX) {
+                    break;
+                }
             }
         }
+        Ok(total)
     }
 
     /// `begin` of one key: attempt 1 by one `INSERT … ON CONFLICT DO

@@ -9,20 +9,23 @@
 //! Versions run from 0 to `u64::MAX - 1` (the engine's range); they are
 //! stored as `int8` with the top bit flipped, which keeps their order.
 //!
-//! Not yet: the sequencer (`sequence`, `release_held`, `ack` refuse with
-//! [`Error::InvalidArgument`]); versions do not expire.
+//! An entity expires `Entities::retention` after the last version
+//! applied to it (or its sequencer's last change), unless it stores
+//! events; an expired entity starts afresh (its next version is applied
+//! with no previous one). The sequencer shares the entity's row
+//! (`crate::sequencer`).
 
 use dedupkv::contract::{Order, Pending};
 use dedupkv::{Advance, Delivered, Error, Key, Result, SequenceOptions, Sequenced, Update};
 
-use crate::{PgStore, Q, check_key, storage};
+use crate::{PgStore, Q, Shared, check_key, ms, storage};
 
 /// `version` as stored: order-preserving from `u64` to `int8`.
-fn stored(version: u64) -> i64 {
+pub(crate) fn stored(version: u64) -> i64 {
     i64::from_be_bytes((version ^ (1 << 63)).to_be_bytes())
 }
 
-fn version_of(stored: i64) -> u64 {
+pub(crate) fn version_of(stored: i64) -> u64 {
     u64::from_be_bytes(stored.to_be_bytes()) ^ (1 << 63)
 }
 
@@ -46,22 +49,25 @@ fn decide(previous: Option<i64>, version: u64) -> Advance {
     }
 }
 
-fn unsupported<T>(what: &'static str) -> Result<T> {
-    Err(Error::InvalidArgument {
-        what,
-        reason: "the sequencer is not supported by the PostgreSQL backend yet".into(),
-    })
-}
-
 /// `advance` on `client` (a connection or a transaction).
 fn advance_on(
     client: &mut impl postgres::GenericClient,
-    st: &postgres::Statement,
+    (st, sh): (&postgres::Statement, &Shared),
     entity: &Key<'_>,
     version: u64,
 ) -> Result<Advance> {
+    let retention = ms(sh.entities.retention);
     let row = client
-        .query_one(st, &[&entity.scope(), &entity.id(), &stored(version)])
+        .query_one(
+            st,
+            &[
+                &entity.scope(),
+                &entity.id(),
+                &stored(version),
+                &sh.now(),
+                &retention,
+            ],
+        )
         .map_err(storage)?;
     Ok(decide(row.get(0), version))
 }
@@ -75,7 +81,7 @@ impl Order for PgStore {
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
         let st = c.stmt(&sh.sql, Q::Advance)?;
-        advance_on(&mut c.client, &st, entity, version).map(Pending::settled)
+        advance_on(&mut c.client, (&st, sh), entity, version).map(Pending::settled)
     }
 
     /// One transaction: the event's `insert` (the store's retention), then,
@@ -100,7 +106,7 @@ impl Order for PgStore {
             .map_err(storage)?
             .is_empty();
         let answer = if new {
-            match advance_on(&mut tx, &adv, entity, version)? {
+            match advance_on(&mut tx, (&adv, sh), entity, version)? {
                 Advance::Applied { previous } => Update::Applied { previous },
                 Advance::Stale { current } => Update::Stale { current },
                 _ => Update::SameVersion,
@@ -112,25 +118,26 @@ impl Order for PgStore {
         Ok(Pending::settled(answer))
     }
 
-    /// Refused: not yet on this backend.
+    /// One transaction under the entity's row lock (see
+    /// `crate::sequencer`).
     fn sequence(
         &self,
-        _entity: &Key<'_>,
-        _seq: u64,
-        _payload: &[u8],
-        _options: &SequenceOptions,
+        entity: &Key<'_>,
+        seq: u64,
+        payload: &[u8],
+        options: &SequenceOptions,
     ) -> Result<Pending<Sequenced>> {
-        unsupported("sequence")
+        self.sequence_on(entity, seq, payload, options)
     }
 
-    /// Refused: not yet on this backend.
-    fn release_held(&self, _entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>> {
-        unsupported("release_held")
+    /// As `sequence`; the hand-back's lease is the store's.
+    fn release_held(&self, entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>> {
+        self.release_held_on(entity)
     }
 
-    /// Refused: not yet on this backend.
-    fn ack(&self, _entity: &Key<'_>, _upto: u64) -> Result<Pending<usize>> {
-        unsupported("ack")
+    /// As `sequence`: the acknowledged events are deleted.
+    fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<Pending<usize>> {
+        self.ack_on(entity, upto)
     }
 }
 

@@ -35,8 +35,19 @@ pub(crate) enum Q {
     Advance,
     DeadLetters,
     Waiting,
+    SeqLock,
+    SeqFind,
+    Events,
+    EventsPut,
+    EventsDel,
+    SeqSet,
+    EvictEntities,
 }
-pub(crate) const STATEMENTS: usize = 19;
+pub(crate) const STATEMENTS: usize = 26;
+
+/// An entity's `next` when it has no sequencer state: `stored(0)` of
+/// `crate::order` (`i64::MIN`, written so that it parses).
+pub(crate) const NO_NEXT: &str = "(-9223372036854775807::int8 - 1)";
 
 /// The statements' text for one schema.
 pub(crate) struct Sql(pub(crate) [String; STATEMENTS]);
@@ -104,6 +115,7 @@ impl Sql {
     pub(crate) fn new(schema: &str) -> Sql {
         let k = format!("{schema}.dedupkv_keys");
         let v = format!("{schema}.dedupkv_versions");
+        let ev = format!("{schema}.dedupkv_events");
         let seq = format!("{schema}.dedupkv_token");
         let (now3, now4, now5, now7) = (now_at(3), now_at(4), now_at(5), now_at(7));
         let gone = expired("k.", "excluded.first_at");
@@ -312,15 +324,27 @@ impl Sql {
                 gone_now = expired("", NOW),
             ),
             // Q::Advance: $1 scope, $2 id, $3 version (order-preserving
-            // as int8, `crate::order`). One statement, atomic per entity:
-            // a new entity's row is inserted (`previous` NULL); an existing
-            // one is updated under its row lock, `previous` keeping the
-            // version it had and `version` the greater; the answer is read
-            // from what comes back.
+            // as int8, `crate::order`), $4 now, $5 the entity retention
+            // in ms. One statement, atomic per entity: a new entity's row
+            // is inserted (`previous` NULL); an existing one is updated
+            // under its row lock, `previous` keeping the version it had and
+            // `version` the greater; the answer is read from what comes
+            // back. An expired entity (`gone`) starts afresh, as a new one.
+            // Only an applied version extends the expiry; an entity with
+            // stored events (`expires_at` 0) never expires.
             format!(
-                "INSERT INTO {v} AS v (scope, id, version, previous) VALUES ($1::bytea, $2::bytea, $3::int8, NULL) \
-                 ON CONFLICT (scope, id) DO UPDATE SET previous = v.version, \
-                 version = greatest(v.version, excluded.version) RETURNING previous"
+                "INSERT INTO {v} AS v (scope, id, version, previous, expires_at) \
+                 SELECT $1::bytea, $2::bytea, $3::int8, NULL, n.now + $5::int8 FROM (SELECT {now4} AS now) n \
+                 ON CONFLICT (scope, id) DO UPDATE SET \
+                 previous = CASE WHEN {gone_v} THEN NULL ELSE v.version END, \
+                 version = CASE WHEN {gone_v} THEN excluded.version ELSE greatest(v.version, excluded.version) END, \
+                 next = CASE WHEN {gone_v} THEN {NO_NEXT} ELSE v.next END, \
+                 gap_since = CASE WHEN {gone_v} THEN 0 ELSE v.gap_since END, \
+                 expires_at = CASE WHEN v.expires_at = 0 THEN 0 \
+                     WHEN {gone_v} OR v.version IS NULL OR excluded.version > v.version THEN excluded.expires_at \
+                     ELSE v.expires_at END \
+                 RETURNING previous",
+                gone_v = "(v.expires_at > 0 AND v.expires_at <= excluded.expires_at - $5::int8)",
             ),
             // Q::DeadLetters: $1 now, $2 scope (NULL: every scope), $3
             // limit. The dead-letter area, in the order keys reached it
@@ -339,6 +363,61 @@ impl Sql {
             format!(
                 "UPDATE {k} SET waited = true \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {IN_PROGRESS} AND NOT waited"
+            ),
+            // Q::SeqLock: $1 now, $2 scope, $3 id. The entity's row, made
+            // if absent and locked either way (the sequencer decides under
+            // it, `crate::sequencer`): its next expected number, gap start
+            // and the time. An expired entity (it has no stored events)
+            // starts afresh; its expiry is written by Q::SeqSet.
+            format!(
+                "WITH n AS (SELECT {NOW} AS now) \
+                 INSERT INTO {v} AS v (scope, id, version, previous, next, gap_since, expires_at) \
+                 SELECT $2::bytea, $3::bytea, NULL, NULL, {NO_NEXT}, 0, n.now FROM n \
+                 ON CONFLICT (scope, id) DO UPDATE SET \
+                 version = CASE WHEN {gone} THEN NULL ELSE v.version END, \
+                 previous = CASE WHEN {gone} THEN NULL ELSE v.previous END, \
+                 next = CASE WHEN {gone} THEN {NO_NEXT} ELSE v.next END, \
+                 gap_since = CASE WHEN {gone} THEN 0 ELSE v.gap_since END \
+                 RETURNING next, gap_since, (SELECT now FROM n)",
+                gone = "(v.expires_at > 0 AND v.expires_at <= excluded.expires_at)",
+            ),
+            // Q::SeqFind: $1 now, $2 scope, $3 id. As Q::SeqLock for a call
+            // that makes no entity (`release_held`, `ack`).
+            format!(
+                "SELECT next, gap_since, {NOW} FROM {v} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"
+            ),
+            // Q::Events: $1 scope, $2 id. The entity's stored events (read
+            // under its row lock).
+            format!(
+                "SELECT seq, state, payload, at, missing, since, handed_until FROM {ev} \
+                 WHERE scope = $1::bytea AND id = $2::bytea ORDER BY seq"
+            ),
+            // Q::EventsPut: $1 scope, $2 id, then the events' arrays: $3
+            // seq, $4 state, $5 payload, $6 at, $7 missing, $8 since, $9
+            // handed_until. A stored event keeps its first payload.
+            format!(
+                "INSERT INTO {ev} (scope, id, seq, state, payload, at, missing, since, handed_until) \
+                 SELECT $1::bytea, $2::bytea, u.* FROM unnest($3::int8[], $4::int2[], $5::bytea[], \
+                 $6::int8[], $7::int8[], $8::int8[], $9::int8[]) AS u \
+                 ON CONFLICT (scope, id, seq) DO UPDATE SET state = excluded.state, at = excluded.at, \
+                 missing = excluded.missing, since = excluded.since, handed_until = excluded.handed_until"
+            ),
+            // Q::EventsDel: $1 scope, $2 id, $3 the acknowledged events' seq.
+            format!(
+                "DELETE FROM {ev} WHERE scope = $1::bytea AND id = $2::bytea AND seq = ANY($3::int8[])"
+            ),
+            // Q::SeqSet: $1 scope, $2 id, $3 next, $4 gap start, $5 expiry
+            // (0: never, while it stores events).
+            format!(
+                "UPDATE {v} SET next = $3::int8, gap_since = $4::int8, expires_at = $5::int8 \
+                 WHERE scope = $1::bytea AND id = $2::bytea"
+            ),
+            // Q::EvictEntities: $1 now, $2 batch size. As Q::Evict, for
+            // expired entities (never one with stored events).
+            format!(
+                "DELETE FROM {v} WHERE (scope, id) IN (SELECT scope, id FROM {v} WHERE {e} \
+                 LIMIT $2::int8 FOR UPDATE SKIP LOCKED) AND {e}",
+                e = format!("(expires_at > 0 AND expires_at <= {NOW})"),
             ),
         ])
     }

@@ -937,6 +937,76 @@ fn the_postgres_backend_passes_the_version_cases() -> Result<(), String> {
     conformance::versions(&store)
 }
 
+/// The contract's sequencer cases (`conformance::sequencer`) on two
+/// instances of one schema: early events parked and never dropped, hand
+/// backs in order, their leases shared by the instances, `ack`, the
+/// holding area, and 8 threads on both instances delivering out of order
+/// at once.
+#[test]
+fn the_postgres_backend_passes_the_sequencer_cases() -> Result<(), String> {
+    let Some(url) = url("sequencer") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "seq", None).map_err(|e| e.to_string())?;
+    conformance::sequencer(&a, &b, &clock)
+}
+
+/// Versions expire like every other record: an entity is forgotten its
+/// retention after the last version applied to it (a stale one does not
+/// extend it), and `evict_expired` deletes it; an entity that stores
+/// events never expires.
+#[test]
+fn versions_expire_after_their_retention_unless_events_are_stored() -> Result<(), Error> {
+    use dedupkv::contract::Order;
+    use dedupkv::{Advance, SequenceOptions, Sequenced};
+    let Some(url) = url("versions_expire") else {
+        return Ok(());
+    };
+    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
+    let hour = Duration::from_secs(3_600);
+    let store = PgStore::builder(url.as_str())
+        .schema(fresh_schema("vexp"))
+        .clock(clock.clone())
+        .entities(dedupkv_postgres::Entities::new().retention(hour))
+        .open()?;
+    let (e, parked) = (Key::new("order", "o-1"), Key::new("order", "o-2"));
+    let none = SequenceOptions::new();
+    assert_eq!(
+        store.tell(store.advance(&e, 5)?)?,
+        Advance::Applied { previous: None }
+    );
+    assert_eq!(
+        store.tell(store.sequence(&parked, 2, b"b", &none)?)?,
+        Sequenced::Parked
+    );
+    clock.advance(Duration::from_millis(3_599_999));
+    assert_eq!(
+        store.tell(store.advance(&e, 3)?)?,
+        Advance::Stale { current: 5 }
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        store.evict_expired()?,
+        1,
+        "the expired entity, not the one with an event"
+    );
+    assert_eq!(
+        store.tell(store.advance(&e, 3)?)?,
+        Advance::Applied { previous: None }
+    );
+    clock.advance(2 * hour);
+    assert_eq!(
+        store.tell(store.advance(&e, 2)?)?,
+        Advance::Applied { previous: None },
+        "expired, not evicted"
+    );
+    let Sequenced::Delivered(out) = store.tell(store.sequence(&parked, 1, b"a", &none)?)? else {
+        panic!("the parked event was dropped");
+    };
+    assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [1, 2]);
+    Ok(())
+}
+
 /// The dead-letter listing is shared by instances: in the order keys
 /// reached the area, by scope, up to a limit; a requeued key leaves it.
 #[test]
