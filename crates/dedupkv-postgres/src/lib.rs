@@ -23,6 +23,8 @@
 //! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
 //! [`PgStore::evict_expired`] (batched deletes; why not time partitions:
 //! see there). [`PgStore::dead_letters`] lists the dead-letter area.
+//! An optional local cache of finished records ([`PgStoreBuilder::cache`]):
+//! a repeat of a completed key answered with no round trip.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
@@ -121,7 +123,7 @@
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -136,6 +138,7 @@ use dedupkv::{
 use parking_lot::Mutex;
 use postgres::{Client, NoTls, Statement};
 
+mod cache;
 mod dead_letters;
 mod group;
 mod intents;
@@ -215,6 +218,10 @@ struct Shared {
     /// The sequencer's settings and the entities' retention
     /// ([`PgStoreBuilder::entities`]).
     entities: Entities,
+    /// Finished records answered from memory ([`PgStoreBuilder::cache`]).
+    cache: Option<cache::Cache>,
+    /// Connections taken from the pool ([`PgStore::checkouts`]).
+    checkouts: AtomicU64,
 }
 
 /// One pooled connection and its prepared statements.
@@ -291,6 +298,7 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 impl Shared {
     fn pooled(&self) -> Result<Pooled<'_>> {
+        self.checkouts.fetch_add(1, Ordering::Relaxed);
         let conn = match self.idle.lock().pop() {
             Some(c) => c,
             None => Conn {
@@ -313,6 +321,46 @@ impl Shared {
             }),
             Some(r) => Ok(ms(r)),
             None => Ok(self.retention_ms),
+        }
+    }
+
+    /// The cache's ticket for a read about to be sent (`None`: no cache).
+    fn ticket(&self) -> Option<cache::Ticket> {
+        self.cache.as_ref().map(cache::Cache::ticket)
+    }
+
+    /// The cached final record of `key`, if the cache has it.
+    fn cached(&self, key: &Key<'_>) -> Option<Record> {
+        self.cache.as_ref()?.get(key, self.now())
+    }
+
+    /// `begin`'s answer from the cache, if it has `key`: the record, or
+    /// the mismatch of another request (as the database would answer).
+    fn cached_begin(&self, key: &Key<'_>, fp: Fingerprint) -> Option<Result<Began<PgClaim>>> {
+        let rec = self.cached(key)?;
+        Some(match rec.fingerprint() {
+            Some(recorded) if recorded != fp => Err(Error::FingerprintMismatch {
+                key: format!("{key:?}"),
+                recorded,
+                requested: fp,
+            }),
+            _ => Ok(Began::Completed(rec)),
+        })
+    }
+
+    /// Keeps `key`'s row `r` (read with `Q::Peek`, after `ticket`) in the
+    /// cache if its record is final (completed or failed) and live.
+    fn remember(&self, ticket: Option<cache::Ticket>, key: &Key<'_>, r: &postgres::Row) {
+        let (Some(cache), Some(ticket)) = (&self.cache, ticket) else {
+            return;
+        };
+        let Ok(row) = Row::from(r) else { return };
+        let now: i64 = r.get(11);
+        if !matches!(row.state, COMPLETED | FAILED) || row.expired(now) {
+            return;
+        }
+        if let Ok(rec) = row.record(key.clone().into_owned()) {
+            cache.put(ticket, rec, (row.expires_at, now), self.clock.is_some());
         }
     }
 
@@ -531,7 +579,12 @@ pub struct PgStoreBuilder {
     max_idle: usize,
     group_commit: usize,
     entities: Entities,
+    cache: (usize, Duration),
 }
+
+/// How long a cached record answers at most by default
+/// ([`PgStoreBuilder::cache_max_age`]).
+pub const DEFAULT_CACHE_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// The entities' settings (versions and the sequencer), each as the
 /// engine's of the same name and with its default.
@@ -622,6 +675,48 @@ impl PgStoreBuilder {
     /// ```
     pub fn entities(mut self, entities: Entities) -> Self {
         self.entities = entities;
+        self
+    }
+
+    /// Keeps up to `entries` finished records (completed, or failed for
+    /// good) in this instance's memory, so a repeat `begin` or `get` of
+    /// such a key is answered with no round trip (the oldest entry goes
+    /// when it is full). Default 0: no cache.
+    ///
+    /// What it never does: answer "absent", "in progress", or any state
+    /// that can still change (nothing but a final record read from the
+    /// database is kept); answer past the record's expiry (measured from
+    /// the database's time of the read); or answer after a `forget` of the
+    /// key by this instance. A `forget` on **another** instance is not seen
+    /// here: this instance may answer the forgotten record for up to
+    /// [`cache_max_age`](Self::cache_max_age) after it read it. Leave the
+    /// cache off where keys are forgotten on purpose and must be
+    /// claimable again at once from every instance.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv_postgres::PgStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = PgStore::builder("host=127.0.0.1 user=postgres dbname=postgres")
+    ///     .cache(100_000)
+    ///     .cache_max_age(Duration::from_secs(10))
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn cache(mut self, entries: usize) -> Self {
+        self.cache.0 = entries;
+        self
+    }
+
+    /// The longest a cached record answers after it was read (default
+    /// [`DEFAULT_CACHE_MAX_AGE`]): the bound on how long a `forget` on
+    /// another instance goes unseen by this one. At least 1 ms.
+    ///
+    /// # Examples
+    /// See [`cache`](Self::cache).
+    pub fn cache_max_age(mut self, max_age: Duration) -> Self {
+        self.cache.1 = max_age;
         self
     }
 
@@ -764,6 +859,7 @@ impl PgStoreBuilder {
             ("entities.retention", self.entities.retention),
             ("entities.max_hold", self.entities.max_hold),
             ("entities.handback_lease", self.entities.handback_lease),
+            ("cache_max_age", self.cache.1),
         ] {
             if d < Duration::from_millis(1) {
                 return Err(Error::InvalidConfig(format!(
@@ -787,6 +883,8 @@ impl PgStoreBuilder {
             lease_ms: ms(self.lease),
             retention_ms: ms(self.retention),
             entities: self.entities,
+            cache: (self.cache.0 > 0).then(|| cache::Cache::new(self.cache.0, self.cache.1)),
+            checkouts: AtomicU64::new(0),
         };
         shared.idle.lock().push(Conn {
             client,
@@ -984,6 +1082,7 @@ impl PgStore {
             max_idle: 16,
             group_commit: DEFAULT_GROUP_COMMIT,
             entities: Entities::default(),
+            cache: (0, DEFAULT_CACHE_MAX_AGE),
         }
     }
 
@@ -1034,6 +1133,25 @@ impl PgStore {
         Ok(total)
     }
 
+    /// How many times this instance took a connection to send statements
+    /// (each is one round trip or more); a call answered from the cache
+    /// ([`PgStoreBuilder::cache`]) takes none. For tests and metrics.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv::contract::Read;
+    /// use dedupkv::Key;
+    ///
+    /// let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
+    /// let before = store.checkouts();
+    /// store.get(&Key::new("t", "a"))?;
+    /// assert_eq!(store.checkouts(), before + 1);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn checkouts(&self) -> u64 {
+        self.shared.checkouts.load(Ordering::Relaxed)
+    }
+
     /// `begin` of one key: attempt 1 by one `INSERT … ON CONFLICT DO
     /// NOTHING` (autocommit); else the answer from a plain read when it
     /// writes nothing (a replay, a live lease, a mismatch); else, in a
@@ -1048,6 +1166,10 @@ impl PgStore {
         check_key(key)?;
         let (target, request) = (intent.map(|i| i.target), intent.map(|i| i.request));
         let sh = &*self.shared;
+        if let Some(answer) = sh.cached_begin(key, fp) {
+            return answer;
+        }
+        let ticket = sh.ticket();
         let now = sh.now();
         let (scope, id, fpb) = (key.scope(), key.id(), fp_bytes(fp));
         let mut pooled = sh.pooled()?;
@@ -1094,6 +1216,7 @@ impl PgStore {
             .map_err(storage)?
             && let Decision::Answer(answer) = decide(key, fp, &fpb, &seen)?
         {
+            sh.remember(ticket, key, &seen);
             return Ok(*answer);
         }
         let mut tx = c.client.transaction().map_err(storage)?;
@@ -1265,6 +1388,10 @@ impl Read for PgStore {
     fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>> {
         check_key(key)?;
         let sh = &*self.shared;
+        if let Some(rec) = sh.cached(key) {
+            return Ok(Pending::settled(Some(rec)));
+        }
+        let ticket = sh.ticket();
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
         let st = c.stmt(&sh.sql, Q::Peek)?;
@@ -1274,6 +1401,7 @@ impl Read for PgStore {
             .map_err(storage)?;
         let rec = match row {
             Some(r) => {
+                sh.remember(ticket, key, &r);
                 let row = Row::from(&r)?;
                 let now: i64 = r.get(11);
                 (!row.expired(now))
@@ -1367,6 +1495,9 @@ impl Write for PgStore {
             }
         };
         tx.commit().map_err(storage)?;
+        if let Some(cache) = &sh.cache {
+            cache.forgot(key);
+        }
         Ok(Pending::settled(answer))
     }
 

@@ -1007,6 +1007,143 @@ fn versions_expire_after_their_retention_unless_events_are_stored() -> Result<()
     Ok(())
 }
 
+/// Two instances on a fresh schema and one manual clock, retention an
+/// hour: `a` with the local cache, `b` without.
+fn cached_and_not(url: &str, tag: &str) -> Result<(PgStore, PgStore, dedupkv::ManualClock), Error> {
+    let schema = fresh_schema(tag);
+    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
+    let open = |cache| {
+        PgStore::builder(url)
+            .schema(&schema)
+            .clock(clock.clone())
+            .retention(Duration::from_secs(3_600))
+            .cache(cache)
+            .open()
+    };
+    Ok((open(100)?, open(0)?, clock))
+}
+
+/// A repeat `begin` or `get` of a completed key is answered from the
+/// cache: no connection is taken (so no statement is sent); a repeat with
+/// another request is still refused. Without the cache every repeat takes
+/// one.
+#[test]
+fn a_repeat_of_a_completed_key_makes_no_round_trip_with_the_cache() -> Result<(), Error> {
+    let Some(url) = url("cache_repeat") else {
+        return Ok(());
+    };
+    let (a, b, _clock) = cached_and_not(&url, "cache")?;
+    let k = Key::new("orders", "o-1");
+    let claim = started(&a, &k, &BeginOptions::new())?;
+    a.tell(a.complete(&claim, Outcome::raw(b"ch_1"))?)?;
+    for store in [&a, &b] {
+        assert!(matches!(
+            begin(store, &k, &BeginOptions::new())?,
+            Began::Completed(_)
+        ));
+    }
+    let (before_a, before_b) = (a.checkouts(), b.checkouts());
+    for _ in 0..3 {
+        for store in [&a, &b] {
+            let Began::Completed(rec) = begin(store, &k, &BeginOptions::new())? else {
+                panic!("not completed");
+            };
+            assert_eq!(rec.outcome(), Some(&b"ch_1"[..]));
+            let got = store.tell(store.get(&k)?)?.expect("present");
+            assert_eq!(got.state(), State::Completed);
+        }
+    }
+    assert!(matches!(
+        a.begin(
+            &k,
+            Fingerprint::of("another request"),
+            &BeginOptions::new(),
+            None
+        ),
+        Err(Error::FingerprintMismatch { .. })
+    ));
+    assert_eq!(
+        a.checkouts(),
+        before_a,
+        "the cached instance sent statements"
+    );
+    assert_eq!(
+        b.checkouts(),
+        before_b + 6,
+        "one per call without the cache"
+    );
+    Ok(())
+}
+
+/// The cache never answers "absent" or "in progress" (the other
+/// instance's completion is seen at once), and an entry ends at the
+/// record's expiry and at a `forget` by its own instance. A `forget` on
+/// another instance is not seen by the cache (within `cache_max_age`, as
+/// documented).
+#[test]
+fn the_cache_never_answers_absent_or_in_progress_and_ends_at_expiry_or_forget() -> Result<(), Error>
+{
+    let Some(url) = url("cache_safe") else {
+        return Ok(());
+    };
+    let (a, b, clock) = cached_and_not(&url, "csafe")?;
+    let k = Key::new("orders", "o-1");
+    assert!(a.tell(a.get(&k)?)?.is_none());
+    let claim = started(&b, &k, &BeginOptions::new())?;
+    assert!(matches!(
+        begin(&a, &k, &BeginOptions::new())?,
+        Began::InProgress(_)
+    ));
+    assert_eq!(
+        a.tell(a.get(&k)?)?.map(|r| r.state()),
+        Some(State::InProgress)
+    );
+    b.tell(b.complete(&claim, Outcome::raw(b"done"))?)?;
+    let Began::Completed(rec) = begin(&a, &k, &BeginOptions::new())? else {
+        panic!("not completed");
+    };
+    let done = (State::Completed, Some(&b"done"[..]));
+    assert_eq!((rec.state(), rec.outcome()), done);
+    let got = a.tell(a.get(&k)?)?.expect("present");
+    assert_eq!((got.state(), got.outcome()), done);
+    // Absent, then written by the other instance: seen at once.
+    let k2 = Key::new("orders", "o-2");
+    assert!(a.tell(a.get(&k2)?)?.is_none());
+    let c2 = started(&b, &k2, &BeginOptions::new())?;
+    b.tell(b.complete(&c2, Outcome::raw(b"two"))?)?;
+    assert_eq!(
+        a.tell(a.get(&k2)?)?.map(|r| r.state()),
+        Some(State::Completed)
+    );
+    // A forget by this instance ends the entry.
+    assert!(matches!(a.tell(a.forget(&k2)?)?, Forget::Forgotten(_)));
+    let again = started(&a, &k2, &BeginOptions::new())?;
+    assert_eq!(again.attempt(), 1);
+    drop(again);
+    // A forget on another instance is not seen within cache_max_age.
+    let k3 = Key::new("orders", "o-3");
+    let c3 = started(&b, &k3, &BeginOptions::new())?;
+    b.tell(b.complete(&c3, Outcome::raw(b"three"))?)?;
+    assert!(matches!(
+        begin(&a, &k3, &BeginOptions::new())?,
+        Began::Completed(_)
+    ));
+    assert!(matches!(b.tell(b.forget(&k3)?)?, Forget::Forgotten(_)));
+    assert!(matches!(
+        begin(&a, &k3, &BeginOptions::new())?,
+        Began::Completed(_)
+    ));
+    // At the record's expiry the entry ends: a new operation starts.
+    assert!(matches!(
+        begin(&a, &k, &BeginOptions::new())?,
+        Began::Completed(_)
+    ));
+    clock.advance(Duration::from_secs(3_600));
+    let fresh = started(&a, &k, &BeginOptions::new())?;
+    assert_eq!(fresh.attempt(), 1);
+    Ok(())
+}
+
 /// The dead-letter listing is shared by instances: in the order keys
 /// reached the area, by scope, up to a limit; a requeued key leaves it.
 #[test]
