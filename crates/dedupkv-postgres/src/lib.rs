@@ -142,6 +142,7 @@ mod cache;
 mod dead_letters;
 mod group;
 mod intents;
+mod listings;
 mod order;
 mod sequencer;
 mod sql;

@@ -98,6 +98,29 @@ const INTENT_RESET: &str = "intent_target = NULL, intent_settled = false, intent
     intent_open = false, intent_ref = NULL, intent_doubt = 0, intent_data = ''::bytea, intent_at = 0, \
     intent_attempt = 0";
 
+/// A listing's tie-breaker between entries of one time: the MD5 of the
+/// key (length-framed), 16 bytes, in a [`Cursor`](dedupkv::Cursor) as its
+/// `id`.
+const KEY_ORDER: &str = "decode(md5(int4send(length(scope)) || scope || id), 'hex')";
+
+/// The position columns of a listing ordered by `time` (read after the
+/// key: `list_at`, `list_kh`).
+fn page_columns(time: &str) -> String {
+    format!("{time} AS list_at, {KEY_ORDER} AS list_kh")
+}
+
+/// The rest of a listing ordered by `time`: $1 now, $2 scope (NULL:
+/// every scope), $3 limit, $4 minimum age in ms (NULL: any), $5 and $6
+/// the cursor's time and key order (NULL: from the start).
+fn paged(time: &str) -> String {
+    format!(
+        "AND ($2::bytea IS NULL OR scope = $2::bytea) \
+         AND ($4::int8 IS NULL OR {time} <= {NOW} - $4::int8) \
+         AND ($5::int8 IS NULL OR ({time}, {KEY_ORDER}) > ($5::int8, $6::bytea)) \
+         ORDER BY {time}, {KEY_ORDER} LIMIT $3::int8"
+    )
+}
+
 /// Whether the row `k` (an alias, `"k."` or `""`) expired at `now`.
 fn expired(k: &str, now: &str) -> String {
     format!("({k}expires_at > 0 AND {k}expires_at <= {now} AND {k}state <> {DEAD_LETTERED})")
@@ -306,22 +329,24 @@ impl Sql {
                     WHEN intent_answer IN (1, 2) THEN intent_answer ELSE 4 END)",
                 open = "(CASE WHEN $4::int2 IN (2, 3) THEN (intent_open OR intent_answer = 3) ELSE false END)",
             ),
-            // Q::PendingIntents: $1 now, $2 scope (NULL: every scope), $3
-            // limit. Pending intents (a call may or may not have happened;
-            // a finished operation's are closed or settled), oldest first.
+            // Q::PendingIntents: paged (`paged`). Pending intents (a call
+            // may or may not have happened; a finished operation's are
+            // closed or settled), oldest first by when they were recorded.
             format!(
-                "SELECT {read}, scope, id FROM {k} WHERE intent_target IS NOT NULL AND NOT intent_settled \
-                 AND ($2::bytea IS NULL OR scope = $2::bytea) AND NOT {gone_now} \
-                 ORDER BY intent_at, scope, id LIMIT $3::int8",
+                "SELECT {read}, scope, id, {page} FROM {k} WHERE intent_target IS NOT NULL AND NOT intent_settled \
+                 AND NOT {gone_now} {rest}",
                 gone_now = expired("", NOW),
+                page = page_columns("intent_at"),
+                rest = paged("intent_at"),
             ),
             // Q::Doubted: as Q::PendingIntents, the operations with a doubt
             // (a candidate for a duplicate external effect), in any state.
             format!(
-                "SELECT {read}, scope, id FROM {k} WHERE intent_target IS NOT NULL AND intent_doubt > 0 \
-                 AND ($2::bytea IS NULL OR scope = $2::bytea) AND NOT {gone_now} \
-                 ORDER BY intent_at, scope, id LIMIT $3::int8",
+                "SELECT {read}, scope, id, {page} FROM {k} WHERE intent_target IS NOT NULL AND intent_doubt > 0 \
+                 AND NOT {gone_now} {rest}",
                 gone_now = expired("", NOW),
+                page = page_columns("intent_at"),
+                rest = paged("intent_at"),
             ),
             // Q::Advance: $1 scope, $2 id, $3 version (order-preserving
             // as int8, `crate::order`), $4 now, $5 the entity retention
@@ -346,13 +371,13 @@ impl Sql {
                  RETURNING previous",
                 gone_v = "(v.expires_at > 0 AND v.expires_at <= excluded.expires_at - $5::int8)",
             ),
-            // Q::DeadLetters: $1 now, $2 scope (NULL: every scope), $3
-            // limit. The dead-letter area, in the order keys reached it
-            // (over the partial index `dedupkv_keys_dead`).
+            // Q::DeadLetters: paged (`paged`). The dead-letter area, in the
+            // order keys reached it (over the partial index
+            // `dedupkv_keys_dead`).
             format!(
-                "SELECT {read}, scope, id FROM {k} WHERE state = {DEAD_LETTERED} \
-                 AND ($2::bytea IS NULL OR scope = $2::bytea) \
-                 ORDER BY failed_at, scope, id LIMIT $3::int8"
+                "SELECT {read}, scope, id, {page} FROM {k} WHERE state = {DEAD_LETTERED} {rest}",
+                page = page_columns("failed_at"),
+                rest = paged("failed_at"),
             ),
             // Q::Waiting: $1 scope, $2 id. A waiter marks the attempt it
             // waits for, so the statement that ends it notifies (rows

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use dedupkv::contract::{DeadLetters, Handle, Intents, Outcome, Read, Settle, Write};
 use dedupkv::{
-    Answer, Began, BeginOptions, Error, Failure, Fingerprint, Forget, Intent, Key, Resolution,
-    State,
+    Answer, Began, BeginOptions, Error, Failure, Fingerprint, Forget, Intent, Key, Listing,
+    Resolution, State,
 };
 use dedupkv_postgres::PgStore;
 use dedupkv_testkit::conformance::{self, Suite};
@@ -470,8 +470,8 @@ fn the_postgres_backend_passes_the_intent_cases() -> Result<(), String> {
         &a,
         &b,
         &conformance::Listings {
-            pending: &|s: &PgStore| s.pending_intents(None, 100),
-            duplicates: &|s: &PgStore| s.duplicate_candidates(None, 100),
+            pending: &|s: &PgStore| Ok(s.pending_intents(&Listing::new())?.items),
+            duplicates: &|s: &PgStore| Ok(s.duplicate_candidates(&Listing::new())?.items),
         },
     )
 }
@@ -1167,19 +1167,91 @@ fn dead_letters_are_listed_from_any_instance_in_order() -> Result<(), Error> {
         store.tell(store.fail(&c, exhausted)?)?;
         clock.advance(Duration::from_secs(1));
     }
-    let ids = |list: Vec<dedupkv::DeadLetter>| -> Vec<Vec<u8>> {
-        list.iter().map(|d| d.key().id().to_vec()).collect()
+    let ids = |page: dedupkv::Page<dedupkv::DeadLetter>| -> Vec<Vec<u8>> {
+        page.items.iter().map(|d| d.key().id().to_vec()).collect()
     };
-    assert_eq!(ids(b.dead_letters(None, 10)?), [b"k1", b"k2", b"k3"]);
-    assert_eq!(ids(a.dead_letters(Some(b"pay"), 10)?), [b"k1", b"k3"]);
-    assert_eq!(ids(a.dead_letters(None, 1)?), [b"k1"]);
-    let first = &b.dead_letters(None, 1)?[0];
+    let all = Listing::new();
+    assert_eq!(ids(b.dead_letters(&all)?), [b"k1", b"k2", b"k3"]);
+    assert_eq!(
+        ids(a.dead_letters(&all.clone().scope("pay"))?),
+        [b"k1", b"k3"]
+    );
+    assert_eq!(ids(a.dead_letters(&all.clone().limit(1))?), [b"k1"]);
+    // k1 reached the area 3 s ago, k3 1 s ago (by the store's time).
+    let old = all.clone().older_than(Duration::from_secs(2));
+    assert_eq!(ids(a.dead_letters(&old)?), [b"k1", b"k2"]);
+    let first = &b.dead_letters(&all.clone().limit(1))?.items[0];
     assert_eq!(
         (first.reason(), first.payload()),
         ("gave up", Some(&b"p"[..]))
     );
     assert!(b.tell(b.requeue(&keys[0])?)?);
-    assert_eq!(ids(a.dead_letters(None, 10)?), [b"k2", b"k3"]);
+    assert_eq!(ids(a.dead_letters(&all)?), [b"k2", b"k3"]);
+    Ok(())
+}
+
+/// Listings page as the engine's: pages of 1, 2 and 3 over 9 dead
+/// letters (6 of them reaching the area at the same moment, so ties are
+/// broken by the key) together equal one page, each entry once, from
+/// either instance; a cursor is refused by another listing and by
+/// another schema's store.
+#[test]
+fn listings_page_with_a_cursor_across_instances() -> Result<(), Error> {
+    let Some(url) = url("listing_pages") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "pages", None)?;
+    for i in 0..9 {
+        let k = Key::owned(b"pay".to_vec(), format!("k{i}").into_bytes());
+        let c = started(&a, &k, &BeginOptions::new())?;
+        let exhausted = Failure::Exhausted {
+            reason: "gave up",
+            payload: None,
+        };
+        a.tell(a.fail(&c, exhausted)?)?;
+        if i < 3 {
+            clock.advance(Duration::from_secs(1));
+        }
+    }
+    let whole: Vec<Key<'static>> = a
+        .dead_letters(&Listing::new())?
+        .items
+        .iter()
+        .map(|d| d.key().clone())
+        .collect();
+    assert_eq!(whole.len(), 9);
+    for limit in [1, 2, 3] {
+        let (mut listing, mut seen, mut pages) = (Listing::new().limit(limit), Vec::new(), 0);
+        loop {
+            let store = if pages % 2 == 0 { &a } else { &b };
+            let page = store.dead_letters(&listing)?;
+            assert!(page.items.len() <= limit);
+            seen.extend(page.items.iter().map(|d| d.key().clone()));
+            pages += 1;
+            assert!(pages <= 9, "pages of {limit} never end: {seen:?}");
+            match page.next {
+                Some(c) => listing = listing.after(c),
+                None => break,
+            }
+        }
+        assert_eq!(seen, whole, "pages of {limit}");
+        assert_eq!(pages, 9usize.div_ceil(limit), "pages of {limit}");
+    }
+    let cursor = a
+        .dead_letters(&Listing::new().limit(1))?
+        .next
+        .expect("a second page");
+    assert!(matches!(
+        a.pending_intents(&Listing::new().after(cursor)),
+        Err(Error::InvalidArgument { what: "cursor", .. })
+    ));
+    let other = PgStore::builder(url.as_str())
+        .schema(fresh_schema("other"))
+        .open()?;
+    assert!(matches!(
+        other.dead_letters(&Listing::new().after(cursor)),
+        Err(Error::InvalidArgument { what: "cursor", .. })
+    ));
     Ok(())
 }
 
@@ -1205,8 +1277,8 @@ fn intents_answer_as_on_the_engine_over_random_histories() -> Result<(), String>
         duplicates: &|s: &dedupkv::Store| Ok(s.duplicate_candidates(&all)?.items),
     };
     let on_pg = conformance::Listings {
-        pending: &|s: &PgStore| s.pending_intents(None, 10_000),
-        duplicates: &|s: &PgStore| s.duplicate_candidates(None, 10_000),
+        pending: &|s: &PgStore| Ok(s.pending_intents(&Listing::new().limit(10_000))?.items),
+        duplicates: &|s: &PgStore| Ok(s.duplicate_candidates(&Listing::new().limit(10_000))?.items),
     };
     conformance::intent_histories(
         (&engine, &on_engine, &|s: &dedupkv::Store, k: &Key<'_>| {
