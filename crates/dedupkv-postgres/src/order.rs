@@ -15,8 +15,8 @@
 //! with no previous one). The sequencer shares the entity's row
 //! (`crate::sequencer`).
 
-use dedupkv::contract::{Order, Pending};
-use dedupkv::{Advance, Delivered, Error, Key, Result, SequenceOptions, Sequenced, Update};
+use dedupkv::contract::{Order, Pending, check_version};
+use dedupkv::{Advance, Delivered, Key, Result, SequenceOptions, Sequenced, Update};
 
 use crate::{PgStore, Q, Shared, check_key, ms, storage};
 
@@ -27,16 +27,6 @@ pub(crate) fn stored(version: u64) -> i64 {
 
 pub(crate) fn version_of(stored: i64) -> u64 {
     u64::from_be_bytes(stored.to_be_bytes()) ^ (1 << 63)
-}
-
-fn check_version(version: u64) -> Result<()> {
-    if version == u64::MAX {
-        return Err(Error::InvalidArgument {
-            what: "version",
-            reason: "u64::MAX is reserved; versions run from 0 to u64::MAX - 1".into(),
-        });
-    }
-    Ok(())
 }
 
 /// The answer of `advance` from the version the entity had (`None`: it

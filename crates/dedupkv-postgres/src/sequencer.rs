@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 
 #[cfg(doc)]
 use dedupkv::contract::Order;
-use dedupkv::contract::Pending;
+use dedupkv::contract::{Pending, check_seq};
 use dedupkv::{Delivered, Error, Handling, Key, Result, SequenceOptions, Sequenced};
 
 use crate::order::{stored, version_of};
@@ -232,17 +232,6 @@ impl Entity {
         }
         self.removed.len()
     }
-}
-
-/// Refuses sequence numbers outside `1..u64::MAX` (the engine's range).
-fn check_seq(seq: u64) -> Result<()> {
-    if seq == 0 || seq == u64::MAX {
-        return Err(Error::InvalidArgument {
-            what: "seq",
-            reason: format!("{seq} is outside 1..=u64::MAX - 1 (sequences start at 1)"),
-        });
-    }
-    Ok(())
 }
 
 /// What a call does on the locked entity: its answer.
