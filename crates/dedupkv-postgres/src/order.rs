@@ -15,10 +15,12 @@
 //! with no previous one). The sequencer shares the entity's row
 //! (`crate::sequencer`).
 
-use dedupkv::contract::{Order, Pending, check_version};
-use dedupkv::{Advance, Delivered, Key, Result, SequenceOptions, Sequenced, Update};
+use std::time::Duration;
 
-use crate::{PgStore, Q, Shared, check_key, ms, storage};
+use dedupkv::contract::{Order, Pending, check_seq, check_version};
+use dedupkv::{Advance, Delivered, Error, Key, Result, SequenceOptions, Sequenced, Update};
+
+use crate::{MAX_OUTCOME, PgStore, Q, Shared, check_key, check_len, ms, storage};
 
 /// `version` as stored: order-preserving from `u64` to `int8`.
 pub(crate) fn stored(version: u64) -> i64 {
@@ -117,17 +119,40 @@ impl Order for PgStore {
         payload: &[u8],
         options: &SequenceOptions,
     ) -> Result<Pending<Sequenced>> {
-        self.sequence_on(entity, seq, payload, options)
+        check_seq(seq)?;
+        check_len("payload", payload.len(), MAX_OUTCOME)?;
+        let entities = &self.shared.entities;
+        let lease = match options.requested_lease() {
+            Some(l) if l < Duration::from_millis(1) => {
+                return Err(Error::InvalidArgument {
+                    what: "lease",
+                    reason: format!("{l:?}: a hand-back's lease must be at least 1 ms"),
+                });
+            }
+            Some(l) => ms(l),
+            None => ms(entities.handback_lease),
+        };
+        let max_hold = ms(entities.max_hold);
+        let answer = self.on_entity(entity, true, &mut |e, now| {
+            e.hold_overdue(now, max_hold);
+            e.sequence(seq, payload, now, now.saturating_add(lease))
+        })?;
+        Ok(Pending::settled(answer.unwrap_or(Sequenced::Duplicate)))
     }
 
     /// As `sequence`; the hand-back's lease is the store's.
     fn release_held(&self, entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>> {
-        self.release_held_on(entity)
+        let lease = ms(self.shared.entities.handback_lease);
+        let out = self.on_entity(entity, false, &mut |e, now| {
+            e.release_held(now.saturating_add(lease))
+        })?;
+        Ok(Pending::settled(out.unwrap_or_default()))
     }
 
     /// As `sequence`: the acknowledged events are deleted.
     fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<Pending<usize>> {
-        self.ack_on(entity, upto)
+        let n = self.on_entity(entity, false, &mut |e, _| e.ack(upto))?;
+        Ok(Pending::settled(n.unwrap_or(0)))
     }
 }
 

@@ -31,11 +31,10 @@ use std::collections::BTreeMap;
 
 #[cfg(doc)]
 use dedupkv::contract::Order;
-use dedupkv::contract::{Pending, check_seq};
-use dedupkv::{Delivered, Error, Handling, Key, Result, SequenceOptions, Sequenced};
+use dedupkv::{Delivered, Error, Handling, Key, Result, Sequenced};
 
 use crate::order::{stored, version_of};
-use crate::{MAX_OUTCOME, PgStore, Q, check_key, check_len, ms, storage};
+use crate::{PgStore, Q, check_key, ms, storage};
 
 // Event states, as stored (`smallint`).
 const PARKED: i16 = 0;
@@ -59,7 +58,7 @@ struct Ev {
 /// An entity's sequencer state, as read under its row lock, and what a
 /// call changed in it.
 #[derive(Debug, Default)]
-struct Entity {
+pub(crate) struct Entity {
     /// The next expected number; 0: no sequencer state yet (1 expected).
     next: u64,
     gap_since: i64,
@@ -88,7 +87,7 @@ impl Entity {
 
     /// Moves every parked event to the holding area if its gap has been
     /// open longer than `max_hold`.
-    fn hold_overdue(&mut self, now: i64, max_hold: i64) {
+    pub(crate) fn hold_overdue(&mut self, now: i64, max_hold: i64) {
         if self.gap_since == 0 || now.saturating_sub(self.gap_since) <= max_hold {
             return;
         }
@@ -123,7 +122,7 @@ impl Entity {
     }
 
     /// The engine's `Engine::sequence` decision.
-    fn sequence(&mut self, seq: u64, payload: &[u8], now: i64, until: i64) -> Sequenced {
+    pub(crate) fn sequence(&mut self, seq: u64, payload: &[u8], now: i64, until: i64) -> Sequenced {
         let next = self.expected();
         if self.has(seq, DELIVERED) {
             return self.redeliver(seq, payload, now, until);
@@ -198,7 +197,7 @@ impl Entity {
 
     /// The engine's `Engine::release_held`: every held and parked event,
     /// in order, when any is held.
-    fn release_held(&mut self, until: i64) -> Vec<Delivered> {
+    pub(crate) fn release_held(&mut self, until: i64) -> Vec<Delivered> {
         if !self.events.values().any(|e| e.state == HELD) {
             return Vec::new();
         }
@@ -219,7 +218,7 @@ impl Entity {
     }
 
     /// The engine's `Engine::ack`: the delivered events up to `upto`.
-    fn ack(&mut self, upto: u64) -> usize {
+    pub(crate) fn ack(&mut self, upto: u64) -> usize {
         let mark = upto.saturating_add(1).min(self.expected());
         self.removed = self
             .events
@@ -235,14 +234,14 @@ impl Entity {
 }
 
 /// What a call does on the locked entity: its answer.
-type Decide<'a, T> = &'a mut dyn FnMut(&mut Entity, i64) -> T;
+pub(crate) type Decide<'a, T> = &'a mut dyn FnMut(&mut Entity, i64) -> T;
 
 impl PgStore {
     /// One sequencer call on `entity` in one transaction: lock (making the
     /// entity if `make`), read its events, `decide` (given the time),
     /// write what changed, commit. `None` when the entity does not exist
     /// and `make` is false.
-    fn on_entity<T>(
+    pub(crate) fn on_entity<T>(
         &self,
         entity: &Key<'_>,
         make: bool,
@@ -329,51 +328,6 @@ impl PgStore {
         }
         tx.commit().map_err(storage)?;
         Ok(Some(answer))
-    }
-}
-
-impl PgStore {
-    /// [`Order::sequence`] (see the module).
-    pub(crate) fn sequence_on(
-        &self,
-        entity: &Key<'_>,
-        seq: u64,
-        payload: &[u8],
-        options: &SequenceOptions,
-    ) -> Result<Pending<Sequenced>> {
-        check_seq(seq)?;
-        check_len("payload", payload.len(), MAX_OUTCOME)?;
-        let lease = match options.requested_lease() {
-            Some(l) if l < std::time::Duration::from_millis(1) => {
-                return Err(Error::InvalidArgument {
-                    what: "lease",
-                    reason: format!("{l:?}: a hand-back's lease must be at least 1 ms"),
-                });
-            }
-            Some(l) => ms(l),
-            None => ms(self.shared.entities.handback_lease),
-        };
-        let max_hold = ms(self.shared.entities.max_hold);
-        let answer = self.on_entity(entity, true, &mut |e, now| {
-            e.hold_overdue(now, max_hold);
-            e.sequence(seq, payload, now, now.saturating_add(lease))
-        })?;
-        Ok(Pending::settled(answer.unwrap_or(Sequenced::Duplicate)))
-    }
-
-    /// [`Order::release_held`] (see the module).
-    pub(crate) fn release_held_on(&self, entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>> {
-        let lease = ms(self.shared.entities.handback_lease);
-        let out = self.on_entity(entity, false, &mut |e, now| {
-            e.release_held(now.saturating_add(lease))
-        })?;
-        Ok(Pending::settled(out.unwrap_or_default()))
-    }
-
-    /// [`Order::ack`] (see the module).
-    pub(crate) fn ack_on(&self, entity: &Key<'_>, upto: u64) -> Result<Pending<usize>> {
-        let n = self.on_entity(entity, false, &mut |e, _| e.ack(upto))?;
-        Ok(Pending::settled(n.unwrap_or(0)))
     }
 }
 
