@@ -18,7 +18,7 @@
 //! [`PgStore::intent`], [`PgStore::pending_intents`],
 //! [`PgStore::duplicate_candidates`]. [`Order`](dedupkv::contract::Order): versions (`advance`,
 //! `apply_event`, expiring as records do) and the sequencer (`sequence`,
-//! `release_held`, `ack`).
+//! `release_held`, `ack`, and [`PgStore::sweep_parked`]).
 //! [`PgStore::begin_or_wait`]: waiting across instances, woken by
 //! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
 //! [`PgStore::evict_expired`] (batched deletes; why not time partitions:

@@ -37,8 +37,8 @@ use crate::order::{stored, version_of};
 use crate::{PgStore, Q, check_key, ms, storage};
 
 // Event states, as stored (`smallint`).
-const PARKED: i16 = 0;
-const HELD: i16 = 1;
+pub(crate) const PARKED: i16 = 0;
+pub(crate) const HELD: i16 = 1;
 const DELIVERED: i16 = 2;
 
 /// One stored event.
@@ -230,6 +230,37 @@ impl Entity {
             self.events.remove(s);
         }
         self.removed.len()
+    }
+}
+
+impl PgStore {
+    /// Moves the parked events of every entity whose gap has stayed open
+    /// longer than [`Entities::max_hold`](crate::Entities::max_hold) to
+    /// the holding area, as [`Store::sweep_parked`](dedupkv::Store::sweep_parked)
+    /// does; the value is how many moved. `sequence` does the same for its
+    /// own entity, so this is for entities no later event arrives for: run
+    /// it from one instance on a timer, then [`Order::release_held`] what
+    /// an operator decides to give up on. One statement; an entity a
+    /// concurrent call holds is left to the next sweep.
+    ///
+    /// # Errors
+    /// Storage errors.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
+    /// let moved = store.sweep_parked()?;
+    /// # let _ = moved;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn sweep_parked(&self) -> Result<u64> {
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::SweepParked)?;
+        c.client
+            .execute(&st, &[&sh.now(), &ms(sh.entities.max_hold)])
+            .map_err(storage)
     }
 }
 

@@ -42,8 +42,9 @@ pub(crate) enum Q {
     EventsDel,
     SeqSet,
     EvictEntities,
+    SweepParked,
 }
-pub(crate) const STATEMENTS: usize = 26;
+pub(crate) const STATEMENTS: usize = 27;
 
 /// An entity's `next` when it has no sequencer state: `stored(0)` of
 /// `crate::order` (`i64::MIN`, written so that it parses).
@@ -443,6 +444,22 @@ impl Sql {
                 "DELETE FROM {v} WHERE (scope, id) IN (SELECT scope, id FROM {v} WHERE {e} \
                  LIMIT $2::int8 FOR UPDATE SKIP LOCKED) AND {e}",
                 e = format!("(expires_at > 0 AND expires_at <= {NOW})"),
+            ),
+            // Q::SweepParked: $1 now, $2 max hold ms. The parked events of
+            // every entity whose gap has been open longer than the hold
+            // move to the holding area (missing: the number expected next,
+            // `stored(1)` at least; since: the gap's start), under the
+            // entities' row locks as a sequencer call takes them; an
+            // entity another call holds is skipped (the next sweep, or its
+            // own next `sequence`, moves them).
+            format!(
+                "WITH due AS (SELECT scope, id, next, gap_since FROM {v} \
+                 WHERE gap_since > 0 AND gap_since < {NOW} - $2::int8 FOR UPDATE SKIP LOCKED) \
+                 UPDATE {ev} AS e SET state = {HELD}, missing = greatest(due.next, {NO_NEXT} + 1), \
+                 since = due.gap_since FROM due \
+                 WHERE e.scope = due.scope AND e.id = due.id AND e.state = {PARKED}",
+                HELD = crate::sequencer::HELD,
+                PARKED = crate::sequencer::PARKED,
             ),
         ])
     }

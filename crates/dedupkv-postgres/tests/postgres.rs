@@ -951,6 +951,45 @@ fn the_postgres_backend_passes_the_sequencer_cases() -> Result<(), String> {
     conformance::sequencer(&a, &b, &clock)
 }
 
+/// `sweep_parked` moves the parked events of a gap open longer than
+/// `max_hold` (5 min by default) to the holding area with no later event
+/// for the entity, so `release_held` hands them back; a gap not yet
+/// overdue is left alone.
+#[test]
+fn a_sweep_holds_overdue_parked_events_for_release() -> Result<(), Error> {
+    use dedupkv::contract::Order;
+    use dedupkv::{SequenceOptions, Sequenced};
+    let Some(url) = url("sweep_parked") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "sweep", None)?;
+    let (late, fresh) = (Key::new("acct", "a-1"), Key::new("acct", "a-2"));
+    let none = SequenceOptions::new();
+    assert_eq!(
+        a.tell(a.sequence(&late, 3, b"c", &none)?)?,
+        Sequenced::Parked
+    );
+    assert_eq!(
+        a.tell(a.sequence(&late, 4, b"d", &none)?)?,
+        Sequenced::Parked
+    );
+    clock.advance(Duration::from_secs(301));
+    assert_eq!(
+        b.tell(b.sequence(&fresh, 2, b"b", &none)?)?,
+        Sequenced::Parked
+    );
+    assert!(
+        a.tell(a.release_held(&late)?)?.is_empty(),
+        "nothing held yet"
+    );
+    assert_eq!(b.sweep_parked()?, 2);
+    assert_eq!(b.sweep_parked()?, 0);
+    let out = a.tell(a.release_held(&late)?)?;
+    assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [3, 4]);
+    assert!(a.tell(a.release_held(&fresh)?)?.is_empty(), "not overdue");
+    Ok(())
+}
+
 /// Versions expire like every other record: an entity is forgotten its
 /// retention after the last version applied to it (a stale one does not
 /// extend it), and `evict_expired` deletes it; an entity that stores
