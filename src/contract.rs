@@ -560,6 +560,56 @@ pub trait Intents: Write {
     fn mark_answered(&self, claim: &Self::Claim, answer: Answer<'_>) -> Result<Pending<()>>;
 }
 
+/// Refuses `u64::MAX` as an entity's version: versions run from 0 to
+/// `u64::MAX - 1` on every backend ([`Order::advance`],
+/// [`Order::apply_event`]); a backend checks before it records anything.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (`what:
+/// "version"`) for `u64::MAX`.
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::check_version;
+///
+/// assert!(check_version(u64::MAX - 1).is_ok());
+/// assert!(check_version(u64::MAX).is_err());
+/// ```
+pub fn check_version(version: u64) -> Result<()> {
+    if version == u64::MAX {
+        return Err(crate::Error::InvalidArgument {
+            what: "version",
+            reason: "u64::MAX is reserved; versions run from 0 to u64::MAX - 1".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses sequence numbers outside `1..u64::MAX` for
+/// [`Order::sequence`]: the sequencer starts at 1, and the number after
+/// the last one must be representable.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (`what:
+/// "seq"`) for 0 and `u64::MAX`.
+///
+/// # Examples
+/// ```
+/// use dedupkv::contract::check_seq;
+///
+/// assert!(check_seq(1).is_ok());
+/// assert!(check_seq(0).is_err() && check_seq(u64::MAX).is_err());
+/// ```
+pub fn check_seq(seq: u64) -> Result<()> {
+    if seq == 0 || seq == u64::MAX {
+        return Err(crate::Error::InvalidArgument {
+            what: "seq",
+            reason: format!("{seq} is outside 1..=u64::MAX - 1 (sequences start at 1)"),
+        });
+    }
+    Ok(())
+}
+
 /// What every backend's claim handle tells its holder.
 ///
 /// A handle names one attempt of one key; finishing it (`complete`,

@@ -187,3 +187,10 @@ fn the_engine_passes_the_version_cases() -> Result<(), String> {
     let (store, _dir) = on_file(ManualClock::new(1_700_000_000_000)).map_err(|e| e.to_string())?;
     conformance::versions(&store)
 }
+
+#[test]
+fn the_engine_passes_the_sequencer_cases() -> Result<(), String> {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (store, _dir) = on_file(clock.clone()).map_err(|e| e.to_string())?;
+    conformance::sequencer(&store, &store, &clock)
+}

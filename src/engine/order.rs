@@ -36,6 +36,8 @@ use super::listings::held_reason;
 use super::write::Batch;
 use super::write::{Next, Write};
 use crate::clock::to_system_time;
+// Versions' and sequence numbers' ranges, shared with other backends.
+use crate::contract::{check_seq, check_version};
 use crate::index::Shard;
 use crate::index::entity::{Entity, EventState, FRESH, Stored};
 use crate::key::KeyHash;
@@ -113,29 +115,6 @@ impl Engine {
         }
         n
     }
-}
-
-/// Refuses `u64::MAX` as a version: the Entity record stores version + 1.
-fn check_version(version: u64) -> Result<()> {
-    if version == u64::MAX {
-        return Err(Error::InvalidArgument {
-            what: "version",
-            reason: "u64::MAX is reserved; versions run from 0 to u64::MAX - 1".into(),
-        });
-    }
-    Ok(())
-}
-
-/// Refuses sequence numbers outside `1..u64::MAX`: the sequencer starts at
-/// 1, and the number after the last one must be representable.
-fn check_seq(seq: u64) -> Result<()> {
-    if seq == 0 || seq == u64::MAX {
-        return Err(Error::InvalidArgument {
-            what: "seq",
-            reason: format!("{seq} is outside 1..=u64::MAX - 1 (sequences start at 1)"),
-        });
-    }
-    Ok(())
 }
 
 impl Engine {

@@ -273,6 +273,27 @@ impl Listing {
         self.after = Some(cursor);
         self
     }
+
+    /// What the listing asks for — its scope, minimum age, cursor and page
+    /// size — for a backend outside this crate to honour.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::Listing;
+    /// use std::time::Duration;
+    ///
+    /// let l = Listing::new().scope("shop-42").older_than(Duration::from_secs(60)).limit(10);
+    /// assert_eq!(l.requested(), (Some(&b"shop-42"[..]), Some(Duration::from_secs(60)), None, 10));
+    /// ```
+    #[must_use]
+    pub fn requested(&self) -> (Option<&[u8]>, Option<Duration>, Option<Cursor>, usize) {
+        (
+            self.scope.as_deref(),
+            self.older_than,
+            self.after,
+            self.limit,
+        )
+    }
 }
 
 /// Where a listing stopped; pass it to [`Listing::after`] for the next
@@ -326,6 +347,39 @@ impl Cursor {
     pub(crate) fn position(self) -> (u64, u128, u64) {
         (self.at, self.id, self.seq)
     }
+
+    /// A cursor made by a backend outside this crate: `store` names the
+    /// store and `listing` the kind of listing that made it (the backend
+    /// refuses a cursor whose two differ from its own), `at` and `id`
+    /// where it stands (an entry's time and a tie-breaker).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::Cursor;
+    ///
+    /// let c = Cursor::of_backend(7, 1, 1_700_000_000_000, 42);
+    /// assert_eq!(c.backend_parts(), (7, 1, 1_700_000_000_000, 42));
+    /// ```
+    #[must_use]
+    pub const fn of_backend(store: u64, listing: u8, at: u64, id: u128) -> Cursor {
+        Cursor {
+            store,
+            listing,
+            at,
+            id,
+            seq: 0,
+        }
+    }
+
+    /// The parts [`of_backend`](Self::of_backend) takes: the store, the
+    /// kind of listing, the time and the tie-breaker.
+    ///
+    /// # Examples
+    /// See [`of_backend`](Self::of_backend).
+    #[must_use]
+    pub const fn backend_parts(&self) -> (u64, u8, u64, u128) {
+        (self.store, self.listing, self.at, self.id)
+    }
 }
 
 /// One page of a listing.
@@ -339,6 +393,23 @@ pub struct Page<T> {
     pub items: Vec<T>,
     /// Where the next page starts, if there is one.
     pub next: Option<Cursor>,
+}
+
+impl<T> Page<T> {
+    /// A page of `items`, the next starting at `next`: for a backend
+    /// outside this crate.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::Page;
+    ///
+    /// let page = Page::new(vec![1, 2], None);
+    /// assert_eq!(page.items, [1, 2]);
+    /// ```
+    #[must_use]
+    pub fn new(items: Vec<T>, next: Option<Cursor>) -> Page<T> {
+        Page { items, next }
+    }
 }
 
 /// How an operator closes a dead letter with [`resolve`](crate::Store::resolve).

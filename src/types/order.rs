@@ -155,6 +155,23 @@ impl Handling {
     pub fn lease_expires_at(&self) -> SystemTime {
         to_system_time(self.lease_until)
     }
+
+    /// A live hand-back whose lease lapses at `lease_until` (ms since the
+    /// Unix epoch), for a backend outside this crate to answer
+    /// [`Sequenced::Handling`] with.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::Handling;
+    /// use std::time::{Duration, UNIX_EPOCH};
+    ///
+    /// let h = Handling::until_millis(1_700_000_030_000);
+    /// assert_eq!(h.lease_expires_at(), UNIX_EPOCH + Duration::from_millis(1_700_000_030_000));
+    /// ```
+    #[must_use]
+    pub const fn until_millis(lease_until: u64) -> Handling {
+        Handling { lease_until }
+    }
 }
 
 /// An event handed back and not acknowledged yet, as [`Store::unacked`]
@@ -230,6 +247,23 @@ impl SequenceOptions {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
+    }
+
+    /// The lease [`lease`](Self::lease) asked for (`None`: the store's
+    /// `handback_lease`), for a backend outside this crate to honour.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::SequenceOptions;
+    /// use std::time::Duration;
+    ///
+    /// let o = SequenceOptions::new().lease(Duration::from_secs(120));
+    /// assert_eq!(o.requested_lease(), Some(Duration::from_secs(120)));
+    /// assert_eq!(SequenceOptions::new().requested_lease(), None);
+    /// ```
+    #[must_use]
+    pub const fn requested_lease(&self) -> Option<Duration> {
+        self.lease
     }
 }
 

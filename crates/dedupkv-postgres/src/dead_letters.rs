@@ -6,7 +6,7 @@
 //! dead-lettered` (no row updated: it was not a dead letter).
 
 use dedupkv::contract::{DeadLetters, Pending};
-use dedupkv::{DeadLetter, Error, Key, Resolution, Result};
+use dedupkv::{DeadLetter, Error, Key, Listing, Page, Resolution, Result};
 
 use crate::{COMPLETED, FAILED, MAX_OUTCOME, PgStore, Q, Row, check_key, check_len, storage};
 
@@ -44,42 +44,41 @@ impl DeadLetters for PgStore {
 impl PgStore {
     /// The dead-letter area, shared by every instance: keys whose retries
     /// were exhausted ([`Failure::Exhausted`](dedupkv::Failure::Exhausted)),
-    /// in the order they reached it (oldest first), at most `limit`, of
-    /// `scope` only if given. A dead letter stays until it is requeued or
-    /// resolved (retention never drops it).
+    /// in the order they reached it (oldest first), one page of `listing`
+    /// (its scope, minimum age by the database's time, page size, and
+    /// cursor), as the engine's [`Store::dead_letters`](dedupkv::Store::dead_letters).
+    /// A dead letter stays until it is requeued or resolved (retention
+    /// never drops it).
     ///
     /// # Errors
-    /// [`Error::Corrupt`] for a row this build cannot read; storage
-    /// errors.
+    /// [`Error::InvalidArgument`] (`what: "cursor"`) for a cursor of
+    /// another listing or schema; [`Error::Corrupt`] for a row this build
+    /// cannot read; storage errors.
     ///
     /// # Examples
     /// ```no_run
+    /// use dedupkv::Listing;
+    ///
     /// let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
-    /// for d in store.dead_letters(Some(b"payments"), 100)? {
-    ///     println!("{:?} failed: {}", d.key(), d.reason());
+    /// let mut listing = Listing::new().scope("payments").limit(100);
+    /// loop {
+    ///     let page = store.dead_letters(&listing)?;
+    ///     for d in &page.items {
+    ///         println!("{:?} failed: {}", d.key(), d.reason());
+    ///     }
+    ///     match page.next {
+    ///         Some(cursor) => listing = listing.after(cursor),
+    ///         None => break,
+    ///     }
     /// }
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
-    pub fn dead_letters(&self, scope: Option<&[u8]>, limit: usize) -> Result<Vec<DeadLetter>> {
-        let sh = &*self.shared;
-        let mut pooled = sh.pooled()?;
-        let c = pooled.conn();
-        let st = c.stmt(&sh.sql, Q::DeadLetters)?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = c
-            .client
-            .query(&st, &[&sh.now(), &scope, &limit])
-            .map_err(storage)?;
-        rows.iter()
-            .map(|r| {
-                let get = |e: postgres::Error| Error::Corrupt(format!("a dedupkv_keys row: {e}"));
-                let key = Key::owned(
-                    r.try_get::<_, Vec<u8>>("scope").map_err(get)?,
-                    r.try_get::<_, Vec<u8>>("id").map_err(get)?,
-                );
-                Row::from(r)?.dead_letter(key)
-            })
-            .collect()
+    pub fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
+        self.list(
+            (Q::DeadLetters, crate::listings::Kind::DeadLetters),
+            listing,
+            |r, key| Row::from(r)?.dead_letter(key).map(Some),
+        )
     }
 
     /// Runs `q` (an `UPDATE` of a dead-lettered row): whether a row was

@@ -12,8 +12,9 @@
 //! (a second, different reference is a doubt), and the doubt.
 
 use dedupkv::contract::{Handle, Intents, Pending};
-use dedupkv::{Answer, Duplicate, Error, IntentEntry, Key, Result};
+use dedupkv::{Answer, Duplicate, Error, IntentEntry, Key, Listing, Page, Result};
 
+use crate::listings::Kind;
 use crate::{IN_PROGRESS, MAX_OUTCOME, PgClaim, PgStore, Q, Row, at, check_len, storage};
 
 /// A row's intent, as stored (the intent columns, `sql::INTENT_COLUMNS`).
@@ -206,74 +207,55 @@ impl PgStore {
     }
 
     /// Unanswered intents of open operations, oldest first (by when they
-    /// were recorded), at most `limit`, of `scope` only if given: the
-    /// calls that may or may not have happened (as
+    /// were recorded), one page of `listing`: the calls that may or may
+    /// not have happened (as
     /// [`Store::pending_intents`](dedupkv::Store::pending_intents)).
     /// Reconcile each by asking the provider with its
     /// [`provider_key`](IntentEntry::provider_key), the one every instance
     /// derives.
     ///
     /// # Errors
-    /// As [`intent`](Self::intent).
+    /// As [`intent`](Self::intent), and [`Error::InvalidArgument`]
+    /// (`what: "cursor"`) for a cursor of another listing or schema.
     ///
     /// # Examples
     /// ```no_run
+    /// use dedupkv::Listing;
+    ///
     /// let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
-    /// for e in store.pending_intents(None, 100)? {
+    /// for e in store.pending_intents(&Listing::new())?.items {
     ///     println!("ask {} about {}", e.target(), e.provider_key());
     /// }
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
-    pub fn pending_intents(&self, scope: Option<&[u8]>, limit: usize) -> Result<Vec<IntentEntry>> {
-        self.list_intents(Q::PendingIntents, scope, limit)
+    pub fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        self.list_intents((Q::PendingIntents, Kind::PendingIntents), listing)
     }
 
-    /// The candidates for a duplicate external effect, oldest first, at
-    /// most `limit`, of `scope` only if given: operations where more than
-    /// one call may have reached the provider and it did not confirm one
-    /// effect (as [`Store::duplicate_candidates`](dedupkv::Store::duplicate_candidates);
+    /// The candidates for a duplicate external effect, oldest first, one
+    /// page of `listing`: operations where more than one call may have
+    /// reached the provider and it did not confirm one effect (as
+    /// [`Store::duplicate_candidates`](dedupkv::Store::duplicate_candidates);
     /// see [`Duplicate`]).
     ///
     /// # Errors
-    /// As [`intent`](Self::intent).
+    /// As [`pending_intents`](Self::pending_intents).
     ///
     /// # Examples
     /// ```no_run
+    /// use dedupkv::Listing;
+    ///
     /// let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
-    /// for e in store.duplicate_candidates(Some(b"payments"), 100)? {
+    /// for e in store.duplicate_candidates(&Listing::new().scope("payments"))?.items {
     ///     println!("check {:?}: {:?}", e.key(), e.duplicate());
     /// }
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
-    pub fn duplicate_candidates(
-        &self,
-        scope: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<IntentEntry>> {
-        self.list_intents(Q::Doubted, scope, limit)
+    pub fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        self.list_intents((Q::Doubted, Kind::DuplicateCandidates), listing)
     }
 
-    fn list_intents(&self, q: Q, scope: Option<&[u8]>, limit: usize) -> Result<Vec<IntentEntry>> {
-        let sh = &*self.shared;
-        let mut pooled = sh.pooled()?;
-        let c = pooled.conn();
-        let st = c.stmt(&sh.sql, q)?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = c
-            .client
-            .query(&st, &[&sh.now(), &scope, &limit])
-            .map_err(storage)?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let get = |e: postgres::Error| Error::Corrupt(format!("a dedupkv_keys row: {e}"));
-            let key = Key::owned(
-                r.try_get::<_, Vec<u8>>("scope").map_err(get)?,
-                r.try_get::<_, Vec<u8>>("id").map_err(get)?,
-            );
-            if let Some(e) = Row::from(r)?.intent_entry(key)? {
-                out.push(e);
-            }
-        }
-        Ok(out)
+    fn list_intents(&self, q: (Q, Kind), listing: &Listing) -> Result<Page<IntentEntry>> {
+        self.list(q, listing, |r, key| Row::from(r)?.intent_entry(key))
     }
 }

@@ -16,13 +16,15 @@
 //! `Failure::Exhausted`, `requeue`, `resolve`. [`Intents`](dedupkv::contract::Intents): `begin` with an
 //! intent, `mark_answered`, the provider key every instance derives, and
 //! [`PgStore::intent`], [`PgStore::pending_intents`],
-//! [`PgStore::duplicate_candidates`]. [`Order`](dedupkv::contract::Order)'s versions: `advance`,
-//! `apply_event` (the sequencer refuses, not yet).
+//! [`PgStore::duplicate_candidates`]. [`Order`](dedupkv::contract::Order): versions (`advance`,
+//! `apply_event`, expiring as records do) and the sequencer (`sequence`,
+//! `release_held`, `ack`, and [`PgStore::sweep_parked`]).
 //! [`PgStore::begin_or_wait`]: waiting across instances, woken by
 //! `LISTEN`/`NOTIFY`. Retention by the database's clock, with
 //! [`PgStore::evict_expired`] (batched deletes; why not time partitions:
 //! see there). [`PgStore::dead_letters`] lists the dead-letter area.
-//! Not yet: the sequencer.
+//! An optional local cache of finished records ([`PgStoreBuilder::cache`]):
+//! a repeat of a completed key answered with no round trip.
 //!
 //! # How each decision is made
 //! - `insert` / `insert_batch`: one `INSERT … ON CONFLICT DO UPDATE … WHERE
@@ -49,6 +51,13 @@
 //! - `begin` with an intent: its columns written by the claim's own
 //!   statement (the `INSERT` or the takeover's `UPDATE`);
 //!   `mark_answered`: one conditional `UPDATE` by the claim's token.
+//! - `advance`: one `INSERT … ON CONFLICT DO UPDATE … RETURNING` on the
+//!   entity's row; `apply_event`: the event's insert and the advance in one
+//!   transaction.
+//! - `sequence`, `release_held`, `ack`: one transaction under the entity's
+//!   row lock (an `INSERT … ON CONFLICT DO UPDATE` that makes or locks it,
+//!   or `SELECT … FOR UPDATE`), its stored events read, the engine's
+//!   decision made on them, what changed written back.
 //! - Every statement that ends an attempt a waiter marked also notifies
 //!   the channel `dedupkv_done` (`pg_notify` in the same statement, sent
 //!   at its commit): what [`PgStore::begin_or_wait`] sleeps on. Attempts
@@ -87,11 +96,13 @@
 //!
 //! # Schema
 //! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
-//! `dedupkv_schema_version`, `dedupkv_keys` and the sequence
-//! `dedupkv_token`, at [`SCHEMA_VERSION`] 4. An older schema is migrated
-//! in place by the next open, under the same advisory lock: the
-//! dead-letter columns (2), the intent columns (3) and the waiters' mark
-//! (4) are added. A schema written by
+//! `dedupkv_schema_version`, `dedupkv_keys`, `dedupkv_versions` (one row
+//! per entity), `dedupkv_events` (the sequencer's stored events) and the
+//! sequence `dedupkv_token`, at [`SCHEMA_VERSION`] 5. An older schema is
+//! migrated in place by the next open, under the same advisory lock: the
+//! dead-letter columns (2), the intent columns and the versions' table
+//! (3), the waiters' mark (4), and the sequencer's columns, the entities'
+//! expiry and the events' table (5) are added. A schema written by
 //! a newer build is refused with [`Error::InvalidConfig`] naming it.
 //!
 //! # Examples
@@ -112,7 +123,7 @@
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -127,10 +138,13 @@ use dedupkv::{
 use parking_lot::Mutex;
 use postgres::{Client, NoTls, Statement};
 
+mod cache;
 mod dead_letters;
 mod group;
 mod intents;
+mod listings;
 mod order;
+mod sequencer;
 mod sql;
 mod wait;
 
@@ -140,7 +154,7 @@ use sql::{
 };
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The store's default claim lease (the engine's default).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -202,6 +216,13 @@ struct Shared {
     /// How long a record is kept after its last write, when the call
     /// names no retention.
     retention_ms: i64,
+    /// The sequencer's settings and the entities' retention
+    /// ([`PgStoreBuilder::entities`]).
+    entities: Entities,
+    /// Finished records answered from memory ([`PgStoreBuilder::cache`]).
+    cache: Option<cache::Cache>,
+    /// Connections taken from the pool ([`PgStore::checkouts`]).
+    checkouts: AtomicU64,
 }
 
 /// One pooled connection and its prepared statements.
@@ -278,6 +299,7 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 impl Shared {
     fn pooled(&self) -> Result<Pooled<'_>> {
+        self.checkouts.fetch_add(1, Ordering::Relaxed);
         let conn = match self.idle.lock().pop() {
             Some(c) => c,
             None => Conn {
@@ -300,6 +322,46 @@ impl Shared {
             }),
             Some(r) => Ok(ms(r)),
             None => Ok(self.retention_ms),
+        }
+    }
+
+    /// The cache's ticket for a read about to be sent (`None`: no cache).
+    fn ticket(&self) -> Option<cache::Ticket> {
+        self.cache.as_ref().map(cache::Cache::ticket)
+    }
+
+    /// The cached final record of `key`, if the cache has it.
+    fn cached(&self, key: &Key<'_>) -> Option<Record> {
+        self.cache.as_ref()?.get(key, self.now())
+    }
+
+    /// `begin`'s answer from the cache, if it has `key`: the record, or
+    /// the mismatch of another request (as the database would answer).
+    fn cached_begin(&self, key: &Key<'_>, fp: Fingerprint) -> Option<Result<Began<PgClaim>>> {
+        let rec = self.cached(key)?;
+        Some(match rec.fingerprint() {
+            Some(recorded) if recorded != fp => Err(Error::FingerprintMismatch {
+                key: format!("{key:?}"),
+                recorded,
+                requested: fp,
+            }),
+            _ => Ok(Began::Completed(rec)),
+        })
+    }
+
+    /// Keeps `key`'s row `r` (read with `Q::Peek`, after `ticket`) in the
+    /// cache if its record is final (completed or failed) and live.
+    fn remember(&self, ticket: Option<cache::Ticket>, key: &Key<'_>, r: &postgres::Row) {
+        let (Some(cache), Some(ticket)) = (&self.cache, ticket) else {
+            return;
+        };
+        let Ok(row) = Row::from(r) else { return };
+        let now: i64 = r.get(11);
+        if !matches!(row.state, COMPLETED | FAILED) || row.expired(now) {
+            return;
+        }
+        if let Ok(rec) = row.record(key.clone().into_owned()) {
+            cache.put(ticket, rec, (row.expires_at, now), self.clock.is_some());
         }
     }
 
@@ -517,9 +579,148 @@ pub struct PgStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     max_idle: usize,
     group_commit: usize,
+    entities: Entities,
+    cache: (usize, Duration),
+}
+
+/// How long a cached record answers at most by default
+/// ([`PgStoreBuilder::cache_max_age`]).
+pub const DEFAULT_CACHE_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// The entities' settings (versions and the sequencer), each as the
+/// engine's of the same name and with its default.
+///
+/// # Examples
+/// See [`PgStoreBuilder::entities`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Entities {
+    /// How long an entity (its version and sequencer position) is kept
+    /// after its last change while it stores no event (one that stores
+    /// events never expires). Default 7 days.
+    pub retention: Duration,
+    /// How long a gap may stay open before the events parked behind it
+    /// move to the holding area (at the entity's next `sequence`).
+    /// Default 5 minutes.
+    pub max_hold: Duration,
+    /// How long what the sequencer hands back is held for its caller
+    /// when the call names no lease. Default 30 s.
+    pub handback_lease: Duration,
+}
+
+impl Default for Entities {
+    fn default() -> Self {
+        Entities {
+            retention: Duration::from_secs(7 * 86_400),
+            max_hold: Duration::from_secs(300),
+            handback_lease: DEFAULT_LEASE,
+        }
+    }
+}
+
+impl Entities {
+    /// The defaults (see the fields).
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder::entities`].
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`retention`](Self::retention).
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder::entities`].
+    #[must_use]
+    pub fn retention(mut self, d: Duration) -> Self {
+        self.retention = d;
+        self
+    }
+
+    /// Sets [`max_hold`](Self::max_hold).
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder::entities`].
+    #[must_use]
+    pub fn max_hold(mut self, d: Duration) -> Self {
+        self.max_hold = d;
+        self
+    }
+
+    /// Sets [`handback_lease`](Self::handback_lease).
+    ///
+    /// # Examples
+    /// See [`PgStoreBuilder::entities`].
+    #[must_use]
+    pub fn handback_lease(mut self, d: Duration) -> Self {
+        self.handback_lease = d;
+        self
+    }
 }
 
 impl PgStoreBuilder {
+    /// The entities' settings: their retention and the sequencer's hold
+    /// and hand-back lease. Default [`Entities::default`] (the engine's
+    /// defaults); each at least 1 ms.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv_postgres::{Entities, PgStore};
+    /// use std::time::Duration;
+    ///
+    /// let store = PgStore::builder("host=127.0.0.1 user=postgres dbname=postgres")
+    ///     .entities(Entities::new().max_hold(Duration::from_secs(60)).retention(Duration::from_secs(86_400)))
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn entities(mut self, entities: Entities) -> Self {
+        self.entities = entities;
+        self
+    }
+
+    /// Keeps up to `entries` finished records (completed, or failed for
+    /// good) in this instance's memory, so a repeat `begin` or `get` of
+    /// such a key is answered with no round trip (the oldest entry goes
+    /// when it is full). Default 0: no cache.
+    ///
+    /// What it never does: answer "absent", "in progress", or any state
+    /// that can still change (nothing but a final record read from the
+    /// database is kept); answer past the record's expiry (measured from
+    /// the database's time of the read); or answer after a `forget` of the
+    /// key by this instance. A `forget` on **another** instance is not seen
+    /// here: this instance may answer the forgotten record for up to
+    /// [`cache_max_age`](Self::cache_max_age) after it read it. Leave the
+    /// cache off where keys are forgotten on purpose and must be
+    /// claimable again at once from every instance.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv_postgres::PgStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = PgStore::builder("host=127.0.0.1 user=postgres dbname=postgres")
+    ///     .cache(100_000)
+    ///     .cache_max_age(Duration::from_secs(10))
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn cache(mut self, entries: usize) -> Self {
+        self.cache.0 = entries;
+        self
+    }
+
+    /// The longest a cached record answers after it was read (default
+    /// [`DEFAULT_CACHE_MAX_AGE`]): the bound on how long a `forget` on
+    /// another instance goes unseen by this one. At least 1 ms.
+    ///
+    /// # Examples
+    /// See [`cache`](Self::cache).
+    pub fn cache_max_age(mut self, max_age: Duration) -> Self {
+        self.cache.1 = max_age;
+        self
+    }
+
     /// The PostgreSQL schema (namespace) of the tables: lowercase ASCII
     /// letters, digits and `_`, not starting with a digit, at most 63
     /// bytes. Default `dedupkv`. Instances that share keys open the same.
@@ -654,11 +855,18 @@ impl PgStoreBuilder {
                 self.retention
             )));
         }
-        if self.lease < Duration::from_millis(1) {
-            return Err(Error::InvalidConfig(format!(
-                "lease {:?}: must be at least 1 ms",
-                self.lease
-            )));
+        for (what, d) in [
+            ("lease", self.lease),
+            ("entities.retention", self.entities.retention),
+            ("entities.max_hold", self.entities.max_hold),
+            ("entities.handback_lease", self.entities.handback_lease),
+            ("cache_max_age", self.cache.1),
+        ] {
+            if d < Duration::from_millis(1) {
+                return Err(Error::InvalidConfig(format!(
+                    "{what} {d:?}: must be at least 1 ms"
+                )));
+            }
         }
         let client = off_runtime(|| {
             let mut client = connect(&self.url)?;
@@ -675,6 +883,9 @@ impl PgStoreBuilder {
             clock: self.clock,
             lease_ms: ms(self.lease),
             retention_ms: ms(self.retention),
+            entities: self.entities,
+            cache: (self.cache.0 > 0).then(|| cache::Cache::new(self.cache.0, self.cache.1)),
+            checkouts: AtomicU64::new(0),
         };
         shared.idle.lock().push(Conn {
             client,
@@ -747,7 +958,8 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
 /// never expires); version 3 the intent columns (a row of an older
 /// version has no intent), `updated_at` and the table
 /// `dedupkv_versions`; version 4 the `waited` mark (a finish notifies
-/// only rows a waiter marked). Instances of an older build that are already
+/// only rows a waiter marked); version 5 the sequencer (see
+/// [`migrate_to_5`]). Instances of an older build that are already
 /// running keep working on it (one starting later refuses the newer
 /// version): they never write the new columns (an intent an older
 /// instance's takeover leaves behind stays, as an attempt without an
@@ -763,9 +975,42 @@ fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()>
     if from < 3 {
         migrate_to_3(tx, s)?;
     }
+    if from < 4 {
+        tx.batch_execute(&format!(
+            "ALTER TABLE {s}.dedupkv_keys ADD COLUMN IF NOT EXISTS waited bool NOT NULL DEFAULT false;
+             INSERT INTO {s}.dedupkv_schema_version VALUES (4);"
+        ))
+        .map_err(storage)?;
+    }
+    migrate_to_5(tx, s)
+}
+
+/// Version 5: the sequencer's state on the entity's row (`next`,
+/// `gap_since`; `version` NULL for an entity that has none), the entity's
+/// expiry (NULL on a row from before: it expires from its next write on;
+/// 0 while it stores events) and the table of stored events.
+fn migrate_to_5(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
     tx.batch_execute(&format!(
-        "ALTER TABLE {s}.dedupkv_keys ADD COLUMN IF NOT EXISTS waited bool NOT NULL DEFAULT false;
-         INSERT INTO {s}.dedupkv_schema_version VALUES (4);"
+        "ALTER TABLE {s}.dedupkv_versions
+             ALTER COLUMN version DROP NOT NULL,
+             ADD COLUMN IF NOT EXISTS next int8 NOT NULL DEFAULT {no_next},
+             ADD COLUMN IF NOT EXISTS gap_since int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS expires_at int8;
+         CREATE INDEX IF NOT EXISTS dedupkv_versions_expiry ON {s}.dedupkv_versions (expires_at)
+             WHERE expires_at > 0;
+         CREATE TABLE IF NOT EXISTS {s}.dedupkv_events (
+             scope bytea NOT NULL,
+             id bytea NOT NULL,
+             seq int8 NOT NULL,
+             state int2 NOT NULL,
+             payload bytea NOT NULL,
+             at int8 NOT NULL,
+             missing int8 NOT NULL,
+             since int8 NOT NULL,
+             handed_until int8 NOT NULL,
+             PRIMARY KEY (scope, id, seq));
+         INSERT INTO {s}.dedupkv_schema_version VALUES (5);",
+        no_next = sql::NO_NEXT,
     ))
     .map_err(storage)
 }
@@ -837,10 +1082,13 @@ impl PgStore {
             clock: None,
             max_idle: 16,
             group_commit: DEFAULT_GROUP_COMMIT,
+            entities: Entities::default(),
+            cache: (0, DEFAULT_CACHE_MAX_AGE),
         }
     }
 
-    /// Deletes every expired row (never a dead letter), [`EVICT_BATCH`]
+    /// Deletes every expired row (never a dead letter), then every expired
+    /// entity (never one that stores events), [`EVICT_BATCH`]
     /// at a time, each batch its own statement, so no transaction holds
     /// many row locks or runs long; the value is how many were deleted.
     /// Rows a concurrent call holds locked are skipped and left to a later
@@ -869,18 +1117,40 @@ impl PgStore {
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
-        let st = c.stmt(&sh.sql, Q::Evict)?;
         let mut total = 0;
-        loop {
-            let n = c
-                .client
-                .execute(&st, &[&sh.now(), &EVICT_BATCH])
-                .map_err(storage)?;
-            total += n;
-            if n < u64::try_from(EVICT_BATCH).unwrap_or(u64::MAX) {
-                return Ok(total);
+        for q in [Q::Evict, Q::EvictEntities] {
+            let st = c.stmt(&sh.sql, q)?;
+            loop {
+                let n = c
+                    .client
+                    .execute(&st, &[&sh.now(), &EVICT_BATCH])
+                    .map_err(storage)?;
+                total += n;
+                if n < u64::try_from(EVICT_BATCH).unwrap_or(u64::MAX) {
+                    break;
+                }
             }
         }
+        Ok(total)
+    }
+
+    /// How many times this instance took a connection to send statements
+    /// (each is one round trip or more); a call answered from the cache
+    /// ([`PgStoreBuilder::cache`]) takes none. For tests and metrics.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv::contract::Read;
+    /// use dedupkv::Key;
+    ///
+    /// let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
+    /// let before = store.checkouts();
+    /// store.get(&Key::new("t", "a"))?;
+    /// assert_eq!(store.checkouts(), before + 1);
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn checkouts(&self) -> u64 {
+        self.shared.checkouts.load(Ordering::Relaxed)
     }
 
     /// `begin` of one key: attempt 1 by one `INSERT … ON CONFLICT DO
@@ -897,6 +1167,10 @@ impl PgStore {
         check_key(key)?;
         let (target, request) = (intent.map(|i| i.target), intent.map(|i| i.request));
         let sh = &*self.shared;
+        if let Some(answer) = sh.cached_begin(key, fp) {
+            return answer;
+        }
+        let ticket = sh.ticket();
         let now = sh.now();
         let (scope, id, fpb) = (key.scope(), key.id(), fp_bytes(fp));
         let mut pooled = sh.pooled()?;
@@ -943,6 +1217,7 @@ impl PgStore {
             .map_err(storage)?
             && let Decision::Answer(answer) = decide(key, fp, &fpb, &seen)?
         {
+            sh.remember(ticket, key, &seen);
             return Ok(*answer);
         }
         let mut tx = c.client.transaction().map_err(storage)?;
@@ -1114,6 +1389,10 @@ impl Read for PgStore {
     fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>> {
         check_key(key)?;
         let sh = &*self.shared;
+        if let Some(rec) = sh.cached(key) {
+            return Ok(Pending::settled(Some(rec)));
+        }
+        let ticket = sh.ticket();
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
         let st = c.stmt(&sh.sql, Q::Peek)?;
@@ -1123,6 +1402,7 @@ impl Read for PgStore {
             .map_err(storage)?;
         let rec = match row {
             Some(r) => {
+                sh.remember(ticket, key, &r);
                 let row = Row::from(&r)?;
                 let now: i64 = r.get(11);
                 (!row.expired(now))
@@ -1216,6 +1496,9 @@ impl Write for PgStore {
             }
         };
         tx.commit().map_err(storage)?;
+        if let Some(cache) = &sh.cache {
+            cache.forgot(key);
+        }
         Ok(Pending::settled(answer))
     }
 

@@ -9,31 +9,26 @@
 //! Versions run from 0 to `u64::MAX - 1` (the engine's range); they are
 //! stored as `int8` with the top bit flipped, which keeps their order.
 //!
-//! Not yet: the sequencer (`sequence`, `release_held`, `ack` refuse with
-//! [`Error::InvalidArgument`]); versions do not expire.
+//! An entity expires `Entities::retention` after the last version
+//! applied to it (or its sequencer's last change), unless it stores
+//! events; an expired entity starts afresh (its next version is applied
+//! with no previous one). The sequencer shares the entity's row
+//! (`crate::sequencer`).
 
-use dedupkv::contract::{Order, Pending};
+use std::time::Duration;
+
+use dedupkv::contract::{Order, Pending, check_seq, check_version};
 use dedupkv::{Advance, Delivered, Error, Key, Result, SequenceOptions, Sequenced, Update};
 
-use crate::{PgStore, Q, check_key, storage};
+use crate::{MAX_OUTCOME, PgStore, Q, Shared, check_key, check_len, ms, storage};
 
 /// `version` as stored: order-preserving from `u64` to `int8`.
-fn stored(version: u64) -> i64 {
+pub(crate) fn stored(version: u64) -> i64 {
     i64::from_be_bytes((version ^ (1 << 63)).to_be_bytes())
 }
 
-fn version_of(stored: i64) -> u64 {
+pub(crate) fn version_of(stored: i64) -> u64 {
     u64::from_be_bytes(stored.to_be_bytes()) ^ (1 << 63)
-}
-
-fn check_version(version: u64) -> Result<()> {
-    if version == u64::MAX {
-        return Err(Error::InvalidArgument {
-            what: "version",
-            reason: "u64::MAX is reserved; versions run from 0 to u64::MAX - 1".into(),
-        });
-    }
-    Ok(())
 }
 
 /// The answer of `advance` from the version the entity had (`None`: it
@@ -46,22 +41,25 @@ fn decide(previous: Option<i64>, version: u64) -> Advance {
     }
 }
 
-fn unsupported<T>(what: &'static str) -> Result<T> {
-    Err(Error::InvalidArgument {
-        what,
-        reason: "the sequencer is not supported by the PostgreSQL backend yet".into(),
-    })
-}
-
 /// `advance` on `client` (a connection or a transaction).
 fn advance_on(
     client: &mut impl postgres::GenericClient,
-    st: &postgres::Statement,
+    (st, sh): (&postgres::Statement, &Shared),
     entity: &Key<'_>,
     version: u64,
 ) -> Result<Advance> {
+    let retention = ms(sh.entities.retention);
     let row = client
-        .query_one(st, &[&entity.scope(), &entity.id(), &stored(version)])
+        .query_one(
+            st,
+            &[
+                &entity.scope(),
+                &entity.id(),
+                &stored(version),
+                &sh.now(),
+                &retention,
+            ],
+        )
         .map_err(storage)?;
     Ok(decide(row.get(0), version))
 }
@@ -75,7 +73,7 @@ impl Order for PgStore {
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
         let st = c.stmt(&sh.sql, Q::Advance)?;
-        advance_on(&mut c.client, &st, entity, version).map(Pending::settled)
+        advance_on(&mut c.client, (&st, sh), entity, version).map(Pending::settled)
     }
 
     /// One transaction: the event's `insert` (the store's retention), then,
@@ -100,7 +98,7 @@ impl Order for PgStore {
             .map_err(storage)?
             .is_empty();
         let answer = if new {
-            match advance_on(&mut tx, &adv, entity, version)? {
+            match advance_on(&mut tx, (&adv, sh), entity, version)? {
                 Advance::Applied { previous } => Update::Applied { previous },
                 Advance::Stale { current } => Update::Stale { current },
                 _ => Update::SameVersion,
@@ -112,25 +110,49 @@ impl Order for PgStore {
         Ok(Pending::settled(answer))
     }
 
-    /// Refused: not yet on this backend.
+    /// One transaction under the entity's row lock (see
+    /// `crate::sequencer`).
     fn sequence(
         &self,
-        _entity: &Key<'_>,
-        _seq: u64,
-        _payload: &[u8],
-        _options: &SequenceOptions,
+        entity: &Key<'_>,
+        seq: u64,
+        payload: &[u8],
+        options: &SequenceOptions,
     ) -> Result<Pending<Sequenced>> {
-        unsupported("sequence")
+        check_seq(seq)?;
+        check_len("payload", payload.len(), MAX_OUTCOME)?;
+        let entities = &self.shared.entities;
+        let lease = match options.requested_lease() {
+            Some(l) if l < Duration::from_millis(1) => {
+                return Err(Error::InvalidArgument {
+                    what: "lease",
+                    reason: format!("{l:?}: a hand-back's lease must be at least 1 ms"),
+                });
+            }
+            Some(l) => ms(l),
+            None => ms(entities.handback_lease),
+        };
+        let max_hold = ms(entities.max_hold);
+        let answer = self.on_entity(entity, true, &mut |e, now| {
+            e.hold_overdue(now, max_hold);
+            e.sequence(seq, payload, now, now.saturating_add(lease))
+        })?;
+        Ok(Pending::settled(answer.unwrap_or(Sequenced::Duplicate)))
     }
 
-    /// Refused: not yet on this backend.
-    fn release_held(&self, _entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>> {
-        unsupported("release_held")
+    /// As `sequence`; the hand-back's lease is the store's.
+    fn release_held(&self, entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>> {
+        let lease = ms(self.shared.entities.handback_lease);
+        let out = self.on_entity(entity, false, &mut |e, now| {
+            e.release_held(now.saturating_add(lease))
+        })?;
+        Ok(Pending::settled(out.unwrap_or_default()))
     }
 
-    /// Refused: not yet on this backend.
-    fn ack(&self, _entity: &Key<'_>, _upto: u64) -> Result<Pending<usize>> {
-        unsupported("ack")
+    /// As `sequence`: the acknowledged events are deleted.
+    fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<Pending<usize>> {
+        let n = self.on_entity(entity, false, &mut |e, _| e.ack(upto))?;
+        Ok(Pending::settled(n.unwrap_or(0)))
     }
 }
 

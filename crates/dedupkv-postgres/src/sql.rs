@@ -35,8 +35,20 @@ pub(crate) enum Q {
     Advance,
     DeadLetters,
     Waiting,
+    SeqLock,
+    SeqFind,
+    Events,
+    EventsPut,
+    EventsDel,
+    SeqSet,
+    EvictEntities,
+    SweepParked,
 }
-pub(crate) const STATEMENTS: usize = 19;
+pub(crate) const STATEMENTS: usize = 27;
+
+/// An entity's `next` when it has no sequencer state: `stored(0)` of
+/// `crate::order` (`i64::MIN`, written so that it parses).
+pub(crate) const NO_NEXT: &str = "(-9223372036854775807::int8 - 1)";
 
 /// The statements' text for one schema.
 pub(crate) struct Sql(pub(crate) [String; STATEMENTS]);
@@ -87,6 +99,29 @@ const INTENT_RESET: &str = "intent_target = NULL, intent_settled = false, intent
     intent_open = false, intent_ref = NULL, intent_doubt = 0, intent_data = ''::bytea, intent_at = 0, \
     intent_attempt = 0";
 
+/// A listing's tie-breaker between entries of one time: the MD5 of the
+/// key (length-framed), 16 bytes, in a [`Cursor`](dedupkv::Cursor) as its
+/// `id`.
+const KEY_ORDER: &str = "decode(md5(int4send(length(scope)) || scope || id), 'hex')";
+
+/// The position columns of a listing ordered by `time` (read after the
+/// key: `list_at`, `list_kh`).
+fn page_columns(time: &str) -> String {
+    format!("{time} AS list_at, {KEY_ORDER} AS list_kh")
+}
+
+/// The rest of a listing ordered by `time`: $1 now, $2 scope (NULL:
+/// every scope), $3 limit, $4 minimum age in ms (NULL: any), $5 and $6
+/// the cursor's time and key order (NULL: from the start).
+fn paged(time: &str) -> String {
+    format!(
+        "AND ($2::bytea IS NULL OR scope = $2::bytea) \
+         AND ($4::int8 IS NULL OR {time} <= {NOW} - $4::int8) \
+         AND ($5::int8 IS NULL OR ({time}, {KEY_ORDER}) > ($5::int8, $6::bytea)) \
+         ORDER BY {time}, {KEY_ORDER} LIMIT $3::int8"
+    )
+}
+
 /// Whether the row `k` (an alias, `"k."` or `""`) expired at `now`.
 fn expired(k: &str, now: &str) -> String {
     format!("({k}expires_at > 0 AND {k}expires_at <= {now} AND {k}state <> {DEAD_LETTERED})")
@@ -104,6 +139,7 @@ impl Sql {
     pub(crate) fn new(schema: &str) -> Sql {
         let k = format!("{schema}.dedupkv_keys");
         let v = format!("{schema}.dedupkv_versions");
+        let ev = format!("{schema}.dedupkv_events");
         let seq = format!("{schema}.dedupkv_token");
         let (now3, now4, now5, now7) = (now_at(3), now_at(4), now_at(5), now_at(7));
         let gone = expired("k.", "excluded.first_at");
@@ -294,41 +330,55 @@ impl Sql {
                     WHEN intent_answer IN (1, 2) THEN intent_answer ELSE 4 END)",
                 open = "(CASE WHEN $4::int2 IN (2, 3) THEN (intent_open OR intent_answer = 3) ELSE false END)",
             ),
-            // Q::PendingIntents: $1 now, $2 scope (NULL: every scope), $3
-            // limit. Pending intents (a call may or may not have happened;
-            // a finished operation's are closed or settled), oldest first.
+            // Q::PendingIntents: paged (`paged`). Pending intents (a call
+            // may or may not have happened; a finished operation's are
+            // closed or settled), oldest first by when they were recorded.
             format!(
-                "SELECT {read}, scope, id FROM {k} WHERE intent_target IS NOT NULL AND NOT intent_settled \
-                 AND ($2::bytea IS NULL OR scope = $2::bytea) AND NOT {gone_now} \
-                 ORDER BY intent_at, scope, id LIMIT $3::int8",
+                "SELECT {read}, scope, id, {page} FROM {k} WHERE intent_target IS NOT NULL AND NOT intent_settled \
+                 AND NOT {gone_now} {rest}",
                 gone_now = expired("", NOW),
+                page = page_columns("intent_at"),
+                rest = paged("intent_at"),
             ),
             // Q::Doubted: as Q::PendingIntents, the operations with a doubt
             // (a candidate for a duplicate external effect), in any state.
             format!(
-                "SELECT {read}, scope, id FROM {k} WHERE intent_target IS NOT NULL AND intent_doubt > 0 \
-                 AND ($2::bytea IS NULL OR scope = $2::bytea) AND NOT {gone_now} \
-                 ORDER BY intent_at, scope, id LIMIT $3::int8",
+                "SELECT {read}, scope, id, {page} FROM {k} WHERE intent_target IS NOT NULL AND intent_doubt > 0 \
+                 AND NOT {gone_now} {rest}",
                 gone_now = expired("", NOW),
+                page = page_columns("intent_at"),
+                rest = paged("intent_at"),
             ),
             // Q::Advance: $1 scope, $2 id, $3 version (order-preserving
-            // as int8, `crate::order`). One statement, atomic per entity:
-            // a new entity's row is inserted (`previous` NULL); an existing
-            // one is updated under its row lock, `previous` keeping the
-            // version it had and `version` the greater; the answer is read
-            // from what comes back.
+            // as int8, `crate::order`), $4 now, $5 the entity retention
+            // in ms. One statement, atomic per entity: a new entity's row
+            // is inserted (`previous` NULL); an existing one is updated
+            // under its row lock, `previous` keeping the version it had and
+            // `version` the greater; the answer is read from what comes
+            // back. An expired entity (`gone`) starts afresh, as a new one.
+            // Only an applied version extends the expiry; an entity with
+            // stored events (`expires_at` 0) never expires.
             format!(
-                "INSERT INTO {v} AS v (scope, id, version, previous) VALUES ($1::bytea, $2::bytea, $3::int8, NULL) \
-                 ON CONFLICT (scope, id) DO UPDATE SET previous = v.version, \
-                 version = greatest(v.version, excluded.version) RETURNING previous"
+                "INSERT INTO {v} AS v (scope, id, version, previous, expires_at) \
+                 SELECT $1::bytea, $2::bytea, $3::int8, NULL, n.now + $5::int8 FROM (SELECT {now4} AS now) n \
+                 ON CONFLICT (scope, id) DO UPDATE SET \
+                 previous = CASE WHEN {gone_v} THEN NULL ELSE v.version END, \
+                 version = CASE WHEN {gone_v} THEN excluded.version ELSE greatest(v.version, excluded.version) END, \
+                 next = CASE WHEN {gone_v} THEN {NO_NEXT} ELSE v.next END, \
+                 gap_since = CASE WHEN {gone_v} THEN 0 ELSE v.gap_since END, \
+                 expires_at = CASE WHEN v.expires_at = 0 THEN 0 \
+                     WHEN {gone_v} OR v.version IS NULL OR excluded.version > v.version THEN excluded.expires_at \
+                     ELSE v.expires_at END \
+                 RETURNING previous",
+                gone_v = "(v.expires_at > 0 AND v.expires_at <= excluded.expires_at - $5::int8)",
             ),
-            // Q::DeadLetters: $1 now, $2 scope (NULL: every scope), $3
-            // limit. The dead-letter area, in the order keys reached it
-            // (over the partial index `dedupkv_keys_dead`).
+            // Q::DeadLetters: paged (`paged`). The dead-letter area, in the
+            // order keys reached it (over the partial index
+            // `dedupkv_keys_dead`).
             format!(
-                "SELECT {read}, scope, id FROM {k} WHERE state = {DEAD_LETTERED} \
-                 AND ($2::bytea IS NULL OR scope = $2::bytea) \
-                 ORDER BY failed_at, scope, id LIMIT $3::int8"
+                "SELECT {read}, scope, id, {page} FROM {k} WHERE state = {DEAD_LETTERED} {rest}",
+                page = page_columns("failed_at"),
+                rest = paged("failed_at"),
             ),
             // Q::Waiting: $1 scope, $2 id. A waiter marks the attempt it
             // waits for, so the statement that ends it notifies (rows
@@ -339,6 +389,77 @@ impl Sql {
             format!(
                 "UPDATE {k} SET waited = true \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {IN_PROGRESS} AND NOT waited"
+            ),
+            // Q::SeqLock: $1 now, $2 scope, $3 id. The entity's row, made
+            // if absent and locked either way (the sequencer decides under
+            // it, `crate::sequencer`): its next expected number, gap start
+            // and the time. An expired entity (it has no stored events)
+            // starts afresh; its expiry is written by Q::SeqSet.
+            format!(
+                "WITH n AS (SELECT {NOW} AS now) \
+                 INSERT INTO {v} AS v (scope, id, version, previous, next, gap_since, expires_at) \
+                 SELECT $2::bytea, $3::bytea, NULL, NULL, {NO_NEXT}, 0, n.now FROM n \
+                 ON CONFLICT (scope, id) DO UPDATE SET \
+                 version = CASE WHEN {gone} THEN NULL ELSE v.version END, \
+                 previous = CASE WHEN {gone} THEN NULL ELSE v.previous END, \
+                 next = CASE WHEN {gone} THEN {NO_NEXT} ELSE v.next END, \
+                 gap_since = CASE WHEN {gone} THEN 0 ELSE v.gap_since END \
+                 RETURNING next, gap_since, (SELECT now FROM n)",
+                gone = "(v.expires_at > 0 AND v.expires_at <= excluded.expires_at)",
+            ),
+            // Q::SeqFind: $1 now, $2 scope, $3 id. As Q::SeqLock for a call
+            // that makes no entity (`release_held`, `ack`).
+            format!(
+                "SELECT next, gap_since, {NOW} FROM {v} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"
+            ),
+            // Q::Events: $1 scope, $2 id. The entity's stored events (read
+            // under its row lock).
+            format!(
+                "SELECT seq, state, payload, at, missing, since, handed_until FROM {ev} \
+                 WHERE scope = $1::bytea AND id = $2::bytea ORDER BY seq"
+            ),
+            // Q::EventsPut: $1 scope, $2 id, then the events' arrays: $3
+            // seq, $4 state, $5 payload, $6 at, $7 missing, $8 since, $9
+            // handed_until. A stored event keeps its first payload.
+            format!(
+                "INSERT INTO {ev} (scope, id, seq, state, payload, at, missing, since, handed_until) \
+                 SELECT $1::bytea, $2::bytea, u.* FROM unnest($3::int8[], $4::int2[], $5::bytea[], \
+                 $6::int8[], $7::int8[], $8::int8[], $9::int8[]) AS u \
+                 ON CONFLICT (scope, id, seq) DO UPDATE SET state = excluded.state, at = excluded.at, \
+                 missing = excluded.missing, since = excluded.since, handed_until = excluded.handed_until"
+            ),
+            // Q::EventsDel: $1 scope, $2 id, $3 the acknowledged events' seq.
+            format!(
+                "DELETE FROM {ev} WHERE scope = $1::bytea AND id = $2::bytea AND seq = ANY($3::int8[])"
+            ),
+            // Q::SeqSet: $1 scope, $2 id, $3 next, $4 gap start, $5 expiry
+            // (0: never, while it stores events).
+            format!(
+                "UPDATE {v} SET next = $3::int8, gap_since = $4::int8, expires_at = $5::int8 \
+                 WHERE scope = $1::bytea AND id = $2::bytea"
+            ),
+            // Q::EvictEntities: $1 now, $2 batch size. As Q::Evict, for
+            // expired entities (never one with stored events).
+            format!(
+                "DELETE FROM {v} WHERE (scope, id) IN (SELECT scope, id FROM {v} WHERE {e} \
+                 LIMIT $2::int8 FOR UPDATE SKIP LOCKED) AND {e}",
+                e = format!("(expires_at > 0 AND expires_at <= {NOW})"),
+            ),
+            // Q::SweepParked: $1 now, $2 max hold ms. The parked events of
+            // every entity whose gap has been open longer than the hold
+            // move to the holding area (missing: the number expected next,
+            // `stored(1)` at least; since: the gap's start), under the
+            // entities' row locks as a sequencer call takes them; an
+            // entity another call holds is skipped (the next sweep, or its
+            // own next `sequence`, moves them).
+            format!(
+                "WITH due AS (SELECT scope, id, next, gap_since FROM {v} \
+                 WHERE gap_since > 0 AND gap_since < {NOW} - $2::int8 FOR UPDATE SKIP LOCKED) \
+                 UPDATE {ev} AS e SET state = {HELD}, missing = greatest(due.next, {NO_NEXT} + 1), \
+                 since = due.gap_since FROM due \
+                 WHERE e.scope = due.scope AND e.id = due.id AND e.state = {PARKED}",
+                HELD = crate::sequencer::HELD,
+                PARKED = crate::sequencer::PARKED,
             ),
         ])
     }

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use dedupkv::contract::{DeadLetters, Handle, Intents, Outcome, Read, Settle, Write};
 use dedupkv::{
-    Answer, Began, BeginOptions, Error, Failure, Fingerprint, Forget, Intent, Key, Resolution,
-    State,
+    Answer, Began, BeginOptions, Error, Failure, Fingerprint, Forget, Intent, Key, Listing,
+    Resolution, State,
 };
 use dedupkv_postgres::PgStore;
 use dedupkv_testkit::conformance::{self, Suite};
@@ -470,8 +470,8 @@ fn the_postgres_backend_passes_the_intent_cases() -> Result<(), String> {
         &a,
         &b,
         &conformance::Listings {
-            pending: &|s: &PgStore| s.pending_intents(None, 100),
-            duplicates: &|s: &PgStore| s.duplicate_candidates(None, 100),
+            pending: &|s: &PgStore| Ok(s.pending_intents(&Listing::new())?.items),
+            duplicates: &|s: &PgStore| Ok(s.duplicate_candidates(&Listing::new())?.items),
         },
     )
 }
@@ -937,6 +937,252 @@ fn the_postgres_backend_passes_the_version_cases() -> Result<(), String> {
     conformance::versions(&store)
 }
 
+/// The contract's sequencer cases (`conformance::sequencer`) on two
+/// instances of one schema: early events parked and never dropped, hand
+/// backs in order, their leases shared by the instances, `ack`, the
+/// holding area, and 8 threads on both instances delivering out of order
+/// at once.
+#[test]
+fn the_postgres_backend_passes_the_sequencer_cases() -> Result<(), String> {
+    let Some(url) = url("sequencer") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "seq", None).map_err(|e| e.to_string())?;
+    conformance::sequencer(&a, &b, &clock)
+}
+
+/// `sweep_parked` moves the parked events of a gap open longer than
+/// `max_hold` (5 min by default) to the holding area with no later event
+/// for the entity, so `release_held` hands them back; a gap not yet
+/// overdue is left alone.
+#[test]
+fn a_sweep_holds_overdue_parked_events_for_release() -> Result<(), Error> {
+    use dedupkv::contract::Order;
+    use dedupkv::{SequenceOptions, Sequenced};
+    let Some(url) = url("sweep_parked") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "sweep", None)?;
+    let (late, fresh) = (Key::new("acct", "a-1"), Key::new("acct", "a-2"));
+    let none = SequenceOptions::new();
+    assert_eq!(
+        a.tell(a.sequence(&late, 3, b"c", &none)?)?,
+        Sequenced::Parked
+    );
+    assert_eq!(
+        a.tell(a.sequence(&late, 4, b"d", &none)?)?,
+        Sequenced::Parked
+    );
+    clock.advance(Duration::from_secs(301));
+    assert_eq!(
+        b.tell(b.sequence(&fresh, 2, b"b", &none)?)?,
+        Sequenced::Parked
+    );
+    assert!(
+        a.tell(a.release_held(&late)?)?.is_empty(),
+        "nothing held yet"
+    );
+    assert_eq!(b.sweep_parked()?, 2);
+    assert_eq!(b.sweep_parked()?, 0);
+    let out = a.tell(a.release_held(&late)?)?;
+    assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [3, 4]);
+    assert!(a.tell(a.release_held(&fresh)?)?.is_empty(), "not overdue");
+    Ok(())
+}
+
+/// Versions expire like every other record: an entity is forgotten its
+/// retention after the last version applied to it (a stale one does not
+/// extend it), and `evict_expired` deletes it; an entity that stores
+/// events never expires.
+#[test]
+fn versions_expire_after_their_retention_unless_events_are_stored() -> Result<(), Error> {
+    use dedupkv::contract::Order;
+    use dedupkv::{Advance, SequenceOptions, Sequenced};
+    let Some(url) = url("versions_expire") else {
+        return Ok(());
+    };
+    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
+    let hour = Duration::from_secs(3_600);
+    let store = PgStore::builder(url.as_str())
+        .schema(fresh_schema("vexp"))
+        .clock(clock.clone())
+        .entities(dedupkv_postgres::Entities::new().retention(hour))
+        .open()?;
+    let (e, parked) = (Key::new("order", "o-1"), Key::new("order", "o-2"));
+    let none = SequenceOptions::new();
+    assert_eq!(
+        store.tell(store.advance(&e, 5)?)?,
+        Advance::Applied { previous: None }
+    );
+    assert_eq!(
+        store.tell(store.sequence(&parked, 2, b"b", &none)?)?,
+        Sequenced::Parked
+    );
+    clock.advance(Duration::from_millis(3_599_999));
+    assert_eq!(
+        store.tell(store.advance(&e, 3)?)?,
+        Advance::Stale { current: 5 }
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        store.evict_expired()?,
+        1,
+        "the expired entity, not the one with an event"
+    );
+    assert_eq!(
+        store.tell(store.advance(&e, 3)?)?,
+        Advance::Applied { previous: None }
+    );
+    clock.advance(2 * hour);
+    assert_eq!(
+        store.tell(store.advance(&e, 2)?)?,
+        Advance::Applied { previous: None },
+        "expired, not evicted"
+    );
+    let Sequenced::Delivered(out) = store.tell(store.sequence(&parked, 1, b"a", &none)?)? else {
+        panic!("the parked event was dropped");
+    };
+    assert_eq!(out.iter().map(|d| d.seq).collect::<Vec<_>>(), [1, 2]);
+    Ok(())
+}
+
+/// Two instances on a fresh schema and one manual clock, retention an
+/// hour: `a` with the local cache, `b` without.
+fn cached_and_not(url: &str, tag: &str) -> Result<(PgStore, PgStore, dedupkv::ManualClock), Error> {
+    let schema = fresh_schema(tag);
+    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
+    let open = |cache| {
+        PgStore::builder(url)
+            .schema(&schema)
+            .clock(clock.clone())
+            .retention(Duration::from_secs(3_600))
+            .cache(cache)
+            .open()
+    };
+    Ok((open(100)?, open(0)?, clock))
+}
+
+/// A repeat `begin` or `get` of a completed key is answered from the
+/// cache: no connection is taken (so no statement is sent); a repeat with
+/// another request is still refused. Without the cache every repeat takes
+/// one.
+#[test]
+fn a_repeat_of_a_completed_key_makes_no_round_trip_with_the_cache() -> Result<(), Error> {
+    let Some(url) = url("cache_repeat") else {
+        return Ok(());
+    };
+    let (a, b, _clock) = cached_and_not(&url, "cache")?;
+    let k = Key::new("orders", "o-1");
+    let claim = started(&a, &k, &BeginOptions::new())?;
+    a.tell(a.complete(&claim, Outcome::raw(b"ch_1"))?)?;
+    for store in [&a, &b] {
+        assert!(matches!(
+            begin(store, &k, &BeginOptions::new())?,
+            Began::Completed(_)
+        ));
+    }
+    let (before_a, before_b) = (a.checkouts(), b.checkouts());
+    for _ in 0..3 {
+        for store in [&a, &b] {
+            let Began::Completed(rec) = begin(store, &k, &BeginOptions::new())? else {
+                panic!("not completed");
+            };
+            assert_eq!(rec.outcome(), Some(&b"ch_1"[..]));
+            let got = store.tell(store.get(&k)?)?.expect("present");
+            assert_eq!(got.state(), State::Completed);
+        }
+    }
+    assert!(matches!(
+        a.begin(
+            &k,
+            Fingerprint::of("another request"),
+            &BeginOptions::new(),
+            None
+        ),
+        Err(Error::FingerprintMismatch { .. })
+    ));
+    assert_eq!(
+        a.checkouts(),
+        before_a,
+        "the cached instance sent statements"
+    );
+    assert_eq!(
+        b.checkouts(),
+        before_b + 6,
+        "one per call without the cache"
+    );
+    Ok(())
+}
+
+/// The cache never answers "absent" or "in progress" (the other
+/// instance's completion is seen at once), and an entry ends at the
+/// record's expiry and at a `forget` by its own instance. A `forget` on
+/// another instance is not seen by the cache (within `cache_max_age`, as
+/// documented).
+#[test]
+fn the_cache_never_answers_absent_or_in_progress_and_ends_at_expiry_or_forget() -> Result<(), Error>
+{
+    let Some(url) = url("cache_safe") else {
+        return Ok(());
+    };
+    let (a, b, clock) = cached_and_not(&url, "csafe")?;
+    let k = Key::new("orders", "o-1");
+    assert!(a.tell(a.get(&k)?)?.is_none());
+    let claim = started(&b, &k, &BeginOptions::new())?;
+    assert!(matches!(
+        begin(&a, &k, &BeginOptions::new())?,
+        Began::InProgress(_)
+    ));
+    assert_eq!(
+        a.tell(a.get(&k)?)?.map(|r| r.state()),
+        Some(State::InProgress)
+    );
+    b.tell(b.complete(&claim, Outcome::raw(b"done"))?)?;
+    let Began::Completed(rec) = begin(&a, &k, &BeginOptions::new())? else {
+        panic!("not completed");
+    };
+    let done = (State::Completed, Some(&b"done"[..]));
+    assert_eq!((rec.state(), rec.outcome()), done);
+    let got = a.tell(a.get(&k)?)?.expect("present");
+    assert_eq!((got.state(), got.outcome()), done);
+    // Absent, then written by the other instance: seen at once.
+    let k2 = Key::new("orders", "o-2");
+    assert!(a.tell(a.get(&k2)?)?.is_none());
+    let c2 = started(&b, &k2, &BeginOptions::new())?;
+    b.tell(b.complete(&c2, Outcome::raw(b"two"))?)?;
+    assert_eq!(
+        a.tell(a.get(&k2)?)?.map(|r| r.state()),
+        Some(State::Completed)
+    );
+    // A forget by this instance ends the entry.
+    assert!(matches!(a.tell(a.forget(&k2)?)?, Forget::Forgotten(_)));
+    let again = started(&a, &k2, &BeginOptions::new())?;
+    assert_eq!(again.attempt(), 1);
+    drop(again);
+    // A forget on another instance is not seen within cache_max_age.
+    let k3 = Key::new("orders", "o-3");
+    let c3 = started(&b, &k3, &BeginOptions::new())?;
+    b.tell(b.complete(&c3, Outcome::raw(b"three"))?)?;
+    assert!(matches!(
+        begin(&a, &k3, &BeginOptions::new())?,
+        Began::Completed(_)
+    ));
+    assert!(matches!(b.tell(b.forget(&k3)?)?, Forget::Forgotten(_)));
+    assert!(matches!(
+        begin(&a, &k3, &BeginOptions::new())?,
+        Began::Completed(_)
+    ));
+    // At the record's expiry the entry ends: a new operation starts.
+    assert!(matches!(
+        begin(&a, &k, &BeginOptions::new())?,
+        Began::Completed(_)
+    ));
+    clock.advance(Duration::from_secs(3_600));
+    let fresh = started(&a, &k, &BeginOptions::new())?;
+    assert_eq!(fresh.attempt(), 1);
+    Ok(())
+}
+
 /// The dead-letter listing is shared by instances: in the order keys
 /// reached the area, by scope, up to a limit; a requeued key leaves it.
 #[test]
@@ -960,19 +1206,91 @@ fn dead_letters_are_listed_from_any_instance_in_order() -> Result<(), Error> {
         store.tell(store.fail(&c, exhausted)?)?;
         clock.advance(Duration::from_secs(1));
     }
-    let ids = |list: Vec<dedupkv::DeadLetter>| -> Vec<Vec<u8>> {
-        list.iter().map(|d| d.key().id().to_vec()).collect()
+    let ids = |page: dedupkv::Page<dedupkv::DeadLetter>| -> Vec<Vec<u8>> {
+        page.items.iter().map(|d| d.key().id().to_vec()).collect()
     };
-    assert_eq!(ids(b.dead_letters(None, 10)?), [b"k1", b"k2", b"k3"]);
-    assert_eq!(ids(a.dead_letters(Some(b"pay"), 10)?), [b"k1", b"k3"]);
-    assert_eq!(ids(a.dead_letters(None, 1)?), [b"k1"]);
-    let first = &b.dead_letters(None, 1)?[0];
+    let all = Listing::new();
+    assert_eq!(ids(b.dead_letters(&all)?), [b"k1", b"k2", b"k3"]);
+    assert_eq!(
+        ids(a.dead_letters(&all.clone().scope("pay"))?),
+        [b"k1", b"k3"]
+    );
+    assert_eq!(ids(a.dead_letters(&all.clone().limit(1))?), [b"k1"]);
+    // k1 reached the area 3 s ago, k3 1 s ago (by the store's time).
+    let old = all.clone().older_than(Duration::from_secs(2));
+    assert_eq!(ids(a.dead_letters(&old)?), [b"k1", b"k2"]);
+    let first = &b.dead_letters(&all.clone().limit(1))?.items[0];
     assert_eq!(
         (first.reason(), first.payload()),
         ("gave up", Some(&b"p"[..]))
     );
     assert!(b.tell(b.requeue(&keys[0])?)?);
-    assert_eq!(ids(a.dead_letters(None, 10)?), [b"k2", b"k3"]);
+    assert_eq!(ids(a.dead_letters(&all)?), [b"k2", b"k3"]);
+    Ok(())
+}
+
+/// Listings page as the engine's: pages of 1, 2 and 3 over 9 dead
+/// letters (6 of them reaching the area at the same moment, so ties are
+/// broken by the key) together equal one page, each entry once, from
+/// either instance; a cursor is refused by another listing and by
+/// another schema's store.
+#[test]
+fn listings_page_with_a_cursor_across_instances() -> Result<(), Error> {
+    let Some(url) = url("listing_pages") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "pages", None)?;
+    for i in 0..9 {
+        let k = Key::owned(b"pay".to_vec(), format!("k{i}").into_bytes());
+        let c = started(&a, &k, &BeginOptions::new())?;
+        let exhausted = Failure::Exhausted {
+            reason: "gave up",
+            payload: None,
+        };
+        a.tell(a.fail(&c, exhausted)?)?;
+        if i < 3 {
+            clock.advance(Duration::from_secs(1));
+        }
+    }
+    let whole: Vec<Key<'static>> = a
+        .dead_letters(&Listing::new())?
+        .items
+        .iter()
+        .map(|d| d.key().clone())
+        .collect();
+    assert_eq!(whole.len(), 9);
+    for limit in [1, 2, 3] {
+        let (mut listing, mut seen, mut pages) = (Listing::new().limit(limit), Vec::new(), 0);
+        loop {
+            let store = if pages % 2 == 0 { &a } else { &b };
+            let page = store.dead_letters(&listing)?;
+            assert!(page.items.len() <= limit);
+            seen.extend(page.items.iter().map(|d| d.key().clone()));
+            pages += 1;
+            assert!(pages <= 9, "pages of {limit} never end: {seen:?}");
+            match page.next {
+                Some(c) => listing = listing.after(c),
+                None => break,
+            }
+        }
+        assert_eq!(seen, whole, "pages of {limit}");
+        assert_eq!(pages, 9usize.div_ceil(limit), "pages of {limit}");
+    }
+    let cursor = a
+        .dead_letters(&Listing::new().limit(1))?
+        .next
+        .expect("a second page");
+    assert!(matches!(
+        a.pending_intents(&Listing::new().after(cursor)),
+        Err(Error::InvalidArgument { what: "cursor", .. })
+    ));
+    let other = PgStore::builder(url.as_str())
+        .schema(fresh_schema("other"))
+        .open()?;
+    assert!(matches!(
+        other.dead_letters(&Listing::new().after(cursor)),
+        Err(Error::InvalidArgument { what: "cursor", .. })
+    ));
     Ok(())
 }
 
@@ -998,8 +1316,8 @@ fn intents_answer_as_on_the_engine_over_random_histories() -> Result<(), String>
         duplicates: &|s: &dedupkv::Store| Ok(s.duplicate_candidates(&all)?.items),
     };
     let on_pg = conformance::Listings {
-        pending: &|s: &PgStore| s.pending_intents(None, 10_000),
-        duplicates: &|s: &PgStore| s.duplicate_candidates(None, 10_000),
+        pending: &|s: &PgStore| Ok(s.pending_intents(&Listing::new().limit(10_000))?.items),
+        duplicates: &|s: &PgStore| Ok(s.duplicate_candidates(&Listing::new().limit(10_000))?.items),
     };
     conformance::intent_histories(
         (&engine, &on_engine, &|s: &dedupkv::Store, k: &Key<'_>| {

@@ -68,7 +68,7 @@ use crate::history::workload::Rng;
 
 pub use history::{Checked, History, histories, history};
 pub use intents::{Listings, intent_histories, intents};
-pub use order::versions;
+pub use order::{HANDBACK_LEASE_MS, MAX_HOLD_MS, sequencer, versions};
 pub use spec::{Spec, SpecClaim};
 
 /// The claim lease the specification assumes (the store's default).
