@@ -24,7 +24,7 @@ use crate::types::{
     Advance, BeginOptions, Delivered, Forget, Intent, Record, Resolution, SequenceOptions,
     Sequenced, Update,
 };
-use crate::{Answer, Begin, Claim, Failure, Fingerprint, Key, Result, Store};
+use crate::{Answer, Began, Begin, Claim, Failure, Fingerprint, Key, Result, Store};
 #[cfg(doc)]
 use crate::{Durability, Error};
 
@@ -35,6 +35,17 @@ use crate::{Durability, Error};
 ///
 /// Cheap to clone; it shares the store it wraps ([`store`](Self::store)
 /// gives the blocking API back, for the reads and the operator's calls).
+///
+/// Written against the [contract](crate::contract): `B` is the backend,
+/// the embedded [`Store`] by default, or any other implementation of the
+/// contract's traits (each group of methods needs its trait: [`Write`],
+/// [`Intents`], [`DeadLetters`], [`Order`]; [`call`](Self::call) runs
+/// any contract call, so a new operation needs no method here). What only
+/// the embedded store has — [`flush`](AsyncStore::flush),
+/// [`begin_or_wait`](AsyncStore::begin_or_wait), typed outcomes — is on
+/// `AsyncStore<Store>`. A backend whose calls do their I/O inline (the
+/// blocking client of `dedupkv-postgres`) does it on the thread that polls
+/// the future; the embedded store's calls never wait for the disk there.
 ///
 /// A claim's provider key, which with an asynchronous replica waits for
 /// the claim's upload, is awaited with
@@ -80,8 +91,8 @@ use crate::{Durability, Error};
 /// ```
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 #[derive(Clone, Debug)]
-pub struct AsyncStore {
-    store: Store,
+pub struct AsyncStore<B = Store> {
+    store: B,
 }
 
 impl From<Store> for AsyncStore {
@@ -133,15 +144,14 @@ impl Future for Changed<'_, '_> {
     }
 }
 
-impl AsyncStore {
+impl<B> AsyncStore<B> {
     /// The async face of `store`.
     ///
     /// # Examples
     /// See [`AsyncStore`].
-    pub fn new(store: Store) -> AsyncStore {
+    pub fn new(store: B) -> AsyncStore<B> {
         AsyncStore { store }
     }
-
     /// The blocking store underneath: for reads, listings, `stats` and the
     /// operator's calls (`evict_expired`, `compact`), which an async caller
     /// runs where blocking is fine (`spawn_blocking`).
@@ -154,14 +164,15 @@ impl AsyncStore {
     /// assert_eq!(store.store().stats().keys, 0);
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
-    pub fn store(&self) -> &Store {
+    pub fn store(&self) -> &B {
         &self.store
     }
+}
 
+impl AsyncStore<Store> {
     fn engine(&self) -> &Engine {
         self.store.engine()
     }
-
     fn durable(&self, row: u64) -> Durable<'_> {
         Durable {
             engine: self.engine(),
@@ -169,7 +180,9 @@ impl AsyncStore {
             slot: None,
         }
     }
+}
 
+impl<B: Settle> AsyncStore<B> {
     /// Runs `op` — one or more calls of the [contract](crate::contract) on
     /// the store, their answers joined into one [`Pending`] — inline, and
     /// resolves with its value once what it rests on is settled: the
@@ -205,20 +218,21 @@ impl AsyncStore {
     /// # Ok::<(), dedupkv::Error>(())
     /// # }).unwrap();
     /// ```
-    pub async fn call<T>(&self, op: impl FnOnce(&Store) -> Result<Pending<T>>) -> Result<T> {
+    pub async fn call<T>(&self, op: impl FnOnce(&B) -> Result<Pending<T>>) -> Result<T> {
         let (value, basis) = op(&self.store)?.into_parts();
         if !basis.is_settled() {
             self.store.settled(basis).await?;
         }
         Ok(value)
     }
-
     /// [`call`](Self::call): the named methods' one body, shared with the
     /// blocking face (which waits for the same basis).
-    async fn run<T>(&self, op: impl FnOnce(&Store) -> Result<Pending<T>>) -> Result<T> {
+    async fn run<T>(&self, op: impl FnOnce(&B) -> Result<Pending<T>>) -> Result<T> {
         self.call(op).await
     }
+}
 
+impl<B: Write> AsyncStore<B> {
     /// [`Store::insert_if_absent`], resolved once durable.
     ///
     /// # Cancellation
@@ -232,7 +246,6 @@ impl AsyncStore {
     pub async fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
         self.run(|s| Write::insert(s, key, None)).await
     }
-
     /// [`Store::insert_if_absent_for`], resolved once durable.
     ///
     /// # Errors
@@ -243,7 +256,6 @@ impl AsyncStore {
     pub async fn insert_if_absent_for(&self, key: &Key<'_>, retention: Duration) -> Result<bool> {
         self.run(|s| Write::insert(s, key, Some(retention))).await
     }
-
     /// [`Store::insert_batch`], resolved once durable.
     ///
     /// # Errors
@@ -254,7 +266,6 @@ impl AsyncStore {
     pub async fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
         self.run(|s| Write::insert_batch(s, keys)).await
     }
-
     /// [`Store::get`]; a record whose commit is in flight is awaited, not
     /// waited for.
     ///
@@ -266,7 +277,6 @@ impl AsyncStore {
     pub async fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
         self.run(|s| Read::get(s, key)).await
     }
-
     /// [`Store::forget`], resolved once durable.
     ///
     /// # Errors
@@ -277,7 +287,9 @@ impl AsyncStore {
     pub async fn forget(&self, key: &Key<'_>) -> Result<Forget> {
         self.run(|s| Write::forget(s, key)).await
     }
+}
 
+impl AsyncStore<Store> {
     /// [`Store::flush`]: resolves once everything acknowledged so far is
     /// durable.
     ///
@@ -291,7 +303,9 @@ impl AsyncStore {
         let row = self.engine().last_row();
         self.durable(row).await
     }
+}
 
+impl<B: Write> AsyncStore<B> {
     /// [`Store::begin`], resolved once durable.
     ///
     /// # Cancellation
@@ -303,11 +317,10 @@ impl AsyncStore {
     ///
     /// # Examples
     /// See [`AsyncStore`].
-    pub async fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Begin> {
+    pub async fn begin(&self, key: &Key<'_>, fingerprint: Fingerprint) -> Result<Began<B::Claim>> {
         self.begin_with(key, fingerprint, &BeginOptions::new())
             .await
     }
-
     /// [`Store::begin_with`], resolved once durable.
     ///
     /// # Errors
@@ -320,11 +333,13 @@ impl AsyncStore {
         key: &Key<'_>,
         fingerprint: Fingerprint,
         options: &BeginOptions,
-    ) -> Result<Begin> {
+    ) -> Result<Began<B::Claim>> {
         self.run(|s| Write::begin(s, key, fingerprint, options, None))
             .await
     }
+}
 
+impl<B: Intents> AsyncStore<B> {
     /// [`Store::begin_with_intent`], resolved once durable.
     ///
     /// # Errors
@@ -338,11 +353,13 @@ impl AsyncStore {
         fingerprint: Fingerprint,
         options: &BeginOptions,
         intent: Intent<'_>,
-    ) -> Result<Begin> {
+    ) -> Result<Began<B::Claim>> {
         self.run(|s| Write::begin(s, key, fingerprint, options, Some(intent)))
             .await
     }
+}
 
+impl<B: Write> AsyncStore<B> {
     /// [`Store::begin_batch`], resolved once durable.
     ///
     /// # Cancellation
@@ -357,10 +374,12 @@ impl AsyncStore {
     pub async fn begin_batch(
         &self,
         items: &[(Key<'_>, Fingerprint)],
-    ) -> Result<Vec<Result<Begin>>> {
+    ) -> Result<Vec<Result<Began<B::Claim>>>> {
         self.run(|s| Write::begin_batch(s, items)).await
     }
+}
 
+impl AsyncStore<Store> {
     /// [`Store::begin_or_wait`], without blocking: while another attempt
     /// holds the key, the future waits (at most `timeout`) for that
     /// attempt's finish or lease end, woken by the finish or by the
@@ -403,7 +422,6 @@ impl AsyncStore {
         self.begin_or_wait_with(key, fingerprint, &BeginOptions::new(), timeout)
             .await
     }
-
     /// [`begin_or_wait`](Self::begin_or_wait) with this operation's own
     /// lease and retention.
     ///
@@ -439,7 +457,9 @@ impl AsyncStore {
             .await;
         }
     }
+}
 
+impl<B: Write> AsyncStore<B> {
     /// [`Store::complete`], resolved once durable.
     ///
     /// # Errors
@@ -447,11 +467,10 @@ impl AsyncStore {
     ///
     /// # Examples
     /// See [`AsyncStore`].
-    pub async fn complete(&self, claim: &Claim, outcome: &[u8]) -> Result<()> {
+    pub async fn complete(&self, claim: &B::Claim, outcome: &[u8]) -> Result<()> {
         self.run(|s| Write::complete(s, claim, Outcome::raw(outcome)))
             .await
     }
-
     /// [`Store::complete_for`], resolved once durable.
     ///
     /// # Errors
@@ -461,14 +480,16 @@ impl AsyncStore {
     /// See [`Store::complete_for`].
     pub async fn complete_for(
         &self,
-        claim: &Claim,
+        claim: &B::Claim,
         outcome: &[u8],
         retention: Duration,
     ) -> Result<()> {
         let outcome = Outcome::raw(outcome).retention(retention);
         self.run(|s| Write::complete(s, claim, outcome)).await
     }
+}
 
+impl AsyncStore<Store> {
     /// [`Store::complete_value`], resolved once durable.
     ///
     /// # Errors
@@ -482,7 +503,9 @@ impl AsyncStore {
     {
         self.run(|s| s.complete_value_pending(claim, outcome)).await
     }
+}
 
+impl<B: Write> AsyncStore<B> {
     /// [`Store::complete_with_amount`], resolved once durable.
     ///
     /// # Errors
@@ -492,14 +515,13 @@ impl AsyncStore {
     /// See [`Store::complete_with_amount`].
     pub async fn complete_with_amount(
         &self,
-        claim: &Claim,
+        claim: &B::Claim,
         outcome: &[u8],
         amount: i64,
     ) -> Result<()> {
         let outcome = Outcome::raw(outcome).amount(amount);
         self.run(|s| Write::complete(s, claim, outcome)).await
     }
-
     /// [`Store::complete_batch`], resolved once durable.
     ///
     /// # Errors
@@ -507,10 +529,9 @@ impl AsyncStore {
     ///
     /// # Examples
     /// See [`Store::begin_batch`].
-    pub async fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Vec<Result<()>>> {
+    pub async fn complete_batch(&self, items: &[(&B::Claim, &[u8])]) -> Result<Vec<Result<()>>> {
         self.run(|s| Write::complete_batch(s, items)).await
     }
-
     /// [`Store::fail`], resolved once durable.
     ///
     /// # Errors
@@ -518,10 +539,9 @@ impl AsyncStore {
     ///
     /// # Examples
     /// See [`Failure`].
-    pub async fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<()> {
+    pub async fn fail(&self, claim: &B::Claim, failure: Failure<'_>) -> Result<()> {
         self.run(|s| Write::fail(s, claim, failure)).await
     }
-
     /// [`Store::renew`], resolved once durable.
     ///
     /// # Errors
@@ -529,10 +549,9 @@ impl AsyncStore {
     ///
     /// # Examples
     /// See [`Store::renew`].
-    pub async fn renew(&self, claim: &Claim) -> Result<SystemTime> {
+    pub async fn renew(&self, claim: &B::Claim) -> Result<SystemTime> {
         self.run(|s| Write::renew(s, claim, None)).await
     }
-
     /// [`Store::renew_for`], resolved once durable.
     ///
     /// # Errors
@@ -540,10 +559,12 @@ impl AsyncStore {
     ///
     /// # Examples
     /// See [`Store::renew_for`].
-    pub async fn renew_for(&self, claim: &Claim, by: Duration) -> Result<SystemTime> {
+    pub async fn renew_for(&self, claim: &B::Claim, by: Duration) -> Result<SystemTime> {
         self.run(|s| Write::renew(s, claim, Some(by))).await
     }
+}
 
+impl<B: Intents> AsyncStore<B> {
     /// [`Store::mark_sent`], resolved once durable.
     ///
     /// # Errors
@@ -551,10 +572,9 @@ impl AsyncStore {
     ///
     /// # Examples
     /// See [`Intent`].
-    pub async fn mark_sent(&self, claim: &Claim, reference: &[u8]) -> Result<()> {
+    pub async fn mark_sent(&self, claim: &B::Claim, reference: &[u8]) -> Result<()> {
         self.mark_answered(claim, Answer::Accepted(reference)).await
     }
-
     /// [`Store::mark_answered`], resolved once durable.
     ///
     /// # Errors
@@ -562,10 +582,12 @@ impl AsyncStore {
     ///
     /// # Examples
     /// See [`Store::mark_answered`].
-    pub async fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<()> {
+    pub async fn mark_answered(&self, claim: &B::Claim, answer: Answer<'_>) -> Result<()> {
         self.run(|s| Intents::mark_answered(s, claim, answer)).await
     }
+}
 
+impl<B: DeadLetters> AsyncStore<B> {
     /// [`Store::requeue`], resolved once durable.
     ///
     /// # Errors
@@ -576,7 +598,6 @@ impl AsyncStore {
     pub async fn requeue(&self, key: &Key<'_>) -> Result<bool> {
         self.run(|s| DeadLetters::requeue(s, key)).await
     }
-
     /// [`Store::resolve`], resolved once durable.
     ///
     /// # Errors
@@ -587,7 +608,9 @@ impl AsyncStore {
     pub async fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<bool> {
         self.run(|s| DeadLetters::resolve(s, key, resolution)).await
     }
+}
 
+impl<B: Order> AsyncStore<B> {
     /// [`Store::advance`], resolved once durable.
     ///
     /// # Errors
@@ -598,7 +621,6 @@ impl AsyncStore {
     pub async fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
         self.run(|s| Order::advance(s, entity, version)).await
     }
-
     /// [`Store::apply_event`], resolved once durable.
     ///
     /// # Errors
@@ -615,7 +637,6 @@ impl AsyncStore {
         self.run(|s| Order::apply_event(s, event, entity, version))
             .await
     }
-
     /// [`Store::sequence`], resolved once durable.
     ///
     /// # Errors
@@ -627,7 +648,6 @@ impl AsyncStore {
         self.sequence_with(entity, seq, payload, &SequenceOptions::new())
             .await
     }
-
     /// [`Store::sequence_with`], resolved once durable.
     ///
     /// # Errors
@@ -645,7 +665,6 @@ impl AsyncStore {
         self.run(|s| Order::sequence(s, entity, seq, payload, options))
             .await
     }
-
     /// [`Store::release_held`], resolved once durable.
     ///
     /// # Errors
@@ -656,7 +675,6 @@ impl AsyncStore {
     pub async fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
         self.run(|s| Order::release_held(s, entity)).await
     }
-
     /// [`Store::ack`], resolved once durable.
     ///
     /// # Errors

@@ -45,6 +45,65 @@ fn begin(
     store.tell(store.begin(key, Fingerprint::NONE, opts, None)?)
 }
 
+/// Polls `fut` to completion on this thread (no runtime).
+fn block_on<T>(fut: impl std::future::Future<Output = T>) -> T {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// The async face is written against the contract, so the same
+/// `AsyncStore` runs over PostgreSQL: insert, begin, complete, a replay
+/// and a repeat, and several contract calls joined in one `call`. (The
+/// backend's calls make their round trip inline and answer settled: the
+/// future does its I/O on the thread that polls it.)
+#[test]
+fn the_async_face_runs_over_postgres() -> Result<(), String> {
+    let Some(url) = url("async face") else {
+        return Ok(());
+    };
+    let store = PgStore::builder(url.as_str())
+        .schema(fresh_schema("async"))
+        .open()
+        .map_err(|e| e.to_string())?;
+    let store = dedupkv::AsyncStore::new(store);
+    // Not inside a tokio runtime: the blocking `postgres` client refuses
+    // to run there (see the crate's README).
+    block_on(async {
+        let key = Key::new("shop", "charge-1");
+        assert!(store.insert_if_absent(&Key::new("shop", "evt-1")).await?);
+        assert!(!store.insert_if_absent(&Key::new("shop", "evt-1")).await?);
+        let Began::Started(claim) = store.begin(&key, Fingerprint::of("100")).await? else {
+            panic!("the first begin starts");
+        };
+        store.complete(&claim, b"ch_1").await?;
+        match store.begin(&key, Fingerprint::of("100")).await? {
+            Began::Completed(r) => assert_eq!(r.outcome(), Some(&b"ch_1"[..])),
+            other => panic!("a replay, got {other:?}"),
+        }
+        let (a, b) = (Key::new("shop", "evt-2"), Key::new("shop", "evt-3"));
+        let both = store
+            .call(|s| Ok(s.insert(&a, None)?.zip(s.insert(&b, None)?)))
+            .await?;
+        assert_eq!(both, (true, true));
+        assert!(store.get(&key).await?.is_some());
+        Ok::<(), dedupkv::Error>(())
+    })
+    .map_err(|e| e.to_string())
+}
+
 #[test]
 fn the_postgres_backend_passes_the_conformance_suite() -> Result<(), String> {
     let Some(url) = url("conformance") else {
