@@ -14,7 +14,9 @@
 //! never frees a claim `begin` started meanwhile, and `begin` replays as
 //! `Completed` only a finished record, never a `requeue`'s release; and a
 //! listing returns when a dead letter lands in a row newer than the one it
-//! read when it began.
+//! read when it began. A record acknowledged before its commit
+//! (`Deferred`) reads back whether its row is still in the open batch, in
+//! the commit being made, or in the storage, whichever the schedule gives.
 //!
 //! Each model opens its store with one shard and a manual clock, so an
 //! execution is a function of loom's schedule alone (loom requires it): the
@@ -386,6 +388,44 @@ fn deferred() -> Durability {
     Durability::Deferred {
         max_delay: Duration::from_millis(5),
     }
+}
+
+#[test]
+fn an_acknowledged_record_reads_back_while_its_commit_is_made() {
+    check(
+        "deferred: get and replay of an acked record during its commit",
+        2,
+        || {
+            let store = open_with(FaultBackend::new(), deferred())?;
+            let key = Key::new("t", "op");
+            let claim = started(store.begin(&key, fp())?);
+            let (read, flushed) = race(|| {
+                let racer = {
+                    let store = store.clone();
+                    spawn(move || store.flush())
+                };
+                // Acknowledged at once; the racer (or the committer)
+                // takes the batch and commits it at any point around the
+                // reads below.
+                let read = store.complete(&claim, OUTCOME).and_then(|()| {
+                    let got = store.get(&Key::new("t", "op"))?;
+                    let again = store.begin(&Key::new("t", "op"), fp())?;
+                    Ok((got, again))
+                });
+                (read, join(racer))
+            });
+            flushed?;
+            let (got, again) = read?;
+            let got =
+                got.ok_or_else(|| Error::Corrupt("an acknowledged record read as absent".into()))?;
+            assert_eq!(got.outcome(), Some(OUTCOME), "get of the acked completion");
+            match again {
+                Begin::Completed(rec) => assert_eq!(rec.outcome(), Some(OUTCOME)),
+                other => panic!("a replay of the acked completion, got {other:?}"),
+            }
+            Ok(())
+        },
+    );
 }
 
 #[test]

@@ -152,6 +152,7 @@ impl<B> AsyncStore<B> {
     pub fn new(store: B) -> AsyncStore<B> {
         AsyncStore { store }
     }
+
     /// The blocking store underneath: for reads, listings, `stats` and the
     /// operator's calls (`evict_expired`, `compact`), which an async caller
     /// runs where blocking is fine (`spawn_blocking`).
@@ -173,6 +174,7 @@ impl AsyncStore<Store> {
     fn engine(&self) -> &Engine {
         self.store.engine()
     }
+
     fn durable(&self, row: u64) -> Durable<'_> {
         Durable {
             engine: self.engine(),
@@ -225,6 +227,7 @@ impl<B: Settle> AsyncStore<B> {
         }
         Ok(value)
     }
+
     /// [`call`](Self::call): the named methods' one body, shared with the
     /// blocking face (which waits for the same basis).
     async fn run<T>(&self, op: impl FnOnce(&B) -> Result<Pending<T>>) -> Result<T> {
@@ -246,6 +249,7 @@ impl<B: Write> AsyncStore<B> {
     pub async fn insert_if_absent(&self, key: &Key<'_>) -> Result<bool> {
         self.run(|s| Write::insert(s, key, None)).await
     }
+
     /// [`Store::insert_if_absent_for`], resolved once durable.
     ///
     /// # Errors
@@ -256,6 +260,7 @@ impl<B: Write> AsyncStore<B> {
     pub async fn insert_if_absent_for(&self, key: &Key<'_>, retention: Duration) -> Result<bool> {
         self.run(|s| Write::insert(s, key, Some(retention))).await
     }
+
     /// [`Store::insert_batch`], resolved once durable.
     ///
     /// # Errors
@@ -266,6 +271,7 @@ impl<B: Write> AsyncStore<B> {
     pub async fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Vec<bool>> {
         self.run(|s| Write::insert_batch(s, keys)).await
     }
+
     /// [`Store::get`]; a record whose commit is in flight is awaited, not
     /// waited for.
     ///
@@ -277,6 +283,7 @@ impl<B: Write> AsyncStore<B> {
     pub async fn get(&self, key: &Key<'_>) -> Result<Option<Record>> {
         self.run(|s| Read::get(s, key)).await
     }
+
     /// [`Store::forget`], resolved once durable.
     ///
     /// # Errors
@@ -321,6 +328,7 @@ impl<B: Write> AsyncStore<B> {
         self.begin_with(key, fingerprint, &BeginOptions::new())
             .await
     }
+
     /// [`Store::begin_with`], resolved once durable.
     ///
     /// # Errors
@@ -422,6 +430,7 @@ impl AsyncStore<Store> {
         self.begin_or_wait_with(key, fingerprint, &BeginOptions::new(), timeout)
             .await
     }
+
     /// [`begin_or_wait`](Self::begin_or_wait) with this operation's own
     /// lease and retention.
     ///
@@ -471,6 +480,7 @@ impl<B: Write> AsyncStore<B> {
         self.run(|s| Write::complete(s, claim, Outcome::raw(outcome)))
             .await
     }
+
     /// [`Store::complete_for`], resolved once durable.
     ///
     /// # Errors
@@ -522,6 +532,7 @@ impl<B: Write> AsyncStore<B> {
         let outcome = Outcome::raw(outcome).amount(amount);
         self.run(|s| Write::complete(s, claim, outcome)).await
     }
+
     /// [`Store::complete_batch`], resolved once durable.
     ///
     /// # Errors
@@ -532,6 +543,7 @@ impl<B: Write> AsyncStore<B> {
     pub async fn complete_batch(&self, items: &[(&B::Claim, &[u8])]) -> Result<Vec<Result<()>>> {
         self.run(|s| Write::complete_batch(s, items)).await
     }
+
     /// [`Store::fail`], resolved once durable.
     ///
     /// # Errors
@@ -542,6 +554,7 @@ impl<B: Write> AsyncStore<B> {
     pub async fn fail(&self, claim: &B::Claim, failure: Failure<'_>) -> Result<()> {
         self.run(|s| Write::fail(s, claim, failure)).await
     }
+
     /// [`Store::renew`], resolved once durable.
     ///
     /// # Errors
@@ -552,6 +565,7 @@ impl<B: Write> AsyncStore<B> {
     pub async fn renew(&self, claim: &B::Claim) -> Result<SystemTime> {
         self.run(|s| Write::renew(s, claim, None)).await
     }
+
     /// [`Store::renew_for`], resolved once durable.
     ///
     /// # Errors
@@ -575,6 +589,7 @@ impl<B: Intents> AsyncStore<B> {
     pub async fn mark_sent(&self, claim: &B::Claim, reference: &[u8]) -> Result<()> {
         self.mark_answered(claim, Answer::Accepted(reference)).await
     }
+
     /// [`Store::mark_answered`], resolved once durable.
     ///
     /// # Errors
@@ -598,6 +613,7 @@ impl<B: DeadLetters> AsyncStore<B> {
     pub async fn requeue(&self, key: &Key<'_>) -> Result<bool> {
         self.run(|s| DeadLetters::requeue(s, key)).await
     }
+
     /// [`Store::resolve`], resolved once durable.
     ///
     /// # Errors
@@ -621,6 +637,7 @@ impl<B: Order> AsyncStore<B> {
     pub async fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Advance> {
         self.run(|s| Order::advance(s, entity, version)).await
     }
+
     /// [`Store::apply_event`], resolved once durable.
     ///
     /// # Errors
@@ -637,6 +654,7 @@ impl<B: Order> AsyncStore<B> {
         self.run(|s| Order::apply_event(s, event, entity, version))
             .await
     }
+
     /// [`Store::sequence`], resolved once durable.
     ///
     /// # Errors
@@ -648,6 +666,7 @@ impl<B: Order> AsyncStore<B> {
         self.sequence_with(entity, seq, payload, &SequenceOptions::new())
             .await
     }
+
     /// [`Store::sequence_with`], resolved once durable.
     ///
     /// # Errors
@@ -665,6 +684,7 @@ impl<B: Order> AsyncStore<B> {
         self.run(|s| Order::sequence(s, entity, seq, payload, options))
             .await
     }
+
     /// [`Store::release_held`], resolved once durable.
     ///
     /// # Errors
@@ -675,6 +695,7 @@ impl<B: Order> AsyncStore<B> {
     pub async fn release_held(&self, entity: &Key<'_>) -> Result<Vec<Delivered>> {
         self.run(|s| Order::release_held(s, entity)).await
     }
+
     /// [`Store::ack`], resolved once durable.
     ///
     /// # Errors
