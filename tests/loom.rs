@@ -16,6 +16,11 @@
 //! listing returns when a dead letter lands in a row newer than the one it
 //! read when it began.
 //!
+//! The journal (at the end): a writer's acknowledged keys read back and
+//! survive a crash at every moment while it switches halves and the
+//! checkpointer moves a full half into the store file, and a failed
+//! checkpoint poisons without losing one.
+//!
 //! Each model opens its store with one shard and a manual clock, so an
 //! execution is a function of loom's schedule alone (loom requires it): the
 //! random key-hash secret then cannot change which shard locks are taken.

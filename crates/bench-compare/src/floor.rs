@@ -32,7 +32,21 @@ const FILE_BYTES: u64 = 64 << 20;
 #[cfg(target_os = "linux")]
 const O_DSYNC: i32 = 0o10000;
 
-/// A bare write + sync loop of one size.
+/// A bare write + sync loop of one size. A commit runs it once: open an
+/// instance, take a worker, and every `insert_batch` is one durable write.
+///
+/// # Examples
+///
+/// ```
+/// use dedupkv_bench_compare::contender::Contender as _;
+/// use dedupkv_bench_compare::floor::Floor;
+///
+/// let inst = Floor::fdatasync_record().open(10)?;
+/// let mut w = inst.worker()?;
+/// assert_eq!(w.insert_batch(&[[1; 16], [2; 16]])?, 2);
+/// assert_eq!(w.insert_batch(&[[1; 16]])?, 0, "seen before");
+/// # Ok::<(), dedupkv_bench_compare::contender::Error>(())
+/// ```
 pub struct Floor {
     id: &'static str,
     /// Bytes per commit.
@@ -44,6 +58,15 @@ pub struct Floor {
 
 impl Floor {
     /// 4 KiB per commit, aligned, `pwrite` + `fdatasync`: issue #29's floor.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedupkv_bench_compare::contender::Contender as _;
+    ///
+    /// let floor = dedupkv_bench_compare::floor::Floor::fdatasync_4k();
+    /// assert_eq!(floor.id(), "floor-4k");
+    /// ```
     pub fn fdatasync_4k() -> Self {
         Floor {
             id: "floor-4k",
@@ -53,6 +76,15 @@ impl Floor {
     }
 
     /// 4 KiB per commit through an `O_DSYNC` descriptor.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedupkv_bench_compare::contender::Contender as _;
+    ///
+    /// let floor = dedupkv_bench_compare::floor::Floor::dsync_4k();
+    /// assert_eq!(floor.id(), "floor-4k-dsync");
+    /// ```
     pub fn dsync_4k() -> Self {
         Floor {
             id: "floor-4k-dsync",
@@ -63,6 +95,15 @@ impl Floor {
 
     /// 168 bytes per commit (the journal's record for one key, unaligned,
     /// back to back), `pwrite` + `fdatasync`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedupkv_bench_compare::contender::Contender as _;
+    ///
+    /// let floor = dedupkv_bench_compare::floor::Floor::fdatasync_record();
+    /// assert_eq!(floor.id(), "floor-record");
+    /// ```
     pub fn fdatasync_record() -> Self {
         Floor {
             id: "floor-record",
