@@ -16,7 +16,8 @@
 //! it measures the plain store only: run both to see the seam's cost.
 //! `DEDUPKV_BENCH_SECS` per figure (default 3), `DEDUPKV_BENCH_RUNS`
 //! (default 3, medians); `DEDUPKV_BENCH_ONLY=none` (the plain store only)
-//! or `=restore`.
+//! or `=restore`; `DEDUPKV_BENCH_JOURNAL=off`: every store `journal(None)`
+//! (redb only; the default is the builder's, with the journal).
 #![allow(missing_docs, clippy::unwrap_used, clippy::cast_precision_loss)]
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
@@ -89,7 +90,10 @@ fn objects(bucket: &std::path::Path) -> Arc<dyn dedupkv::replica::object_store::
 
 #[cfg_attr(not(feature = "replica"), allow(unused_variables))]
 fn builder(p: &Place, mode: Mode) -> StoreBuilder {
-    let b = Store::builder().background_eviction(false);
+    let mut b = Store::builder().background_eviction(false);
+    if std::env::var("DEDUPKV_BENCH_JOURNAL").is_ok_and(|v| v == "off") {
+        b = b.journal(None);
+    }
     match mode {
         Mode::None => b,
         #[cfg(feature = "replica")]

@@ -10,6 +10,9 @@
 #     the acknowledgement, reopened, holds the record);
 #   - a failed sync: no caller of the failed batch is acknowledged, and the
 #     store stays poisoned.
+#   - the journal: across half switches and background checkpoints, every
+#     acknowledged key reads back and is in the crash image of both media;
+#     a failed checkpoint poisons the store and loses nothing acknowledged.
 # Prints each model's execution count and time; exits non-zero on the first
 # interleaving that breaks an assertion, or after LOOM_SECONDS (600).
 #

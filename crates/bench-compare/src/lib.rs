@@ -15,6 +15,7 @@ mod civil;
 
 pub mod contender;
 pub mod dedup;
+pub mod floor;
 pub mod lineup;
 pub mod machine;
 pub mod memory;

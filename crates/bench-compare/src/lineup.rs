@@ -4,6 +4,7 @@
 
 use crate::contender::{Contender, Result};
 use crate::dedup::Dedupkv;
+use crate::floor::Floor;
 use crate::memory::Memory;
 use crate::pg::Postgres;
 use crate::pg_store::PgBackend;
@@ -50,6 +51,9 @@ pub fn all(pg_url: Option<&str>) -> Result<Lineup> {
             crate::pg::URL_ENV
         )),
     }
+    list.push(Box::new(Floor::fdatasync_4k()));
+    list.push(Box::new(Floor::dsync_4k()));
+    list.push(Box::new(Floor::fdatasync_record()));
     list.push(Box::new(Memory));
     Ok(Lineup {
         contenders: list,
