@@ -19,7 +19,9 @@
 
 use std::sync::OnceLock;
 
-use super::durable::{self, Wakers};
+#[cfg(feature = "async")]
+use super::durable::Waiting;
+use super::durable::Wakers;
 use super::{Log, Ship};
 #[cfg(feature = "async")]
 use crate::sync::Arc;
@@ -372,7 +374,7 @@ impl Log {
     pub(crate) fn poll_durable(
         &self,
         row: u64,
-        slot: &mut Option<Arc<durable::Waiting>>,
+        slot: &mut Option<Arc<Waiting>>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<()>> {
         let ack = &self.shared.ack;
@@ -394,7 +396,7 @@ impl Log {
     pub(crate) fn poll_kept(
         &self,
         row: u64,
-        slot: &mut Option<Arc<durable::Waiting>>,
+        slot: &mut Option<Arc<Waiting>>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<()>> {
         let Some(ship) = self.async_ship() else {
@@ -414,11 +416,7 @@ impl Log {
     /// (the first time also kicking the committer and `on_first`).
     fn poll_row(
         &self,
-        (row, slot, cx): (
-            u64,
-            &mut Option<Arc<durable::Waiting>>,
-            &mut std::task::Context<'_>,
-        ),
+        (row, slot, cx): (u64, &mut Option<Arc<Waiting>>, &mut std::task::Context<'_>),
         list: &Wakers,
         reached: impl Fn() -> bool,
         on_first: impl FnOnce(),
@@ -451,14 +449,14 @@ impl Log {
 
     /// Forgets the waker of a future that stopped waiting.
     #[cfg(feature = "async")]
-    pub(crate) fn stop_waiting(&self, slot: &Arc<durable::Waiting>) {
+    pub(crate) fn stop_waiting(&self, slot: &Arc<Waiting>) {
         self.shared.ack.wakers.remove(slot);
     }
 
     /// Forgets the waker of a [`poll_kept`](Self::poll_kept) future that
     /// stopped waiting.
     #[cfg(feature = "async")]
-    pub(crate) fn stop_waiting_kept(&self, slot: &Arc<durable::Waiting>) {
+    pub(crate) fn stop_waiting_kept(&self, slot: &Arc<Waiting>) {
         if self.async_ship().is_some() {
             self.shared.ack.kept_wakers.remove(slot);
         } else {
