@@ -64,6 +64,9 @@ use crate::types::{
 pub use crate::types::{Basis, Pending};
 use crate::{Claim, Fingerprint, Key, Result};
 
+mod shared;
+pub use shared::{BoxedClaim, BoxedWaiter, SharedBackend, SharedClaim};
+
 /// When an answer may be told: the blocking wait and the async poll of
 /// the same [`Basis`].
 ///

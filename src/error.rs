@@ -147,6 +147,21 @@ pub enum Error {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
+    /// The call reads or manages the embedded engine (its file, index,
+    /// listings, statistics), and this store runs over a shared backend
+    /// ([`StoreBuilder::open_shared`](crate::StoreBuilder::open_shared)),
+    /// which offers the contract's calls only. Nothing was recorded; call
+    /// the backend's own method of that name, if it has one.
+    #[error(
+        "`{call}` is not offered by a store over the shared backend {backend} \
+         (nothing was recorded); call it on the backend itself"
+    )]
+    Unsupported {
+        /// The call.
+        call: &'static str,
+        /// The backend's type.
+        backend: &'static str,
+    },
     /// Another owner holds this store's replica (feature "replica"): it
     /// took ownership after this store did (this one is fenced, and
     /// acknowledges nothing from now on: every call answers this), or it

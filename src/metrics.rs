@@ -389,6 +389,8 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn publish_metrics(&self) {
-        self.metrics().publish(&self.engine().stats());
+        if let Some(m) = self.metrics() {
+            m.publish(&self.stats());
+        }
     }
 }

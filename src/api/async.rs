@@ -13,8 +13,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::store::Backend;
 use super::timer::Sleep;
-use super::wait::wait_after;
+use super::wait::{shared_wait, wait_after};
 use crate::contract::{DeadLetters, Intents, Order, Outcome, Pending, Read, Settle, Write};
 use crate::engine::Engine;
 use crate::engine::durable::Waiting;
@@ -170,20 +171,6 @@ impl<B> AsyncStore<B> {
     }
 }
 
-impl AsyncStore<Store> {
-    fn engine(&self) -> &Engine {
-        self.store.engine()
-    }
-
-    fn durable(&self, row: u64) -> Durable<'_> {
-        Durable {
-            engine: self.engine(),
-            row,
-            slot: None,
-        }
-    }
-}
-
 impl<B: Settle> AsyncStore<B> {
     /// Runs `op` — one or more calls of the [contract](crate::contract) on
     /// the store, their answers joined into one [`Pending`] — inline, and
@@ -306,9 +293,18 @@ impl AsyncStore<Store> {
     /// # Examples
     /// See [`Store::flush`].
     pub async fn flush(&self) -> Result<()> {
-        self.store.engine().check_readable()?;
-        let row = self.engine().last_row();
-        self.durable(row).await
+        let engine = match self.store.engine() {
+            Backend::Engine(engine) => engine,
+            // Every answer was waited for before it was told.
+            Backend::Shared(_) => return Ok(()),
+        };
+        engine.check_readable()?;
+        Durable {
+            engine,
+            row: engine.last_row(),
+            slot: None,
+        }
+        .await
     }
 }
 
@@ -451,7 +447,17 @@ impl AsyncStore<Store> {
         if !matches!(first, Begin::InProgress(_)) {
             return Ok(first);
         }
-        let mut waiter = self.engine().wait_on(key)?;
+        let engine = match self.store.engine() {
+            Backend::Engine(engine) => engine,
+            Backend::Shared(_) => loop {
+                let answer = self.begin_with(key, fingerprint, options).await?;
+                let Some(at_most) = shared_wait(&answer, deadline) else {
+                    return Ok(answer);
+                };
+                Sleep::until(Instant::now().checked_add(at_most)).await;
+            },
+        };
+        let mut waiter = engine.wait_on(key)?;
         loop {
             let seen = waiter.generation();
             let answer = self.begin_with(key, fingerprint, options).await?;

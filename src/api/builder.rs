@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::Error;
 use crate::clock::{Clock, SystemClock, millis};
+use crate::contract::SharedBackend;
 use crate::engine::{Config, Location};
 use crate::{Durability, Key, KeyHashing, Result, Store};
 
@@ -28,6 +29,8 @@ use crate::{Durability, Key, KeyHashing, Result, Store};
 pub struct StoreBuilder {
     cfg: Config,
     clock: Arc<dyn Clock>,
+    /// A clock was set (refused by `open_shared`).
+    clock_set: bool,
     #[cfg(feature = "replica")]
     replica: Option<crate::replica::Replica>,
     #[cfg(feature = "admin")]
@@ -39,6 +42,7 @@ impl Default for StoreBuilder {
         Self {
             cfg: Config::default(),
             clock: Arc::new(SystemClock),
+            clock_set: false,
             #[cfg(feature = "replica")]
             replica: None,
             #[cfg(feature = "admin")]
@@ -180,6 +184,7 @@ impl StoreBuilder {
     /// See [`ManualClock`](crate::ManualClock).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
+        self.clock_set = true;
         self
     }
 
@@ -807,6 +812,67 @@ impl StoreBuilder {
             return self.open_replicated(location, path);
         }
         Store::open_with(self.cfg, self.clock, location)
+    }
+
+    /// Opens a store over a shared backend instead of a file: the same
+    /// [`Store`] (and [`AsyncStore`](crate::AsyncStore)), its calls
+    /// answered by `backend` — the `PostgreSQL` backend `dedupkv_postgres::PgStore`,
+    /// which every instance of a service shares, so a retried request on
+    /// any instance meets the first one's record.
+    ///
+    /// The contract's calls (`insert_if_absent`, `begin`, `complete`,
+    /// `fail`, `renew`, `forget`, `get`, batches, versions and the
+    /// sequencer, `requeue`/`resolve`, intents' answers) and what is built
+    /// on them (the retry runners, `begin_or_wait`, which asks again every
+    /// 50 ms while another instance holds the key) work as on the engine.
+    /// Calls that read or manage the engine itself (listings, `history`,
+    /// `stats`' counters, `format`, `compact`, `evict_expired`, typed
+    /// outcomes, the replica) answer
+    /// [`Error::Unsupported`](crate::Error::Unsupported): the backend has
+    /// its own. `flush` returns at once (every answer was committed before
+    /// it was told).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when this builder has any setting (they
+    /// are the embedded engine's: set the backend's own, e.g. lease and
+    /// retention on `PgStoreBuilder`).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::{Begin, Fingerprint, Key, Store};
+    ///
+    /// // With `dedupkv-postgres`:
+    /// // let pg = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
+    /// // let store = Store::builder().open_shared(pg)?;
+    /// fn charge(store: &Store, order: &str) -> dedupkv::Result<()> {
+    ///     let key = Key::new("shop-42", order);
+    ///     if let Begin::Started(claim) = store.begin(&key, Fingerprint::of("100 EUR"))? {
+    ///         // call the provider with `claim.provider_key()?`, then:
+    ///         store.complete(&claim, b"ch_1")?;
+    ///     }
+    ///     Ok(())
+    /// }
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # charge(&Store::open(dir.path().join("s.redb"))?, "o-1")?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn open_shared(self, backend: impl SharedBackend) -> Result<Store> {
+        // Debug compares every setting, including ones without `PartialEq`.
+        let changed =
+            format!("{:?}", self.cfg) != format!("{:?}", Config::default()) || self.clock_set;
+        #[cfg(feature = "replica")]
+        let changed = changed || self.replica.is_some();
+        #[cfg(feature = "admin")]
+        let changed = changed || self.admin.is_some();
+        if changed {
+            return Err(Error::InvalidConfig(format!(
+                "open_shared: this builder's settings are the embedded engine's and do not apply \
+                 to the shared backend {}; set the backend's own (lease, retention, clock) and \
+                 open with `Store::builder().open_shared(backend)`",
+                backend.backend_name()
+            )));
+        }
+        Ok(Store::shared(backend))
     }
 
     /// Opens the store at `path` read-only: it answers every read —

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::clock::to_system_time;
 use crate::codec;
-use crate::contract::{Outcome, Pending, Settle, Write};
+use crate::contract::{BoxedClaim, Outcome, Pending, Settle, SharedClaim, Write};
 use crate::engine::{Begun, Ticket};
 use crate::types::{Began, BeginOptions, Failure};
 #[cfg(doc)]
@@ -42,7 +42,11 @@ pub type Begin = Began<Claim>;
 /// releases the key as a retryable failure (without waiting for that
 /// record to be durable; if it is lost in a crash the lease lapses instead).
 /// A claim does not keep its store open: once the store is dropped, the
-/// claim can no longer be finished and its lease lapses.
+/// claim can no longer be finished and its lease lapses. Over a shared
+/// backend ([`StoreBuilder::open_shared`](crate::StoreBuilder::open_shared))
+/// it holds that backend's claim and its accessors answer from it
+/// ([`SharedClaim`](crate::contract::SharedClaim)); a claim is finished
+/// only by a store of the backend that made it.
 ///
 /// # Examples
 /// ```
@@ -60,23 +64,65 @@ pub type Begin = Began<Claim>;
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
 pub struct Claim {
+    held: Held,
+}
+
+/// Whose claim it is: the engine's, or a shared backend's.
+enum Held {
     /// The engine's side: key, attempt, token, lease. It holds the store
     /// weakly, so a forgotten or long-lived claim never keeps a closed
     /// store open.
-    ticket: Ticket,
+    Engine(Ticket),
+    /// A shared backend's claim (a store opened with
+    /// [`StoreBuilder::open_shared`](crate::StoreBuilder::open_shared)).
+    Shared(BoxedClaim),
 }
 
 impl Claim {
-    /// The engine's side of this claim.
-    pub(crate) fn ticket(&self) -> &Ticket {
-        &self.ticket
+    /// The engine's side of this claim; a shared backend's claim handed
+    /// to the engine is refused.
+    pub(crate) fn ticket(&self) -> Result<&Ticket> {
+        match &self.held {
+            Held::Engine(t) => Ok(t),
+            Held::Shared(c) => Err(crate::Error::InvalidArgument {
+                what: "claim",
+                reason: format!(
+                    "the claim of {:?} was made by a shared backend, not by this store",
+                    c.key()
+                ),
+            }),
+        }
+    }
+
+    /// A shared backend's claim, for its store; the engine's claim handed
+    /// to a shared backend is refused.
+    pub(crate) fn shared(&self) -> Result<&dyn SharedClaim> {
+        match &self.held {
+            Held::Shared(c) => Ok(&**c),
+            Held::Engine(t) => Err(crate::Error::InvalidArgument {
+                what: "claim",
+                reason: format!(
+                    "the claim of {:?} was made by an embedded store, not by this store's shared backend",
+                    t.key
+                ),
+            }),
+        }
+    }
+
+    /// The claim of a shared backend's `Started` answer.
+    pub(crate) fn of_shared(claim: BoxedClaim) -> Claim {
+        Claim {
+            held: Held::Shared(claim),
+        }
     }
 }
 
 impl From<Begun> for Begin {
     fn from(b: Begun) -> Begin {
         match b {
-            Begun::Started(ticket) => Begin::Started(Claim { ticket }),
+            Begun::Started(ticket) => Begin::Started(Claim {
+                held: Held::Engine(ticket),
+            }),
             Begun::Completed(rec) => Begin::Completed(rec),
             Begun::InProgress(p) => Begin::InProgress(p),
             Begun::DeadLettered(d) => Begin::DeadLettered(d),
@@ -97,7 +143,10 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn key(&self) -> &Key<'static> {
-        &self.ticket.key
+        match &self.held {
+            Held::Engine(t) => &t.key,
+            Held::Shared(c) => c.key(),
+        }
     }
 
     /// The attempt number: 1 for the first, +1 for each takeover or retry.
@@ -105,7 +154,10 @@ impl Claim {
     /// # Examples
     /// See [`Claim`].
     pub fn attempt(&self) -> u32 {
-        self.ticket.attempt
+        match &self.held {
+            Held::Engine(t) => t.attempt,
+            Held::Shared(c) => c.attempt(),
+        }
     }
 
     /// Whether this attempt took over an earlier one that never answered:
@@ -135,7 +187,10 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn interrupted(&self) -> bool {
-        self.ticket.interrupted
+        match &self.held {
+            Held::Engine(t) => t.interrupted,
+            Held::Shared(c) => c.interrupted(),
+        }
     }
 
     /// The fencing token: unique per attempt, increasing across the store.
@@ -149,7 +204,10 @@ impl Claim {
     /// # Examples
     /// See [`Record::token`].
     pub fn token(&self) -> u64 {
-        self.ticket.token
+        match &self.held {
+            Held::Engine(t) => t.token,
+            Held::Shared(c) => SharedClaim::token(&**c),
+        }
     }
 
     /// The idempotency key to pass to external systems (a payment or
@@ -213,7 +271,10 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn provider_key(&self) -> Result<String> {
-        self.ticket.provider_key().map(hex)
+        match &self.held {
+            Held::Engine(t) => t.provider_key().map(hex),
+            Held::Shared(c) => c.provider_key(),
+        }
     }
 
     /// [`provider_key`](Self::provider_key) as a future (feature
@@ -252,12 +313,25 @@ impl Claim {
     pub fn provider_key_async(
         &self,
     ) -> impl std::future::Future<Output = Result<String>> + Send + 'static + use<> {
-        let (engine, row, key) = self.ticket.provider_key_parts();
-        KeptKey {
-            engine,
-            row,
-            key,
-            slot: None,
+        match &self.held {
+            Held::Engine(t) => {
+                let (engine, row, key) = t.provider_key_parts();
+                KeptKey {
+                    engine,
+                    row,
+                    key,
+                    told: None,
+                    slot: None,
+                }
+            }
+            // A shared backend tells it with the claim.
+            Held::Shared(c) => KeptKey {
+                engine: crate::sync::Weak::new(),
+                row: 0,
+                key: 0,
+                told: Some(c.provider_key()),
+                slot: None,
+            },
         }
     }
 
@@ -282,7 +356,10 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn first_seen_at(&self) -> SystemTime {
-        to_system_time(self.ticket.first_at)
+        match &self.held {
+            Held::Engine(t) => to_system_time(t.first_at),
+            Held::Shared(c) => c.first_seen_at(),
+        }
     }
 
     /// This attempt's number within its round: an operation's first
@@ -310,10 +387,10 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn round_attempt(&self) -> u32 {
-        self.ticket
-            .attempt
-            .saturating_sub(self.ticket.round.before)
-            .max(1)
+        match &self.held {
+            Held::Engine(t) => t.attempt.saturating_sub(t.round.before).max(1),
+            Held::Shared(c) => c.round_attempt(),
+        }
     }
 
     /// When this attempt's round began: the operation's first attempt
@@ -341,7 +418,10 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn round_started_at(&self) -> SystemTime {
-        to_system_time(self.ticket.round.since)
+        match &self.held {
+            Held::Engine(t) => to_system_time(t.round.since),
+            Held::Shared(c) => c.round_started_at(),
+        }
     }
 
     /// How many attempts of this round before this one ended without an
@@ -368,7 +448,10 @@ impl Claim {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn interruptions(&self) -> u32 {
-        self.ticket.round.interrupted
+        match &self.held {
+            Held::Engine(t) => t.round.interrupted,
+            Held::Shared(c) => c.interruptions(),
+        }
     }
 
     /// Whether an earlier attempt of this operation recorded an intent
@@ -379,7 +462,10 @@ impl Claim {
     /// # Examples
     /// See [`Store::duplicate_candidates`].
     pub fn unanswered_intent(&self) -> bool {
-        self.ticket.unanswered_intent
+        match &self.held {
+            Held::Engine(t) => t.unanswered_intent,
+            Held::Shared(c) => c.unanswered_intent(),
+        }
     }
 
     /// When this claim's lease lapses (moved by [`Store::renew`](crate::Store::renew)).
@@ -387,7 +473,10 @@ impl Claim {
     /// # Examples
     /// See [`Record::lease_expires_at`].
     pub fn lease_expires_at(&self) -> SystemTime {
-        to_system_time(self.ticket.lease_until())
+        match &self.held {
+            Held::Engine(t) => to_system_time(t.lease_until()),
+            Held::Shared(c) => c.lease_expires_at(),
+        }
     }
 }
 
@@ -403,6 +492,8 @@ struct KeptKey {
     engine: crate::sync::Weak<crate::engine::Engine>,
     row: u64,
     key: u128,
+    /// A shared backend's key, told already.
+    told: Option<Result<String>>,
     slot: Option<crate::sync::Arc<crate::engine::durable::Waiting>>,
 }
 
@@ -429,6 +520,9 @@ impl std::future::Future for KeptKey {
                 }
             }
         }
+        if let Some(told) = this.told.take() {
+            return Poll::Ready(told);
+        }
         Poll::Ready(Ok(hex(this.key)))
     }
 }
@@ -446,12 +540,16 @@ impl Drop for KeptKey {
 
 impl fmt::Debug for Claim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Claim")
-            .field("key", &self.ticket.key)
-            .field("attempt", &self.ticket.attempt)
-            .field("token", &self.ticket.token)
-            .field("lease_until", &self.ticket.lease_until())
-            .finish_non_exhaustive()
+        match &self.held {
+            Held::Engine(t) => f
+                .debug_struct("Claim")
+                .field("key", &t.key)
+                .field("attempt", &t.attempt)
+                .field("token", &t.token)
+                .field("lease_until", &t.lease_until())
+                .finish_non_exhaustive(),
+            Held::Shared(c) => f.debug_tuple("Claim").field(c).finish(),
+        }
     }
 }
 
@@ -684,7 +782,8 @@ impl Store {
     where
         T: serde::Serialize + serde::de::DeserializeOwned,
     {
-        let (tag, bytes) = codec::encode_outcome(self.engine().outcome_tags(), outcome)?;
+        let (tag, bytes) =
+            codec::encode_outcome(self.engine_for("complete_value")?.outcome_tags(), outcome)?;
         Write::complete(self, claim, Outcome::tagged(tag, &bytes))
     }
 

@@ -24,7 +24,7 @@ impl Store {
     /// # Examples
     /// See [`Listing`] and [`DeadLetter`].
     pub fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
-        self.engine().dead_letters(listing)
+        self.engine_for("dead_letters")?.dead_letters(listing)
     }
 
     /// Requeues a dead letter: the key becomes claimable again, and its

@@ -9,7 +9,8 @@ impl Store {
     /// The store format of the open file: 5 for a file this build created
     /// or upgraded; 3 or 4 for one an older build wrote, until
     /// [`upgrade`](Self::upgrade) (or [`StoreBuilder::upgrade`]). Also in
-    /// [`Stats::format`](crate::Stats::format).
+    /// [`Stats::format`](crate::Stats::format). 0 for a store over a
+    /// shared backend (it has no file).
     ///
     /// # Examples
     /// ```
@@ -20,7 +21,7 @@ impl Store {
     /// ```
     #[must_use]
     pub fn format(&self) -> u32 {
-        self.engine().format()
+        self.engine_for("format").map_or(0, |e| e.format())
     }
 
     /// Rewrites a file of an older store format as the newest one, in one
@@ -47,7 +48,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn upgrade(&self) -> Result<bool> {
-        self.engine().upgrade()
+        self.engine_for("upgrade")?.upgrade()
     }
 
     /// Reads every bucket table of the file, as of one commit, and checks
@@ -71,6 +72,6 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn verify(&self) -> Result<u64> {
-        self.engine().verify()
+        self.engine_for("verify")?.verify()
     }
 }

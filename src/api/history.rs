@@ -50,6 +50,6 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn history(&self, key: &Key<'_>) -> Result<Vec<Record>> {
-        self.engine().history(key)
+        self.engine_for("history")?.history(key)
     }
 }

@@ -97,7 +97,7 @@ impl Store {
     /// # Examples
     /// See [`IntentEntry::reference`].
     pub fn intent(&self, key: &Key<'_>) -> Result<Option<IntentEntry>> {
-        self.engine().intent(key)
+        self.engine_for("intent")?.intent(key)
     }
 
     /// Unanswered intents, oldest first (by when they were recorded;
@@ -111,7 +111,7 @@ impl Store {
     /// # Examples
     /// See [`IntentEntry`].
     pub fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
-        self.engine().pending_intents(listing)
+        self.engine_for("pending_intents")?.pending_intents(listing)
     }
 
     /// The candidates for a duplicate external effect, to check against
@@ -154,6 +154,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
-        self.engine().duplicate_candidates(listing)
+        self.engine_for("duplicate_candidates")?
+            .duplicate_candidates(listing)
     }
 }

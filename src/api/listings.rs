@@ -40,7 +40,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn stranded_claims(&self, listing: &Listing) -> Result<Page<Record>> {
-        self.engine().stranded_claims(listing)
+        self.engine_for("stranded_claims")?.stranded_claims(listing)
     }
 
     /// The sequencer's holding area across every entity: events whose
@@ -67,6 +67,6 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn holding_area(&self, listing: &Listing) -> Result<Page<Held>> {
-        self.engine().holding_area(listing)
+        self.engine_for("holding_area")?.holding_area(listing)
     }
 }

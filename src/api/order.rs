@@ -125,7 +125,7 @@ impl Store {
     /// # Examples
     /// See [`Held`].
     pub fn held(&self, entity: &Key<'_>) -> Result<Vec<Held>> {
-        self.engine().held(entity)
+        self.engine_for("held")?.held(entity)
     }
 
     /// Gives up waiting for missing predecessors: delivers every held and
@@ -233,7 +233,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn unacked(&self, entity: &Key<'_>) -> Result<Vec<Unacked>> {
-        self.engine().unacked(entity)
+        self.engine_for("unacked")?.unacked(entity)
     }
 
     /// Moves parked events whose gap has been open longer than `max_hold`
@@ -247,6 +247,6 @@ impl Store {
     /// # Examples
     /// See [`Held`].
     pub fn sweep_parked(&self) -> Result<usize> {
-        self.engine().sweep_parked()
+        self.engine_for("sweep_parked")?.sweep_parked()
     }
 }

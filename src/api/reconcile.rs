@@ -43,7 +43,7 @@ impl Store {
     /// # Examples
     /// See [`Tally`].
     pub fn tallies(&self, scope: impl AsRef<[u8]>) -> Result<Vec<Tally>> {
-        self.engine().tallies(scope.as_ref())
+        self.engine_for("tallies")?.tallies(scope.as_ref())
     }
 
     /// Compares the scope's windows with the system of record's counts
@@ -79,7 +79,8 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn reconcile(&self, scope: impl AsRef<[u8]>, theirs: &[Tally]) -> Result<Reconciliation> {
-        self.engine().reconcile(scope.as_ref(), theirs)
+        self.engine_for("reconcile")?
+            .reconcile(scope.as_ref(), theirs)
     }
 
     /// Compares the keys the scope kept (see
@@ -148,6 +149,7 @@ impl Store {
         theirs: &[WindowKeys],
         settle: std::time::Duration,
     ) -> Result<KeyReconciliation> {
-        self.engine().reconcile_keys(scope.as_ref(), theirs, settle)
+        self.engine_for("reconcile_keys")?
+            .reconcile_keys(scope.as_ref(), theirs, settle)
     }
 }

@@ -48,6 +48,6 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn records(&self, listing: &Listing) -> Result<Page<Record>> {
-        self.engine().records(listing)
+        self.engine_for("records")?.records(listing)
     }
 }

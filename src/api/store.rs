@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::contract::{Read, Settle, Write};
+use crate::contract::{Read, Settle, SharedBackend, Write};
 use crate::engine::{Config, Engine, Location, Threads};
 use crate::sync::Arc;
 use crate::types::{Eviction, Forget, Record, Stats};
@@ -16,7 +16,10 @@ use crate::{Key, Result, StoreBuilder};
 
 /// An embedded deduplication and idempotency store.
 ///
-/// Cheap to clone (an `Arc`); share it between threads.
+/// Cheap to clone (an `Arc`); share it between threads. It runs over the
+/// embedded engine (a file: [`open`](Self::open)), or over a shared
+/// backend that several processes use at once (the `PostgreSQL` one:
+/// [`StoreBuilder::open_shared`]).
 ///
 /// # Examples
 /// ```
@@ -36,21 +39,39 @@ pub struct Store {
     // Declared first so they are dropped (stopped and joined) before the
     // engine.
     _threads: Threads,
-    engine: Arc<Engine>,
+    backend: Backend,
+    /// The engine's metrics (none over a shared backend).
     #[cfg(feature = "metrics")]
-    metrics: Arc<crate::metrics::Bridge>,
+    metrics: Option<Arc<crate::metrics::Bridge>>,
     /// The replica's uploader (feature "replica").
     #[cfg(feature = "replica")]
     replica: Option<Arc<crate::replica::uploader::Uploader>>,
 }
 
+/// What a [`Store`] runs over: the embedded engine, or a shared backend
+/// (`PostgreSQL`) chosen at open
+/// ([`StoreBuilder::open_shared`](crate::StoreBuilder::open_shared)).
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Engine(Arc<Engine>),
+    Shared(std::sync::Arc<dyn SharedBackend>),
+}
+
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let cfg = self.engine.config();
-        f.debug_struct("Store")
-            .field("shards", &cfg.shards)
-            .field("durability", &cfg.durability)
-            .finish_non_exhaustive()
+        match &self.backend {
+            Backend::Engine(engine) => {
+                let cfg = engine.config();
+                f.debug_struct("Store")
+                    .field("shards", &cfg.shards)
+                    .field("durability", &cfg.durability)
+                    .finish_non_exhaustive()
+            }
+            Backend::Shared(b) => f
+                .debug_struct("Store")
+                .field("backend", &b.backend_name())
+                .finish_non_exhaustive(),
+        }
     }
 }
 
@@ -81,8 +102,22 @@ impl Store {
             admin: None,
             _threads: threads,
             #[cfg(feature = "metrics")]
-            metrics: crate::metrics::Bridge::install(&engine),
-            engine,
+            metrics: Some(crate::metrics::Bridge::install(&engine)),
+            backend: Backend::Engine(engine),
+            #[cfg(feature = "replica")]
+            replica: None,
+        }
+    }
+
+    /// A store over `backend` (the builder's way in).
+    pub(crate) fn shared(backend: impl SharedBackend) -> Store {
+        Store {
+            #[cfg(feature = "admin")]
+            admin: None,
+            _threads: Threads::none(),
+            #[cfg(feature = "metrics")]
+            metrics: None,
+            backend: Backend::Shared(std::sync::Arc::new(backend)),
             #[cfg(feature = "replica")]
             replica: None,
         }
@@ -104,7 +139,9 @@ impl Store {
     #[cfg(feature = "replica")]
     pub(crate) fn with_replica(mut self, up: Arc<crate::replica::uploader::Uploader>) -> Store {
         #[cfg(feature = "metrics")]
-        self.metrics.watch_replica(&up);
+        if let Some(m) = &self.metrics {
+            m.watch_replica(&up);
+        }
         self.replica = Some(up);
         self
     }
@@ -139,7 +176,7 @@ impl Store {
                 "this store has no replica".into(),
             ));
         };
-        self.engine.flush()?;
+        self.engine_for("sync_replica")?.flush()?;
         up.sync()
     }
 
@@ -158,7 +195,7 @@ impl Store {
         if let Some(at) = until {
             up.close_by(at);
         }
-        self.engine.flush()?;
+        self.engine_for("sync_replica")?.flush()?;
         up.sync_until(until)
     }
 
@@ -186,27 +223,47 @@ impl Store {
 
     /// The longest outcome (or failure payload) this store records.
     pub(crate) fn max_outcome_len(&self) -> usize {
-        self.engine.config().max_outcome
+        match &self.backend {
+            Backend::Engine(engine) => engine.config().max_outcome,
+            // The backend checks its own limit.
+            Backend::Shared(_) => usize::MAX,
+        }
     }
 
     /// The metrics bridge.
     #[cfg(feature = "metrics")]
-    pub(crate) fn metrics(&self) -> &crate::metrics::Bridge {
-        &self.metrics
+    pub(crate) fn metrics(&self) -> Option<&crate::metrics::Bridge> {
+        self.metrics.as_deref()
     }
 
     /// Counts a batch call (in `Stats`, and the metrics bridge's histogram).
     pub(crate) fn count_batch(&self, call: &'static str, items: usize) {
-        self.engine.count_batch(items);
+        if let Backend::Engine(engine) = &self.backend {
+            engine.count_batch(items);
+        }
         #[cfg(feature = "metrics")]
-        self.metrics.batch(call, items);
+        if let Some(m) = &self.metrics {
+            m.batch(call, items);
+        }
         #[cfg(not(feature = "metrics"))]
         let _ = call;
     }
 
     /// The engine, for the face's other rooms.
-    pub(crate) fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+    pub(crate) fn engine(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The engine, for `call`, which only the engine offers; over a shared
+    /// backend [`Error::Unsupported`](crate::Error::Unsupported).
+    pub(crate) fn engine_for(&self, call: &'static str) -> Result<&Arc<Engine>> {
+        match &self.backend {
+            Backend::Engine(engine) => Ok(engine),
+            Backend::Shared(b) => Err(crate::Error::Unsupported {
+                call,
+                backend: b.backend_name(),
+            }),
+        }
     }
 
     /// Opens the store at `path` with default settings, creating it if it
@@ -407,7 +464,8 @@ impl Store {
 
     /// Commits everything acknowledged so far and waits for it (useful in
     /// [`Durability::Deferred`] mode before a planned shutdown; dropping the
-    /// store does the same).
+    /// store does the same). Over a shared backend it returns at once:
+    /// every answer was committed before it was told.
     ///
     /// # Errors
     /// [`Error::Poisoned`] if a commit failed.
@@ -425,7 +483,11 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn flush(&self) -> Result<()> {
-        self.engine.flush()
+        match &self.backend {
+            Backend::Engine(engine) => engine.flush(),
+            // Every answer was waited for before it was told.
+            Backend::Shared(_) => Ok(()),
+        }
     }
 
     /// Evicts every expired time bucket now — from the index, then from
@@ -445,9 +507,10 @@ impl Store {
     /// # Examples
     /// See [`Eviction`].
     pub fn evict_expired(&self) -> Result<Eviction> {
-        let evicted = self.engine.evict();
+        let engine = self.engine_for("evict_expired")?;
+        let evicted = engine.evict();
         // Time moved: callers waiting on a lapsed lease take over now.
-        self.engine.wake_lapsed();
+        engine.wake_lapsed();
         evicted
     }
 
@@ -468,14 +531,18 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn compact(&self) -> Result<bool> {
-        self.engine.compact()
+        self.engine_for("compact")?.compact()
     }
 
-    /// Counters and sizes.
+    /// Counters and sizes (all zero over a shared backend: it keeps its
+    /// own).
     ///
     /// # Examples
     /// See [`Stats`].
     pub fn stats(&self) -> Stats {
-        self.engine.stats()
+        match &self.backend {
+            Backend::Engine(engine) => engine.stats(),
+            Backend::Shared(_) => Stats::default(),
+        }
     }
 }

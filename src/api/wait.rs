@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::store::Backend;
 use crate::engine::waiters::KeyWaiter;
 use crate::types::BeginOptions;
 use crate::{Begin, Fingerprint, Key, Result, Store};
@@ -92,7 +93,17 @@ impl Store {
         if !matches!(first, Begin::InProgress(_)) {
             return Ok(first);
         }
-        let waiter = self.engine().wait_on(key)?;
+        let engine = match self.engine() {
+            Backend::Engine(engine) => engine,
+            Backend::Shared(_) => loop {
+                let answer = self.begin_with(key, fingerprint, options)?;
+                match shared_wait(&answer, deadline) {
+                    None => return Ok(answer),
+                    Some(at_most) => std::thread::sleep(at_most),
+                }
+            },
+        };
+        let waiter = engine.wait_on(key)?;
         loop {
             let seen = waiter.generation();
             let answer = self.begin_with(key, fingerprint, options)?;
@@ -124,4 +135,22 @@ pub(crate) fn wait_after(
         return None;
     }
     Some(left.min(waiter.until_lapse(info.lease_until)))
+}
+
+/// How often a store over a shared backend asks again while another
+/// attempt holds the key (the backend tells no local waiter when another
+/// instance finishes; `PgStore::begin_or_wait` listens for that itself).
+pub(crate) const SHARED_POLL: Duration = Duration::from_millis(50);
+
+/// [`wait_after`] for a store over a shared backend: ask again after
+/// [`SHARED_POLL`], or at the deadline if sooner.
+pub(crate) fn shared_wait(answer: &Begin, deadline: Option<Instant>) -> Option<Duration> {
+    if !matches!(answer, Begin::InProgress(_)) {
+        return None;
+    }
+    let left = match deadline {
+        Some(d) => d.saturating_duration_since(Instant::now()),
+        None => Duration::MAX,
+    };
+    (!left.is_zero()).then(|| left.min(SHARED_POLL))
 }

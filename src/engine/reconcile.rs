@@ -630,7 +630,7 @@ mod tests {
     /// The kinds of every record in the store's log, oldest first.
     fn kinds(store: &Store) -> Result<Vec<Kind>> {
         store.flush()?;
-        let log = &store.engine().log;
+        let log = &store.engine_for("kinds")?.log;
         let mut rows = Vec::new();
         for b in log.buckets() {
             log.scan_bucket(b, |n, _, recs| {

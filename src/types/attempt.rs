@@ -39,6 +39,26 @@ pub enum Began<C> {
     DeadLettered(DeadLetter),
 }
 
+impl<C> Began<C> {
+    /// The same answer with its claim (if `Started`) turned by `f`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::Began;
+    ///
+    /// let b: Began<u32> = Began::Started(7);
+    /// assert!(matches!(b.map_claim(|c| c * 2), Began::Started(14)));
+    /// ```
+    pub fn map_claim<D>(self, f: impl FnOnce(C) -> D) -> Began<D> {
+        match self {
+            Began::Started(c) => Began::Started(f(c)),
+            Began::Completed(r) => Began::Completed(r),
+            Began::InProgress(p) => Began::InProgress(p),
+            Began::DeadLettered(d) => Began::DeadLettered(d),
+        }
+    }
+}
+
 /// Details of a claim held by someone else.
 ///
 /// # Examples

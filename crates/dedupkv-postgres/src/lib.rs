@@ -123,14 +123,14 @@
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(doc)]
 use dedupkv::contract::DeadLetters;
-use dedupkv::contract::{BegunBatch, Handle, Outcome, Pending, Read, Settle, Write};
+use dedupkv::contract::{BegunBatch, Handle, Outcome, Pending, Read, Settle, SharedClaim, Write};
 use dedupkv::{
     Began, BeginOptions, Clock, DeadLetter, Error, Failure, Fingerprint, Forget, InProgress,
     Intent, Key, Record, Result, State,
@@ -154,7 +154,7 @@ use sql::{
 };
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// The store's default claim lease (the engine's default).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -982,7 +982,25 @@ fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()>
         ))
         .map_err(storage)?;
     }
-    migrate_to_5(tx, s)
+    if from < 5 {
+        migrate_to_5(tx, s)?;
+    }
+    migrate_to_6(tx, s)
+}
+
+/// Version 6: the claim's round (attempts before it, its start, its
+/// interruptions), as the engine keeps it, so retry limits count within a
+/// round and a requeue starts a new one. A row from before is in its
+/// operation's first round, uninterrupted.
+fn migrate_to_6(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
+    tx.batch_execute(&format!(
+        "ALTER TABLE {s}.dedupkv_keys
+             ADD COLUMN IF NOT EXISTS round_before int4 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS round_since int8 NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS round_interrupted int4 NOT NULL DEFAULT 0;
+         INSERT INTO {s}.dedupkv_schema_version VALUES (6);"
+    ))
+    .map_err(storage)
 }
 
 /// Version 5: the sequencer's state on the entity's row (`next`,
@@ -1182,15 +1200,7 @@ impl PgStore {
             c.stmt(&sh.sql, Q::Take)?,
         );
         let started = |attempt: u32, r: &postgres::Row, interrupted: bool| {
-            Ok(Began::Started(PgClaim {
-                key: key.clone().into_owned(),
-                attempt,
-                token: r.get(0),
-                provider_key: provider_key_of(r.get(2))?,
-                interrupted,
-                finished: AtomicBool::new(false),
-                shared: Arc::downgrade(&self.shared),
-            }))
+            PgClaim::claimed(key, attempt, r, interrupted, &self.shared).map(Began::Started)
         };
         if let Some(r) = c
             .client
@@ -1261,6 +1271,7 @@ impl PgStore {
                     &retention_ms,
                     &target,
                     &request,
+                    &interrupted,
                 ],
             )
             .map_err(storage)?;
@@ -1648,7 +1659,11 @@ impl Write for PgStore {
             )
             .map_err(storage)?;
         match row {
-            Some(r) => Ok(Pending::settled(at(r.get(0)))),
+            Some(r) => {
+                let until: i64 = r.get(0);
+                claim.lease_until.store(until, Ordering::Release);
+                Ok(Pending::settled(at(until)))
+            }
             None => Err(claim.lost()),
         }
     }
@@ -1681,8 +1696,25 @@ pub struct PgClaim {
     token: i64,
     provider_key: u128,
     interrupted: bool,
+    /// The operation's first attempt, ms (the database's clock).
+    first_at: i64,
+    /// The lease's end, ms, as the last `begin` or `renew` set it.
+    lease_until: AtomicI64,
+    round: Round,
+    /// An earlier call's fate is open (its intent has no answer).
+    intent_open: bool,
     finished: AtomicBool,
     shared: Weak<Shared>,
+}
+
+/// A claim's round, as its row keeps it (schema version 6): the attempts
+/// before it, its start (0: the operation's first attempt), its
+/// interruptions.
+#[derive(Debug, Clone, Copy)]
+struct Round {
+    before: u32,
+    since: i64,
+    interrupted: u32,
 }
 
 impl std::fmt::Debug for Shared {
@@ -1692,6 +1724,35 @@ impl std::fmt::Debug for Shared {
 }
 
 impl PgClaim {
+    /// The claim of attempt `attempt` of `key`, from the row `begin`'s
+    /// statement returned (`RETURNING token, first_token, provider key,
+    /// CLAIMED`).
+    fn claimed(
+        key: &Key<'_>,
+        attempt: u32,
+        r: &postgres::Row,
+        interrupted: bool,
+        shared: &Arc<Shared>,
+    ) -> Result<PgClaim> {
+        Ok(PgClaim {
+            key: key.clone().into_owned(),
+            attempt,
+            token: r.get(0),
+            provider_key: provider_key_of(r.get(2))?,
+            interrupted,
+            first_at: r.get(3),
+            lease_until: AtomicI64::new(r.get(4)),
+            round: Round {
+                before: u32::try_from(r.get::<_, i32>(5)).unwrap_or(0),
+                since: r.get(6),
+                interrupted: u32::try_from(r.get::<_, i32>(7)).unwrap_or(0),
+            },
+            intent_open: r.get(8),
+            finished: AtomicBool::new(false),
+            shared: Arc::downgrade(shared),
+        })
+    }
+
     /// The operation's idempotency key for an external provider, 32 hex
     /// digits: the same for every attempt of the operation, from every
     /// instance, computed by the database from the row's own fields (the
@@ -1746,6 +1807,61 @@ impl Handle for PgClaim {
 
     fn interrupted(&self) -> bool {
         self.interrupted
+    }
+}
+
+/// What a [`Store`](dedupkv::Store) opened on this backend
+/// ([`StoreBuilder::open_shared`](dedupkv::StoreBuilder::open_shared))
+/// tells of its claims: the row's values when the attempt started, times
+/// from the database's clock (or the builder's), the lease's end as the
+/// last `renew` of this handle set it.
+///
+/// # Examples
+/// ```no_run
+/// # use dedupkv::contract::{Settle, SharedClaim, Write};
+/// # use dedupkv::{Began, BeginOptions, Fingerprint, Key};
+/// # let store = dedupkv_postgres::PgStore::connect("host=127.0.0.1 user=postgres")?;
+/// # let p = store.begin(&Key::new("t", "op"), Fingerprint::NONE, &BeginOptions::new(), None)?;
+/// if let Began::Started(claim) = store.tell(p)? {
+///     assert_eq!(claim.round_attempt(), 1);
+/// }
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+impl SharedClaim for PgClaim {
+    fn token(&self) -> u64 {
+        u64::try_from(self.token).unwrap_or(0)
+    }
+
+    fn provider_key(&self) -> Result<String> {
+        Ok(PgClaim::provider_key(self))
+    }
+
+    fn first_seen_at(&self) -> SystemTime {
+        at(self.first_at)
+    }
+
+    fn round_attempt(&self) -> u32 {
+        self.attempt.saturating_sub(self.round.before).max(1)
+    }
+
+    fn round_started_at(&self) -> SystemTime {
+        at(if self.round.since == 0 {
+            self.first_at
+        } else {
+            self.round.since
+        })
+    }
+
+    fn interruptions(&self) -> u32 {
+        self.round.interrupted
+    }
+
+    fn unanswered_intent(&self) -> bool {
+        self.intent_open
+    }
+
+    fn lease_expires_at(&self) -> SystemTime {
+        at(self.lease_until.load(Ordering::Acquire))
     }
 }
 

@@ -56,6 +56,13 @@ pub(crate) struct Sql(pub(crate) [String; STATEMENTS]);
 /// The deciding statement's time: the given clock's reading (`$1`) or the
 /// database's.
 const NOW: &str = "coalesce($1::int8, (extract(epoch from clock_timestamp()) * 1000)::int8)";
+/// What `begin` returns of the row it claimed, after the token, first
+/// token and provider key (columns 3 to 8): the operation's first attempt
+/// time, the lease's end, the round (attempts before it, its start — 0:
+/// the operation's first attempt —, its interruptions; schema version 6)
+/// and whether an earlier call's fate is open.
+const CLAIMED: &str =
+    "first_at, lease_until, round_before, round_since, round_interrupted, intent_open";
 const COLUMNS: &str = "state, fingerprint, attempt, token, first_token, first_at, lease_until, lease_ms, abandoned, any_fp, outcome";
 /// The dead-letter columns (schema version 2), read after [`COLUMNS`] and
 /// the time (columns 12 to 14): when the key was dead-lettered, its
@@ -183,7 +190,7 @@ impl Sql {
                  n.now + greatest($5::int8, $6::int8), $6::int8, $7::text, coalesce($8::bytea, ''::bytea), \
                  CASE WHEN $7::text IS NULL THEN 0 ELSE n.now END, CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END, n.now \
                  FROM (SELECT {NOW} AS now) n, (SELECT nextval('{seq}') AS v) t \
-                 ON CONFLICT (scope, id) DO NOTHING RETURNING token, first_token, {pk}"
+                 ON CONFLICT (scope, id) DO NOTHING RETURNING token, first_token, {pk}, {CLAIMED}"
             ),
             // Q::Lock: $1 now, $2 scope, $3 id.
             format!("SELECT {read} FROM {k} WHERE scope = $2::bytea AND id = $3::bytea FOR UPDATE"),
@@ -193,7 +200,9 @@ impl Sql {
             // first_at, $6 lease_until, $7 lease ms, $8 a new operation,
             // $9 the previous attempt was stranded (its lease lapsed), $10 now,
             // $11 retention ms, $12 the intent's target (NULL: none), $13
-            // its request. With an intent, the previous call's fate is open
+            // its request, $14 the previous attempt never answered (one
+            // more interruption in the round; a new operation starts a
+            // round). With an intent, the previous call's fate is open
             // unless it was answered (a new operation starts afresh); without
             // one, a new operation has none and another attempt keeps the
             // operation's (as the engine's `Calls::next_attempt`).
@@ -218,9 +227,13 @@ impl Sql {
                      ELSE intent_data END, \
                  intent_ref = CASE WHEN $8::bool THEN NULL ELSE intent_ref END, \
                  intent_doubt = CASE WHEN $8::bool THEN 0 ELSE intent_doubt END, \
-                 intent_attempt = CASE WHEN $12::text IS NOT NULL THEN $4::int4 WHEN $8::bool THEN 0 ELSE intent_attempt END \
+                 intent_attempt = CASE WHEN $12::text IS NOT NULL THEN $4::int4 WHEN $8::bool THEN 0 ELSE intent_attempt END, \
+                 round_before = CASE WHEN $8::bool THEN 0 ELSE round_before END, \
+                 round_since = CASE WHEN $8::bool THEN 0 ELSE round_since END, \
+                 round_interrupted = CASE WHEN $8::bool THEN 0 \
+                     WHEN $14::bool THEN round_interrupted + 1 ELSE round_interrupted END \
                  FROM (SELECT nextval('{seq}') AS v) t \
-                 WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token, {pk}"
+                 WHERE scope = $1::bytea AND id = $2::bytea RETURNING token, first_token, {pk}, {CLAIMED}"
             ),
             // Q::Finish: $1 scope, $2 id, $3 token, $4 state, $5 outcome (a
             // dead letter's reason), $6 any fingerprint next, $7 now, $8 a
@@ -292,7 +305,8 @@ impl Sql {
             // numbered after the last; a new round of failures starts.
             format!(
                 "UPDATE {k} SET state = {RETRYABLE}, abandoned = false, any_fp = false, outcome = ''::bytea, \
-                 first_failed_at = 0, payload = NULL, expires_at = {now3} + retention_ms, updated_at = {now3} \
+                 first_failed_at = 0, payload = NULL, expires_at = {now3} + retention_ms, updated_at = {now3}, \
+                 round_before = attempt, round_since = {now3}, round_interrupted = 0 \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
             ),
             // Q::Resolve: $1 scope, $2 id, $3 state (completed or failed), $4

@@ -1585,3 +1585,277 @@ fn a_store_opened_and_dropped_inside_a_tokio_runtime_does_not_panic() -> Result<
     assert_eq!(next.attempt(), 2);
     Ok(())
 }
+
+/// A `Store` over instance `store` (the builder's `open_shared`).
+fn face(store: PgStore) -> Result<dedupkv::Store, Error> {
+    dedupkv::Store::builder().open_shared(store)
+}
+
+/// The same `Store` over PostgreSQL: the whole conformance suite (every
+/// call checked against the specification, and 8 threads racing one key
+/// per round) driven through the face's dispatch to the shared backend,
+/// and the sequencer's cases on two such stores of one schema.
+#[test]
+fn the_store_face_over_postgres_passes_the_conformance_suite() -> Result<(), String> {
+    let Some(url) = url("store face conformance") else {
+        return Ok(());
+    };
+    conformance::run(
+        |clock| {
+            let store = PgStore::builder(url.as_str())
+                .schema(fresh_schema("face"))
+                .clock(clock)
+                .open()?;
+            Ok((face(store)?, ()))
+        },
+        Suite::default(),
+    )?;
+    let (a, b, clock) = two_on_a_manual_clock(&url, "faceseq", None).map_err(|e| e.to_string())?;
+    let (a, b) = (face(a), face(b));
+    conformance::sequencer(
+        &a.map_err(|e| e.to_string())?,
+        &b.map_err(|e| e.to_string())?,
+        &clock,
+    )
+}
+
+/// Two `Store`s over two instances of one schema (a webhook on two
+/// hosts), 4 threads each beginning the same 300 keys: each key starts
+/// exactly once, its claim's provider key is the one every instance sees,
+/// and both stores replay the winner's outcome.
+#[test]
+fn two_stores_over_postgres_start_each_key_once() -> Result<(), Error> {
+    const KEYS: usize = 300;
+    let Some(url) = url("store face race") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("facerace");
+    let a = face(PgStore::builder(url.as_str()).schema(&schema).open()?)?;
+    let b = face(PgStore::builder(url.as_str()).schema(&schema).open()?)?;
+    let keys: Vec<Key<'static>> = (0..KEYS)
+        .map(|i| Key::owned(b"orders".to_vec(), format!("o-{i}").into_bytes()))
+        .collect();
+    let won: Vec<Vec<(usize, String)>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let (store, keys) = (if t % 2 == 0 { &a } else { &b }, &keys);
+                s.spawn(move || -> dedupkv::Result<Vec<(usize, String)>> {
+                    let mut won = Vec::new();
+                    for (i, key) in keys.iter().enumerate() {
+                        if let Began::Started(claim) = store.begin(key, Fingerprint::NONE)? {
+                            let pk = claim.provider_key()?;
+                            store.complete(&claim, pk.as_bytes())?;
+                            won.push((i, pk));
+                        }
+                    }
+                    Ok(won)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("racer panicked"))
+            .collect::<dedupkv::Result<_>>()
+    })?;
+    let mut per_key = vec![0usize; KEYS];
+    for (i, _) in won.iter().flatten() {
+        per_key[*i] += 1;
+    }
+    assert!(per_key.iter().all(|&n| n == 1), "{per_key:?}");
+    for (i, pk) in won.iter().flatten() {
+        for store in [&a, &b] {
+            let Began::Completed(rec) = store.begin(&keys[*i], Fingerprint::NONE)? else {
+                panic!("key {i} is not completed");
+            };
+            assert_eq!(rec.outcome(), Some(pk.as_bytes()));
+            assert_eq!(rec.provider_key(), Some(pk.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// The retry runner over a `Store` on PostgreSQL keeps the engine's
+/// rounds: with `max_attempts(2)` two failures dead-letter the operation
+/// (seen from the other instance); a requeue there starts a new round, so
+/// the next run's work runs (attempt 3, round attempt 1) and completes. A
+/// dropped claim is counted as one interruption, and the claim after it
+/// says so. Without the round in the row the requeued run would be
+/// refused at once (attempt 3 > 2).
+#[test]
+fn the_retry_runner_over_postgres_counts_attempts_per_round() -> Result<(), Error> {
+    let Some(url) = url("store face rounds") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "rounds", None)?;
+    let (a, b) = (face(a)?, face(b)?);
+    let policy = dedupkv::RetryPolicy::builder()
+        .max_attempts(2)
+        .clock(clock.clone())
+        .build()?;
+    let key = Key::new("shop", "ship-7");
+    let retry = |_: &String| dedupkv::ErrorClass::Retryable;
+    let fail = |_: &dedupkv::Claim| Err::<Vec<u8>, _>("carrier timeout".to_string());
+    let first = policy.run(&a, &key, Fingerprint::NONE, retry, fail)?;
+    let dedupkv::Run::RetryAfter { after, .. } = first else {
+        panic!("the first failure is retried: {first:?}");
+    };
+    clock.advance(after);
+    let second = policy.run(&a, &key, Fingerprint::NONE, retry, fail)?;
+    assert!(
+        matches!(
+            second,
+            dedupkv::Run::GaveUp {
+                dead_lettered: true,
+                ..
+            }
+        ),
+        "{second:?}"
+    );
+    assert!(matches!(
+        b.begin(&key, Fingerprint::NONE)?,
+        Began::DeadLettered(_)
+    ));
+    assert!(b.requeue(&key)?);
+    let mut seen = None;
+    let third = policy.run(&b, &key, Fingerprint::NONE, retry, |claim| {
+        seen = Some((
+            claim.attempt(),
+            claim.round_attempt(),
+            claim.interruptions(),
+        ));
+        Ok::<_, String>(b"label-1".to_vec())
+    })?;
+    assert!(matches!(third, dedupkv::Run::Done(_)), "{third:?}");
+    assert_eq!(seen, Some((3, 1, 0)));
+    // A dropped claim is an interruption of its round.
+    let other = Key::new("shop", "ship-8");
+    let Began::Started(dropped) = a.begin(&other, Fingerprint::NONE)? else {
+        panic!("ship-8 did not start");
+    };
+    drop(dropped);
+    let Began::Started(next) = b.begin(&other, Fingerprint::NONE)? else {
+        panic!("ship-8 was not released");
+    };
+    assert_eq!((next.attempt(), next.round_attempt()), (2, 2));
+    assert!(next.interrupted());
+    assert_eq!(next.interruptions(), 1);
+    assert_eq!(next.first_seen_at(), next.round_started_at());
+    assert!(next.lease_expires_at() > next.first_seen_at());
+    let renewed = b.renew(&next)?;
+    assert_eq!(next.lease_expires_at(), renewed);
+    b.complete(&next, b"label-2")?;
+    Ok(())
+}
+
+/// `begin_or_wait` on a `Store` over one instance answers with the
+/// outcome another instance completes while it waits; a wait that times
+/// out answers in progress.
+#[test]
+fn begin_or_wait_over_postgres_sees_another_instance_finish() -> Result<(), Error> {
+    let Some(url) = url("store face wait") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("facewait");
+    let a = face(PgStore::builder(url.as_str()).schema(&schema).open()?)?;
+    let b = face(PgStore::builder(url.as_str()).schema(&schema).open()?)?;
+    let key = Key::new("shop", "charge-9");
+    let Began::Started(claim) = a.begin(&key, Fingerprint::NONE)? else {
+        panic!("A did not start");
+    };
+    let timed_out = b.begin_or_wait(&key, Fingerprint::NONE, Duration::from_millis(120))?;
+    assert!(matches!(timed_out, Began::InProgress(_)), "{timed_out:?}");
+    let answer = std::thread::scope(|s| {
+        let waiter = s.spawn(|| b.begin_or_wait(&key, Fingerprint::NONE, Duration::from_secs(60)));
+        a.complete(&claim, b"ch_9")?;
+        waiter.join().expect("waiter panicked")
+    })?;
+    let Began::Completed(rec) = answer else {
+        panic!("the waiter was not told the outcome: {answer:?}");
+    };
+    assert_eq!(rec.outcome(), Some(&b"ch_9"[..]));
+    Ok(())
+}
+
+/// What a `Store` over a shared backend refuses, each before anything is
+/// recorded: a builder with the embedded engine's settings (naming the
+/// backend), the engine's own calls (naming the call), a claim of an
+/// embedded store, and a typed outcome (the backend keeps raw bytes).
+#[test]
+fn a_store_over_postgres_refuses_what_only_the_engine_offers() -> Result<(), Error> {
+    let Some(url) = url("store face refusals") else {
+        return Ok(());
+    };
+    let open = || {
+        PgStore::builder(url.as_str())
+            .schema(fresh_schema("facerefuse"))
+            .open()
+    };
+    let refused = dedupkv::Store::builder()
+        .lease(Duration::from_secs(5))
+        .open_shared(open()?);
+    match refused {
+        Err(Error::InvalidConfig(m)) => assert!(m.contains("PgStore"), "{m}"),
+        other => panic!("a builder setting was not refused: {other:?}"),
+    }
+    let refused = dedupkv::Store::builder()
+        .clock(dedupkv::ManualClock::new(0))
+        .open_shared(open()?);
+    assert!(
+        matches!(refused, Err(Error::InvalidConfig(_))),
+        "{refused:?}"
+    );
+    let store = face(open()?)?;
+    let key = Key::new("t", "k");
+    for (call, r) in [
+        ("history", store.history(&key).map(|_| ())),
+        (
+            "dead_letters",
+            store.dead_letters(&Listing::new()).map(|_| ()),
+        ),
+        ("compact", store.compact().map(|_| ())),
+        ("evict_expired", store.evict_expired().map(|_| ())),
+    ] {
+        match r {
+            Err(Error::Unsupported { call: c, backend }) => {
+                assert_eq!(c, call);
+                assert!(backend.contains("PgStore"), "{backend}");
+            }
+            other => panic!("{call}: {other:?}"),
+        }
+    }
+    assert_eq!(store.stats(), dedupkv::Stats::default());
+    assert_eq!(store.format(), 0);
+    store.flush()?;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let embedded = dedupkv::Store::open(dir.path().join("s.redb"))?;
+    let Began::Started(theirs) = embedded.begin(&key, Fingerprint::NONE)? else {
+        panic!("the embedded store did not start");
+    };
+    let Began::Started(ours) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("the shared store did not start");
+    };
+    let wrong = store.complete(&theirs, b"x");
+    assert!(
+        matches!(wrong, Err(Error::InvalidArgument { what: "claim", .. })),
+        "{wrong:?}"
+    );
+    let wrong = embedded.complete(&ours, b"x");
+    assert!(
+        matches!(wrong, Err(Error::InvalidArgument { what: "claim", .. })),
+        "{wrong:?}"
+    );
+    let typed = store.complete_value(&ours, &42u32);
+    assert!(
+        matches!(
+            typed,
+            Err(Error::Unsupported {
+                call: "complete_value",
+                ..
+            })
+        ),
+        "{typed:?}"
+    );
+    store.complete(&ours, b"done")?;
+    embedded.complete(&theirs, b"done")?;
+    Ok(())
+}
