@@ -65,7 +65,11 @@ pub use crate::types::{Basis, Pending};
 use crate::{Claim, Fingerprint, Key, Result};
 
 mod shared;
+mod tallies;
+mod waits;
 pub use shared::{BoxedClaim, BoxedWaiter, SharedBackend, SharedClaim};
+pub use tallies::{Tallies, reconcile_tallies, window_start};
+pub use waits::Waits;
 
 /// When an answer may be told: the blocking wait and the async poll of
 /// the same [`Basis`].
@@ -291,6 +295,36 @@ impl<'a> Outcome<'a> {
     #[must_use]
     pub const fn bytes(&self) -> &'a [u8] {
         self.bytes
+    }
+
+    /// The retention given with [`retention`](Self::retention), if any
+    /// (for a backend outside the crate).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::contract::Outcome;
+    /// use std::time::Duration;
+    ///
+    /// let o = Outcome::raw(b"x").retention(Duration::from_secs(9));
+    /// assert_eq!(o.given_retention(), Some(Duration::from_secs(9)));
+    /// assert_eq!(Outcome::raw(b"x").given_retention(), None);
+    /// ```
+    #[must_use]
+    pub const fn given_retention(&self) -> Option<Duration> {
+        self.retention
+    }
+
+    /// The amount given with [`amount`](Self::amount) (0 if none).
+    ///
+    /// # Examples
+    /// ```
+    /// use dedupkv::contract::Outcome;
+    ///
+    /// assert_eq!(Outcome::raw(b"x").amount(120).given_amount(), 120);
+    /// ```
+    #[must_use]
+    pub const fn given_amount(&self) -> i64 {
+        self.amount
     }
 }
 

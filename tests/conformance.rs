@@ -189,6 +189,13 @@ fn the_engine_passes_the_version_cases() -> Result<(), String> {
 }
 
 #[test]
+fn the_engine_passes_the_tally_cases() -> Result<(), String> {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (store, _dir) = on_file(clock.clone()).map_err(|e| e.to_string())?;
+    conformance::tallies(&store, &clock)
+}
+
+#[test]
 fn the_engine_passes_the_sequencer_cases() -> Result<(), String> {
     let clock = ManualClock::new(1_700_000_000_000);
     let (store, _dir) = on_file(clock.clone()).map_err(|e| e.to_string())?;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::store::Backend;
 use super::timer::Sleep;
-use super::wait::{shared_wait, wait_after};
+use super::wait::wait_after;
 use crate::contract::{DeadLetters, Intents, Order, Outcome, Pending, Read, Settle, Write};
 use crate::engine::Engine;
 use crate::engine::durable::Waiting;
@@ -442,21 +442,25 @@ impl AsyncStore<Store> {
         options: &BeginOptions,
         timeout: Duration,
     ) -> Result<Begin> {
+        let engine = match self.store.engine() {
+            Backend::Engine(engine) => engine,
+            // The backend's own wait, on the polling thread (as every call
+            // of a backend that answers settled makes its round trip).
+            Backend::Shared(_) => {
+                return crate::contract::Waits::begin_or_wait(
+                    &self.store,
+                    key,
+                    fingerprint,
+                    options,
+                    timeout,
+                );
+            }
+        };
         let deadline = Instant::now().checked_add(timeout);
         let first = self.begin_with(key, fingerprint, options).await?;
         if !matches!(first, Begin::InProgress(_)) {
             return Ok(first);
         }
-        let engine = match self.store.engine() {
-            Backend::Engine(engine) => engine,
-            Backend::Shared(_) => loop {
-                let answer = self.begin_with(key, fingerprint, options).await?;
-                let Some(at_most) = shared_wait(&answer, deadline) else {
-                    return Ok(answer);
-                };
-                Sleep::until(Instant::now().checked_add(at_most)).await;
-            },
-        };
         let mut waiter = engine.wait_on(key)?;
         loop {
             let seen = waiter.generation();

@@ -820,17 +820,22 @@ impl StoreBuilder {
     /// which every instance of a service shares, so a retried request on
     /// any instance meets the first one's record.
     ///
-    /// The contract's calls (`insert_if_absent`, `begin`, `complete`,
-    /// `fail`, `renew`, `forget`, `get`, batches, versions and the
-    /// sequencer, `requeue`/`resolve`, intents' answers) and what is built
-    /// on them (the retry runners, `begin_or_wait`, which asks again every
-    /// 50 ms while another instance holds the key) work as on the engine.
-    /// Calls that read or manage the engine itself (listings, `history`,
-    /// `stats`' counters, `format`, `compact`, `evict_expired`, typed
-    /// outcomes, the replica) answer
-    /// [`Error::Unsupported`](crate::Error::Unsupported): the backend has
-    /// its own. `flush` returns at once (every answer was committed before
-    /// it was told).
+    /// The contract's calls (`insert_if_absent`, `begin`, `complete` and
+    /// `complete_for`, `fail`, `renew`, `forget`, `get`, batches, versions
+    /// and the sequencer, `requeue`/`resolve`, intents' answers, `tallies`
+    /// and `reconcile`) and what is built on them (the retry runners
+    /// `run`/`call`, `begin_or_wait` through the backend's own wait,
+    /// `AsyncStore`) work as on the engine. Calls that read or manage the
+    /// engine itself (the listings, `history`, `intent`, `reconcile_keys`,
+    /// `compact`, `evict_expired`, typed outcomes: `complete_value` and
+    /// `run_value`, which refuses before its work runs) answer
+    /// [`Error::Unsupported`](crate::Error::Unsupported) naming the call:
+    /// keep a clone of the backend for its own. `stats` is all zeros,
+    /// `format` 0, `flush` returns at once (every answer was committed
+    /// before it was told); there is no replica (`sync_replica` answers
+    /// [`Error::InvalidConfig`]) and no metrics. A claim is finished only
+    /// by a store of the backend that made it (else `InvalidArgument`; in
+    /// `complete_batch`, for the whole call).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] when this builder has any setting (they

@@ -3,7 +3,8 @@
 //! system of record's counts or keys (the engine's `reconcile` rooms do
 //! the work).
 
-use crate::contract::{Settle, Write};
+use crate::api::store::Backend;
+use crate::contract::{Settle, Tallies, Write};
 use crate::{Claim, KeyReconciliation, Reconciliation, Result, Store, Tally, WindowKeys};
 #[cfg(doc)]
 use crate::{Error, StoreBuilder};
@@ -43,7 +44,7 @@ impl Store {
     /// # Examples
     /// See [`Tally`].
     pub fn tallies(&self, scope: impl AsRef<[u8]>) -> Result<Vec<Tally>> {
-        self.engine_for("tallies")?.tallies(scope.as_ref())
+        Tallies::tallies(self, scope.as_ref())
     }
 
     /// Compares the scope's windows with the system of record's counts
@@ -79,8 +80,7 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn reconcile(&self, scope: impl AsRef<[u8]>, theirs: &[Tally]) -> Result<Reconciliation> {
-        self.engine_for("reconcile")?
-            .reconcile(scope.as_ref(), theirs)
+        Tallies::reconcile(self, scope.as_ref(), theirs)
     }
 
     /// Compares the keys the scope kept (see
@@ -151,5 +151,32 @@ impl Store {
     ) -> Result<KeyReconciliation> {
         self.engine_for("reconcile_keys")?
             .reconcile_keys(scope.as_ref(), theirs, settle)
+    }
+}
+
+impl Tallies for Store {
+    fn tally_window(&self) -> std::time::Duration {
+        match self.engine() {
+            Backend::Engine(engine) => {
+                std::time::Duration::from_millis(engine.config().tally_window_ms)
+            }
+            Backend::Shared(b) => b.tally_window(),
+        }
+    }
+
+    fn tallies(&self, scope: &[u8]) -> Result<Vec<Tally>> {
+        match self.engine() {
+            Backend::Engine(engine) => engine.tallies(scope),
+            Backend::Shared(b) => b.tallies(scope),
+        }
+    }
+
+    fn reconcile(&self, scope: &[u8], theirs: &[Tally]) -> Result<Reconciliation> {
+        match self.engine() {
+            Backend::Engine(engine) => engine.reconcile(scope, theirs),
+            Backend::Shared(b) => {
+                crate::contract::reconcile_tallies(b.tally_window(), &b.tallies(scope)?, theirs)
+            }
+        }
     }
 }

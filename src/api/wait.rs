@@ -95,13 +95,14 @@ impl Store {
         }
         let engine = match self.engine() {
             Backend::Engine(engine) => engine,
-            Backend::Shared(_) => loop {
-                let answer = self.begin_with(key, fingerprint, options)?;
-                match shared_wait(&answer, deadline) {
-                    None => return Ok(answer),
-                    Some(at_most) => std::thread::sleep(at_most),
-                }
-            },
+            // The backend's own wait (woken across instances).
+            Backend::Shared(b) => {
+                let left =
+                    deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+                return Ok(b
+                    .begin_or_wait(key, fingerprint, options, left)?
+                    .map_claim(crate::Claim::of_shared));
+            }
         };
         let waiter = engine.wait_on(key)?;
         loop {
@@ -137,20 +138,14 @@ pub(crate) fn wait_after(
     Some(left.min(waiter.until_lapse(info.lease_until)))
 }
 
-/// How often a store over a shared backend asks again while another
-/// attempt holds the key (the backend tells no local waiter when another
-/// instance finishes; `PgStore::begin_or_wait` listens for that itself).
-pub(crate) const SHARED_POLL: Duration = Duration::from_millis(50);
-
-/// [`wait_after`] for a store over a shared backend: ask again after
-/// [`SHARED_POLL`], or at the deadline if sooner.
-pub(crate) fn shared_wait(answer: &Begin, deadline: Option<Instant>) -> Option<Duration> {
-    if !matches!(answer, Begin::InProgress(_)) {
-        return None;
+impl crate::contract::Waits for Store {
+    fn begin_or_wait(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        timeout: Duration,
+    ) -> Result<Begin> {
+        self.begin_or_wait_with(key, fingerprint, options, timeout)
     }
-    let left = match deadline {
-        Some(d) => d.saturating_duration_since(Instant::now()),
-        None => Duration::MAX,
-    };
-    (!left.is_zero()).then(|| left.min(SHARED_POLL))
 }

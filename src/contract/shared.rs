@@ -5,21 +5,23 @@
 //! ([`StoreBuilder::open_shared`](crate::StoreBuilder::open_shared)).
 //!
 //! Nothing here is written by hand per backend: every backend that
-//! implements [`Write`], [`Order`], [`DeadLetters`] and [`Intents`], with
-//! a claim that is a [`SharedClaim`], is a [`SharedBackend`].
+//! implements [`Write`], [`Order`], [`DeadLetters`], [`Intents`],
+//! [`Tallies`] and [`Waits`], with a claim that is a [`SharedClaim`], is a
+//! [`SharedBackend`].
 
 use std::any::Any;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    Basis, BegunBatch, DeadLetters, Handle, Intents, Order, Outcome, Pending, Settle, Write,
+    Basis, BegunBatch, DeadLetters, Handle, Intents, Order, Outcome, Pending, Settle, Tallies,
+    Waits, Write,
 };
 use crate::types::{
     Advance, Answer, Began, BeginOptions, Delivered, Failure, Forget, Intent, Record, Resolution,
     SequenceOptions, Sequenced, Update,
 };
-use crate::{Error, Fingerprint, Key, Result};
+use crate::{Error, Fingerprint, Key, Result, Tally};
 
 /// The claim of a [`SharedBackend`]: what [`Claim`](crate::Claim)'s
 /// accessors answer when its store runs over that backend.
@@ -158,6 +160,15 @@ pub trait SharedBackend: Send + Sync + 'static {
         cx: &mut Context<'_>,
     ) -> Poll<Result<()>>;
     fn stop_waiting(&self, waiter: &mut BoxedWaiter);
+    fn tally_window(&self) -> Duration;
+    fn tallies(&self, scope: &[u8]) -> Result<Vec<Tally>>;
+    fn begin_or_wait(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        timeout: Duration,
+    ) -> Result<Began<BoxedClaim>>;
 }
 
 /// `claim` as the backend `B`'s own claim type.
@@ -187,7 +198,7 @@ fn boxed<C: SharedClaim>(began: Began<C>) -> Began<BoxedClaim> {
 
 impl<B> SharedBackend for B
 where
-    B: Write + Order + DeadLetters + Intents + Send + Sync + 'static,
+    B: Write + Order + DeadLetters + Intents + Tallies + Waits + Send + Sync + 'static,
     B::Claim: SharedClaim,
     B::Waiter: 'static,
 {
@@ -318,5 +329,29 @@ where
             Settle::stop_waiting(self, w);
         }
         *waiter = None;
+    }
+
+    fn tally_window(&self) -> Duration {
+        Tallies::tally_window(self)
+    }
+
+    fn tallies(&self, scope: &[u8]) -> Result<Vec<Tally>> {
+        Tallies::tallies(self, scope)
+    }
+
+    fn begin_or_wait(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        timeout: Duration,
+    ) -> Result<Began<BoxedClaim>> {
+        Ok(boxed(Waits::begin_or_wait(
+            self,
+            key,
+            fingerprint,
+            options,
+            timeout,
+        )?))
     }
 }

@@ -291,6 +291,9 @@ impl RetryPolicy {
         C: FnOnce(&E) -> ErrorClass,
         F: FnOnce(&Claim) -> std::result::Result<T, E>,
     {
+        // Before the work runs: a store that cannot record the outcome
+        // must not let the effect happen.
+        K::check(store)?;
         let claim =
             match self.started::<K, T, E>(key, store.begin_with(key, fingerprint, &self.begin)?)? {
                 ControlFlow::Continue(claim) => claim,
@@ -361,6 +364,8 @@ impl RetryPolicy {
 
 /// How the runner records an outcome and replays a stored one.
 pub(super) trait Outcome<T> {
+    /// Fails if `store` cannot record such an outcome.
+    fn check(store: &Store) -> Result<()>;
     fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<Pending<()>>;
     fn replay(record: &Record) -> Result<T>;
 }
@@ -369,6 +374,10 @@ pub(super) trait Outcome<T> {
 pub(super) struct Raw;
 
 impl Outcome<Vec<u8>> for Raw {
+    fn check(_: &Store) -> Result<()> {
+        Ok(())
+    }
+
     fn record(store: &Store, claim: &Claim, outcome: &Vec<u8>) -> Result<Pending<()>> {
         Write::complete(store, claim, crate::contract::Outcome::raw(outcome))
     }
@@ -382,6 +391,11 @@ impl Outcome<Vec<u8>> for Raw {
 pub(super) struct Typed;
 
 impl<T: serde::Serialize + serde::de::DeserializeOwned> Outcome<T> for Typed {
+    /// A shared backend keeps raw bytes only (`Error::Unsupported`).
+    fn check(store: &Store) -> Result<()> {
+        store.engine_for("run_value").map(|_| ())
+    }
+
     fn record(store: &Store, claim: &Claim, outcome: &T) -> Result<Pending<()>> {
         store.complete_value_pending(claim, outcome)
     }

@@ -33,11 +33,8 @@ use crate::clock::to_system_time;
 use crate::index::Shard;
 use crate::index::tally::{Keys, Tallies, Totals, Window};
 use crate::records::{KeysBody, Kind, RecordRef};
-use crate::types::{Reconciliation, Tally, WindowDiff};
+use crate::types::{Reconciliation, Tally};
 use crate::{Error, Result};
-
-/// A count and an amount sum.
-type Pair = (u64, i128);
 
 /// Keys per `Keys` record, so no record nears the format's limit.
 const KEYS_PER_RECORD: usize = 4096;
@@ -177,27 +174,7 @@ impl Engine {
     /// `start` in ms since the epoch, if it is a window boundary; else an
     /// error naming it and the window.
     pub(crate) fn window_start_ms(&self, what: &'static str, start: SystemTime) -> Result<u64> {
-        let window_ms = self.cfg.tally_window_ms;
-        let ms = start
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .ok()
-            .filter(|d| d.subsec_nanos() % 1_000_000 == 0)
-            .and_then(|d| u64::try_from(d.as_millis()).ok());
-        match ms {
-            Some(ms) if ms % window_ms == 0 => Ok(ms),
-            _ => {
-                let at = start
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or_else(|_| "before the epoch".into(), |d| format!("{d:?}"));
-                Err(Error::InvalidArgument {
-                    what,
-                    reason: format!(
-                        "starts at {at} after the epoch, not at a boundary of the \
-                         {window_ms} ms reconcile window (windows start at multiples of it)"
-                    ),
-                })
-            }
-        }
+        crate::contract::window_start(Duration::from_millis(self.cfg.tally_window_ms), what, start)
     }
 
     /// The keys the windows of `scope` starting in `starts` kept: (window
@@ -275,29 +252,11 @@ impl Engine {
     /// Compares `scope`'s totals with `theirs`, window by window: every
     /// window either side counted, oldest first.
     pub(crate) fn reconcile(&self, scope: &[u8], theirs: &[Tally]) -> Result<Reconciliation> {
-        self.check_tally_scope(scope)?;
-        let mut by_start: BTreeMap<u64, (Pair, Pair)> = BTreeMap::new();
-        for t in theirs {
-            let start = self.window_start_ms("tally", t.window_start)?;
-            let e = &mut by_start.entry(start).or_default().1;
-            e.0 = e.0.saturating_add(t.count);
-            e.1 = e.1.saturating_add(t.amount);
-        }
-        for (start, (_, t)) in self.totals_of(scope) {
-            by_start.entry(start).or_default().0 = (t.count, t.sum);
-        }
-        Ok(Reconciliation {
-            windows: by_start
-                .into_iter()
-                .map(|(start, (ours, theirs))| WindowDiff {
-                    window_start: to_system_time(start),
-                    ours,
-                    theirs,
-                    missing: ours.0.saturating_sub(theirs.0),
-                    extra: theirs.0.saturating_sub(ours.0),
-                })
-                .collect(),
-        })
+        crate::contract::reconcile_tallies(
+            Duration::from_millis(self.cfg.tally_window_ms),
+            &self.tallies(scope)?,
+            theirs,
+        )
     }
 }
 

@@ -107,6 +107,7 @@ impl Intents for PgStore {
     /// updated, a read tells a claim that recorded no intent
     /// ([`Error::InvalidArgument`]) from a lost one ([`Error::ClaimLost`]).
     fn mark_answered(&self, claim: &PgClaim, answer: Answer<'_>) -> Result<Pending<()>> {
+        claim.check_origin(&self.shared)?;
         let (kind, data): (i16, &[u8]) = match answer {
             Answer::Accepted(r) => (1, r),
             Answer::Refused(reason) => (2, reason.as_bytes()),

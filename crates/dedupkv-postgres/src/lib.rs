@@ -98,11 +98,12 @@
 //! Created by [`PgStoreBuilder::open`] in its schema (default `dedupkv`):
 //! `dedupkv_schema_version`, `dedupkv_keys`, `dedupkv_versions` (one row
 //! per entity), `dedupkv_events` (the sequencer's stored events) and the
-//! sequence `dedupkv_token`, at [`SCHEMA_VERSION`] 5. An older schema is
+//! sequence `dedupkv_token`, at [`SCHEMA_VERSION`] 6. An older schema is
 //! migrated in place by the next open, under the same advisory lock: the
 //! dead-letter columns (2), the intent columns and the versions' table
-//! (3), the waiters' mark (4), and the sequencer's columns, the entities'
-//! expiry and the events' table (5) are added. A schema written by
+//! (3), the waiters' mark (4), the sequencer's columns, the entities'
+//! expiry and the events' table (5), and the claims' rounds and the
+//! completions' table `dedupkv_completions` (6) are added. A schema written by
 //! a newer build is refused with [`Error::InvalidConfig`] naming it.
 //!
 //! # Examples
@@ -130,10 +131,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(doc)]
 use dedupkv::contract::DeadLetters;
-use dedupkv::contract::{BegunBatch, Handle, Outcome, Pending, Read, Settle, SharedClaim, Write};
+use dedupkv::contract::{
+    BegunBatch, Handle, Outcome, Pending, Read, Settle, SharedClaim, Tallies, Write,
+};
 use dedupkv::{
     Began, BeginOptions, Clock, DeadLetter, Error, Failure, Fingerprint, Forget, InProgress,
-    Intent, Key, Record, Result, State,
+    Intent, Key, Record, Result, State, Tally,
 };
 use parking_lot::Mutex;
 use postgres::{Client, NoTls, Statement};
@@ -223,6 +226,11 @@ struct Shared {
     cache: Option<cache::Cache>,
     /// Connections taken from the pool ([`PgStore::checkouts`]).
     checkouts: AtomicU64,
+    /// The reconciliation window and its counts' retention, ms.
+    tallies: (i64, i64),
+    /// Where this store's rows are: the URL and the schema. A claim is
+    /// finished only by a store of the same origin.
+    origin: Arc<str>,
 }
 
 /// One pooled connection and its prepared statements.
@@ -532,7 +540,10 @@ impl Row {
 
 /// The contract on PostgreSQL: a handle on one database schema, shared by
 /// every instance that opens the same one. Cheap to share across threads
-/// (`Sync`); its connections are pooled.
+/// (`Sync`) and to clone (one pool, shared: keep a clone beside a
+/// `Store` opened on it with `StoreBuilder::open_shared` for the calls
+/// only this backend has, such as its listings); its connections are
+/// pooled.
 ///
 /// # Examples
 /// ```no_run
@@ -544,6 +555,7 @@ impl Row {
 /// assert!(store.tell(store.insert(&Key::new("webhooks", "evt_1"), None)?)?);
 /// # Ok::<(), dedupkv::Error>(())
 /// ```
+#[derive(Clone)]
 pub struct PgStore {
     shared: Arc<Shared>,
 }
@@ -581,7 +593,17 @@ pub struct PgStoreBuilder {
     group_commit: usize,
     entities: Entities,
     cache: (usize, Duration),
+    /// The reconciliation window and how long its counts are kept after
+    /// its end ([`PgStoreBuilder::reconcile`]).
+    tallies: (Duration, Duration),
 }
+
+/// The default reconciliation window ([`PgStoreBuilder::reconcile`]):
+/// one hour, as the engine's.
+pub const DEFAULT_RECONCILE_WINDOW: Duration = Duration::from_secs(3600);
+/// How long a window's counts are kept after its end by default
+/// ([`PgStoreBuilder::reconcile`]): 7 days, as the engine's.
+pub const DEFAULT_RECONCILE_RETENTION: Duration = Duration::from_secs(7 * 86_400);
 
 /// How long a cached record answers at most by default
 /// ([`PgStoreBuilder::cache_max_age`]).
@@ -800,6 +822,29 @@ impl PgStoreBuilder {
         self
     }
 
+    /// The reconciliation window (default 1 hour) and how long a window's
+    /// counts are kept after its end (default 7 days), as the engine's
+    /// `reconcile_window` and `reconcile_retention`: every completion is
+    /// counted, with its amount, in the window of the database's time when
+    /// it completed ([`Tallies`]). Instances of one schema must agree on
+    /// the window. `open` fails with [`Error::InvalidConfig`] for a window
+    /// under 1 ms or longer than the retention.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dedupkv_postgres::PgStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = PgStore::builder("host=127.0.0.1 user=postgres dbname=postgres")
+    ///     .reconcile(Duration::from_secs(15 * 60), Duration::from_secs(30 * 86_400))
+    ///     .open()?;
+    /// # Ok::<(), dedupkv::Error>(())
+    /// ```
+    pub fn reconcile(mut self, window: Duration, retention: Duration) -> Self {
+        self.tallies = (window, retention);
+        self
+    }
+
     /// Client-side group commit of [`insert`](Write::insert): callers of
     /// this instance inserting at the same moment share one multi-row
     /// statement (one transaction, one commit), with at most `statements`
@@ -861,6 +906,7 @@ impl PgStoreBuilder {
             ("entities.max_hold", self.entities.max_hold),
             ("entities.handback_lease", self.entities.handback_lease),
             ("cache_max_age", self.cache.1),
+            ("reconcile window", self.tallies.0),
         ] {
             if d < Duration::from_millis(1) {
                 return Err(Error::InvalidConfig(format!(
@@ -868,13 +914,18 @@ impl PgStoreBuilder {
                 )));
             }
         }
+        if self.tallies.0 > self.tallies.1 {
+            return Err(Error::InvalidConfig(format!(
+                "reconcile window {:?} is longer than its retention {:?}",
+                self.tallies.0, self.tallies.1
+            )));
+        }
         let client = off_runtime(|| {
             let mut client = connect(&self.url)?;
             create_schema(&mut client, s)?;
             Ok::<_, Error>(client)
         })?;
         let shared = Shared {
-            url: self.url,
             schema: s.clone(),
             sql: Sql::new(s),
             idle: Mutex::new(Vec::new()),
@@ -886,6 +937,9 @@ impl PgStoreBuilder {
             entities: self.entities,
             cache: (self.cache.0 > 0).then(|| cache::Cache::new(self.cache.0, self.cache.1)),
             checkouts: AtomicU64::new(0),
+            tallies: (ms(self.tallies.0), ms(self.tallies.1)),
+            origin: format!("{}\u{0}{s}", self.url).into(),
+            url: self.url,
         };
         shared.idle.lock().push(Conn {
             client,
@@ -967,7 +1021,13 @@ fn create_schema(client: &mut Client, s: &str) -> Result<()> {
 /// and never meet a dead-lettered row unless a newer instance made one.
 /// An older instance's `begin_or_wait` does not mark what it waits for,
 /// so a newer instance's finish does not wake it: it wakes at the lease
-/// end it was told or its timeout instead.
+/// end it was told or its timeout instead. A schema-5 instance writes no
+/// round and counts no completion: a requeue it makes grants no new
+/// round, its takeover counts no interruption and its new operation on a
+/// reused row leaves the row's previous round behind (until a newer
+/// instance starts a new operation there), and its completions are
+/// missing from the tallies — so finish a rolling upgrade before relying
+/// on retry limits or reconciliation.
 fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()> {
     if from < 2 {
         migrate_to_2(tx, s)?;
@@ -990,14 +1050,24 @@ fn migrate(tx: &mut postgres::Transaction<'_>, s: &str, from: i32) -> Result<()>
 
 /// Version 6: the claim's round (attempts before it, its start, its
 /// interruptions), as the engine keeps it, so retry limits count within a
-/// round and a requeue starts a new one. A row from before is in its
-/// operation's first round, uninterrupted.
+/// round and a requeue starts a new one (a row from before is in its
+/// operation's first round, uninterrupted); and the table
+/// `dedupkv_completions`, one row per completion (the reconciliation's
+/// counts: [`Tallies`]), written by the completing statement (insert
+/// only: completions of one scope never wait for each other's row lock).
+/// Completions from before are not counted.
 fn migrate_to_6(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
     tx.batch_execute(&format!(
         "ALTER TABLE {s}.dedupkv_keys
              ADD COLUMN IF NOT EXISTS round_before int4 NOT NULL DEFAULT 0,
              ADD COLUMN IF NOT EXISTS round_since int8 NOT NULL DEFAULT 0,
              ADD COLUMN IF NOT EXISTS round_interrupted int4 NOT NULL DEFAULT 0;
+         CREATE TABLE IF NOT EXISTS {s}.dedupkv_completions (
+             scope bytea NOT NULL,
+             id bytea NOT NULL,
+             at int8 NOT NULL,
+             amount int8 NOT NULL);
+         CREATE INDEX IF NOT EXISTS dedupkv_completions_scope ON {s}.dedupkv_completions (scope, at);
          INSERT INTO {s}.dedupkv_schema_version VALUES (6);"
     ))
     .map_err(storage)
@@ -1102,6 +1172,7 @@ impl PgStore {
             group_commit: DEFAULT_GROUP_COMMIT,
             entities: Entities::default(),
             cache: (0, DEFAULT_CACHE_MAX_AGE),
+            tallies: (DEFAULT_RECONCILE_WINDOW, DEFAULT_RECONCILE_RETENTION),
         }
     }
 
@@ -1149,6 +1220,16 @@ impl PgStore {
                 }
             }
         }
+        // Counts of windows past their retention (not records: not in the
+        // total).
+        let st = c.stmt(&sh.sql, Q::EvictCompletions)?;
+        let (window, keep) = sh.tallies;
+        while c
+            .client
+            .execute(&st, &[&sh.now(), &EVICT_BATCH, &window, &keep])
+            .map_err(storage)?
+            >= u64::try_from(EVICT_BATCH).unwrap_or(u64::MAX)
+        {}
         Ok(total)
     }
 
@@ -1199,8 +1280,8 @@ impl PgStore {
             c.stmt(&sh.sql, Q::Lock)?,
             c.stmt(&sh.sql, Q::Take)?,
         );
-        let started = |attempt: u32, r: &postgres::Row, interrupted: bool| {
-            PgClaim::claimed(key, attempt, r, interrupted, &self.shared).map(Began::Started)
+        let started = |attempt: u32, r: &postgres::Row, told: (bool, bool)| {
+            PgClaim::claimed(key, attempt, r, told, &self.shared).map(Began::Started)
         };
         if let Some(r) = c
             .client
@@ -1219,7 +1300,7 @@ impl PgStore {
             )
             .map_err(storage)?
         {
-            return started(1, &r, false);
+            return started(1, &r, (false, false));
         }
         if let Some(seen) = c
             .client
@@ -1238,21 +1319,14 @@ impl PgStore {
             drop(pooled);
             return self.begin_one(key, fp, (lease_ms, retention_ms), intent);
         };
-        let (attempt, first_at, interrupted, stranded, new_op, now) =
-            match decide(key, fp, &fpb, &locked)? {
-                Decision::Answer(answer) => {
-                    tx.commit().map_err(storage)?;
-                    return Ok(*answer);
-                }
-                Decision::Take {
-                    attempt,
-                    first_at,
-                    interrupted,
-                    stranded,
-                    new_op,
-                    now,
-                } => (attempt, first_at, interrupted, stranded, new_op, now),
-            };
+        let (attempt, first_at, told, stranded, new_op, now) = match decide(key, fp, &fpb, &locked)?
+        {
+            Decision::Answer(answer) => {
+                tx.commit().map_err(storage)?;
+                return Ok(*answer);
+            }
+            Decision::Take(t) => (t.attempt, t.first_at, t.told, t.stranded, t.new_op, t.now),
+        };
         let attempt_i = i32::try_from(attempt).unwrap_or(i32::MAX);
         let r = tx
             .query_one(
@@ -1271,12 +1345,12 @@ impl PgStore {
                     &retention_ms,
                     &target,
                     &request,
-                    &interrupted,
+                    &told.0,
                 ],
             )
             .map_err(storage)?;
         tx.commit().map_err(storage)?;
-        started(attempt, &r, interrupted)
+        started(attempt, &r, told)
     }
 
     /// Finishes `claim` as `state` with `outcome`, by its fencing token.
@@ -1289,6 +1363,21 @@ impl PgStore {
         any_fp: bool,
         payload: Option<&[u8]>,
     ) -> Result<()> {
+        self.finish_counted(claim, (state, outcome), any_fp, payload, (0, None))
+    }
+
+    /// [`finish`](Self::finish) with a completion's amount (counted in its
+    /// window) and the outcome's own retention (ms; `None`: the
+    /// operation's).
+    fn finish_counted(
+        &self,
+        claim: &PgClaim,
+        (state, outcome): (i16, &[u8]),
+        any_fp: bool,
+        payload: Option<&[u8]>,
+        (amount, retention): (i64, Option<i64>),
+    ) -> Result<()> {
+        claim.check_origin(&self.shared)?;
         check_len("outcome", outcome.len(), MAX_OUTCOME)?;
         check_len("payload", payload.map_or(0, <[u8]>::len), MAX_OUTCOME)?;
         let sh = &*self.shared;
@@ -1309,6 +1398,8 @@ impl PgStore {
                     &any_fp,
                     &sh.now(),
                     &payload,
+                    &amount,
+                    &retention,
                 ],
             )
             .map_err(storage)?;
@@ -1327,16 +1418,22 @@ enum Decision {
     /// Answer without writing (boxed: a record is large).
     Answer(Box<Began<PgClaim>>),
     /// Start the next attempt (under the row lock).
-    Take {
-        attempt: u32,
-        first_at: i64,
-        interrupted: bool,
-        /// The previous attempt's lease lapsed: its round's first failure
-        /// (if it is the first).
-        stranded: bool,
-        new_op: bool,
-        now: i64,
-    },
+    Take(Take),
+}
+
+/// The next attempt `decide` starts.
+struct Take {
+    attempt: u32,
+    first_at: i64,
+    /// The previous attempt never answered; an earlier attempt's intent
+    /// is pending (the engine's `IntentState::Pending`: its call may have
+    /// happened).
+    told: (bool, bool),
+    /// The previous attempt's lease lapsed: its round's first failure
+    /// (if it is the first).
+    stranded: bool,
+    new_op: bool,
+    now: i64,
 }
 
 fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Result<Decision> {
@@ -1344,14 +1441,14 @@ fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Resu
     let now: i64 = r.get(11);
     let answer = |b| Ok(Decision::Answer(Box::new(b)));
     match row.state {
-        _ if row.expired(now) || row.state == FORGOTTEN => Ok(Decision::Take {
+        _ if row.expired(now) || row.state == FORGOTTEN => Ok(Decision::Take(Take {
             attempt: 1,
             first_at: now,
-            interrupted: false,
+            told: (false, false),
             stranded: false,
             new_op: true,
             now,
-        }),
+        })),
         INSERTED => answer(Began::Completed(row.record(key.clone().into_owned())?)),
         _ if row.fp != fpb && !(row.state == RETRYABLE && row.any_fp) => {
             Err(Error::FingerprintMismatch {
@@ -1365,14 +1462,20 @@ fn decide(key: &Key<'_>, fp: Fingerprint, fpb: &[u8], r: &postgres::Row) -> Resu
             row.dead_letter(key.clone().into_owned())?,
         )),
         IN_PROGRESS if now < row.lease_until => answer(Began::InProgress(row.in_progress())),
-        _ => Ok(Decision::Take {
+        _ => Ok(Decision::Take(Take {
             attempt: row.attempt() + 1,
             first_at: row.first_at,
-            interrupted: row.state == IN_PROGRESS || row.abandoned,
+            // Columns 17 and 18: the intent's target and whether it is
+            // settled (`INTENT_COLUMNS`).
+            told: (
+                row.state == IN_PROGRESS || row.abandoned,
+                r.try_get::<_, Option<String>>(17).ok().flatten().is_some()
+                    && !r.try_get::<_, bool>(18).unwrap_or(true),
+            ),
             stranded: row.state == IN_PROGRESS,
             new_op: false,
             now,
-        }),
+        })),
     }
 }
 
@@ -1513,8 +1616,7 @@ impl Write for PgStore {
         Ok(Pending::settled(answer))
     }
 
-    /// The intent is not recorded by this build (intents are not yet
-    /// implemented here).
+    /// The intent (if any) is recorded by the claim's own statement.
     fn begin(
         &self,
         key: &Key<'_>,
@@ -1562,14 +1664,29 @@ impl Write for PgStore {
         Ok(Pending::settled(out))
     }
 
-    /// The outcome's retention and amount are not kept by this build.
+    /// The outcome's retention (if any) keeps the key from now on; its
+    /// amount is counted in the completion's window ([`Tallies`]). A typed
+    /// outcome's format tag is not kept: it replays as raw bytes.
     fn complete(&self, claim: &PgClaim, outcome: Outcome<'_>) -> Result<Pending<()>> {
-        self.finish(claim, (COMPLETED, outcome.bytes()), false, None)
-            .map(Pending::settled)
+        let retention = outcome
+            .given_retention()
+            .map(|d| self.shared.retention_of(Some(d)))
+            .transpose()?;
+        self.finish_counted(
+            claim,
+            (COMPLETED, outcome.bytes()),
+            false,
+            None,
+            (outcome.given_amount(), retention),
+        )
+        .map(Pending::settled)
     }
 
     /// One `UPDATE … FROM unnest(…)` statement for the whole batch.
     fn complete_batch(&self, items: &[(&PgClaim, &[u8])]) -> Result<Pending<Vec<Result<()>>>> {
+        items
+            .iter()
+            .try_for_each(|(c, _)| c.check_origin(&self.shared))?;
         // A claim named twice completes at its first position only.
         let mut seen = std::collections::HashSet::with_capacity(items.len());
         let once: Vec<bool> = items.iter().map(|(c, _)| seen.insert(c.token)).collect();
@@ -1641,6 +1758,7 @@ impl Write for PgStore {
             }
             other => other.map(ms),
         };
+        claim.check_origin(&self.shared)?;
         let sh = &*self.shared;
         let mut pooled = sh.pooled()?;
         let c = pooled.conn();
@@ -1701,8 +1819,10 @@ pub struct PgClaim {
     /// The lease's end, ms, as the last `begin` or `renew` set it.
     lease_until: AtomicI64,
     round: Round,
-    /// An earlier call's fate is open (its intent has no answer).
+    /// An earlier attempt's intent was pending when this one started.
     intent_open: bool,
+    /// The store's origin (see `Shared::origin`).
+    origin: Arc<str>,
     finished: AtomicBool,
     shared: Weak<Shared>,
 }
@@ -1731,7 +1851,7 @@ impl PgClaim {
         key: &Key<'_>,
         attempt: u32,
         r: &postgres::Row,
-        interrupted: bool,
+        (interrupted, unanswered): (bool, bool),
         shared: &Arc<Shared>,
     ) -> Result<PgClaim> {
         Ok(PgClaim {
@@ -1747,7 +1867,8 @@ impl PgClaim {
                 since: r.get(6),
                 interrupted: u32::try_from(r.get::<_, i32>(7)).unwrap_or(0),
             },
-            intent_open: r.get(8),
+            intent_open: unanswered,
+            origin: shared.origin.clone(),
             finished: AtomicBool::new(false),
             shared: Arc::downgrade(shared),
         })
@@ -1784,6 +1905,21 @@ impl PgClaim {
     /// ```
     pub fn token(&self) -> i64 {
         self.token
+    }
+
+    /// Fails unless this claim was made by a store of `sh`'s origin (the
+    /// same URL and schema): a token is unique within a schema only.
+    fn check_origin(&self, sh: &Shared) -> Result<()> {
+        if self.origin == sh.origin {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            what: "claim",
+            reason: format!(
+                "the claim of {:?} was made by a store of another database or schema than {:?}",
+                self.key, sh.schema
+            ),
+        })
     }
 
     fn lost(&self) -> Error {
@@ -1886,5 +2022,42 @@ impl Drop for PgClaim {
         };
         // A failed release leaves the lease to lapse: nothing is lost.
         let _ = off_runtime(release);
+    }
+}
+
+impl Tallies for PgStore {
+    fn tally_window(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.shared.tallies.0).unwrap_or(0))
+    }
+
+    /// One `SELECT … GROUP BY` window over `dedupkv_completions`.
+    fn tallies(&self, scope: &[u8]) -> Result<Vec<Tally>> {
+        check_key(&Key::new(scope, b"-"))?;
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::Tallies)?;
+        let (window, keep) = sh.tallies;
+        let rows = c
+            .client
+            .query(&st, &[&sh.now(), &scope, &window, &keep])
+            .map_err(storage)?;
+        rows.iter()
+            .map(|r| {
+                let sum: String = r.get(2);
+                let amount = sum.parse::<i128>().map_err(|e| {
+                    Error::Corrupt(format!(
+                        "a window's sum {sum:?} of {scope:?} is no i128: {e}"
+                    ))
+                })?;
+                let mut t = Tally::new(
+                    at(r.get(0)),
+                    u64::try_from(r.get::<_, i64>(1)).unwrap_or(0),
+                    amount,
+                );
+                t.window = self.tally_window();
+                Ok(t)
+            })
+            .collect()
     }
 }

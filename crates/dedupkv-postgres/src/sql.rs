@@ -43,8 +43,10 @@ pub(crate) enum Q {
     SeqSet,
     EvictEntities,
     SweepParked,
+    Tallies,
+    EvictCompletions,
 }
-pub(crate) const STATEMENTS: usize = 27;
+pub(crate) const STATEMENTS: usize = 29;
 
 /// An entity's `next` when it has no sequencer state: `stored(0)` of
 /// `crate::order` (`i64::MIN`, written so that it parses).
@@ -57,12 +59,11 @@ pub(crate) struct Sql(pub(crate) [String; STATEMENTS]);
 /// database's.
 const NOW: &str = "coalesce($1::int8, (extract(epoch from clock_timestamp()) * 1000)::int8)";
 /// What `begin` returns of the row it claimed, after the token, first
-/// token and provider key (columns 3 to 8): the operation's first attempt
-/// time, the lease's end, the round (attempts before it, its start — 0:
-/// the operation's first attempt —, its interruptions; schema version 6)
-/// and whether an earlier call's fate is open.
-const CLAIMED: &str =
-    "first_at, lease_until, round_before, round_since, round_interrupted, intent_open";
+/// token and provider key (columns 3 to 7): the operation's first attempt
+/// time, the lease's end and the round (attempts before it, its start —
+/// 0: the operation's first attempt —, its interruptions; schema version
+/// 6).
+const CLAIMED: &str = "first_at, lease_until, round_before, round_since, round_interrupted";
 const COLUMNS: &str = "state, fingerprint, attempt, token, first_token, first_at, lease_until, lease_ms, abandoned, any_fp, outcome";
 /// The dead-letter columns (schema version 2), read after [`COLUMNS`] and
 /// the time (columns 12 to 14): when the key was dead-lettered, its
@@ -237,8 +238,10 @@ impl Sql {
             ),
             // Q::Finish: $1 scope, $2 id, $3 token, $4 state, $5 outcome (a
             // dead letter's reason), $6 any fingerprint next, $7 now, $8 a
-            // dead letter's payload.
-            notifying(
+            // dead letter's payload, $9 a completion's amount (counted in
+            // its window), $10 the outcome's retention ms (NULL: the
+            // operation's).
+            notifying_counted(
                 schema,
                 &format!(
                     "UPDATE {k} SET state = $4::int2, outcome = $5::bytea, abandoned = false, any_fp = $6::bool, \
@@ -247,15 +250,19 @@ impl Sql {
                          THEN coalesce(nullif(first_failed_at, 0), {now7}) ELSE first_failed_at END, \
                      payload = $8::bytea, updated_at = {now7}, \
                      {close_finished}, \
-                     expires_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN 0 ELSE {now7} + retention_ms END \
+                     retention_ms = coalesce($10::int8, retention_ms), \
+                     expires_at = CASE WHEN $4::int2 = {DEAD_LETTERED} THEN 0 \
+                         ELSE {now7} + coalesce($10::int8, retention_ms) END \
                      WHERE scope = $1::bytea AND id = $2::bytea AND token = $3::int8 AND state = {IN_PROGRESS}"
                 ),
                 "",
                 false,
+                Some("$9::int8"),
             ),
             // Q::CompleteBatch: $1 scopes, $2 ids, $3 tokens, $4 outcomes, $5
-            // now. Each completion closes its pending intent.
-            notifying(
+            // now. Each completion closes its pending intent and is counted
+            // (amount 0).
+            notifying_counted(
                 schema,
                 &format!(
                     "UPDATE {k} AS k SET state = {COMPLETED}, outcome = u.o, abandoned = false, any_fp = false, \
@@ -265,6 +272,7 @@ impl Sql {
                 ),
                 "k.",
                 true,
+                Some("0"),
             ),
             // Q::Release: $1 scope, $2 id, $3 token, $4 now.
             notifying(
@@ -310,11 +318,15 @@ impl Sql {
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
             ),
             // Q::Resolve: $1 scope, $2 id, $3 state (completed or failed), $4
-            // outcome or note, $5 now.
+            // outcome or note, $5 now. A resolution as completed is counted
+            // (amount 0), as the engine counts it.
             format!(
-                "UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, expires_at = {now5} + retention_ms, \
-                 updated_at = {now5}, {close_all} \
-                 WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED}"
+                "WITH done AS (UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, \
+                 expires_at = {now5} + retention_ms, updated_at = {now5}, {close_all} \
+                 WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED} \
+                 RETURNING scope AS s, id AS i, state AS st, updated_at AS at), {counted} \
+                 SELECT 1 FROM done",
+                counted = counting(schema, "0"),
             ),
             // Q::Answer: $1 scope, $2 id, $3 token, $4 the answer (1
             // accepted, 2 refused, 3 unknown, 4 not found, 5 found), $5 its
@@ -475,6 +487,24 @@ impl Sql {
                 HELD = crate::sequencer::HELD,
                 PARKED = crate::sequencer::PARKED,
             ),
+            // Q::Tallies: $1 now, $2 scope, $3 window ms, $4 retention ms.
+            // The scope's windows kept (their end within the retention),
+            // oldest first: start, count, the amounts' sum as text (an
+            // i128).
+            format!(
+                "SELECT (at / $3::int8) * $3::int8 AS start, count(*), sum(amount)::text \
+                 FROM {schema}.dedupkv_completions \
+                 WHERE scope = $2::bytea AND (at / $3::int8) * $3::int8 + $3::int8 + $4::int8 > {NOW} \
+                 GROUP BY 1 ORDER BY 1"
+            ),
+            // Q::EvictCompletions: $1 now, $2 batch size, $3 window ms, $4
+            // retention ms. Counts of windows past their retention, a batch
+            // at a time.
+            format!(
+                "DELETE FROM {schema}.dedupkv_completions WHERE ctid IN (SELECT ctid \
+                 FROM {schema}.dedupkv_completions \
+                 WHERE at < {NOW} - $4::int8 - $3::int8 LIMIT $2::int8)"
+            ),
         ])
     }
 }
@@ -510,15 +540,44 @@ fn close_intent(k: &str, finished: &str, given_up: &str) -> String {
 /// notifying at every finish made begin + complete with 16 workers run at
 /// the rate of one fsync after another.
 fn notifying(schema: &str, update: &str, alias: &str, token: bool) -> String {
+    notifying_counted(schema, update, alias, token, None)
+}
+
+/// [`notifying`], and with `amount` (an SQL expression) each row the update
+/// left completed is counted in `dedupkv_completions` by the same
+/// statement, at its `updated_at`, with that amount.
+fn notifying_counted(
+    schema: &str,
+    update: &str,
+    alias: &str,
+    token: bool,
+    amount: Option<&str>,
+) -> String {
     let (ret, first) = if token {
         (format!(", {alias}token AS t"), "done.t, ")
     } else {
         (String::new(), "")
     };
+    let (ret, counted) = match amount {
+        Some(amount) => (
+            format!("{ret}, {alias}state AS st, {alias}updated_at AS at"),
+            format!(", {}", counting(schema, amount)),
+        ),
+        None => (ret, String::new()),
+    };
     format!(
-        "WITH done AS ({update} RETURNING {alias}scope AS s, {alias}id AS i, {alias}waited AS w{ret}) \
+        "WITH done AS ({update} RETURNING {alias}scope AS s, {alias}id AS i, {alias}waited AS w{ret}){counted} \
          SELECT {first}CASE WHEN done.w THEN pg_notify('{chan}', {payload}) END FROM done",
         chan = wait::CHANNEL,
         payload = wait::payload_sql(schema, "done.s", "done.i"),
+    )
+}
+
+/// The CTE that counts each completed row of `done` (columns `s`, `i`,
+/// `st`, `at`) in `dedupkv_completions` with `amount`.
+fn counting(schema: &str, amount: &str) -> String {
+    format!(
+        "counted AS (INSERT INTO {schema}.dedupkv_completions (scope, id, at, amount) \
+         SELECT done.s, done.i, done.at, {amount} FROM done WHERE done.st = {COMPLETED})"
     )
 }

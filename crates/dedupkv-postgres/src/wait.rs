@@ -57,6 +57,20 @@ fn payload(schema: &str, key: &Key<'_>) -> String {
 /// database's may be behind it).
 const MIN_NAP: Duration = Duration::from_millis(5);
 
+/// The contract's wait is this backend's: a `Store` opened on it
+/// (`StoreBuilder::open_shared`) waits through `LISTEN`/`NOTIFY` too.
+impl dedupkv::contract::Waits for PgStore {
+    fn begin_or_wait(
+        &self,
+        key: &Key<'_>,
+        fingerprint: Fingerprint,
+        options: &BeginOptions,
+        timeout: Duration,
+    ) -> Result<Began<PgClaim>> {
+        PgStore::begin_or_wait(self, key, fingerprint, options, timeout)
+    }
+}
+
 impl PgStore {
     /// [`begin`](Write::begin), but while another attempt — on this
     /// instance or any other on the same schema — holds the key

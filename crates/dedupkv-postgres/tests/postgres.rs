@@ -457,7 +457,10 @@ fn a_version_1_schema_is_migrated_to_the_current_version_with_its_rows() -> Resu
              DROP COLUMN payload, DROP COLUMN intent_target, DROP COLUMN intent_settled, \
              DROP COLUMN intent_answer, DROP COLUMN intent_open, DROP COLUMN intent_ref, \
              DROP COLUMN intent_doubt, DROP COLUMN intent_data, DROP COLUMN intent_at, \
-             DROP COLUMN intent_attempt, DROP COLUMN waited; DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
+             DROP COLUMN intent_attempt, DROP COLUMN waited, DROP COLUMN round_before, \
+             DROP COLUMN round_since, DROP COLUMN round_interrupted; \
+             DROP TABLE {schema}.dedupkv_completions; \
+             DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
         ))
         .map_err(sql_error)?;
     let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
@@ -512,6 +515,80 @@ fn a_version_1_schema_is_migrated_to_the_current_version_with_its_rows() -> Resu
             .and_then(|e| e.reference().map(<[u8]>::to_vec)),
         Some(b"1Z".to_vec())
     );
+    // Version 6's round and counts work on the migrated schema.
+    store.tell(store.complete(&c, Outcome::raw(b"ok").amount(5))?)?;
+    let counts = dedupkv::contract::Tallies::tallies(&store, b"t")?;
+    assert_eq!(
+        counts
+            .iter()
+            .map(|t| (t.count, t.amount))
+            .collect::<Vec<_>>(),
+        vec![(1, 5)]
+    );
+    assert!(store.tell(store.requeue(&other)?)?);
+    let Began::Started(again) = begin(&store, &other, &BeginOptions::new())? else {
+        panic!("the requeued key did not start");
+    };
+    assert_eq!(
+        (
+            again.attempt(),
+            dedupkv::contract::SharedClaim::round_attempt(&again)
+        ),
+        (2, 1)
+    );
+    store.tell(store.complete(&again, Outcome::raw(b"ok"))?)?;
+    Ok(())
+}
+
+/// A schema of version 5 (the build before: no rounds, no counts) is
+/// migrated to 6 by the next open, its rows kept: a row dead-lettered
+/// before is requeued into a new round.
+#[test]
+fn a_version_5_schema_is_migrated_to_6() -> Result<(), Error> {
+    let Some(url) = url("migrate 5") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("mig5");
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let key = Key::new("t", "dead");
+    let c = started(&store, &key, &BeginOptions::new())?;
+    let exhausted = Failure::Exhausted {
+        reason: "gave up",
+        payload: None,
+    };
+    store.tell(store.fail(&c, exhausted)?)?;
+    drop(store);
+    let mut client = postgres::Client::connect(&url, postgres::NoTls).map_err(sql_error)?;
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {schema}.dedupkv_keys DROP COLUMN round_before, DROP COLUMN round_since, \
+             DROP COLUMN round_interrupted; DROP TABLE {schema}.dedupkv_completions; \
+             DELETE FROM {schema}.dedupkv_schema_version WHERE version > 5"
+        ))
+        .map_err(sql_error)?;
+    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let version: i32 = client
+        .query_one(
+            &format!("SELECT max(version) FROM {schema}.dedupkv_schema_version"),
+            &[],
+        )
+        .map_err(sql_error)?
+        .get(0);
+    assert_eq!(version, 6);
+    assert!(matches!(
+        begin(&store, &key, &BeginOptions::new())?,
+        Began::DeadLettered(_)
+    ));
+    assert!(store.tell(store.requeue(&key)?)?);
+    let again = started(&store, &key, &BeginOptions::new())?;
+    assert_eq!(
+        (
+            again.attempt(),
+            dedupkv::contract::SharedClaim::round_attempt(&again)
+        ),
+        (2, 1)
+    );
+    store.tell(store.complete(&again, Outcome::raw(b"ok"))?)?;
     Ok(())
 }
 
@@ -1008,6 +1085,21 @@ fn the_postgres_backend_passes_the_sequencer_cases() -> Result<(), String> {
     };
     let (a, b, clock) = two_on_a_manual_clock(&url, "seq", None).map_err(|e| e.to_string())?;
     conformance::sequencer(&a, &b, &clock)
+}
+
+/// The contract's tally cases (`conformance::tallies`, run on the engine
+/// too): completions counted per window with their amounts, in the
+/// completing statement; and through a `Store` over it.
+#[test]
+fn the_postgres_backend_passes_the_tally_cases() -> Result<(), String> {
+    let Some(url) = url("tallies") else {
+        return Ok(());
+    };
+    let (a, _, clock) = two_on_a_manual_clock(&url, "tally", None).map_err(|e| e.to_string())?;
+    conformance::tallies(&a, &clock)?;
+    let (b, _, clock) =
+        two_on_a_manual_clock(&url, "facetally", None).map_err(|e| e.to_string())?;
+    conformance::tallies(&face(b).map_err(|e| e.to_string())?, &clock)
 }
 
 /// `sweep_parked` moves the parked events of a gap open longer than
@@ -1857,5 +1949,142 @@ fn a_store_over_postgres_refuses_what_only_the_engine_offers() -> Result<(), Err
     );
     store.complete(&ours, b"done")?;
     embedded.complete(&theirs, b"done")?;
+    Ok(())
+}
+
+/// What each claim tells in one operation's life, on `store`: attempt 1
+/// records an intent and is dropped (never answered); attempt 2, a plain
+/// begin, fails retryable; attempt 3 completes. Per claim: attempt, round
+/// attempt, interruptions, interrupted, unanswered intent.
+/// What a claim tells: attempt, round attempt, interruptions,
+/// interrupted, unanswered intent.
+type Told = (u32, u32, u32, bool, bool);
+
+fn claim_lives(store: &dedupkv::Store) -> Result<Vec<Told>, Error> {
+    let key = Key::new("shop", "ship-9");
+    let tell = |c: &dedupkv::Claim| {
+        (
+            c.attempt(),
+            c.round_attempt(),
+            c.interruptions(),
+            c.interrupted(),
+            c.unanswered_intent(),
+        )
+    };
+    let intent = Intent {
+        target: "carrier",
+        request: b"2 parcels",
+    };
+    let opts = BeginOptions::new();
+    let mut seen = Vec::new();
+    let Began::Started(first) = store.begin_with_intent(&key, Fingerprint::NONE, &opts, intent)?
+    else {
+        panic!("attempt 1 did not start");
+    };
+    seen.push(tell(&first));
+    drop(first);
+    let Began::Started(second) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("attempt 2 did not start");
+    };
+    seen.push(tell(&second));
+    store.fail(&second, Failure::Retryable)?;
+    let Began::Started(third) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("attempt 3 did not start");
+    };
+    seen.push(tell(&third));
+    store.complete(&third, b"label")?;
+    Ok(seen)
+}
+
+/// A claim over PostgreSQL tells what the engine's tells, step for step:
+/// an attempt after one that recorded an intent and never answered is
+/// interrupted, with the intent unanswered (so the runner asks the
+/// provider before calling again), and the round counts it.
+#[test]
+fn claims_over_postgres_tell_what_the_engine_s_tell() -> Result<(), Error> {
+    let Some(url) = url("claim lives") else {
+        return Ok(());
+    };
+    let clock = dedupkv::ManualClock::new(1_700_000_000_000);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let engine = dedupkv::Store::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("s.redb"))?;
+    let pg = PgStore::builder(url.as_str())
+        .schema(fresh_schema("lives"))
+        .clock(clock)
+        .open()?;
+    let on_engine = claim_lives(&engine)?;
+    assert_eq!(on_engine[1], (2, 2, 1, true, true), "{on_engine:?}");
+    assert_eq!(claim_lives(&face(pg)?)?, on_engine);
+    Ok(())
+}
+
+/// A claim of a store on another schema is refused by the database-side
+/// checks' front door (a token is unique within one schema only), and a
+/// clone of the `PgStore` given to `open_shared` reaches the backend's own
+/// calls on the same pool; a typed run refuses before its work runs.
+#[test]
+fn a_claim_of_another_schema_is_refused_and_a_typed_run_never_runs() -> Result<(), Error> {
+    let Some(url) = url("origins") else {
+        return Ok(());
+    };
+    let (mine, theirs) = (
+        PgStore::builder(url.as_str())
+            .schema(fresh_schema("mine"))
+            .open()?,
+        PgStore::builder(url.as_str())
+            .schema(fresh_schema("theirs"))
+            .open()?,
+    );
+    let key = Key::new("t", "same-key");
+    let their_claim = started(&theirs, &key, &BeginOptions::new())?;
+    let my_claim = started(&mine, &key, &BeginOptions::new())?;
+    for refused in [
+        mine.complete(&their_claim, Outcome::raw(b"x")).map(|_| ()),
+        mine.renew(&their_claim, None).map(|_| ()),
+        mine.complete_batch(&[(&their_claim, b"x")]).map(|_| ()),
+    ] {
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument { what: "claim", .. })),
+            "{refused:?}"
+        );
+    }
+    mine.tell(mine.complete(&my_claim, Outcome::raw(b"mine"))?)?;
+    theirs.tell(theirs.complete(&their_claim, Outcome::raw(b"theirs"))?)?;
+    let own = mine.clone();
+    let store = face(mine)?;
+    let policy = dedupkv::RetryPolicy::new();
+    let mut ran = false;
+    let typed = policy.run_value(
+        &store,
+        &Key::new("t", "typed"),
+        Fingerprint::NONE,
+        |_: &String| dedupkv::ErrorClass::Retryable,
+        |_| {
+            ran = true;
+            Ok::<u32, String>(7)
+        },
+    );
+    assert!(
+        matches!(
+            typed,
+            Err(Error::Unsupported {
+                call: "run_value",
+                ..
+            })
+        ),
+        "{typed:?}"
+    );
+    assert!(
+        !ran,
+        "the work ran though its outcome could not be recorded"
+    );
+    assert!(own.tell(own.get(&Key::new("t", "typed"))?)?.is_none());
+    assert_eq!(
+        own.tell(own.get(&key)?)?
+            .and_then(|r| r.outcome().map(<[u8]>::to_vec)),
+        Some(b"mine".to_vec())
+    );
     Ok(())
 }
