@@ -435,6 +435,22 @@ fn sql_error(e: postgres::Error) -> Error {
     Error::Storage(std::io::Error::other(e).into())
 }
 
+/// `schema` taken back to an older version by `downgrade` (SQL), then
+/// opened again: the store and the version its open recorded.
+fn reopened_after(url: &str, schema: &str, downgrade: &str) -> Result<(PgStore, i32), Error> {
+    let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(sql_error)?;
+    client.batch_execute(downgrade).map_err(sql_error)?;
+    let store = PgStore::builder(url).schema(schema).open()?;
+    let version: i32 = client
+        .query_one(
+            &format!("SELECT max(version) FROM {schema}.dedupkv_schema_version"),
+            &[],
+        )
+        .map_err(sql_error)?
+        .get(0);
+    Ok((store, version))
+}
+
 /// A schema made by the first build (version 1: no dead-letter or intent
 /// columns) is migrated by the next open: the columns added, the current
 /// version recorded, its rows kept, dead-letterable and begun with
@@ -450,9 +466,10 @@ fn a_version_1_schema_is_migrated_to_the_current_version_with_its_rows() -> Resu
     store.tell(store.insert(&key, None)?)?;
     drop(store);
     // Back to what version 1 wrote.
-    let mut client = postgres::Client::connect(&url, postgres::NoTls).map_err(sql_error)?;
-    client
-        .batch_execute(&format!(
+    let (store, version) = reopened_after(
+        &url,
+        &schema,
+        &format!(
             "ALTER TABLE {schema}.dedupkv_keys DROP COLUMN failed_at, DROP COLUMN first_failed_at, \
              DROP COLUMN payload, DROP COLUMN intent_target, DROP COLUMN intent_settled, \
              DROP COLUMN intent_answer, DROP COLUMN intent_open, DROP COLUMN intent_ref, \
@@ -461,16 +478,8 @@ fn a_version_1_schema_is_migrated_to_the_current_version_with_its_rows() -> Resu
              DROP COLUMN round_since, DROP COLUMN round_interrupted; \
              DROP TABLE {schema}.dedupkv_completions; \
              DELETE FROM {schema}.dedupkv_schema_version WHERE version > 1"
-        ))
-        .map_err(sql_error)?;
-    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
-    let version: i32 = client
-        .query_one(
-            &format!("SELECT max(version) FROM {schema}.dedupkv_schema_version"),
-            &[],
-        )
-        .map_err(sql_error)?
-        .get(0);
+        ),
+    )?;
     assert_eq!(version, dedupkv_postgres::SCHEMA_VERSION);
     assert!(
         !store.tell(store.insert(&key, None)?)?,
@@ -558,22 +567,15 @@ fn a_version_5_schema_is_migrated_to_6() -> Result<(), Error> {
     };
     store.tell(store.fail(&c, exhausted)?)?;
     drop(store);
-    let mut client = postgres::Client::connect(&url, postgres::NoTls).map_err(sql_error)?;
-    client
-        .batch_execute(&format!(
+    let (store, version) = reopened_after(
+        &url,
+        &schema,
+        &format!(
             "ALTER TABLE {schema}.dedupkv_keys DROP COLUMN round_before, DROP COLUMN round_since, \
              DROP COLUMN round_interrupted; DROP TABLE {schema}.dedupkv_completions; \
              DELETE FROM {schema}.dedupkv_schema_version WHERE version > 5"
-        ))
-        .map_err(sql_error)?;
-    let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
-    let version: i32 = client
-        .query_one(
-            &format!("SELECT max(version) FROM {schema}.dedupkv_schema_version"),
-            &[],
-        )
-        .map_err(sql_error)?
-        .get(0);
+        ),
+    )?;
     assert_eq!(version, 6);
     assert!(matches!(
         begin(&store, &key, &BeginOptions::new())?,
