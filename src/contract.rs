@@ -64,9 +64,11 @@ use crate::types::{
 pub use crate::types::{Basis, Pending};
 use crate::{Claim, Fingerprint, Key, Result};
 
+mod reconcile_keys;
 mod shared;
 mod tallies;
 mod waits;
+pub use reconcile_keys::{Completion, reconcile_keys};
 pub use shared::{BoxedClaim, BoxedWaiter, SharedBackend, SharedClaim};
 pub use tallies::{Tallies, reconcile_tallies, window_start};
 pub use waits::Waits;

@@ -196,6 +196,18 @@ fn the_engine_passes_the_tally_cases() -> Result<(), String> {
 }
 
 #[test]
+fn the_engine_passes_the_key_reconciliation_cases() -> Result<(), String> {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let dir = dedupkv_testkit::tempdir();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .reconcile_keys_of("shipments")
+        .open(dir.path().join("s.redb"))
+        .map_err(|e| e.to_string())?;
+    conformance::key_reconciliation(&store, &clock)
+}
+
+#[test]
 fn the_engine_passes_the_sequencer_cases() -> Result<(), String> {
     let clock = ManualClock::new(1_700_000_000_000);
     let (store, _dir) = on_file(clock.clone()).map_err(|e| e.to_string())?;

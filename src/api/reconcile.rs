@@ -149,8 +149,7 @@ impl Store {
         theirs: &[WindowKeys],
         settle: std::time::Duration,
     ) -> Result<KeyReconciliation> {
-        self.engine_for("reconcile_keys")?
-            .reconcile_keys(scope.as_ref(), theirs, settle)
+        Tallies::reconcile_keys(self, scope.as_ref(), theirs, settle)
     }
 }
 
@@ -176,6 +175,36 @@ impl Tallies for Store {
             Backend::Engine(engine) => engine.reconcile(scope, theirs),
             Backend::Shared(b) => {
                 crate::contract::reconcile_tallies(b.tally_window(), &b.tallies(scope)?, theirs)
+            }
+        }
+    }
+
+    fn completions(
+        &self,
+        scope: &[u8],
+        starts: std::ops::RangeInclusive<u64>,
+    ) -> Result<Vec<crate::contract::Completion>> {
+        match self.engine() {
+            Backend::Engine(engine) => {
+                engine.check_keys_scope(scope)?;
+                Ok(engine.completions(scope, starts))
+            }
+            Backend::Shared(b) => b.completions(scope, starts),
+        }
+    }
+
+    fn reconcile_keys(
+        &self,
+        scope: &[u8],
+        theirs: &[WindowKeys],
+        settle: std::time::Duration,
+    ) -> Result<KeyReconciliation> {
+        match self.engine() {
+            Backend::Engine(engine) => engine.reconcile_keys(scope, theirs, settle),
+            Backend::Shared(b) => {
+                crate::contract::reconcile_keys(b.tally_window(), settle, theirs, |span| {
+                    b.completions(scope, span)
+                })
             }
         }
     }

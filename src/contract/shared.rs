@@ -162,6 +162,11 @@ pub trait SharedBackend: Send + Sync + 'static {
     fn stop_waiting(&self, waiter: &mut BoxedWaiter);
     fn tally_window(&self) -> Duration;
     fn tallies(&self, scope: &[u8]) -> Result<Vec<Tally>>;
+    fn completions(
+        &self,
+        scope: &[u8],
+        starts: std::ops::RangeInclusive<u64>,
+    ) -> Result<Vec<super::Completion>>;
     fn begin_or_wait(
         &self,
         key: &Key<'_>,
@@ -337,6 +342,14 @@ where
 
     fn tallies(&self, scope: &[u8]) -> Result<Vec<Tally>> {
         Tallies::tallies(self, scope)
+    }
+
+    fn completions(
+        &self,
+        scope: &[u8],
+        starts: std::ops::RangeInclusive<u64>,
+    ) -> Result<Vec<super::Completion>> {
+        Tallies::completions(self, scope, starts)
     }
 
     fn begin_or_wait(

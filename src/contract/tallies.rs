@@ -6,8 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
+use std::ops::RangeInclusive;
+
+use super::Completion;
 use crate::clock::{to_ms, to_system_time};
-use crate::types::WindowDiff;
+use crate::types::{KeyReconciliation, WindowDiff, WindowKeys};
 use crate::{Error, Reconciliation, Result, Tally};
 
 /// A backend's completion counts, per scope and reconciliation window.
@@ -54,6 +57,33 @@ pub trait Tallies {
     /// As [`tallies`](Self::tallies), and those of [`reconcile_tallies`].
     fn reconcile(&self, scope: &[u8], theirs: &[Tally]) -> Result<Reconciliation> {
         reconcile_tallies(self.tally_window(), &self.tallies(scope)?, theirs)
+    }
+
+    /// The scope's completions, each once, in the windows starting in
+    /// `starts` (ms since the epoch).
+    ///
+    /// # Errors
+    /// As [`tallies`](Self::tallies), and
+    /// [`Error::InvalidArgument`] for a scope whose keys the backend does
+    /// not keep (the engine keeps those `StoreBuilder::reconcile_keys_of`
+    /// names).
+    fn completions(&self, scope: &[u8], starts: RangeInclusive<u64>) -> Result<Vec<Completion>>;
+
+    /// Matches the scope's completions with the system of record's keys
+    /// per window ([`reconcile_keys`](super::reconcile_keys)).
+    ///
+    /// # Errors
+    /// As [`completions`](Self::completions), and those of
+    /// [`reconcile_keys`](super::reconcile_keys).
+    fn reconcile_keys(
+        &self,
+        scope: &[u8],
+        theirs: &[WindowKeys],
+        settle: Duration,
+    ) -> Result<KeyReconciliation> {
+        super::reconcile_keys(self.tally_window(), settle, theirs, |span| {
+            self.completions(scope, span)
+        })
     }
 }
 

@@ -25,7 +25,7 @@
 //!   by bucket like a record expiring then, in memory and in the log.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use super::write::Batch;
 use super::{Config, Engine};
@@ -169,12 +169,6 @@ impl Engine {
             });
         }
         Ok(())
-    }
-
-    /// `start` in ms since the epoch, if it is a window boundary; else an
-    /// error naming it and the window.
-    pub(crate) fn window_start_ms(&self, what: &'static str, start: SystemTime) -> Result<u64> {
-        crate::contract::window_start(Duration::from_millis(self.cfg.tally_window_ms), what, start)
     }
 
     /// The keys the windows of `scope` starting in `starts` kept: (window

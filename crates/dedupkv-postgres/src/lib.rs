@@ -124,6 +124,7 @@
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
@@ -132,7 +133,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 #[cfg(doc)]
 use dedupkv::contract::DeadLetters;
 use dedupkv::contract::{
-    BegunBatch, Handle, Outcome, Pending, Read, Settle, SharedClaim, Tallies, Write,
+    BegunBatch, Completion, Handle, Outcome, Pending, Read, Settle, SharedClaim, Tallies, Write,
 };
 use dedupkv::{
     Began, BeginOptions, Clock, DeadLetter, Error, Failure, Fingerprint, Forget, InProgress,
@@ -1066,7 +1067,8 @@ fn migrate_to_6(tx: &mut postgres::Transaction<'_>, s: &str) -> Result<()> {
              scope bytea NOT NULL,
              id bytea NOT NULL,
              at int8 NOT NULL,
-             amount int8 NOT NULL);
+             amount int8 NOT NULL,
+             provider_key text NOT NULL);
          CREATE INDEX IF NOT EXISTS dedupkv_completions_scope ON {s}.dedupkv_completions (scope, at);
          INSERT INTO {s}.dedupkv_schema_version VALUES (6);"
     ))
@@ -2028,6 +2030,40 @@ impl Drop for PgClaim {
 impl Tallies for PgStore {
     fn tally_window(&self) -> Duration {
         Duration::from_millis(u64::try_from(self.shared.tallies.0).unwrap_or(0))
+    }
+
+    /// Every completion is kept (with its id and provider key) until its
+    /// window's retention ends, so every scope reconciles by key.
+    fn completions(&self, scope: &[u8], starts: RangeInclusive<u64>) -> Result<Vec<Completion>> {
+        check_key(&Key::new(scope, b"-"))?;
+        let sh = &*self.shared;
+        let mut pooled = sh.pooled()?;
+        let c = pooled.conn();
+        let st = c.stmt(&sh.sql, Q::Completions)?;
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let rows = c
+            .client
+            .query(
+                &st,
+                &[
+                    &scope,
+                    &sh.tallies.0,
+                    &clamp(*starts.start()),
+                    &clamp(*starts.end()),
+                ],
+            )
+            .map_err(storage)?;
+        rows.iter()
+            .map(|r| {
+                let pk: String = r.get(2);
+                Ok(Completion::new(
+                    at(r.get(0)),
+                    r.get(1),
+                    provider_key_of(&pk)?,
+                    at(r.get(3)),
+                ))
+            })
+            .collect()
     }
 
     /// One `SELECT … GROUP BY` window over `dedupkv_completions`.

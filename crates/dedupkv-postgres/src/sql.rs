@@ -45,8 +45,9 @@ pub(crate) enum Q {
     SweepParked,
     Tallies,
     EvictCompletions,
+    Completions,
 }
-pub(crate) const STATEMENTS: usize = 29;
+pub(crate) const STATEMENTS: usize = 30;
 
 /// An entity's `next` when it has no sequencer state: `stored(0)` of
 /// `crate::order` (`i64::MIN`, written so that it parses).
@@ -324,7 +325,7 @@ impl Sql {
                 "WITH done AS (UPDATE {k} SET state = $3::int2, outcome = $4::bytea, payload = NULL, \
                  expires_at = {now5} + retention_ms, updated_at = {now5}, {close_all} \
                  WHERE scope = $1::bytea AND id = $2::bytea AND state = {DEAD_LETTERED} \
-                 RETURNING scope AS s, id AS i, state AS st, updated_at AS at), {counted} \
+                 RETURNING scope AS s, id AS i, state AS st, updated_at AS at, {pk} AS pk), {counted} \
                  SELECT 1 FROM done",
                 counted = counting(schema, "0"),
             ),
@@ -505,6 +506,15 @@ impl Sql {
                  FROM {schema}.dedupkv_completions \
                  WHERE at < {NOW} - $4::int8 - $3::int8 LIMIT $2::int8)"
             ),
+            // Q::Completions: $1 scope, $2 window ms, $3 first window
+            // start, $4 last. The completions of those windows: window
+            // start, id, provider key (hex), time.
+            format!(
+                "SELECT (at / $2::int8) * $2::int8, id, provider_key, at \
+                 FROM {schema}.dedupkv_completions \
+                 WHERE scope = $1::bytea AND at >= $3::int8 AND (at / $2::int8) * $2::int8 <= $4::int8 \
+                 ORDER BY at"
+            ),
         ])
     }
 }
@@ -560,7 +570,10 @@ fn notifying_counted(
     };
     let (ret, counted) = match amount {
         Some(amount) => (
-            format!("{ret}, {alias}state AS st, {alias}updated_at AS at"),
+            format!(
+                "{ret}, {alias}state AS st, {alias}updated_at AS at, {} AS pk",
+                provider_key(alias)
+            ),
             format!(", {}", counting(schema, amount)),
         ),
         None => (ret, String::new()),
@@ -574,10 +587,10 @@ fn notifying_counted(
 }
 
 /// The CTE that counts each completed row of `done` (columns `s`, `i`,
-/// `st`, `at`) in `dedupkv_completions` with `amount`.
+/// `st`, `at`, `pk`) in `dedupkv_completions` with `amount`.
 fn counting(schema: &str, amount: &str) -> String {
     format!(
-        "counted AS (INSERT INTO {schema}.dedupkv_completions (scope, id, at, amount) \
-         SELECT done.s, done.i, done.at, {amount} FROM done WHERE done.st = {COMPLETED})"
+        "counted AS (INSERT INTO {schema}.dedupkv_completions (scope, id, at, amount, provider_key) \
+         SELECT done.s, done.i, done.at, {amount}, done.pk FROM done WHERE done.st = {COMPLETED})"
     )
 }

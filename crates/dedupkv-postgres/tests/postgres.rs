@@ -1089,9 +1089,11 @@ fn the_postgres_backend_passes_the_sequencer_cases() -> Result<(), String> {
     conformance::sequencer(&a, &b, &clock)
 }
 
-/// The contract's tally cases (`conformance::tallies`, run on the engine
-/// too): completions counted per window with their amounts, in the
-/// completing statement; and through a `Store` over it.
+/// The contract's tally and key reconciliation cases
+/// (`conformance::tallies`, `conformance::key_reconciliation`, run on the
+/// engine too): completions counted per window with their amounts, in the
+/// completing statement, and matched by id and provider key; directly and
+/// through a `Store` over it.
 #[test]
 fn the_postgres_backend_passes_the_tally_cases() -> Result<(), String> {
     let Some(url) = url("tallies") else {
@@ -1101,7 +1103,11 @@ fn the_postgres_backend_passes_the_tally_cases() -> Result<(), String> {
     conformance::tallies(&a, &clock)?;
     let (b, _, clock) =
         two_on_a_manual_clock(&url, "facetally", None).map_err(|e| e.to_string())?;
-    conformance::tallies(&face(b).map_err(|e| e.to_string())?, &clock)
+    conformance::tallies(&face(b).map_err(|e| e.to_string())?, &clock)?;
+    let (c, _, clock) = two_on_a_manual_clock(&url, "keys", None).map_err(|e| e.to_string())?;
+    conformance::key_reconciliation(&c, &clock)?;
+    let (d, _, clock) = two_on_a_manual_clock(&url, "facekeys", None).map_err(|e| e.to_string())?;
+    conformance::key_reconciliation(&face(d).map_err(|e| e.to_string())?, &clock)
 }
 
 /// `sweep_parked` moves the parked events of a gap open longer than

@@ -71,7 +71,7 @@ pub use history::{Checked, History, histories, history};
 pub use intents::{Listings, intent_histories, intents};
 pub use order::{HANDBACK_LEASE_MS, MAX_HOLD_MS, sequencer, versions};
 pub use spec::{Spec, SpecClaim};
-pub use tallies::tallies;
+pub use tallies::{key_reconciliation, tallies};
 
 /// The claim lease the specification assumes (the store's default).
 pub const LEASE_MS: u64 = 30_000;

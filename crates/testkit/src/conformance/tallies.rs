@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use dedupkv::contract::{DeadLetters, Outcome, Tallies, Write};
 use dedupkv::{
     Began, BeginOptions, Clock, Error, Failure, Fingerprint, Key, ManualClock, Resolution, Tally,
+    WindowKeys,
 };
 
 /// The claim of a fresh `begin` of `id` in `scope`.
@@ -172,5 +173,105 @@ fn reconciled<B: Tallies>(b: &B, w0: SystemTime) -> Result<(), String> {
         &seen,
         &vec![(w0, 0, 0), (w1, 1, 0), (w1 + hour, 0, 1)],
     )?;
+    Ok(())
+}
+
+/// Runs the key reconciliation cases on a fresh, empty backend whose time
+/// is `clock`, whose reconciliation window is 1 hour and which keeps the
+/// keys of scope `shipments`: ids matched per window, a key completed
+/// just after a boundary matched across it (`straddled`) within the
+/// settle margin, missing and extra ids, provider keys matched, and a
+/// settle longer than the window refused.
+///
+/// # Errors
+/// The first case that does not hold, naming it and what was seen.
+///
+/// # Examples
+/// ```
+/// use dedupkv::{ManualClock, Store};
+/// use dedupkv_testkit::conformance;
+/// # let dir = dedupkv_testkit::tempdir();
+/// let clock = ManualClock::new(1_700_000_000_000);
+/// let store = Store::builder()
+///     .clock(clock.clone())
+///     .reconcile_keys_of("shipments")
+///     .open(dir.path().join("s.redb"))?;
+/// conformance::key_reconciliation(&store, &clock).unwrap();
+/// # Ok::<(), dedupkv::Error>(())
+/// ```
+pub fn key_reconciliation<B: Tallies + Write>(
+    backend: &B,
+    clock: &ManualClock,
+) -> Result<(), String>
+where
+    B::Claim: dedupkv::contract::Handle,
+{
+    let b = backend;
+    let hour = Duration::from_millis(HOUR);
+    // Mid-window (away from both boundaries' margins), then just after
+    // the next boundary.
+    let start = clock.now_millis() / HOUR * HOUR + HOUR;
+    let w0 = UNIX_EPOCH + Duration::from_millis(start);
+    clock.set(start + HOUR / 2);
+    let mut provider_keys = Vec::new();
+    for id in ["o1", "o2"] {
+        let claim = started(b, "shipments", id)?;
+        complete(b, &claim, 0)?;
+        let rec = b
+            .tell(
+                b.get(&Key::new("shipments", id))
+                    .map_err(|x| x.to_string())?,
+            )
+            .map_err(|x| x.to_string())?;
+        provider_keys.push(rec.and_then(|r| r.provider_key()).unwrap_or_default());
+    }
+    clock.advance(hour / 2 + Duration::from_secs(1)); // w1 + 1 s
+    let late = started(b, "shipments", "o3")?;
+    complete(b, &late, 0)?;
+    let w1 = w0 + hour;
+    let invoice = [
+        WindowKeys::ids(w0, ["o1", "o3", "o9"]),
+        WindowKeys::ids(w1, Vec::<&str>::new()),
+    ];
+    let report = b
+        .reconcile_keys(b"shipments", &invoice, Duration::from_secs(5))
+        .map_err(|x| format!("reconcile_keys: {x}"))?;
+    let seen: Vec<_> = report
+        .windows
+        .iter()
+        .map(|w| {
+            (
+                w.window_start,
+                w.matched,
+                w.missing.clone(),
+                w.extra.clone(),
+                w.straddled.clone(),
+            )
+        })
+        .collect();
+    let ids = |l: &[&str]| l.iter().map(|k| k.as_bytes().to_vec()).collect::<Vec<_>>();
+    super::same(
+        "by id",
+        &seen,
+        &vec![
+            (w0, 2, ids(&["o2"]), ids(&["o9"]), ids(&["o3"])),
+            (w1, 0, ids(&[]), ids(&[]), ids(&[])),
+        ],
+    )?;
+    let by_pk = b
+        .reconcile_keys(
+            b"shipments",
+            &[WindowKeys::provider_keys(
+                w0,
+                provider_keys.iter().map(String::as_bytes),
+            )],
+            Duration::ZERO,
+        )
+        .map_err(|x| format!("reconcile_keys by provider key: {x}"))?;
+    super::same("by provider key", &by_pk.is_clean(), &true)?;
+    let long = b.reconcile_keys(b"shipments", &invoice, hour + Duration::from_millis(1));
+    if !matches!(long, Err(Error::InvalidArgument { what: "settle", .. })) {
+        return Err(format!("a settle longer than the window: {long:?}"));
+    }
     Ok(())
 }
