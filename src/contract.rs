@@ -64,10 +64,12 @@ use crate::types::{
 pub use crate::types::{Basis, Pending};
 use crate::{Claim, Fingerprint, Key, Result};
 
+mod listings;
 mod reconcile_keys;
 mod shared;
 mod tallies;
 mod waits;
+pub use listings::Listings;
 pub use reconcile_keys::{Completion, reconcile_keys};
 pub use shared::{BoxedClaim, BoxedWaiter, SharedBackend, SharedClaim};
 pub use tallies::{Tallies, reconcile_tallies, window_start};

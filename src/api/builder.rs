@@ -823,10 +823,13 @@ impl StoreBuilder {
     /// The contract's calls (`insert_if_absent`, `begin`, `complete` and
     /// `complete_for`, `fail`, `renew`, `forget`, `get`, batches, versions
     /// and the sequencer, `requeue`/`resolve`, intents' answers, `tallies`,
-    /// `reconcile` and `reconcile_keys`) and what is built on them (the retry runners
+    /// `reconcile` and `reconcile_keys`, the listings `dead_letters`,
+    /// `intent`, `pending_intents` and `duplicate_candidates`) and what is
+    /// built on them (the retry runners
     /// `run`/`call`, `begin_or_wait` through the backend's own wait,
     /// `AsyncStore`) work as on the engine. Calls that read or manage the
-    /// engine itself (the listings, `history`, `intent`, `compact`, `evict_expired`, typed outcomes: `complete_value` and
+    /// engine itself (`records`, `stranded_claims`, `holding_area`, `held`,
+    /// `unacked`, `sweep_parked`, `history`, `upgrade`, `verify`, `compact`, `evict_expired`, typed outcomes: `complete_value` and
     /// `run_value`, which refuses before its work runs) answer
     /// [`Error::Unsupported`](crate::Error::Unsupported) naming the call:
     /// keep a clone of the backend for its own. `stats` is all zeros,

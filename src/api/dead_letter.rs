@@ -1,7 +1,7 @@
 //! The dead-letter calls of the face: list, requeue, resolve (the engine's
 //! `dead_letter` room does the work).
 
-use crate::contract::{DeadLetters, Settle};
+use crate::contract::{DeadLetters, Listings, Settle};
 use crate::types::{DeadLetter, Listing, Page, Resolution};
 use crate::{Key, Result, Store};
 
@@ -24,7 +24,7 @@ impl Store {
     /// # Examples
     /// See [`Listing`] and [`DeadLetter`].
     pub fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
-        self.engine_for("dead_letters")?.dead_letters(listing)
+        Listings::dead_letters(self, listing)
     }
 
     /// Requeues a dead letter: the key becomes claimable again, and its

@@ -2,11 +2,12 @@
 //! the claim, marked sent when the provider answers, listed while it is
 //! not (the engine's `intents` room does the work).
 
+use super::store::Backend;
 #[cfg(doc)]
 use crate::Duplicate;
 #[cfg(doc)]
 use crate::Error;
-use crate::contract::{Intents, Settle, Write};
+use crate::contract::{Intents, Listings, Settle, Write};
 use crate::types::{Answer, BeginOptions, IntentEntry, Listing, Page};
 use crate::{Begin, Claim, Fingerprint, Intent, Key, Result, Store};
 
@@ -97,7 +98,7 @@ impl Store {
     /// # Examples
     /// See [`IntentEntry::reference`].
     pub fn intent(&self, key: &Key<'_>) -> Result<Option<IntentEntry>> {
-        self.engine_for("intent")?.intent(key)
+        Listings::intent(self, key)
     }
 
     /// Unanswered intents, oldest first (by when they were recorded;
@@ -111,7 +112,7 @@ impl Store {
     /// # Examples
     /// See [`IntentEntry`].
     pub fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
-        self.engine_for("pending_intents")?.pending_intents(listing)
+        Listings::pending_intents(self, listing)
     }
 
     /// The candidates for a duplicate external effect, to check against
@@ -154,7 +155,36 @@ impl Store {
     /// # Ok::<(), dedupkv::Error>(())
     /// ```
     pub fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
-        self.engine_for("duplicate_candidates")?
-            .duplicate_candidates(listing)
+        Listings::duplicate_candidates(self, listing)
+    }
+}
+
+impl Listings for Store {
+    fn dead_letters(&self, listing: &Listing) -> Result<Page<crate::DeadLetter>> {
+        match self.engine() {
+            Backend::Engine(engine) => engine.dead_letters(listing),
+            Backend::Shared(b) => b.dead_letters(listing),
+        }
+    }
+
+    fn intent(&self, key: &Key<'_>) -> Result<Option<IntentEntry>> {
+        match self.engine() {
+            Backend::Engine(engine) => engine.intent(key),
+            Backend::Shared(b) => b.intent(key),
+        }
+    }
+
+    fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        match self.engine() {
+            Backend::Engine(engine) => engine.pending_intents(listing),
+            Backend::Shared(b) => b.pending_intents(listing),
+        }
+    }
+
+    fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        match self.engine() {
+            Backend::Engine(engine) => engine.duplicate_candidates(listing),
+            Backend::Shared(b) => b.duplicate_candidates(listing),
+        }
     }
 }

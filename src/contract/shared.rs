@@ -6,7 +6,7 @@
 //!
 //! Nothing here is written by hand per backend: every backend that
 //! implements [`Write`], [`Order`], [`DeadLetters`], [`Intents`],
-//! [`Tallies`] and [`Waits`], with a claim that is a [`SharedClaim`], is a
+//! [`Tallies`], [`Waits`] and [`Listings`], with a claim that is a [`SharedClaim`], is a
 //! [`SharedBackend`].
 
 use std::any::Any;
@@ -14,12 +14,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    Basis, BegunBatch, DeadLetters, Handle, Intents, Order, Outcome, Pending, Settle, Tallies,
-    Waits, Write,
+    Basis, BegunBatch, DeadLetters, Handle, Intents, Listings, Order, Outcome, Pending, Settle,
+    Tallies, Waits, Write,
 };
 use crate::types::{
-    Advance, Answer, Began, BeginOptions, Delivered, Failure, Forget, Intent, Record, Resolution,
-    SequenceOptions, Sequenced, Update,
+    Advance, Answer, Began, BeginOptions, DeadLetter, Delivered, Failure, Forget, Intent,
+    IntentEntry, Listing, Page, Record, Resolution, SequenceOptions, Sequenced, Update,
 };
 use crate::{Error, Fingerprint, Key, Result, Tally};
 
@@ -167,6 +167,10 @@ pub trait SharedBackend: Send + Sync + 'static {
         scope: &[u8],
         starts: std::ops::RangeInclusive<u64>,
     ) -> Result<Vec<super::Completion>>;
+    fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>>;
+    fn intent(&self, key: &Key<'_>) -> Result<Option<IntentEntry>>;
+    fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>>;
+    fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>>;
     fn begin_or_wait(
         &self,
         key: &Key<'_>,
@@ -203,7 +207,7 @@ fn boxed<C: SharedClaim>(began: Began<C>) -> Began<BoxedClaim> {
 
 impl<B> SharedBackend for B
 where
-    B: Write + Order + DeadLetters + Intents + Tallies + Waits + Send + Sync + 'static,
+    B: Write + Order + DeadLetters + Intents + Tallies + Waits + Listings + Send + Sync + 'static,
     B::Claim: SharedClaim,
     B::Waiter: 'static,
 {
@@ -350,6 +354,22 @@ where
         starts: std::ops::RangeInclusive<u64>,
     ) -> Result<Vec<super::Completion>> {
         Tallies::completions(self, scope, starts)
+    }
+
+    fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
+        Listings::dead_letters(self, listing)
+    }
+
+    fn intent(&self, key: &Key<'_>) -> Result<Option<IntentEntry>> {
+        Listings::intent(self, key)
+    }
+
+    fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        Listings::pending_intents(self, listing)
+    }
+
+    fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        Listings::duplicate_candidates(self, listing)
     }
 
     fn begin_or_wait(

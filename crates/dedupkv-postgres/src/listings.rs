@@ -7,7 +7,7 @@
 //! name's hash) and the same kind of listing — any other is
 //! `InvalidArgument` (`what: "cursor"`). Ages are by the database's time.
 
-use dedupkv::{Cursor, Error, Key, Listing, Page, Result};
+use dedupkv::{Cursor, DeadLetter, Error, IntentEntry, Key, Listing, Page, Result};
 
 use crate::{PgStore, Q, storage};
 
@@ -114,5 +114,25 @@ impl PgStore {
             }
         }
         Ok(Page::new(items, next))
+    }
+}
+
+/// The contract's listings are this backend's own, so a `Store` opened on
+/// it (`StoreBuilder::open_shared`) lists them too.
+impl dedupkv::contract::Listings for PgStore {
+    fn dead_letters(&self, listing: &Listing) -> Result<Page<DeadLetter>> {
+        PgStore::dead_letters(self, listing)
+    }
+
+    fn intent(&self, key: &Key<'_>) -> Result<Option<IntentEntry>> {
+        PgStore::intent(self, key)
+    }
+
+    fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        PgStore::pending_intents(self, listing)
+    }
+
+    fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
+        PgStore::duplicate_candidates(self, listing)
     }
 }

@@ -1815,6 +1815,9 @@ fn the_retry_runner_over_postgres_counts_attempts_per_round() -> Result<(), Erro
         b.begin(&key, Fingerprint::NONE)?,
         Began::DeadLettered(_)
     ));
+    let listed = b.dead_letters(&Listing::new())?.items;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].key(), &key);
     assert!(b.requeue(&key)?);
     let mut seen = None;
     let third = policy.run(&b, &key, Fingerprint::NONE, retry, |claim| {
@@ -1909,8 +1912,8 @@ fn a_store_over_postgres_refuses_what_only_the_engine_offers() -> Result<(), Err
     for (call, r) in [
         ("history", store.history(&key).map(|_| ())),
         (
-            "dead_letters",
-            store.dead_letters(&Listing::new()).map(|_| ()),
+            "stranded_claims",
+            store.stranded_claims(&Listing::new()).map(|_| ()),
         ),
         ("compact", store.compact().map(|_| ())),
         ("evict_expired", store.evict_expired().map(|_| ())),
@@ -1991,6 +1994,10 @@ fn claim_lives(store: &dedupkv::Store) -> Result<Vec<Told>, Error> {
     };
     seen.push(tell(&first));
     drop(first);
+    // Its call may or may not have happened: listed as pending.
+    let pending = store.pending_intents(&Listing::new())?.items;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert!(store.intent(&key)?.is_some());
     let Began::Started(second) = store.begin(&key, Fingerprint::NONE)? else {
         panic!("attempt 2 did not start");
     };
