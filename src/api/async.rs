@@ -293,7 +293,7 @@ impl AsyncStore<Store> {
     /// # Examples
     /// See [`Store::flush`].
     pub async fn flush(&self) -> Result<()> {
-        let engine = match self.store.engine() {
+        let engine = match self.store.backend() {
             Backend::Engine(engine) => engine,
             // Every answer was waited for before it was told.
             Backend::Shared(_) => return Ok(()),
@@ -442,7 +442,7 @@ impl AsyncStore<Store> {
         options: &BeginOptions,
         timeout: Duration,
     ) -> Result<Begin> {
-        let engine = match self.store.engine() {
+        let engine = match self.store.backend() {
             Backend::Engine(engine) => engine,
             // The backend's own wait, on the polling thread (as every call
             // of a backend that answers settled makes its round trip).

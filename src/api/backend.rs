@@ -54,7 +54,7 @@ impl Settle for Store {
 
     #[inline]
     fn wait(&self, basis: Basis) -> Result<()> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.wait_basis(basis),
             Backend::Shared(b) => b.wait(basis),
         }
@@ -66,14 +66,14 @@ impl Settle for Store {
         waiter: &mut StoreWaiter,
         cx: &mut Context<'_>,
     ) -> Poll<Result<()>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.poll_basis(basis, &mut waiter.slot, cx),
             Backend::Shared(b) => b.poll_settled(basis, &mut waiter.shared, cx),
         }
     }
 
     fn stop_waiting(&self, waiter: &mut StoreWaiter) {
-        match self.engine() {
+        match self.backend() {
             #[cfg(feature = "async")]
             Backend::Engine(engine) => {
                 if let Some(slot) = waiter.slot.take() {
@@ -89,7 +89,7 @@ impl Settle for Store {
 
 impl Read for Store {
     fn get(&self, key: &Key<'_>) -> Result<Pending<Option<Record>>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.get(key),
             Backend::Shared(b) => b.get(key),
         }
@@ -106,7 +106,7 @@ impl Write for Store {
 
     #[inline]
     fn insert(&self, key: &Key<'_>, retention: Option<Duration>) -> Result<Pending<bool>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => {
                 let ms = retention.map(|d| engine.check_retention(d)).transpose()?;
                 engine.insert(key, ms)
@@ -117,14 +117,14 @@ impl Write for Store {
 
     fn insert_batch(&self, keys: &[Key<'_>]) -> Result<Pending<Vec<bool>>> {
         self.count_batch("insert_batch", keys.len());
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.insert_batch(keys),
             Backend::Shared(b) => b.insert_batch(keys),
         }
     }
 
     fn forget(&self, key: &Key<'_>) -> Result<Pending<Forget>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.forget(key),
             Backend::Shared(b) => b.forget(key),
         }
@@ -138,7 +138,7 @@ impl Write for Store {
         options: &BeginOptions,
         intent: Option<Intent<'_>>,
     ) -> Result<Pending<Begin>> {
-        let engine = match self.engine() {
+        let engine = match self.backend() {
             Backend::Engine(engine) => engine,
             Backend::Shared(b) => {
                 return Ok(b.begin(key, fingerprint, options, intent)?.map(begun));
@@ -153,7 +153,7 @@ impl Write for Store {
 
     fn begin_batch(&self, items: &[(Key<'_>, Fingerprint)]) -> Result<BegunBatch<Claim>> {
         self.count_batch("begin_batch", items.len());
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => {
                 let begun = Engine::begin_batch(engine, items)?;
                 Ok(begun.map(|all| all.into_iter().map(|r| r.map(Begin::from)).collect()))
@@ -167,7 +167,7 @@ impl Write for Store {
 
     #[inline]
     fn complete(&self, claim: &Claim, outcome: Outcome<'_>) -> Result<Pending<()>> {
-        let engine = match self.engine() {
+        let engine = match self.backend() {
             Backend::Engine(engine) => engine,
             Backend::Shared(b) => return b.complete(claim.shared()?, outcome),
         };
@@ -185,7 +185,7 @@ impl Write for Store {
 
     fn complete_batch(&self, items: &[(&Claim, &[u8])]) -> Result<Pending<Vec<Result<()>>>> {
         self.count_batch("complete_batch", items.len());
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => {
                 let tickets = items
                     .iter()
@@ -204,14 +204,14 @@ impl Write for Store {
     }
 
     fn fail(&self, claim: &Claim, failure: Failure<'_>) -> Result<Pending<()>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.fail(claim.ticket()?, failure),
             Backend::Shared(b) => b.fail(claim.shared()?, failure),
         }
     }
 
     fn renew(&self, claim: &Claim, by: Option<Duration>) -> Result<Pending<SystemTime>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => {
                 let ms = by.map(|d| engine.check_lease(d)).transpose()?;
                 engine.renew(claim.ticket()?, ms)
@@ -223,7 +223,7 @@ impl Write for Store {
 
 impl Order for Store {
     fn advance(&self, entity: &Key<'_>, version: u64) -> Result<Pending<Advance>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.advance(entity, version),
             Backend::Shared(b) => b.advance(entity, version),
         }
@@ -235,7 +235,7 @@ impl Order for Store {
         entity: &Key<'_>,
         version: u64,
     ) -> Result<Pending<Update>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.apply_event(event, entity, version),
             Backend::Shared(b) => b.apply_event(event, entity, version),
         }
@@ -248,21 +248,21 @@ impl Order for Store {
         payload: &[u8],
         options: &SequenceOptions,
     ) -> Result<Pending<Sequenced>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.sequence(entity, seq, payload, options),
             Backend::Shared(b) => b.sequence(entity, seq, payload, options),
         }
     }
 
     fn release_held(&self, entity: &Key<'_>) -> Result<Pending<Vec<Delivered>>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.release_held(entity),
             Backend::Shared(b) => b.release_held(entity),
         }
     }
 
     fn ack(&self, entity: &Key<'_>, upto: u64) -> Result<Pending<usize>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.ack(entity, upto),
             Backend::Shared(b) => b.ack(entity, upto),
         }
@@ -271,14 +271,14 @@ impl Order for Store {
 
 impl DeadLetters for Store {
     fn requeue(&self, key: &Key<'_>) -> Result<Pending<bool>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.requeue(key),
             Backend::Shared(b) => b.requeue(key),
         }
     }
 
     fn resolve(&self, key: &Key<'_>, resolution: Resolution<'_>) -> Result<Pending<bool>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.resolve(key, resolution),
             Backend::Shared(b) => b.resolve(key, resolution),
         }
@@ -287,7 +287,7 @@ impl DeadLetters for Store {
 
 impl Intents for Store {
     fn mark_answered(&self, claim: &Claim, answer: Answer<'_>) -> Result<Pending<()>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.mark_answered(claim.ticket()?, &answer),
             Backend::Shared(b) => b.mark_answered(claim.shared()?, answer),
         }

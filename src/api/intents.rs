@@ -161,28 +161,28 @@ impl Store {
 
 impl Listings for Store {
     fn dead_letters(&self, listing: &Listing) -> Result<Page<crate::DeadLetter>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.dead_letters(listing),
             Backend::Shared(b) => b.dead_letters(listing),
         }
     }
 
     fn intent(&self, key: &Key<'_>) -> Result<Option<IntentEntry>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.intent(key),
             Backend::Shared(b) => b.intent(key),
         }
     }
 
     fn pending_intents(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.pending_intents(listing),
             Backend::Shared(b) => b.pending_intents(listing),
         }
     }
 
     fn duplicate_candidates(&self, listing: &Listing) -> Result<Page<IntentEntry>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.duplicate_candidates(listing),
             Backend::Shared(b) => b.duplicate_candidates(listing),
         }

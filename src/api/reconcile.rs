@@ -155,7 +155,7 @@ impl Store {
 
 impl Tallies for Store {
     fn tally_window(&self) -> std::time::Duration {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => {
                 std::time::Duration::from_millis(engine.config().tally_window_ms)
             }
@@ -164,14 +164,14 @@ impl Tallies for Store {
     }
 
     fn tallies(&self, scope: &[u8]) -> Result<Vec<Tally>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.tallies(scope),
             Backend::Shared(b) => b.tallies(scope),
         }
     }
 
     fn reconcile(&self, scope: &[u8], theirs: &[Tally]) -> Result<Reconciliation> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.reconcile(scope, theirs),
             Backend::Shared(b) => {
                 crate::contract::reconcile_tallies(b.tally_window(), &b.tallies(scope)?, theirs)
@@ -184,7 +184,7 @@ impl Tallies for Store {
         scope: &[u8],
         starts: std::ops::RangeInclusive<u64>,
     ) -> Result<Vec<crate::contract::Completion>> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => {
                 engine.check_keys_scope(scope)?;
                 Ok(engine.completions(scope, starts))
@@ -199,7 +199,7 @@ impl Tallies for Store {
         theirs: &[WindowKeys],
         settle: std::time::Duration,
     ) -> Result<KeyReconciliation> {
-        match self.engine() {
+        match self.backend() {
             Backend::Engine(engine) => engine.reconcile_keys(scope, theirs, settle),
             Backend::Shared(b) => {
                 crate::contract::reconcile_keys(b.tally_window(), settle, theirs, |span| {

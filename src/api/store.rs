@@ -249,8 +249,9 @@ impl Store {
         let _ = call;
     }
 
-    /// The engine, for the face's other rooms.
-    pub(crate) fn engine(&self) -> &Backend {
+    /// What the store runs over (the engine or a shared backend), for the
+    /// face's other rooms.
+    pub(crate) fn backend(&self) -> &Backend {
         &self.backend
     }
 

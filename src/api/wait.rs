@@ -93,7 +93,7 @@ impl Store {
         if !matches!(first, Begin::InProgress(_)) {
             return Ok(first);
         }
-        let engine = match self.engine() {
+        let engine = match self.backend() {
             Backend::Engine(engine) => engine,
             // The backend's own wait (woken across instances).
             Backend::Shared(b) => {
