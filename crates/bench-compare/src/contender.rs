@@ -25,12 +25,33 @@ pub trait Contender: Send + Sync {
     fn durability(&self) -> &'static str;
     /// A fresh, empty instance for one run; `expected_keys` is a sizing hint.
     fn open(&self, expected_keys: usize) -> Result<Box<dyn Instance>>;
+    /// The instance another process opened, by its [`Instance::shared_name`],
+    /// for workers run as several processes; it is left in place when
+    /// dropped (its opener removes it). Default: an error, for engines
+    /// whose store one process owns (an embedded file).
+    fn attach(&self, name: &str) -> Result<Box<dyn Instance>> {
+        Err(format!(
+            "{}: one process owns the store; cannot attach to {name:?}",
+            self.id()
+        )
+        .into())
+    }
+    /// Whether [`attach`](Contender::attach) works: several processes can
+    /// run one instance. Default: no.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// One open, empty store or database, removed when dropped.
 pub trait Instance: Send + Sync {
     /// A handle for one worker thread.
     fn worker(&self) -> Result<Box<dyn Worker>>;
+    /// The name other processes attach to it by ([`Contender::attach`]);
+    /// `None` for an instance one process owns.
+    fn shared_name(&self) -> Option<String> {
+        None
+    }
     /// Makes everything acknowledged durable; timed as part of the run.
     fn finish(&self) -> Result<()> {
         Ok(())

@@ -12,8 +12,12 @@ pub struct Scenario {
     pub name: &'static str,
     /// One line for the table heading.
     pub title: &'static str,
-    /// Worker threads.
+    /// Workers, each a thread with its own handle.
     pub workers: usize,
+    /// Processes the workers are spread over, each with its own handle on
+    /// one shared instance ([`crate::processes`]); 1: all threads of this
+    /// process.
+    pub processes: usize,
     /// Keys per commit.
     pub batch: usize,
     /// Fraction of operations that repeat an earlier key.
@@ -37,8 +41,13 @@ impl Scenario {
     pub fn spec(&self, scale: f64) -> Spec {
         let round = self.workers * self.batch;
         let ops = ((self.max_ops as f64 * scale) as usize).max(4 * round);
-        let mut seed =
-            SplitMix64::new(self.name.bytes().fold(0x5eed, |h, b| h * 31 + u64::from(b)));
+        // The same keys as threads and as processes: seeded by the name
+        // without its `-pN`.
+        let family = match self.processes {
+            1 => self.name,
+            _ => self.name.rsplit_once("-p").map_or(self.name, |(f, _)| f),
+        };
+        let mut seed = SplitMix64::new(family.bytes().fold(0x5eed, |h, b| h * 31 + u64::from(b)));
         Spec {
             ops,
             dup_ratio: self.dup_ratio,
@@ -80,6 +89,7 @@ pub fn all() -> Vec<Scenario> {
         name: "",
         title: "",
         workers: 1,
+        processes: 1,
         batch: 1,
         dup_ratio: 0.1,
         repeats: Repeats::Uniform,
@@ -108,6 +118,30 @@ pub fn all() -> Vec<Scenario> {
         key("key-w4", "one key per op, 4 workers, 10% duplicates", 4),
         key("key-w16", "one key per op, 16 workers, 10% duplicates", 16),
         key("key-w64", "one key per op, 64 workers, 10% duplicates", 64),
+        Scenario {
+            processes: 4,
+            ..key(
+                "key-w16-p4",
+                "one key per op, 16 workers as 4 processes of 4 threads, 10% duplicates",
+                16,
+            )
+        },
+        Scenario {
+            processes: 16,
+            ..key(
+                "key-w16-p16",
+                "one key per op, 16 workers as 16 processes of 1 thread, 10% duplicates",
+                16,
+            )
+        },
+        Scenario {
+            processes: 4,
+            ..key(
+                "key-w64-p4",
+                "one key per op, 64 workers as 4 processes of 16 threads, 10% duplicates",
+                64,
+            )
+        },
         batch(
             "batch-w1",
             "batches of 1,000 keys, 1 worker, 10% duplicates",
