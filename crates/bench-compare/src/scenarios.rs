@@ -85,6 +85,45 @@ impl Scenario {
 
 /// All scenarios, in report order.
 pub fn all() -> Vec<Scenario> {
+    let mut all = threads();
+    let at = all
+        .iter()
+        .position(|s| s.name == "key-w64")
+        .map_or(0, |i| i + 1);
+    // Workers as processes on one shared instance; the keys of `key-wN`.
+    let procs = |name, title, workers, processes| Scenario {
+        name,
+        title,
+        workers,
+        processes,
+        ..all[0].clone()
+    };
+    let with_procs = [
+        procs(
+            "key-w16-p4",
+            "one key per op, 16 workers as 4 processes of 4 threads, 10% duplicates",
+            16,
+            4,
+        ),
+        procs(
+            "key-w16-p16",
+            "one key per op, 16 workers as 16 processes of 1 thread, 10% duplicates",
+            16,
+            16,
+        ),
+        procs(
+            "key-w64-p4",
+            "one key per op, 64 workers as 4 processes of 16 threads, 10% duplicates",
+            64,
+            4,
+        ),
+    ];
+    all.splice(at..at, with_procs);
+    all
+}
+
+/// The scenarios whose workers are threads of this process.
+fn threads() -> Vec<Scenario> {
     let base = Scenario {
         name: "",
         title: "",
@@ -118,30 +157,6 @@ pub fn all() -> Vec<Scenario> {
         key("key-w4", "one key per op, 4 workers, 10% duplicates", 4),
         key("key-w16", "one key per op, 16 workers, 10% duplicates", 16),
         key("key-w64", "one key per op, 64 workers, 10% duplicates", 64),
-        Scenario {
-            processes: 4,
-            ..key(
-                "key-w16-p4",
-                "one key per op, 16 workers as 4 processes of 4 threads, 10% duplicates",
-                16,
-            )
-        },
-        Scenario {
-            processes: 16,
-            ..key(
-                "key-w16-p16",
-                "one key per op, 16 workers as 16 processes of 1 thread, 10% duplicates",
-                16,
-            )
-        },
-        Scenario {
-            processes: 4,
-            ..key(
-                "key-w64-p4",
-                "one key per op, 64 workers as 4 processes of 16 threads, 10% duplicates",
-                64,
-            )
-        },
         batch(
             "batch-w1",
             "batches of 1,000 keys, 1 worker, 10% duplicates",
@@ -204,4 +219,26 @@ pub fn all() -> Vec<Scenario> {
             )
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Workload;
+
+    /// A scenario run as processes has the keys of its threads-only twin.
+    #[test]
+    fn processes_run_the_keys_of_their_threads_twin() {
+        let all = all();
+        let by = |name: &str| all.iter().find(|s| s.name == name).cloned();
+        for (procs, twin) in [("key-w16-p4", "key-w16"), ("key-w64-p4", "key-w64")] {
+            let (p, t) = (by(procs).unwrap(), by(twin).unwrap());
+            assert!(p.processes > 1 && t.processes == 1);
+            let (wp, wt) = (
+                Workload::generate(p.spec(0.01)),
+                Workload::generate(t.spec(0.01)),
+            );
+            assert_eq!(wp.keys, wt.keys, "{procs} vs {twin}");
+        }
+    }
 }
