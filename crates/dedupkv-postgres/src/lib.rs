@@ -165,7 +165,7 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(86_400);
 
 /// How many grouped insert statements one instance has in flight at once
 /// by default ([`PgStoreBuilder::group_commit`]).
-pub const DEFAULT_GROUP_COMMIT: usize = 2;
+pub const DEFAULT_GROUP_COMMIT: usize = 4;
 
 /// Rows [`PgStore::evict_expired`] deletes per statement.
 pub const EVICT_BATCH: i64 = 10_000;
