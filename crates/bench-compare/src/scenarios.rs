@@ -47,7 +47,12 @@ impl Scenario {
             1 => self.name,
             _ => self.name.rsplit_once("-p").map_or(self.name, |(f, _)| f),
         };
-        let mut seed = SplitMix64::new(family.bytes().fold(0x5eed, |h, b| h * 31 + u64::from(b)));
+        // Wrapping, as release builds always did: a debug build overflowed
+        // on the longer names (`dup10-batch-w4`).
+        let hash = family.bytes().fold(0x5eed_u64, |h, b| {
+            h.wrapping_mul(31).wrapping_add(u64::from(b))
+        });
+        let mut seed = SplitMix64::new(hash);
         Spec {
             ops,
             dup_ratio: self.dup_ratio,
