@@ -10,6 +10,10 @@
 //! run), `--quiet-wait S` (how long the whole run may wait for other
 //! processes to go quiet and re-run scenarios they disturbed; default 300,
 //! 0 with `--quick`), `--update-docs` (also write `docs/bench/compare.svg`).
+//! Scenarios named `…-pN` (`key-w16-p4`) run their workers as N processes
+//! on one shared database (the binary runs itself with
+//! `--worker-process`, see `src/processes.rs`); contenders whose store one
+//! process owns are n/a there.
 //! Environment: `DEDUPKV_BENCH_SCALE`, `DEDUPKV_BENCH_RUNS`,
 //! `DEDUPKV_BENCH_SECS`, `DEDUPKV_BENCH_QUIET_WAIT`,
 //! `DEDUPKV_BENCH_UPDATE_DOCS=1`, `DEDUPKV_PG_URL`,
@@ -35,7 +39,7 @@ use dedupkv_bench_compare::options::{self, Options};
 use dedupkv_bench_compare::report::{self, Row, ScenarioReport, median, thousands};
 use dedupkv_bench_compare::scenarios::{self, Scenario};
 use dedupkv_bench_compare::workload::Workload;
-use dedupkv_bench_compare::{lineup, pg, runner, svg, targets, workspace_root};
+use dedupkv_bench_compare::{lineup, pg, processes, runner, svg, targets, workspace_root};
 
 /// What went wrong, kept to decide the exit code after every output is
 /// written.
@@ -60,10 +64,15 @@ fn bench_contender(
     opts: &Options,
     failures: &mut Failures,
 ) -> Result<Option<Row>> {
-    let check = {
-        let inst = c.open(check_n)?;
-        runner::run(&*inst, w, check_n, None)?
+    let run = |n: usize, budget: Option<Duration>| -> Result<runner::Measured> {
+        let inst = c.open(n)?;
+        if sc.processes > 1 {
+            processes::run(c, &*inst, sc, w, opts.scale, n, budget)
+        } else {
+            runner::run(&*inst, w, n, budget)
+        }
     };
+    let check = run(check_n, None)?;
     if check.new_keys != check.expected_new {
         failures.add(format!(
             "MISMATCH [{}] {}: reported {} new keys for the {check_n}-key check workload; the model \
@@ -86,10 +95,7 @@ fn bench_contender(
     let budget = Duration::from_secs_f64(opts.secs);
     let mut measured = Vec::with_capacity(opts.runs);
     for i in 0..opts.runs {
-        let m = {
-            let inst = c.open(w.keys.len())?;
-            runner::run(&*inst, w, w.keys.len(), Some(budget))?
-        };
+        let m = run(w.keys.len(), Some(budget))?;
         if m.new_keys != m.expected_new {
             failures.add(format!(
                 "MISMATCH [{}] {} run {}: reported {} new keys for {} keys; the model says {}",
@@ -166,6 +172,13 @@ fn bench_scenario(
     // in-process contenders ran (PostgreSQL's own server is "other").
     let mut others = (0.0, 0.0);
     for c in lineup {
+        if sc.processes > 1 && !c.shared() {
+            rep.notes.push(format!(
+                "{}: n/a as several processes (one process owns its store)",
+                c.name()
+            ));
+            continue;
+        }
         let (res, used) = others_cpu(|| bench_contender(&**c, sc, &w, check_n, opts, failures));
         if let Some((cpu, secs)) = used.filter(|_| c.id() != "postgres") {
             others = (others.0 + cpu, others.1 + secs);
@@ -298,6 +311,10 @@ fn write_outputs(
 }
 
 fn real_main() -> Result<ExitCode> {
+    if processes::is_child() {
+        processes::child_main()?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let opts = options::parse_options()?;
     let pg_url = lineup::pg_url_from_env();
     let mut lineup = lineup::all(pg_url.as_deref())?;

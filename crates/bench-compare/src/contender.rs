@@ -25,12 +25,59 @@ pub trait Contender: Send + Sync {
     fn durability(&self) -> &'static str;
     /// A fresh, empty instance for one run; `expected_keys` is a sizing hint.
     fn open(&self, expected_keys: usize) -> Result<Box<dyn Instance>>;
+    /// The instance another process opened, by its [`Instance::shared_name`],
+    /// for workers run as several processes; it is left in place when
+    /// dropped (its opener removes it). Default: an error, for engines
+    /// whose store one process owns (an embedded file).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedupkv_bench_compare::contender::Contender;
+    ///
+    /// assert!(dedupkv_bench_compare::memory::Memory.attach("elsewhere").is_err());
+    /// ```
+    fn attach(&self, name: &str) -> Result<Box<dyn Instance>> {
+        Err(format!(
+            "{}: one process owns the store; cannot attach to {name:?}",
+            self.id()
+        )
+        .into())
+    }
+    /// Whether [`attach`](Contender::attach) works: several processes can
+    /// run one instance. Default: no.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedupkv_bench_compare::contender::Contender;
+    ///
+    /// assert!(!dedupkv_bench_compare::memory::Memory.shared());
+    /// ```
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// One open, empty store or database, removed when dropped.
 pub trait Instance: Send + Sync {
     /// A handle for one worker thread.
     fn worker(&self) -> Result<Box<dyn Worker>>;
+    /// The name other processes attach to it by ([`Contender::attach`]);
+    /// `None` for an instance one process owns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dedupkv_bench_compare::contender::Contender;
+    ///
+    /// let inst = dedupkv_bench_compare::memory::Memory.open(10)?;
+    /// assert_eq!(inst.shared_name(), None);
+    /// # Ok::<(), dedupkv_bench_compare::contender::Error>(())
+    /// ```
+    fn shared_name(&self) -> Option<String> {
+        None
+    }
     /// Makes everything acknowledged durable; timed as part of the run.
     fn finish(&self) -> Result<()> {
         Ok(())

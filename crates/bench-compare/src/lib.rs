@@ -22,6 +22,7 @@ pub mod memory;
 pub mod options;
 pub mod pg;
 pub mod pg_store;
+pub mod processes;
 pub mod redb_table;
 pub mod report;
 pub mod runner;

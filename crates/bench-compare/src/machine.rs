@@ -99,7 +99,13 @@ fn cpu_ticks() -> Option<(u64, u64)> {
     let me = std::fs::read_to_string("/proc/self/stat").ok()?;
     let after = me.rsplit_once(") ")?.1;
     let g: Vec<&str> = after.split_whitespace().collect();
-    let own = g.get(11)?.parse::<u64>().ok()? + g.get(12)?.parse::<u64>().ok()?;
+    // utime, stime, and cutime, cstime: worker processes this one started
+    // and waited for count as its own.
+    let own = g
+        .get(11..15)?
+        .iter()
+        .map(|v| v.parse::<u64>().ok())
+        .sum::<Option<u64>>()?;
     Some((busy, own))
 }
 

@@ -104,8 +104,21 @@ impl Contender for Postgres {
             url: self.url.clone(),
             two: self.two,
             table,
-            admin: Mutex::new(admin),
+            admin: Some(Mutex::new(admin)),
         }))
+    }
+
+    fn attach(&self, name: &str) -> Result<Box<dyn Instance>> {
+        Ok(Box::new(PgInstance {
+            url: self.url.clone(),
+            two: self.two,
+            table: name.to_owned(),
+            admin: None,
+        }))
+    }
+
+    fn shared(&self) -> bool {
+        true
     }
 }
 
@@ -113,18 +126,23 @@ struct PgInstance {
     url: String,
     two: bool,
     table: String,
-    admin: Mutex<Client>,
+    /// The opener's connection, which drops the table; `None` when attached.
+    admin: Option<Mutex<Client>>,
 }
 
 impl Drop for PgInstance {
     fn drop(&mut self) {
-        if let Ok(admin) = self.admin.get_mut() {
+        if let Some(Ok(admin)) = self.admin.as_mut().map(Mutex::get_mut) {
             let _ = admin.batch_execute(&format!("DROP TABLE IF EXISTS {}", self.table));
         }
     }
 }
 
 impl Instance for PgInstance {
+    fn shared_name(&self) -> Option<String> {
+        Some(self.table.clone())
+    }
+
     fn worker(&self) -> Result<Box<dyn Worker>> {
         let mut client = Client::connect(&self.url, NoTls)?;
         client.batch_execute("SET synchronous_commit = on")?;

@@ -80,35 +80,59 @@ impl Contender for PgBackend {
         );
         let mut admin = Client::connect(&self.url, NoTls)?;
         admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
-        let store = PgStore::builder(self.url.as_str())
-            .schema(schema.as_str())
-            .group_commit(self.statements)
-            .max_idle(128)
-            .open()?;
+        let store = self.store(&schema)?;
         admin.batch_execute("CHECKPOINT")?;
         Ok(Box::new(PgBackendInstance {
             store: Arc::new(store),
             schema,
-            admin: std::sync::Mutex::new(admin),
+            admin: Some(std::sync::Mutex::new(admin)),
         }))
+    }
+
+    fn attach(&self, name: &str) -> Result<Box<dyn Instance>> {
+        Ok(Box::new(PgBackendInstance {
+            store: Arc::new(self.store(name)?),
+            schema: name.to_owned(),
+            admin: None,
+        }))
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+}
+
+impl PgBackend {
+    /// A store on `schema` (created when absent), as this contender sets it up.
+    fn store(&self, schema: &str) -> Result<PgStore> {
+        Ok(PgStore::builder(self.url.as_str())
+            .schema(schema)
+            .group_commit(self.statements)
+            .max_idle(128)
+            .open()?)
     }
 }
 
 struct PgBackendInstance {
     store: Arc<PgStore>,
     schema: String,
-    admin: std::sync::Mutex<Client>,
+    /// The opener's connection, which drops the schema; `None` when attached.
+    admin: Option<std::sync::Mutex<Client>>,
 }
 
 impl Drop for PgBackendInstance {
     fn drop(&mut self) {
-        if let Ok(admin) = self.admin.get_mut() {
+        if let Some(Ok(admin)) = self.admin.as_mut().map(std::sync::Mutex::get_mut) {
             let _ = admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema));
         }
     }
 }
 
 impl Instance for PgBackendInstance {
+    fn shared_name(&self) -> Option<String> {
+        Some(self.schema.clone())
+    }
+
     fn worker(&self) -> Result<Box<dyn Worker>> {
         Ok(Box::new(PgBackendWorker {
             store: Arc::clone(&self.store),

@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::contender::{Instance, Key16, Result, Worker};
@@ -49,10 +50,11 @@ impl Measured {
 }
 
 /// What one worker did.
-struct Share {
-    new: u64,
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Share {
+    pub(crate) new: u64,
     /// One entry per chunk done; chunk `id + i * workers` took `lat[i]` ns.
-    lat: Vec<u64>,
+    pub(crate) lat: Vec<u64>,
 }
 
 /// Runs the first `n` operations of `w` (rounded with [`Workload::fit`]) on
@@ -67,29 +69,53 @@ pub fn run(
     budget: Option<Duration>,
 ) -> Result<Measured> {
     let n = w.fit(n);
-    let workers = w.spec.workers;
+    let ids: Vec<usize> = (0..w.spec.workers).collect();
+    let (shares, elapsed) = run_workers(instance, w, n, budget, &ids, || Ok(()))?;
+    Ok(measured(w, n, shares, elapsed))
+}
+
+/// Runs workers `ids` of `w` (of `w.spec.workers`) on `instance`, one
+/// thread each, over the first `n` (fitted) operations; `go` is called once
+/// every worker's handle is made, and the clock starts when it returns.
+/// Returns each worker's share, in the order of `ids`, and the time until
+/// all are done and the instance made everything durable.
+pub(crate) fn run_workers(
+    instance: &dyn Instance,
+    w: &Workload,
+    n: usize,
+    budget: Option<Duration>,
+    ids: &[usize],
+    go: impl FnOnce() -> Result<()>,
+) -> Result<(Vec<Share>, Duration)> {
     let chunks = n.div_ceil(w.spec.batch);
-    let handles = (0..workers)
+    let handles = ids
+        .iter()
         .map(|_| instance.worker())
         .collect::<Result<Vec<_>>>()?;
-    let barrier = Barrier::new(workers + 1);
+    let barrier = Barrier::new(ids.len() + 1);
+    let abort = AtomicBool::new(false);
     let (elapsed, shares) = std::thread::scope(|s| {
-        let barrier = &barrier;
+        let (barrier, abort) = (&barrier, &abort);
         let threads: Vec<_> = handles
             .into_iter()
-            .enumerate()
-            .map(|(id, mut handle)| {
+            .zip(ids)
+            .map(|(mut handle, &id)| {
                 s.spawn(move || {
                     barrier.wait();
+                    if abort.load(Ordering::Relaxed) {
+                        return (handle, Err("not started".into()));
+                    }
                     let res = drive(&mut *handle, w, id, chunks, n, budget);
                     (handle, res)
                 })
             })
             .collect();
+        let started = go();
+        abort.store(started.is_err(), Ordering::Relaxed);
         barrier.wait();
         let start = Instant::now();
-        let mut shares = Vec::with_capacity(workers);
-        let mut kept = Vec::with_capacity(workers);
+        let mut shares = Vec::with_capacity(ids.len());
+        let mut kept = Vec::with_capacity(ids.len());
         for t in threads {
             match t.join() {
                 Ok((handle, res)) => {
@@ -99,12 +125,19 @@ pub fn run(
                 Err(_) => shares.push(Err("a worker thread panicked".into())),
             }
         }
-        let finished = instance.finish();
+        let finished = started.and_then(|()| instance.finish());
         let elapsed = start.elapsed();
         drop(kept);
         (elapsed, finished.map(|()| shares))
     });
-    let shares = shares?.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok((shares?.into_iter().collect::<Result<Vec<_>>>()?, elapsed))
+}
+
+/// The run's figures from every worker's share, `shares[id]` being worker
+/// `id`'s, over the first `n` (fitted) operations of `w`.
+pub(crate) fn measured(w: &Workload, n: usize, shares: Vec<Share>, elapsed: Duration) -> Measured {
+    let workers = w.spec.workers;
+    let chunks = n.div_ceil(w.spec.batch);
     let done: usize = shares.iter().map(|s| s.lat.len()).sum();
     let (ops, expected_new) = if done == chunks {
         (n, w.expected_new(n))
@@ -123,17 +156,17 @@ pub fn run(
     let new_keys = shares.iter().map(|s| s.new).sum();
     let mut latencies_ns: Vec<u64> = shares.into_iter().flat_map(|s| s.lat).collect();
     latencies_ns.sort_unstable();
-    Ok(Measured {
+    Measured {
         ops,
         expected_new,
         elapsed,
         new_keys,
         latencies_ns,
-    })
+    }
 }
 
 /// One worker's share: chunks `id, id + workers, ...`.
-fn drive(
+pub(crate) fn drive(
     handle: &mut dyn Worker,
     w: &Workload,
     id: usize,

@@ -12,8 +12,12 @@ pub struct Scenario {
     pub name: &'static str,
     /// One line for the table heading.
     pub title: &'static str,
-    /// Worker threads.
+    /// Workers, each a thread with its own handle.
     pub workers: usize,
+    /// Processes the workers are spread over, each with its own handle on
+    /// one shared instance ([`crate::processes`]); 1: all threads of this
+    /// process.
+    pub processes: usize,
     /// Keys per commit.
     pub batch: usize,
     /// Fraction of operations that repeat an earlier key.
@@ -37,8 +41,18 @@ impl Scenario {
     pub fn spec(&self, scale: f64) -> Spec {
         let round = self.workers * self.batch;
         let ops = ((self.max_ops as f64 * scale) as usize).max(4 * round);
-        let mut seed =
-            SplitMix64::new(self.name.bytes().fold(0x5eed, |h, b| h * 31 + u64::from(b)));
+        // The same keys as threads and as processes: seeded by the name
+        // without its `-pN`.
+        let family = match self.processes {
+            1 => self.name,
+            _ => self.name.rsplit_once("-p").map_or(self.name, |(f, _)| f),
+        };
+        // Wrapping, as release builds always did: a debug build overflowed
+        // on the longer names (`dup10-batch-w4`).
+        let hash = family.bytes().fold(0x5eed_u64, |h, b| {
+            h.wrapping_mul(31).wrapping_add(u64::from(b))
+        });
+        let mut seed = SplitMix64::new(hash);
         Spec {
             ops,
             dup_ratio: self.dup_ratio,
@@ -76,10 +90,50 @@ impl Scenario {
 
 /// All scenarios, in report order.
 pub fn all() -> Vec<Scenario> {
+    let mut all = threads();
+    let at = all
+        .iter()
+        .position(|s| s.name == "key-w64")
+        .map_or(0, |i| i + 1);
+    // Workers as processes on one shared instance; the keys of `key-wN`.
+    let procs = |name, title, workers, processes| Scenario {
+        name,
+        title,
+        workers,
+        processes,
+        ..all[0].clone()
+    };
+    let with_procs = [
+        procs(
+            "key-w16-p4",
+            "one key per op, 16 workers as 4 processes of 4 threads, 10% duplicates",
+            16,
+            4,
+        ),
+        procs(
+            "key-w16-p16",
+            "one key per op, 16 workers as 16 processes of 1 thread, 10% duplicates",
+            16,
+            16,
+        ),
+        procs(
+            "key-w64-p4",
+            "one key per op, 64 workers as 4 processes of 16 threads, 10% duplicates",
+            64,
+            4,
+        ),
+    ];
+    all.splice(at..at, with_procs);
+    all
+}
+
+/// The scenarios whose workers are threads of this process.
+fn threads() -> Vec<Scenario> {
     let base = Scenario {
         name: "",
         title: "",
         workers: 1,
+        processes: 1,
         batch: 1,
         dup_ratio: 0.1,
         repeats: Repeats::Uniform,
@@ -170,4 +224,26 @@ pub fn all() -> Vec<Scenario> {
             )
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Workload;
+
+    /// A scenario run as processes has the keys of its threads-only twin.
+    #[test]
+    fn processes_run_the_keys_of_their_threads_twin() {
+        let all = all();
+        let by = |name: &str| all.iter().find(|s| s.name == name).cloned();
+        for (procs, twin) in [("key-w16-p4", "key-w16"), ("key-w64-p4", "key-w64")] {
+            let (p, t) = (by(procs).unwrap(), by(twin).unwrap());
+            assert!(p.processes > 1 && t.processes == 1);
+            let (wp, wt) = (
+                Workload::generate(p.spec(0.01)),
+                Workload::generate(t.spec(0.01)),
+            );
+            assert_eq!(wp.keys, wt.keys, "{procs} vs {twin}");
+        }
+    }
 }

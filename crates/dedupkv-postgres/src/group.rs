@@ -2,18 +2,28 @@
 //! insert at the same moment share one multi-row statement (one
 //! transaction, one commit, one round trip) instead of each paying its own.
 //!
-//! A caller queues its key and, while fewer than the set number of
-//! statements are in flight, leads: it takes everything queued, runs it
-//! and hands each caller its answer. Otherwise it waits, and leads itself
-//! once a statement finishes with its key still queued. A lone caller
-//! leads at once, so it pays one uncontended lock over the plain path.
-//! Every answer is given after the statement that decided it committed,
-//! as without grouping; a failed statement fails each caller it carried.
+//! A caller queues its key. It leads (takes everything queued, runs it,
+//! hands each caller its answer) when no statement is in flight, or when
+//! fewer than the set number are and the queue holds its share of the
+//! callers waiting (queued ÷ all waiting ≥ 1 ÷ statements in flight at
+//! most): statements in flight carry about equal shares instead of the
+//! first carrying one key. Otherwise it sleeps until its answer is given,
+//! or until a statement's end leaves the queue due to go and it is the
+//! oldest queued: then it leads. A lone caller leads at once, so it pays
+//! one uncontended lock over the plain path.
+//!
+//! Invariants: every answer is given after the statement that decided it
+//! committed, as without grouping; a failed statement fails each caller
+//! it carried; each caller is woken once for its answer (the leader not at
+//! all) and at most one queued caller per statement's end to lead; a
+//! non-empty queue that is due always has a caller about to take it (the
+//! one that made it due, or the oldest, woken by the end that did).
 
 use std::collections::HashMap;
+use std::thread::Thread;
 
 use dedupkv::{Error, Key, Result};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 /// One queued insert, by ticket.
 struct Queued {
@@ -21,6 +31,8 @@ struct Queued {
     scope: Vec<u8>,
     id: Vec<u8>,
     retention_ms: i64,
+    /// The caller's thread, unparked for its answer or to lead.
+    thread: Thread,
 }
 
 #[derive(Default)]
@@ -31,14 +43,25 @@ struct State {
     done: HashMap<u64, Result<bool, String>>,
     /// Statements in flight.
     leading: usize,
+    /// Inserts the statements in flight carry.
+    carried: usize,
     next_ticket: u64,
+}
+
+impl State {
+    /// Whether the queue should go now, with at most `max` statements in
+    /// flight: at once when none is, else when it holds its share (one
+    /// `max`th) of the inserts queued or in flight.
+    fn due(&self, max: usize) -> bool {
+        let queued = self.queue.len();
+        queued > 0
+            && (self.leading == 0 || (self.leading < max && queued * max >= queued + self.carried))
+    }
 }
 
 /// The queue one instance's inserts share.
 pub(crate) struct Group {
     state: Mutex<State>,
-    /// Signalled when a statement finishes.
-    finished: Condvar,
     /// The most statements in flight at once (at least 1).
     max_leading: usize,
 }
@@ -53,7 +76,6 @@ impl Group {
     pub(crate) fn new(max_leading: usize) -> Self {
         Self {
             state: Mutex::new(State::default()),
-            finished: Condvar::new(),
             max_leading: max_leading.max(1),
         }
     }
@@ -74,28 +96,34 @@ impl Group {
             scope: key.scope().to_vec(),
             id: key.id().to_vec(),
             retention_ms,
+            thread: std::thread::current(),
         });
         loop {
             if let Some(answer) = st.done.remove(&ticket) {
                 return answer.map_err(|e| Error::Storage(std::io::Error::other(e).into()));
             }
             let queued = st.queue.first().is_some_and(|q| q.ticket <= ticket);
-            if queued && st.leading < self.max_leading {
-                st.leading += 1;
+            if queued && st.due(self.max_leading) {
                 let taken = std::mem::take(&mut st.queue);
+                st.leading += 1;
+                st.carried += taken.len();
                 drop(st);
                 let mut leading = Leading {
                     group: self,
-                    taken: taken.iter().map(|q| q.ticket).collect(),
+                    taken,
                     own: ticket,
                     answers: Vec::new(),
                 };
-                leading.answers = lead(&taken, &run);
+                leading.answers = lead(&leading.taken, &run);
                 drop(leading);
                 st = self.state.lock();
                 continue;
             }
-            self.finished.wait(&mut st);
+            // Woken for an answer, to lead, or spuriously: the loop
+            // decides which under the lock.
+            drop(st);
+            std::thread::park();
+            st = self.state.lock();
         }
     }
 }
@@ -105,7 +133,7 @@ impl Group {
 /// each ticket it took with an error, so no caller waits forever.
 struct Leading<'g> {
     group: &'g Group,
-    taken: Vec<u64>,
+    taken: Vec<Queued>,
     own: u64,
     answers: Vec<(u64, Result<bool, String>)>,
 }
@@ -114,15 +142,28 @@ impl Drop for Leading<'_> {
     fn drop(&mut self) {
         let mut st = self.group.state.lock();
         st.leading -= 1;
+        st.carried -= self.taken.len();
         if self.answers.len() == self.taken.len() {
             st.done.extend(self.answers.drain(..));
         } else {
-            for &t in self.taken.iter().filter(|&&t| t != self.own) {
-                st.done
-                    .insert(t, Err("the statement carrying this insert panicked".into()));
+            for t in self.taken.iter().filter(|q| q.ticket != self.own) {
+                st.done.insert(
+                    t.ticket,
+                    Err("the statement carrying this insert panicked".into()),
+                );
             }
         }
-        self.group.finished.notify_all();
+        let next = st
+            .due(self.group.max_leading)
+            .then(|| st.queue.first().map(|q| q.thread.clone()))
+            .flatten();
+        drop(st);
+        for q in self.taken.iter().filter(|q| q.ticket != self.own) {
+            q.thread.unpark();
+        }
+        if let Some(t) = next {
+            t.unpark();
+        }
     }
 }
 
@@ -237,6 +278,32 @@ mod tests {
         );
     }
 
+    /// The queue goes at once when nothing is in flight, and beside a
+    /// statement in flight only with its share of the waiting inserts.
+    #[test]
+    fn the_queue_goes_alone_at_once_and_beside_others_with_its_share() {
+        let mut st = State::default();
+        assert!(!st.due(2), "nothing queued");
+        let q = |ticket| Queued {
+            ticket,
+            scope: b"s".to_vec(),
+            id: ticket.to_string().into_bytes(),
+            retention_ms: 1,
+            thread: std::thread::current(),
+        };
+        st.queue.push(q(0));
+        assert!(st.due(2), "a lone caller leads at once");
+        st.leading = 1;
+        st.carried = 8;
+        st.queue.extend((1..7).map(q));
+        assert!(!st.due(2), "7 queued beside 8 in flight: below half");
+        st.queue.push(q(7));
+        assert!(st.due(2), "8 queued beside 8 in flight: half");
+        assert!(!st.due(1), "one in flight at most");
+        st.leading = 2;
+        assert!(!st.due(2), "two in flight at most");
+    }
+
     /// Keys of different retentions go to different statements, each with
     /// its own retention.
     #[test]
@@ -248,18 +315,21 @@ mod tests {
                 scope: b"s".to_vec(),
                 id: b"a".to_vec(),
                 retention_ms: 5,
+                thread: std::thread::current(),
             },
             Queued {
                 ticket: 1,
                 scope: b"s".to_vec(),
                 id: b"b".to_vec(),
                 retention_ms: 7,
+                thread: std::thread::current(),
             },
             Queued {
                 ticket: 2,
                 scope: b"s".to_vec(),
                 id: b"c".to_vec(),
                 retention_ms: 5,
+                thread: std::thread::current(),
             },
         ];
         let runs = Mutex::new(Vec::new());

@@ -169,7 +169,7 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(86_400);
 
 /// How many grouped insert statements one instance has in flight at once
 /// by default ([`PgStoreBuilder::group_commit`]).
-pub const DEFAULT_GROUP_COMMIT: usize = 8;
+pub const DEFAULT_GROUP_COMMIT: usize = 4;
 
 /// Rows [`PgStore::evict_expired`] deletes per statement.
 pub const EVICT_BATCH: i64 = 10_000;
@@ -853,9 +853,12 @@ impl PgStoreBuilder {
     /// [`DEFAULT_GROUP_COMMIT`]. Answers are unchanged: each is given after
     /// the commit that decided it, and of concurrent inserts of one key
     /// exactly one is told new. A statement that fails fails every insert
-    /// it carried (as [`Error::Storage`] with the server's message); a
-    /// lone caller's insert is sent at once, never held back to wait for
-    /// company. `insert_batch` is one statement already and is not grouped.
+    /// it carried (as [`Error::Storage`] with the server's message). An
+    /// insert is sent at once when no statement is in flight (a lone
+    /// caller never waits for company); beside one in flight, the queue
+    /// goes when it holds its share (one `statements`th) of the inserts
+    /// waiting, else when a statement ends. `insert_batch` is one
+    /// statement already and is not grouped.
     ///
     /// # Examples
     /// ```no_run
