@@ -831,7 +831,7 @@ impl StoreBuilder {
     /// engine itself (`records`, `stranded_claims`, `holding_area`, `held`,
     /// `unacked`, `sweep_parked`, `history`, `upgrade`, `verify`, `compact`, `evict_expired`, typed outcomes: `complete_value` and
     /// `run_value`, which refuses before its work runs) answer
-    /// [`Error::Unsupported`](crate::Error::Unsupported) naming the call:
+    /// [`Error::Unsupported`] naming the call:
     /// keep a clone of the backend for its own. `stats` is all zeros,
     /// `format` 0, `flush` returns at once (every answer was committed
     /// before it was told); there is no replica (`sync_replica` answers

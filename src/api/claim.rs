@@ -45,7 +45,7 @@ pub type Begin = Began<Claim>;
 /// claim can no longer be finished and its lease lapses. Over a shared
 /// backend ([`StoreBuilder::open_shared`](crate::StoreBuilder::open_shared))
 /// it holds that backend's claim and its accessors answer from it
-/// ([`SharedClaim`](crate::contract::SharedClaim)); a claim is finished
+/// ([`SharedClaim`]); a claim is finished
 /// only by a store of the backend that made it.
 ///
 /// # Examples

@@ -256,7 +256,7 @@ impl Store {
     }
 
     /// The engine, for `call`, which only the engine offers; over a shared
-    /// backend [`Error::Unsupported`](crate::Error::Unsupported).
+    /// backend [`Error::Unsupported`].
     pub(crate) fn engine_for(&self, call: &'static str) -> Result<&Arc<Engine>> {
         match &self.backend {
             Backend::Engine(engine) => Ok(engine),

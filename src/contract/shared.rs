@@ -95,7 +95,7 @@ pub type BoxedWaiter = Option<Box<dyn Any + Send>>;
 /// for every backend of the whole contract whose claim is a
 /// [`SharedClaim`]; a claim handed back must be one this backend made,
 /// else the call answers
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+/// [`Error::InvalidArgument`].
 ///
 /// Each method is the contract method of the same name (see
 /// [`Write`], [`Order`], [`DeadLetters`], [`Intents`], [`Settle`]).

@@ -70,11 +70,11 @@ pub trait Tallies {
     fn completions(&self, scope: &[u8], starts: RangeInclusive<u64>) -> Result<Vec<Completion>>;
 
     /// Matches the scope's completions with the system of record's keys
-    /// per window ([`reconcile_keys`](super::reconcile_keys)).
+    /// per window ([`reconcile_keys`](super::reconcile_keys())).
     ///
     /// # Errors
     /// As [`completions`](Self::completions), and those of
-    /// [`reconcile_keys`](super::reconcile_keys).
+    /// [`reconcile_keys`](super::reconcile_keys()).
     fn reconcile_keys(
         &self,
         scope: &[u8],
