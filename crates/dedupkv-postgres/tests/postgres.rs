@@ -149,26 +149,43 @@ fn the_postgres_backend_passes_the_concurrent_history_check() -> Result<(), Stri
 /// every later `begin` replays the winner's outcome.
 #[test]
 fn two_instances_racing_500_keys_start_each_once() -> Result<(), Error> {
-    const KEYS: usize = 500;
-    const THREADS: usize = 4;
     let Some(url) = url("two_instances") else {
         return Ok(());
     };
     let schema = fresh_schema("race");
     let a = PgStore::builder(url.as_str()).schema(&schema).open()?;
     let b = PgStore::builder(url.as_str()).schema(&schema).open()?;
-    let keys: Vec<Key<'static>> = (0..KEYS)
+    race_keys(&a, &b, 500, |c| Ok(c.provider_key()))
+}
+
+/// 4 threads on each of `a` and `b` (two instances of one schema) begin
+/// the same `keys` keys, each winner completing with its claim's
+/// provider key (`pk`): every key starts exactly once, and both replay
+/// the winner's outcome and provider key.
+fn race_keys<B>(
+    a: &B,
+    b: &B,
+    keys: usize,
+    pk: fn(&B::Claim) -> dedupkv::Result<String>,
+) -> Result<(), Error>
+where
+    B: Write + Sync,
+{
+    let all: Vec<Key<'static>> = (0..keys)
         .map(|i| Key::owned(b"orders".to_vec(), format!("o-{i}").into_bytes()))
         .collect();
+    let begin = |store: &B, key: &Key<'_>| {
+        store.tell(store.begin(key, Fingerprint::NONE, &BeginOptions::new(), None)?)
+    };
     let started: Vec<Vec<(usize, String)>> = std::thread::scope(|s| {
-        let threads: Vec<_> = (0..2 * THREADS)
+        let threads: Vec<_> = (0..8)
             .map(|t| {
-                let (store, keys) = (if t % 2 == 0 { &a } else { &b }, &keys);
+                let (store, all) = (if t % 2 == 0 { a } else { b }, &all);
                 s.spawn(move || -> dedupkv::Result<Vec<(usize, String)>> {
                     let mut won = Vec::new();
-                    for (i, key) in keys.iter().enumerate() {
-                        if let Began::Started(claim) = begin(store, key, &BeginOptions::new())? {
-                            let pk = claim.provider_key();
+                    for (i, key) in all.iter().enumerate() {
+                        if let Began::Started(claim) = begin(store, key)? {
+                            let pk = pk(&claim)?;
                             store.tell(store.complete(&claim, Outcome::raw(pk.as_bytes()))?)?;
                             won.push((i, pk));
                         }
@@ -182,7 +199,7 @@ fn two_instances_racing_500_keys_start_each_once() -> Result<(), Error> {
             .map(|t| t.join().expect("racer panicked"))
             .collect::<dedupkv::Result<_>>()
     })?;
-    let mut per_key = vec![0usize; KEYS];
+    let mut per_key = vec![0usize; keys];
     for (i, _) in started.iter().flatten() {
         per_key[*i] += 1;
     }
@@ -196,11 +213,12 @@ fn two_instances_racing_500_keys_start_each_once() -> Result<(), Error> {
             .collect::<Vec<_>>()
     );
     for (i, pk) in started.iter().flatten() {
-        for store in [&a, &b] {
-            let Began::Completed(rec) = begin(store, &keys[*i], &BeginOptions::new())? else {
+        for store in [a, b] {
+            let Began::Completed(rec) = begin(store, &all[*i])? else {
                 panic!("key {i} is not completed");
             };
             assert_eq!(rec.outcome(), Some(pk.as_bytes()));
+            assert_eq!(rec.provider_key().as_deref(), Some(pk.as_str()));
         }
     }
     Ok(())
@@ -534,10 +552,14 @@ fn a_version_1_schema_is_migrated_to_the_current_version_with_its_rows() -> Resu
             .collect::<Vec<_>>(),
         vec![(1, 5)]
     );
-    assert!(store.tell(store.requeue(&other)?)?);
-    let Began::Started(again) = begin(&store, &other, &BeginOptions::new())? else {
-        panic!("the requeued key did not start");
-    };
+    requeued_into_a_new_round(&store, &other)
+}
+
+/// `key`, dead-lettered after its first attempt, requeued: its next
+/// attempt is 2 and the first of a new round; it completes.
+fn requeued_into_a_new_round(store: &PgStore, key: &Key<'_>) -> Result<(), Error> {
+    assert!(store.tell(store.requeue(key)?)?);
+    let again = started(store, key, &BeginOptions::new())?;
     assert_eq!(
         (
             again.attempt(),
@@ -581,17 +603,7 @@ fn a_version_5_schema_is_migrated_to_6() -> Result<(), Error> {
         begin(&store, &key, &BeginOptions::new())?,
         Began::DeadLettered(_)
     ));
-    assert!(store.tell(store.requeue(&key)?)?);
-    let again = started(&store, &key, &BeginOptions::new())?;
-    assert_eq!(
-        (
-            again.attempt(),
-            dedupkv::contract::SharedClaim::round_attempt(&again)
-        ),
-        (2, 1)
-    );
-    store.tell(store.complete(&again, Outcome::raw(b"ok"))?)?;
-    Ok(())
+    requeued_into_a_new_round(&store, &key)
 }
 
 /// The contract's intent cases (`conformance::intents`) on two
@@ -1725,53 +1737,13 @@ fn the_store_face_over_postgres_passes_the_conformance_suite() -> Result<(), Str
 /// and both stores replay the winner's outcome.
 #[test]
 fn two_stores_over_postgres_start_each_key_once() -> Result<(), Error> {
-    const KEYS: usize = 300;
     let Some(url) = url("store face race") else {
         return Ok(());
     };
     let schema = fresh_schema("facerace");
     let a = face(PgStore::builder(url.as_str()).schema(&schema).open()?)?;
     let b = face(PgStore::builder(url.as_str()).schema(&schema).open()?)?;
-    let keys: Vec<Key<'static>> = (0..KEYS)
-        .map(|i| Key::owned(b"orders".to_vec(), format!("o-{i}").into_bytes()))
-        .collect();
-    let won: Vec<Vec<(usize, String)>> = std::thread::scope(|s| {
-        let threads: Vec<_> = (0..8)
-            .map(|t| {
-                let (store, keys) = (if t % 2 == 0 { &a } else { &b }, &keys);
-                s.spawn(move || -> dedupkv::Result<Vec<(usize, String)>> {
-                    let mut won = Vec::new();
-                    for (i, key) in keys.iter().enumerate() {
-                        if let Began::Started(claim) = store.begin(key, Fingerprint::NONE)? {
-                            let pk = claim.provider_key()?;
-                            store.complete(&claim, pk.as_bytes())?;
-                            won.push((i, pk));
-                        }
-                    }
-                    Ok(won)
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("racer panicked"))
-            .collect::<dedupkv::Result<_>>()
-    })?;
-    let mut per_key = vec![0usize; KEYS];
-    for (i, _) in won.iter().flatten() {
-        per_key[*i] += 1;
-    }
-    assert!(per_key.iter().all(|&n| n == 1), "{per_key:?}");
-    for (i, pk) in won.iter().flatten() {
-        for store in [&a, &b] {
-            let Began::Completed(rec) = store.begin(&keys[*i], Fingerprint::NONE)? else {
-                panic!("key {i} is not completed");
-            };
-            assert_eq!(rec.outcome(), Some(pk.as_bytes()));
-            assert_eq!(rec.provider_key(), Some(pk.clone()));
-        }
-    }
-    Ok(())
+    race_keys(&a, &b, 300, dedupkv::Claim::provider_key)
 }
 
 /// The retry runner over a `Store` on PostgreSQL keeps the engine's
