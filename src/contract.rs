@@ -466,6 +466,15 @@ pub trait Write: Read + Settle {
     /// # Errors
     /// As `complete`, and a bad lease.
     fn renew(&self, claim: &Self::Claim, by: Option<Duration>) -> Result<Pending<SystemTime>>;
+
+    /// The longest outcome (or failure text with its payload) this
+    /// backend records, in bytes. What is built on the contract (the retry
+    /// runners' dead letters and refusals) cuts what it records to it, so
+    /// a long error text never keeps a failure from being recorded. No
+    /// limit by default.
+    fn max_outcome_len(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// The ordering half: per-entity versions and the sequencer, over the

@@ -219,6 +219,10 @@ impl Write for Store {
             Backend::Shared(b) => b.renew(claim.shared()?, by),
         }
     }
+
+    fn max_outcome_len(&self) -> usize {
+        Store::max_outcome_len(self)
+    }
 }
 
 impl Order for Store {

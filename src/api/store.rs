@@ -225,8 +225,7 @@ impl Store {
     pub(crate) fn max_outcome_len(&self) -> usize {
         match &self.backend {
             Backend::Engine(engine) => engine.config().max_outcome,
-            // The backend checks its own limit.
-            Backend::Shared(_) => usize::MAX,
+            Backend::Shared(b) => b.max_outcome_len(),
         }
     }
 

@@ -160,6 +160,7 @@ pub trait SharedBackend: Send + Sync + 'static {
         cx: &mut Context<'_>,
     ) -> Poll<Result<()>>;
     fn stop_waiting(&self, waiter: &mut BoxedWaiter);
+    fn max_outcome_len(&self) -> usize;
     fn tally_window(&self) -> Duration;
     fn tallies(&self, scope: &[u8]) -> Result<Vec<Tally>>;
     fn completions(
@@ -338,6 +339,10 @@ where
             Settle::stop_waiting(self, w);
         }
         *waiter = None;
+    }
+
+    fn max_outcome_len(&self) -> usize {
+        Write::max_outcome_len(self)
     }
 
     fn tally_window(&self) -> Duration {

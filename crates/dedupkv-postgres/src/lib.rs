@@ -1790,6 +1790,11 @@ impl Write for PgStore {
             None => Err(claim.lost()),
         }
     }
+
+    /// [`MAX_OUTCOME`].
+    fn max_outcome_len(&self) -> usize {
+        MAX_OUTCOME
+    }
 }
 
 /// A started attempt on PostgreSQL: the key, the attempt and its fencing

@@ -2075,3 +2075,41 @@ fn a_claim_of_another_schema_is_refused_and_a_typed_run_never_runs() -> Result<(
     );
     Ok(())
 }
+
+/// A `Store` over PostgreSQL reports the backend's outcome limit
+/// (`Write::max_outcome_len`: `MAX_OUTCOME`), which the retry runners cut
+/// what they record to, and an outcome one byte over it is refused before
+/// anything is recorded (the claim stays in progress).
+#[test]
+fn a_store_over_postgres_reports_and_keeps_the_backend_s_outcome_limit() -> Result<(), Error> {
+    let Some(url) = url("outcome limit") else {
+        return Ok(());
+    };
+    let store = face(
+        PgStore::builder(url.as_str())
+            .schema(fresh_schema("limit"))
+            .open()?,
+    )?;
+    assert_eq!(
+        Write::max_outcome_len(&store),
+        dedupkv_postgres::MAX_OUTCOME
+    );
+    let key = Key::new("shop", "ship-10");
+    let Began::Started(claim) = store.begin(&key, Fingerprint::NONE)? else {
+        panic!("not started");
+    };
+    let over = vec![b'x'; dedupkv_postgres::MAX_OUTCOME + 1];
+    let refused = store.complete(&claim, &over);
+    assert!(
+        matches!(refused, Err(Error::InvalidInput { .. })),
+        "{refused:?}"
+    );
+    let at_limit = vec![b'x'; dedupkv_postgres::MAX_OUTCOME];
+    store.complete(&claim, &at_limit)?;
+    let rec = store.get(&key)?.expect("recorded");
+    assert_eq!(
+        rec.outcome().map(<[u8]>::len),
+        Some(dedupkv_postgres::MAX_OUTCOME)
+    );
+    Ok(())
+}
