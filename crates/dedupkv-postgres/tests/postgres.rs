@@ -1,9 +1,10 @@
 //! The PostgreSQL backend against a server: the contract's conformance
 //! suite, two instances racing the same keys, a lease taken over across
-//! instances with the zombie refused by the database, and the schema's
-//! version check. The server is `DEDUPKV_PG_URL`'s (scripts/with-postgres.sh
-//! starts one); without it these tests say they skipped, and under CI
-//! (`CI` set, not `false` or `0`) they fail instead.
+//! instances with the zombie refused by the database, the schema's
+//! version check, two processes racing and an instance SIGKILLed mid-run.
+//! The server is `DEDUPKV_PG_URL`'s (scripts/with-postgres.sh starts
+//! one); without it these tests say they skipped, and under CI (`CI` set,
+//! not `false` or `0`) they fail instead.
 
 #![allow(clippy::doc_markdown)] // product names (PostgreSQL) are not code
 
@@ -827,7 +828,9 @@ fn records_expire_by_the_store_time_and_eviction_deletes_only_expired_rows() -> 
 
 /// The racer child of [`two_processes_racing_10000_keys_start_each_once`]:
 /// a no-op unless that test started this binary with `RACER_SCHEMA` set.
-/// It begins every key with 2 threads and prints the ones it started.
+/// It begins every key with 2 threads and prints the ones it started,
+/// through a `Store` over PostgreSQL if `RACER_FACE` is set, else through
+/// the `PgStore` itself.
 #[test]
 fn racer_child() -> Result<(), Error> {
     let (Ok(url), Ok(schema)) = (
@@ -837,6 +840,21 @@ fn racer_child() -> Result<(), Error> {
         return Ok(());
     };
     let store = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let won = if std::env::var_os("RACER_FACE").is_some() {
+        race_all(&face(store)?)?
+    } else {
+        race_all(&store)?
+    };
+    let mut out = std::io::stdout().lock();
+    for i in won {
+        let _ = writeln!(out, "WON {i}");
+    }
+    Ok(())
+}
+
+/// Begins every one of [`PROCESS_KEYS`] keys on 2 threads of `store`,
+/// completing those it starts: the indexes it started.
+fn race_all<B: Write + Sync>(store: &B) -> Result<Vec<usize>, Error> {
     let won: Vec<Vec<usize>> = std::thread::scope(|s| {
         let threads: Vec<_> = (0..2)
             .map(|_| {
@@ -844,7 +862,9 @@ fn racer_child() -> Result<(), Error> {
                     let mut won = Vec::new();
                     for i in 0..PROCESS_KEYS {
                         let key = Key::owned(b"p".to_vec(), format!("k{i}").into_bytes());
-                        if let Began::Started(c) = begin(&store, &key, &BeginOptions::new())? {
+                        let began =
+                            store.begin(&key, Fingerprint::NONE, &BeginOptions::new(), None);
+                        if let Began::Started(c) = store.tell(began?)? {
                             store.tell(store.complete(&c, Outcome::raw(b"done"))?)?;
                             won.push(i);
                         }
@@ -858,17 +878,14 @@ fn racer_child() -> Result<(), Error> {
             .map(|t| t.join().expect("racer panicked"))
             .collect::<dedupkv::Result<_>>()
     })?;
-    let mut out = std::io::stdout().lock();
-    for i in won.iter().flatten() {
-        let _ = writeln!(out, "WON {i}");
-    }
-    Ok(())
+    Ok(won.into_iter().flatten().collect())
 }
 
 const PROCESS_KEYS: usize = 10_000;
 
-/// Two processes (this test binary, run twice as [`racer_child`]) race
-/// the same keys on one schema: every key started exactly once overall.
+/// Two processes (this test binary, run twice as [`racer_child`], one
+/// through the `PgStore`, one through a `Store` over it) race the same
+/// keys on one schema: every key started exactly once overall.
 #[test]
 fn two_processes_racing_10000_keys_start_each_once() -> Result<(), Error> {
     let Some(url) = url("two_processes") else {
@@ -878,14 +895,17 @@ fn two_processes_racing_10000_keys_start_each_once() -> Result<(), Error> {
     drop(PgStore::builder(url.as_str()).schema(&schema).open()?);
     let exe = std::env::current_exe().expect("the test binary's path");
     let children: Vec<_> = (0..2)
-        .map(|_| {
-            Command::new(&exe)
+        .map(|n| {
+            let mut racer = Command::new(&exe);
+            racer
                 .args(["--exact", "racer_child", "--nocapture", "--test-threads=1"])
                 .env("DEDUPKV_PG_URL", &url)
                 .env("RACER_SCHEMA", &schema)
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("spawn a racer")
+                .stdout(Stdio::piped());
+            if n == 1 {
+                racer.env("RACER_FACE", "1");
+            }
+            racer.spawn().expect("spawn a racer")
         })
         .collect();
     let mut per_key = vec![0usize; PROCESS_KEYS];
@@ -2112,4 +2132,238 @@ fn a_store_over_postgres_reports_and_keeps_the_backend_s_outcome_limit() -> Resu
         Some(dedupkv_postgres::MAX_OUTCOME)
     );
     Ok(())
+}
+
+/// Key `i` of [`a_sigkilled_instance_loses_nothing_it_acknowledged`]'s
+/// payments, its outcome and its amount.
+fn payment(i: u64) -> (Key<'static>, String, i64) {
+    let key = Key::owned(b"pay".to_vec(), format!("k{i}").into_bytes());
+    (
+        key,
+        format!("paid {i}"),
+        i64::try_from(i).expect("small") + 1,
+    )
+}
+
+/// The instance of [`a_sigkilled_instance_loses_nothing_it_acknowledged`]:
+/// a no-op unless that test started this binary with `KILL_SCHEMA` set.
+/// A `Store` over PostgreSQL, 4 threads paying keys from `KILL_FROM` on:
+/// each says `BEGIN i`, begins payment `i` (a 300 ms lease), completes it
+/// with its amount, says `DONE i` once the completion is acknowledged,
+/// then inserts `seen/i` (the grouped path) and says `INS i` once that is
+/// acknowledged. It runs until it is killed (or 100,000 keys).
+#[test]
+fn killed_child() -> Result<(), Error> {
+    let (Ok(url), Ok(schema), Ok(from)) = (
+        std::env::var("DEDUPKV_PG_URL"),
+        std::env::var("KILL_SCHEMA"),
+        std::env::var("KILL_FROM"),
+    ) else {
+        return Ok(());
+    };
+    let from: u64 = from.parse().expect("KILL_FROM is a number");
+    let store = face(PgStore::builder(url.as_str()).schema(&schema).open()?)?;
+    let short = BeginOptions::new().lease(Duration::from_millis(300));
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (store, short) = (&store, &short);
+            s.spawn(move || -> dedupkv::Result<()> {
+                for i in (from + t..from + 100_000).step_by(4) {
+                    let (key, paid, amount) = payment(i);
+                    println!("BEGIN {i}");
+                    let Began::Started(c) =
+                        store.tell(Write::begin(store, &key, Fingerprint::NONE, short, None)?)?
+                    else {
+                        panic!("payment {i} was begun before");
+                    };
+                    let outcome = Outcome::raw(paid.as_bytes()).amount(amount);
+                    store.tell(Write::complete(store, &c, outcome)?)?;
+                    println!("DONE {i}");
+                    let seen = Key::owned(b"seen".to_vec(), i.to_be_bytes().to_vec());
+                    assert!(
+                        store.tell(Write::insert(store, &seen, None)?)?,
+                        "seen/{i} was new"
+                    );
+                    println!("INS {i}");
+                }
+                Ok(())
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Durability across a real crash: 5 times, an instance (a `Store` over
+/// PostgreSQL in a child process, [`killed_child`]) pays keys on 4
+/// threads and is SIGKILLed mid-run, at a different point each time.
+/// Every completion and insert it acknowledged is there afterwards, with
+/// its outcome; every claim it left open is taken over once its lease
+/// ends (on the database's clock); and once those are completed, the
+/// tallies count each payment exactly once with its amount, and list each
+/// id once (a completion and its count are one commit: a crash keeps both
+/// or neither).
+#[test]
+fn a_sigkilled_instance_loses_nothing_it_acknowledged() -> Result<(), Error> {
+    use dedupkv::contract::Tallies;
+    use std::collections::BTreeSet;
+    let Some(url) = url("sigkill") else {
+        return Ok(());
+    };
+    let schema = fresh_schema("kill");
+    let store = face(PgStore::builder(url.as_str()).schema(&schema).open()?)?;
+    let mut said = Said::default();
+    for round in 0..5u64 {
+        said.kill_mid_run(&url, &schema, round);
+    }
+    let Said {
+        begun,
+        done,
+        inserted,
+    } = said;
+    for &i in &done {
+        let (key, paid, _) = payment(i);
+        let rec = store.tell(Read::get(&store, &key)?)?;
+        let rec = rec.unwrap_or_else(|| panic!("acknowledged payment {i} is lost"));
+        assert_eq!(
+            (rec.state(), rec.outcome()),
+            (State::Completed, Some(paid.as_bytes()))
+        );
+    }
+    for &i in &inserted {
+        let seen = Key::owned(b"seen".to_vec(), i.to_be_bytes().to_vec());
+        assert!(
+            !store.tell(Write::insert(&store, &seen, None)?)?,
+            "acknowledged seen/{i} is lost"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(400)); // past every lease, on any clock
+    let (mut started_again, mut completed_unsaid) = (0, 0);
+    for &i in begun.difference(&done) {
+        let (key, paid, amount) = payment(i);
+        let mut answer = begin_face(&store, &key)?;
+        for _ in 0..50 {
+            // A statement the dead instance sent may still land; its
+            // lease ends 300 ms after, on the database's clock.
+            let Began::InProgress(_) = answer else { break };
+            std::thread::sleep(Duration::from_millis(100));
+            answer = begin_face(&store, &key)?;
+        }
+        match answer {
+            Began::Started(c) => {
+                started_again += 1;
+                let outcome = Outcome::raw(paid.as_bytes()).amount(amount);
+                store.tell(Write::complete(&store, &c, outcome)?)?;
+            }
+            Began::Completed(rec) => {
+                completed_unsaid += 1;
+                assert_eq!(rec.outcome(), Some(paid.as_bytes()));
+            }
+            other => panic!("payment {i} after its lease: {other:?}"),
+        }
+    }
+    assert!(
+        started_again + completed_unsaid > 0,
+        "no kill landed inside a payment"
+    );
+    let tallies = store.tallies(b"pay")?;
+    let count: u64 = tallies.iter().map(|t| t.count).sum();
+    let amount: i128 = tallies.iter().map(|t| t.amount).sum();
+    let expected: i128 = begun.iter().map(|&i| i128::from(payment(i).2)).sum();
+    assert_eq!(
+        (count, amount),
+        (begun.len() as u64, expected),
+        "each payment counted once"
+    );
+    let ms = |t: Option<&dedupkv::Tally>| {
+        t.map_or(0, |t| {
+            let since = t.window_start.duration_since(std::time::UNIX_EPOCH);
+            u64::try_from(since.expect("after 1970").as_millis()).expect("in range")
+        })
+    };
+    let starts = ms(tallies.first())..=ms(tallies.last());
+    let ids: Vec<Vec<u8>> = store
+        .completions(b"pay", starts)?
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    let distinct: BTreeSet<&Vec<u8>> = ids.iter().collect();
+    assert_eq!(
+        (ids.len(), distinct.len()),
+        (begun.len(), begun.len()),
+        "each id listed once"
+    );
+    Ok(())
+}
+
+fn begin_face(store: &dedupkv::Store, key: &Key<'_>) -> dedupkv::Result<Began<dedupkv::Claim>> {
+    store.tell(Write::begin(
+        store,
+        key,
+        Fingerprint::NONE,
+        &BeginOptions::new(),
+        None,
+    )?)
+}
+
+/// What [`killed_child`] instances said: the payments they began, those
+/// whose completion was acknowledged, and the inserts acknowledged.
+#[derive(Default)]
+struct Said {
+    begun: std::collections::BTreeSet<u64>,
+    done: std::collections::BTreeSet<u64>,
+    inserted: std::collections::BTreeSet<u64>,
+}
+
+impl Said {
+    /// Runs one instance from key `round * 1,000,000` on and SIGKILLs it
+    /// after `20 + 37 * round` acknowledged completions, noting all it said
+    /// (what it said before it died was acknowledged too).
+    fn kill_mid_run(&mut self, url: &str, schema: &str, round: u64) {
+        use std::io::{BufRead, BufReader};
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let mut child = Command::new(&exe)
+            .args(["--exact", "killed_child", "--nocapture", "--test-threads=1"])
+            .env("DEDUPKV_PG_URL", url)
+            .env("KILL_SCHEMA", schema)
+            .env("KILL_FROM", (round * 1_000_000).to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the instance");
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let kill_after = self.done.len() as u64 + 20 + round * 37;
+        let mut line = String::new();
+        while (self.done.len() as u64) < kill_after {
+            line.clear();
+            let n = out.read_line(&mut line).expect("the instance's output");
+            assert!(n > 0, "the instance ended before it was killed");
+            self.note(&line);
+        }
+        child.kill().expect("SIGKILL the instance");
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).expect("the instance's output");
+        rest.lines().for_each(|line| self.note(line));
+        let status = child.wait().expect("the instance's status");
+        assert!(!status.success(), "the instance was killed, not ended");
+    }
+
+    /// Notes one line of [`killed_child`]'s output.
+    fn note(&mut self, line: &str) {
+        let Some((word, i)) = line.trim_end().rsplit_once(' ') else {
+            return;
+        };
+        let Ok(i) = i.parse::<u64>() else {
+            return;
+        };
+        // The harness may start the first line ("test killed_child ... ").
+        let set = if word.ends_with("BEGIN") {
+            &mut self.begun
+        } else if word.ends_with("DONE") {
+            &mut self.done
+        } else if word.ends_with("INS") {
+            &mut self.inserted
+        } else {
+            return;
+        };
+        set.insert(i);
+    }
 }
