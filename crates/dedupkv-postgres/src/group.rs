@@ -198,7 +198,13 @@ fn lead(
                 answers.extend(qs.iter().map(|q| (q.ticket, Err(e.clone()))));
             }
             Err(e) => {
-                let e = e.to_string();
+                // Each caller's answer is a storage error again: keep the
+                // text under this one's "storage: I/O error: ".
+                let under = match &e {
+                    Error::Storage(s) => std::error::Error::source(s).map(ToString::to_string),
+                    _ => None,
+                };
+                let e = under.unwrap_or_else(|| e.to_string());
                 answers.extend(qs.iter().map(|q| (q.ticket, Err(e.clone()))));
             }
         }

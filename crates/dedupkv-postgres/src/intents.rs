@@ -36,7 +36,9 @@ impl Stored {
     /// The intent in the row's columns from `first` on; `None` when the
     /// row recorded none.
     pub(crate) fn from(r: &postgres::Row, first: usize) -> Result<Option<Stored>> {
-        let get = |e: postgres::Error| Error::Corrupt(format!("a dedupkv_keys intent: {e}"));
+        let get = |e: postgres::Error| {
+            Error::Corrupt(format!("a dedupkv_keys intent: {}", crate::describe(&e)))
+        };
         let Some(target) = r.try_get::<_, Option<String>>(first).map_err(get)? else {
             return Ok(None);
         };

@@ -385,13 +385,67 @@ impl Shared {
 
 fn connect(url: &str) -> Result<Client> {
     Client::connect(url, NoTls).map_err(|e| {
-        Error::Storage(std::io::Error::other(format!("connecting to PostgreSQL: {e}")).into())
+        let text = format!("connecting to PostgreSQL: {}", describe(&e));
+        Error::Storage(std::io::Error::other(Described { text, source: e }).into())
     })
 }
 
-/// A PostgreSQL error as the store's storage error (its source).
+/// A PostgreSQL error as the store's storage error, told in full
+/// ([`describe`]; the client error is its source).
 fn storage(e: postgres::Error) -> Error {
-    Error::Storage(std::io::Error::other(e).into())
+    let text = describe(&e);
+    Error::Storage(std::io::Error::other(Described { text, source: e }).into())
+}
+
+/// A PostgreSQL error told in full. The client's own text is only "db
+/// error" for anything the server says, and a kind ("error connecting to
+/// server") for its own: the server's severity, SQLSTATE code, message,
+/// detail and hint, or the client's text and each cause's.
+pub(crate) fn describe(e: &postgres::Error) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    if let Some(db) = e.as_db_error() {
+        let _ = write!(
+            text,
+            "PostgreSQL {} {}: {}",
+            db.severity(),
+            db.code().code(),
+            db.message()
+        );
+        if let Some(detail) = db.detail() {
+            let _ = write!(text, " (detail: {detail})");
+        }
+        if let Some(hint) = db.hint() {
+            let _ = write!(text, " (hint: {hint})");
+        }
+        return text;
+    }
+    let _ = write!(text, "{e}");
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let _ = write!(text, ": {c}");
+        cause = c.source();
+    }
+    text
+}
+
+/// A client error with the text [`describe`] made of it.
+#[derive(Debug)]
+struct Described {
+    text: String,
+    source: postgres::Error,
+}
+
+impl std::fmt::Display for Described {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for Described {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
 }
 
 fn ms(d: Duration) -> i64 {
@@ -447,7 +501,9 @@ struct Row {
 
 impl Row {
     fn from(r: &postgres::Row) -> Result<Row> {
-        let get = |e: postgres::Error| Error::Corrupt(format!("a dedupkv_keys row: {e}"));
+        let get = |e: postgres::Error| {
+            Error::Corrupt(format!("a dedupkv_keys row: {}", crate::describe(&e)))
+        };
         Ok(Row {
             state: r.try_get(0).map_err(get)?,
             fp: r.try_get(1).map_err(get)?,
@@ -787,7 +843,11 @@ impl PgStoreBuilder {
 
     /// Takes lease time from `clock` instead of the database's clock: for
     /// tests that move time by hand. Instances on one database must agree
-    /// on time, so production leaves this unset.
+    /// on time, so production leaves this unset. Times are `int8`
+    /// milliseconds in the table: a clock so far ahead that a time plus a
+    /// lease or retention passes `i64::MAX` ms (about 292 million years)
+    /// fails each write with the server's `22003` (out of range), and
+    /// nothing is recorded.
     ///
     /// # Examples
     /// ```no_run

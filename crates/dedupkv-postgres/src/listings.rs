@@ -86,7 +86,9 @@ impl PgStore {
             .client
             .query(&st, &[&sh.now(), &scope, &fetch, &age, &at, &kh])
             .map_err(storage)?;
-        let get = |e: postgres::Error| Error::Corrupt(format!("a dedupkv_keys row: {e}"));
+        let get = |e: postgres::Error| {
+            Error::Corrupt(format!("a dedupkv_keys row: {}", crate::describe(&e)))
+        };
         let mut items = Vec::with_capacity(rows.len().min(limit));
         let mut next = None;
         for (i, r) in rows.iter().enumerate() {

@@ -303,7 +303,9 @@ impl PgStore {
             gap_since,
             ..Entity::default()
         };
-        let corrupt = |e: postgres::Error| Error::Corrupt(format!("a dedupkv_events row: {e}"));
+        let corrupt = |e: postgres::Error| {
+            Error::Corrupt(format!("a dedupkv_events row: {}", crate::describe(&e)))
+        };
         for r in tx.query(&read, &[&scope, &id]).map_err(storage)? {
             let seq: i64 = r.try_get(0).map_err(corrupt)?;
             let missing: i64 = r.try_get(4).map_err(corrupt)?;

@@ -2367,3 +2367,107 @@ impl Said {
         set.insert(i);
     }
 }
+
+/// The clock at its ends. At 1970 (0 ms) every rule holds: a duplicate
+/// insert, a claim in progress seen from the other instance, taken over
+/// after its lease (attempt 2, interrupted), the zombie refused, the
+/// completion counted in the window that starts at the epoch. Past the
+/// database's `int8` range (`i64::MAX` ms and `u64::MAX`) every write
+/// fails with an error that tells the server's SQLSTATE and message, and
+/// nothing is recorded.
+#[test]
+fn the_clock_at_1970_keeps_every_rule_and_past_int8_fails_clearly() -> Result<(), Error> {
+    use dedupkv::contract::Tallies;
+    let Some(url) = url("clock ends") else {
+        return Ok(());
+    };
+    let (a, b, clock) = two_on_a_manual_clock(&url, "epoch", None)?;
+    clock.set(0);
+    let (key, seen) = (Key::new("pay", "k"), Key::new("seen", "k"));
+    assert!(a.tell(a.insert(&seen, None)?)?);
+    assert!(!b.tell(b.insert(&seen, None)?)?);
+    let zombie = started(&a, &key, &BeginOptions::new())?;
+    assert!(matches!(
+        begin(&b, &key, &BeginOptions::new())?,
+        Began::InProgress(_)
+    ));
+    clock.advance(dedupkv_postgres::DEFAULT_LEASE + Duration::from_millis(1));
+    let taker = started(&b, &key, &BeginOptions::new())?;
+    assert_eq!((taker.attempt(), taker.interrupted()), (2, true));
+    let refused = a.complete(&zombie, Outcome::raw(b"zombie"));
+    assert!(matches!(
+        refused.and_then(|p| a.tell(p)),
+        Err(Error::ClaimLost { .. })
+    ));
+    b.tell(b.complete(&taker, Outcome::raw(b"paid").amount(5))?)?;
+    let rec = a.tell(a.get(&key)?)?.expect("recorded");
+    assert_eq!(
+        (rec.state(), rec.first_seen_at()),
+        (State::Completed, std::time::UNIX_EPOCH)
+    );
+    let tallies = a.tallies(b"pay")?;
+    assert_eq!(tallies.len(), 1);
+    assert_eq!(
+        (tallies[0].window_start, tallies[0].count, tallies[0].amount),
+        (std::time::UNIX_EPOCH, 1, 5)
+    );
+
+    for far in [i64::MAX.unsigned_abs(), u64::MAX] {
+        let (a, b, clock) = two_on_a_manual_clock(&url, "far", None)?;
+        clock.set(far);
+        let said = |r: dedupkv::Result<String>| match r {
+            Err(e @ Error::Storage(_)) => e.to_string(),
+            other => panic!("at {far} ms: {other:?}"),
+        };
+        let inserted = a.insert(&seen, None).and_then(|p| a.tell(p));
+        let text = said(inserted.map(|n| n.to_string()));
+        assert!(
+            text.contains("22003") && text.contains("out of range"),
+            "{text}"
+        );
+        assert_eq!(text.matches("storage:").count(), 1, "{text}");
+        let begun = begin(&a, &key, &BeginOptions::new());
+        let text = said(begun.map(|b| format!("{b:?}")));
+        assert!(text.contains("22003"), "{text}");
+        clock.set(1_700_000_000_000);
+        assert!(
+            b.tell(b.get(&key)?)?.is_none(),
+            "nothing recorded at {far} ms"
+        );
+        assert!(
+            b.tell(b.insert(&seen, None)?)?,
+            "nothing recorded at {far} ms"
+        );
+    }
+    Ok(())
+}
+
+/// A server error says what the server said: a database that does not
+/// exist is named with its SQLSTATE (the client's own text is only "db
+/// error"), and a refused connection says so.
+#[test]
+fn a_connection_error_tells_what_the_server_or_the_socket_said() {
+    let Some(url) = url("connection errors") else {
+        return;
+    };
+    let missing = format!("{url} dbname=dedupkv_no_such_database");
+    let err = PgStore::connect(missing.as_str()).expect_err("no such database");
+    let text = err.to_string();
+    assert!(
+        text.contains("connecting to PostgreSQL")
+            && text.contains("3D000")
+            && text.contains("dedupkv_no_such_database"),
+        "{text}"
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = listener.local_addr().expect("its port").port();
+    drop(listener);
+    let closed = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let text = PgStore::connect(closed.as_str())
+        .expect_err("nothing listens")
+        .to_string();
+    assert!(
+        text.contains("connecting to PostgreSQL") && text.contains("refused"),
+        "{text}"
+    );
+}
