@@ -602,6 +602,14 @@ impl Row {
 /// only this backend has, such as its listings); its connections are
 /// pooled.
 ///
+/// A call whose connection breaks (a server restart, a failover, a
+/// firewall dropping idle connections) fails with [`Error::Storage`]
+/// saying "connection closed", and is not sent again: a write may have
+/// landed before the answer was lost, so `begin` the key again (it
+/// replays a completion that landed) or `get` it. The broken connection
+/// leaves the pool, so after a restart each idle connection fails at
+/// most one call and the calls after it reconnect.
+///
 /// # Examples
 /// ```no_run
 /// use dedupkv::contract::{Settle, Write};

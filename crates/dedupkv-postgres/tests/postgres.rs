@@ -2471,3 +2471,195 @@ fn a_connection_error_tells_what_the_server_or_the_socket_said() {
         "{text}"
     );
 }
+
+/// A TCP proxy in front of the server that cuts connections: each
+/// connection's server side is read as protocol messages, so the cut can
+/// land after the server committed and before the client hears it.
+struct Cut {
+    port: u16,
+    /// Armed: the next statement's answer (from its `CommandComplete` on)
+    /// is swallowed, and once the server says it is ready again (its
+    /// commit made) the connection is closed.
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Both sides of every connection made so far.
+    open: std::sync::Arc<parking_lot::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Cut {
+    /// A proxy to `url`'s server, and the URL that goes through it.
+    fn to(url: &str) -> (Cut, String) {
+        use std::net::{TcpListener, TcpStream};
+        let port: u16 = url
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("port="))
+            .and_then(|p| p.parse().ok())
+            .expect("the URL names its port");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a port");
+        let cut = Cut {
+            port: listener.local_addr().expect("its port").port(),
+            armed: std::sync::Arc::default(),
+            open: std::sync::Arc::default(),
+        };
+        let (armed, open) = (cut.armed.clone(), cut.open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let server = TcpStream::connect(("127.0.0.1", port)).expect("the server");
+                let clone = |s: &TcpStream| s.try_clone().expect("a socket's clone");
+                open.lock().extend([clone(&client), clone(&server)]);
+                let (mut from_client, mut to_server) = (clone(&client), clone(&server));
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_client, &mut to_server);
+                    let _ = to_server.shutdown(std::net::Shutdown::Both);
+                });
+                let armed = armed.clone();
+                std::thread::spawn(move || Cut::answers(server, client, &armed));
+            }
+        });
+        let proxied = url.replace(&format!("port={port}"), &format!("port={}", cut.port));
+        (cut, proxied)
+    }
+
+    /// Forwards the server's messages (a type byte, a 4-byte length) to
+    /// the client, unless a cut is armed at a `CommandComplete` (`C`):
+    /// then nothing more is forwarded, and at the next `ReadyForQuery`
+    /// (`Z`, sent after the commit) both sides are closed.
+    fn answers(
+        mut server: std::net::TcpStream,
+        mut client: std::net::TcpStream,
+        armed: &std::sync::atomic::AtomicBool,
+    ) {
+        use std::io::{Read as _, Write as _};
+        let close = |a: &std::net::TcpStream, b: &std::net::TcpStream| {
+            let _ = a.shutdown(std::net::Shutdown::Both);
+            let _ = b.shutdown(std::net::Shutdown::Both);
+        };
+        let (mut pending, mut cutting, mut buf) = (Vec::new(), false, [0u8; 8192]);
+        loop {
+            let n = server.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                return close(&server, &client);
+            }
+            pending.extend_from_slice(&buf[..n]);
+            let (mut at, mut out) = (0, Vec::new());
+            while let Some(len) = pending
+                .get(at + 1..at + 5)
+                .map(|l| u32::from_be_bytes(l.try_into().expect("4 bytes")) as usize)
+                .filter(|len| pending.len() > at + len)
+            {
+                let message = &pending[at..=at + len];
+                at += len + 1;
+                cutting |= message[0] == b'C' && armed.swap(false, Ordering::SeqCst);
+                if !cutting {
+                    out.extend_from_slice(message);
+                } else if message[0] == b'Z' {
+                    let _ = client.write_all(&out);
+                    return close(&server, &client);
+                }
+            }
+            pending.drain(..at);
+            if client.write_all(&out).is_err() {
+                return close(&server, &client);
+            }
+        }
+    }
+
+    /// Closes every connection made so far (a server restart, a firewall
+    /// dropping idle connections).
+    fn close_all(&self) {
+        for s in self.open.lock().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// A completion that landed but whose answer was lost (the connection cut
+/// after the server's commit, before the client heard it): the retry
+/// runner says so with a storage error, the key is completed as every
+/// instance sees, and the next run replays the outcome without running
+/// the work again; the completion is counted once.
+#[test]
+fn a_completion_whose_answer_is_lost_is_replayed_not_run_again() -> Result<(), Error> {
+    use dedupkv::contract::Tallies;
+    let Some(url) = url("lost answer") else {
+        return Ok(());
+    };
+    let (cut, proxied) = Cut::to(&url);
+    let schema = fresh_schema("lost");
+    let a = face(PgStore::builder(proxied.as_str()).schema(&schema).open()?)?;
+    let b = PgStore::builder(url.as_str()).schema(&schema).open()?;
+    let key = Key::new("pay", "order-1");
+    let policy = dedupkv::RetryPolicy::builder().build()?;
+    let runs = AtomicU32::new(0);
+    let work = |_: &dedupkv::Claim| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        cut.armed.store(true, Ordering::SeqCst); // the completion's answer
+        Ok::<_, String>(b"charged".to_vec())
+    };
+    let retry = |_: &String| dedupkv::ErrorClass::Retryable;
+    match policy.run(&a, &key, Fingerprint::NONE, retry, work) {
+        Err(e @ Error::Storage(_)) => {
+            assert!(e.to_string().contains("connection closed"), "{e}");
+        }
+        other => panic!("the lost answer: {other:?}"),
+    }
+    let Began::Completed(rec) = begin(&b, &key, &BeginOptions::new())? else {
+        panic!("the completion did not land");
+    };
+    assert_eq!(rec.outcome(), Some(&b"charged"[..]));
+    let again = policy.run(&a, &key, Fingerprint::NONE, retry, work)?;
+    assert!(
+        matches!(&again, dedupkv::Run::Replayed(o) if o == b"charged"),
+        "{again:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran again");
+    let counted: u64 = b.tallies(b"pay")?.iter().map(|t| t.count).sum();
+    assert_eq!(counted, 1);
+    Ok(())
+}
+
+/// Every connection of a store cut at once (a server restart, a firewall
+/// dropping idle connections): a call on a pooled connection that was cut
+/// fails with a storage error that says so (a write's fate is unknown, so
+/// it is not sent again), the broken connection leaves the pool, and the
+/// store recovers within the pool's idle connections: every call after
+/// succeeds.
+#[test]
+fn a_store_whose_connections_are_cut_recovers_on_the_next_calls() -> Result<(), Error> {
+    let Some(url) = url("cut connections") else {
+        return Ok(());
+    };
+    let (cut, proxied) = Cut::to(&url);
+    let schema = fresh_schema("cutall");
+    let a = face(
+        PgStore::builder(proxied.as_str())
+            .schema(&schema)
+            .max_idle(4)
+            .open()?,
+    )?;
+    let insert = |i: usize| {
+        let key = Key::owned(b"seen".to_vec(), format!("k{i}").into_bytes());
+        Write::insert(&a, &key, None).and_then(|p| a.tell(p))
+    };
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            s.spawn(move || (0..50).for_each(|i| drop(insert(1000 * t + i))));
+        }
+    });
+    cut.close_all();
+    let mut failed = 0;
+    let mut i = 10_000;
+    while let Err(e) = insert(i) {
+        assert!(
+            matches!(e, Error::Storage(_)) && e.to_string().contains("connection closed"),
+            "{e}"
+        );
+        failed += 1;
+        i += 1;
+        assert!(failed <= 4, "more failures than idle connections");
+    }
+    for i in i + 1..i + 20 {
+        assert!(insert(i)?, "key {i} after the pool recovered");
+    }
+    Ok(())
+}
